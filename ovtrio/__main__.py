@@ -1,0 +1,3 @@
+from ovtrio.cli import main
+
+main()

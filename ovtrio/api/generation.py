@@ -1,0 +1,77 @@
+"""POST /v3/completions and /v3/chat/completions (and their /v1 aliases)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from quart import Blueprint, Response, current_app, request
+
+from ovtrio.api.errors import APIError, from_validation_error, model_not_found
+from ovtrio.api.formatting import ChatFormatter, CompletionFormatter, Formatter
+from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from ovtrio.api.responding import sse_events, unary_body
+from ovtrio.api.sampling import sampling_params
+from ovtrio.scheduler import GenerationRequest
+from ovtrio.service import ModelService
+
+blueprint = Blueprint("generation", __name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def ready_service() -> ModelService:
+    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    if not service.ready.is_set():
+        raise APIError(503, "The model is still loading; retry shortly.", code="model_loading")
+    return service
+
+
+async def parse_body(model_type: type[SamplingFields]) -> Any:
+    raw = await request.get_data(as_text=False)
+    try:
+        return model_type.model_validate_json(raw)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+async def respond(service: ModelService, body: SamplingFields, prompt_ids: list[int], formatter: Formatter) -> Any:
+    params = sampling_params(body, len(prompt_ids), service.context_length)
+    generation = GenerationRequest(prompt_ids, params)
+    assert service.scheduler is not None
+    if body.stream:
+        return Response(sse_events(service.scheduler, generation, formatter), mimetype="text/event-stream", headers=SSE_HEADERS)
+    return await unary_body(service.scheduler, generation, formatter)
+
+
+def check_model(service: ModelService, body: SamplingFields) -> None:
+    if body.model != service.model_name:
+        raise model_not_found(body.model)
+
+
+def include_usage(body: SamplingFields) -> bool:
+    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+
+@blueprint.post("/v3/completions")
+@blueprint.post("/v1/completions")
+async def create_completion() -> Any:
+    body: CompletionRequest = await parse_body(CompletionRequest)
+    service = ready_service()
+    check_model(service, body)
+    assert service.prompts is not None
+    prompt_ids = service.prompts.encode_text(body.prompt)
+    formatter = CompletionFormatter(service.model_name, service.system_fingerprint, include_usage(body))
+    return await respond(service, body, prompt_ids, formatter)
+
+
+@blueprint.post("/v3/chat/completions")
+@blueprint.post("/v1/chat/completions")
+async def create_chat_completion() -> Any:
+    body: ChatCompletionRequest = await parse_body(ChatCompletionRequest)
+    service = ready_service()
+    check_model(service, body)
+    assert service.prompts is not None
+    prompt_ids = service.prompts.encode_chat(body.messages)
+    formatter = ChatFormatter(service.model_name, service.system_fingerprint, include_usage(body))
+    return await respond(service, body, prompt_ids, formatter)

@@ -1,0 +1,30 @@
+"""Liveness (/health) and readiness (/health/ready, also /ready) probes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint, current_app
+
+from ovtrio.service import ModelService
+
+blueprint = Blueprint("health", __name__)
+
+
+@blueprint.get("/health")
+async def liveness() -> Any:
+    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    if service.failed.is_set():
+        return {"status": "failed", "reason": service.failure}, 503
+    return {"status": "ok"}
+
+
+@blueprint.get("/health/ready")
+@blueprint.get("/ready")
+async def readiness() -> Any:
+    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    if service.failed.is_set():
+        return {"status": "failed", "reason": service.failure}, 503
+    if not service.ready.is_set():
+        return {"status": "loading"}, 503
+    return {"status": "ready", "model": service.model_name}

@@ -1,0 +1,48 @@
+"""GET /metrics: Prometheus text format, read from the scheduler at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from quart import Blueprint, Response, current_app
+
+from ovtrio.service import ModelService
+
+blueprint = Blueprint("metrics", __name__)
+
+
+class SchedulerCollector(Collector):
+    def __init__(self, service: ModelService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Any]:
+        scheduler = self._service.scheduler
+        if scheduler is None:
+            return
+        stats = scheduler.stats()
+        yield GaugeMetricFamily("ovtrio_requests_running", "Requests the scheduler is serving", value=stats.running)
+        yield GaugeMetricFamily(
+            "ovtrio_engine_requests", "Unfinished requests inside the engine", value=stats.engine_requests
+        )
+        yield GaugeMetricFamily(
+            "ovtrio_engine_scheduled_requests", "Requests in the engine's last step", value=stats.engine_scheduled
+        )
+        yield GaugeMetricFamily("ovtrio_kv_cache_usage_percent", "KV cache in use", value=stats.kv_cache_usage)
+        yield CounterMetricFamily("ovtrio_engine_steps", "Engine steps run", value=stats.steps)
+        yield CounterMetricFamily("ovtrio_generated_tokens", "Tokens generated", value=stats.generated_tokens)
+
+
+def registry_for(service: ModelService) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SchedulerCollector(service))
+    return registry
+
+
+@blueprint.get("/metrics")
+async def metrics() -> Any:
+    registry: CollectorRegistry = current_app.config["OVTRIO_METRICS"]
+    return Response(generate_latest(registry), mimetype="text/plain; version=0.0.4")

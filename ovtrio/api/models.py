@@ -1,0 +1,32 @@
+"""GET /v1/models, /v3/models and /v1/models/{id} in OpenAI's list format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint, current_app
+
+from ovtrio.api.errors import model_not_found
+from ovtrio.service import ModelService
+
+blueprint = Blueprint("models", __name__)
+
+
+def _model_card(service: ModelService) -> dict[str, Any]:
+    return {"id": service.model_name, "object": "model", "created": int(service.started_at), "owned_by": "ovtrio"}
+
+
+@blueprint.get("/v1/models")
+@blueprint.get("/v3/models")
+async def list_models() -> Any:
+    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    return {"object": "list", "data": [_model_card(service)]}
+
+
+@blueprint.get("/v1/models/<path:model_id>")
+@blueprint.get("/v3/models/<path:model_id>")
+async def retrieve_model(model_id: str) -> Any:
+    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    if model_id != service.model_name:
+        raise model_not_found(model_id)
+    return _model_card(service)

@@ -1,0 +1,84 @@
+"""Sinks for a request's message stream: one unary JSON body, or SSE events.
+
+Both read the same scheduler messages; a unary response is the aggregation of exactly
+the deltas a stream would have sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ovtrio.api.errors import APIError
+from ovtrio.api.formatting import Formatter
+from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, Scheduler
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def sse_event(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def engine_failure(failed: Failed) -> APIError:
+    if failed.code == "out_of_memory":
+        return APIError(503, failed.message, code="out_of_memory")
+    return APIError(500, failed.message, code=failed.code)
+
+
+async def unary_body(scheduler: Scheduler, request: GenerationRequest, formatter: Formatter) -> dict[str, Any]:
+    texts: list[list[str]] = [[]]
+    reasons: list[str] = ["stop"]
+    with scheduler.submit(request) as stream:
+        while messages := await stream.receive_available():
+            for message in messages:
+                if isinstance(message, Delta):
+                    while len(texts) <= message.index:
+                        texts.append([])
+                        reasons.append("stop")
+                    texts[message.index].append(message.text)
+                    if message.finish_reason is not None:
+                        reasons[message.index] = message.finish_reason
+                elif isinstance(message, Completed):
+                    return formatter.unary(["".join(t) for t in texts], reasons, message)
+                elif isinstance(message, Failed):
+                    raise engine_failure(message)
+    raise APIError(500, "the request ended without a result", code="engine_error")
+
+
+async def sse_events(scheduler: Scheduler, request: GenerationRequest, formatter: Formatter) -> AsyncIterator[bytes]:
+    """SSE frames for one request. The engine request lives exactly as long as this
+    generator runs: when the client leaves, the sending task is cancelled, the `with`
+    block exits, and the scheduler cancels the engine request."""
+    with scheduler.submit(request) as stream:
+        for chunk in formatter.opening_chunks():
+            yield sse_event(chunk)
+        while messages := await stream.receive_available():
+            frames: list[bytes] = []
+            pending: dict[int, list[str]] = {}
+            for message in messages:
+                if isinstance(message, Delta):
+                    # Deltas that queued up while the client was slow go out as one chunk.
+                    if message.text:
+                        pending.setdefault(message.index, []).append(message.text)
+                    if message.finish_reason is not None:
+                        frames.extend(_flush(formatter, pending))
+                        frames.append(sse_event(formatter.chunk_finish(message.index, message.finish_reason)))
+                elif isinstance(message, Completed):
+                    frames.extend(_flush(formatter, pending))
+                    if formatter.include_usage:
+                        frames.append(sse_event(formatter.chunk_usage(message)))
+                elif isinstance(message, Failed):
+                    frames.extend(_flush(formatter, pending))
+                    frames.append(sse_event(engine_failure(message).body()))
+            frames.extend(_flush(formatter, pending))
+            if frames:
+                yield b"".join(frames)
+    yield DONE_EVENT
+
+
+def _flush(formatter: Formatter, pending: dict[int, list[str]]) -> list[bytes]:
+    frames = [sse_event(formatter.chunk_text(index, "".join(parts))) for index, parts in pending.items()]
+    pending.clear()
+    return frames

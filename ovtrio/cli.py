@@ -1,0 +1,74 @@
+"""`ovtrio serve [flags]`: the same app as `hypercorn -k trio ovtrio.app:app`, with flags."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import trio
+
+from ovtrio import __version__
+from ovtrio.config import ENV_PREFIX, Settings, SettingsError, settings_from_env
+from ovtrio.model import ModelLoadError, resolve_model
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {field.default}]"
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ovtrio", description="OpenAI-compatible LLM server on OpenVINO GenAI")
+    parser.add_argument("--version", action="version", version=f"ovtrio {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over the OpenAI API")
+    _add_setting_flags(serve)
+    return parser
+
+
+async def serve(settings: Settings) -> int:
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from ovtrio.app import create_app
+
+    app = create_app(settings)
+    service = app.config["OVTRIO_SERVICE"]
+    config = Config()
+    config.bind = [f"{settings.host}:{settings.port}"]
+    config.accesslog = None
+    config.errorlog = "-"
+    config.loglevel = "WARNING"
+    config.keep_alive_timeout = 75
+
+    failed = False
+
+    async def shutdown_trigger() -> None:
+        nonlocal failed
+        await service.failed.wait()
+        failed = True
+
+    await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
+    try:
+        settings = settings_from_env(**overrides)
+        resolve_model(settings)  # fail fast, before binding the port
+    except (SettingsError, ModelLoadError) as exc:
+        print(f"ovtrio: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        code = trio.run(serve, settings)
+    except KeyboardInterrupt:
+        code = 0
+    raise SystemExit(code)

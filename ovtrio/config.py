@@ -1,0 +1,60 @@
+"""Server settings, read from OVTRIO_* environment variables or `ovtrio serve` flags.
+
+Every setting has one name: the field name. The environment variable is that name in
+upper case with the OVTRIO_ prefix, the command-line flag is the name with dashes
+(`max_num_seqs` -> `OVTRIO_MAX_NUM_SEQS`, `--max-num-seqs`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from pydantic import BaseModel, Field, ValidationError
+
+ENV_PREFIX = "OVTRIO_"
+
+
+class Settings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    model: str | None = Field(
+        None,
+        description="OpenVINO IR folder or .gguf file to serve; the embedded SmolLM2-135M-Instruct when unset",
+    )
+    served_model_name: str | None = Field(
+        None, description="model id clients send and /v1/models lists (default: derived from the path)"
+    )
+    device: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, ...")
+    cache_size: int = Field(1, ge=0, description="KV cache size in GB (0 lets the engine size it on demand)")
+    max_num_seqs: int = Field(256, ge=1, description="most sequences scheduled in one engine step")
+    max_num_batched_tokens: int = Field(
+        256, ge=1, description="most tokens processed in one engine step (prompt chunks included)"
+    )
+    enable_prefix_caching: bool = Field(True, description="reuse KV cache of shared prompt prefixes")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
+    log_level: str = Field("info", description="debug, info, warning or error")
+
+
+class SettingsError(ValueError):
+    """A setting could not be parsed; the message names it."""
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build settings from OVTRIO_* variables, with explicit overrides taking precedence."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name in Settings.model_fields:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is not None and raw != "":
+            values[name] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(str(part) for part in first["loc"])
+        raise SettingsError(
+            f"invalid setting {name} ({ENV_PREFIX}{name.upper()} / --{name.replace('_', '-')}): {first['msg']}"
+        ) from None

