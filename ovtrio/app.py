@@ -9,7 +9,7 @@ from typing import Any
 
 from quart import Response
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ovtrio.api import generation, health, metrics, models
 from ovtrio.api.errors import APIError
@@ -73,7 +73,11 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     async def http_error(error: HTTPException) -> Response:
         status = error.code or 500
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
-        return error_response(APIError(status, error.description or error.name, code=code))
+        response = error_response(APIError(status, error.description or error.name, code=code))
+        # A 405 must say which methods the route does allow (RFC 9110, 15.5.6).
+        if isinstance(error, MethodNotAllowed) and error.valid_methods:
+            response.headers["Allow"] = ", ".join(error.valid_methods)
+        return response
 
     @app.errorhandler(Exception)
     async def unexpected_error(error: Exception) -> Response:

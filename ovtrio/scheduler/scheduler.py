@@ -184,7 +184,10 @@ class Scheduler:
         """Step the engine while there is work; sleep (no CPU) while there is none."""
         self._running = True
         task_status.started()
-        stepped_since_idle = False
+        # True so the first idle pass runs one empty step: the engine may hold requests
+        # that finished before the loop started (the service's warm-up generation), which
+        # it releases, and stops counting in its metrics, only inside a step.
+        stepped_since_idle = True
         try:
             while True:
                 if not self._active and not self._pipeline.has_non_finished_requests():

@@ -1,0 +1,290 @@
+"""Serving benchmark: the raw engine and the server, same prompts, same process run.
+
+    python bench/serving.py [--concurrency 1 4 16 32] [--tokens 64] [--rounds 3]
+
+1. Raw engine: ContinuousBatchingPipeline.generate() on C chat prompts at once (no
+   HTTP), 64 new tokens, ignore_eos, greedy -> output tok/s. Its TTFT is the first
+   engine step of a lone request (the prefill).
+2. Server: `ovtrio serve` as a subprocess, C concurrent streaming chat requests,
+   each client sending `rounds` requests back to back, the same prompts and settings
+   -> output tok/s (from usage), TTFT and inter-token latency p50/p99, and the ratio
+   server/engine.
+Also: idle RSS of the server, and time from process start to first streamed token.
+
+The load generator speaks HTTP/1.1 over raw trio sockets and only scans for SSE
+frames, so it takes as little CPU as possible away from the server on a small machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+TOPICS = [
+    "a dragon", "the sea", "a lost key", "a robot", "the moon", "a small town", "a violin", "a storm",
+    "a garden", "a train", "a lighthouse", "a fox", "a mountain", "a library", "a clock", "a river",
+    "a desert", "a city at night", "a snowman", "a pirate", "a bakery", "a comet", "a forest", "a bridge",
+    "a cat", "an island", "a castle", "a painter", "a volcano", "a market", "a whale", "a bicycle",
+]
+
+
+def prompts(count: int) -> list[str]:
+    return [f"Write a short story about {TOPICS[i % len(TOPICS)]}." for i in range(count)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+# ---- raw engine ---------------------------------------------------------------------
+
+
+def engine_limits(model_path: str, concurrencies: list[int], tokens: int) -> dict[int, dict[str, float]]:
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    config = openvino_genai.SchedulerConfig()
+    config.cache_size = 1
+    config.enable_prefix_caching = True
+    pipe = openvino_genai.ContinuousBatchingPipeline(model_path, config, "CPU")
+    tokenizer = pipe.get_tokenizer()
+
+    def chat_ids(text: str) -> ov.Tensor:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        return tokenizer.encode(prompt, add_special_tokens=False).input_ids
+
+    gen = openvino_genai.GenerationConfig()
+    gen.max_new_tokens = tokens
+    gen.ignore_eos = True
+    gen.do_sample = False
+    pipe.generate([chat_ids("Hello")], [gen])  # warm-up
+
+    results: dict[int, dict[str, float]] = {}
+    for concurrency in concurrencies:
+        inputs = [chat_ids(p) for p in prompts(concurrency)]
+        pipe.generate(inputs, [gen] * concurrency)  # same shapes once, as the server sees them
+        started = time.perf_counter()
+        pipe.generate(inputs, [gen] * concurrency)
+        elapsed = time.perf_counter() - started
+        results[concurrency] = {"tok_s": concurrency * tokens / elapsed}
+
+    # Engine TTFT: the first step of a lone request with a cached chat prefix.
+    first_steps = []
+    for i in range(10):
+        ids = chat_ids(prompts(10)[i])
+        handle = pipe.add_request(10_000 + i, ids, gen)
+        started = time.perf_counter()
+        pipe.step()
+        first_steps.append(time.perf_counter() - started)
+        handle.cancel()
+        while pipe.has_non_finished_requests():
+            pipe.step()
+    results[1]["ttft_ms"] = statistics.median(first_steps) * 1e3
+    del pipe
+    return results
+
+
+# ---- server under load ---------------------------------------------------------------
+
+
+@dataclass
+class StreamResult:
+    ttft: float
+    inter_token: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+
+
+async def stream_chat(port: int, model: str, text: str, tokens: int) -> StreamResult:
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        started = time.perf_counter()
+        await stream.send_all(request)
+        first: float | None = None
+        last = 0.0
+        gaps: list[float] = []
+        tail = b""
+        usage = 0
+        while True:
+            data = await stream.receive_some(65536)
+            if not data:
+                break
+            now = time.perf_counter()
+            chunk = tail + data
+            # Count content-bearing SSE events in this read (the role chunk has none).
+            events = chunk.count(b'"delta":{"content":"')
+            if events:
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+            if b'"usage":{' in chunk:
+                at = chunk.rindex(b'"completion_tokens":') + len(b'"completion_tokens":')
+                end = at
+                while chunk[end : end + 1].isdigit():
+                    end += 1
+                usage = int(chunk[at:end])
+            if b"data: [DONE]" in chunk:
+                break
+            tail = chunk[-64:]
+    if first is None:
+        raise RuntimeError("stream produced no tokens")
+    return StreamResult(ttft=first - started, inter_token=gaps, completion_tokens=usage)
+
+
+async def load(port: int, model: str, concurrency: int, tokens: int, rounds: int) -> dict[str, float]:
+    results: list[StreamResult] = []
+    texts = prompts(concurrency)
+
+    async def client(index: int) -> None:
+        for _ in range(rounds):
+            results.append(await stream_chat(port, model, texts[index], tokens))
+
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(concurrency):
+            nursery.start_soon(client, i)
+    elapsed = time.perf_counter() - started
+    ttfts = [r.ttft * 1e3 for r in results]
+    gaps = [g * 1e3 for r in results for g in r.inter_token]
+    return {
+        "tok_s": sum(r.completion_tokens for r in results) / elapsed,
+        "ttft_p50": percentile(ttfts, 50),
+        "ttft_p99": percentile(ttfts, 99),
+        "itl_p50": percentile(gaps, 50),
+        "itl_p99": percentile(gaps, 99),
+        "requests": len(results),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def wait_ready(port: int, process: subprocess.Popen) -> None:
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+        except OSError:
+            await trio.sleep(0.05)
+            continue
+        async with stream:
+            await stream.send_all(b"GET /health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            reply = b""
+            while b"\r\n" not in reply and (data := await stream.receive_some(4096)):
+                reply += data
+        if reply.startswith(b"HTTP/1.1 200"):
+            return
+        await trio.sleep(0.05)
+
+
+async def server_figures(args: argparse.Namespace, model: str) -> tuple[dict[int, dict[str, float]], dict[str, float]]:
+    port = free_port()
+    launched = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await wait_ready(port, process)
+        sent = time.perf_counter()
+        first = await stream_chat(port, model, "Hello!", 4)
+        start_to_first_token = sent + first.ttft - launched
+        await trio.sleep(2)
+        misc = {"start_to_first_token_s": start_to_first_token, "idle_rss_mb": rss_mb(process.pid)}
+        figures = {}
+        for concurrency in args.concurrency:
+            await load(port, model, concurrency, args.tokens, 1)  # warm the shapes
+            figures[concurrency] = await load(port, model, concurrency, args.tokens, args.rounds)
+        idle_cpu_start = cpu_seconds(process.pid)
+        await trio.sleep(3)
+        misc["idle_cpu_percent"] = (cpu_seconds(process.pid) - idle_cpu_start) / 3 * 100
+        return figures, misc
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args()
+    if 1 not in args.concurrency:
+        args.concurrency = [1, *args.concurrency]
+
+    from ovtrio.model import EMBEDDED_NAME, embedded_model_path
+
+    engine = engine_limits(str(embedded_model_path()), args.concurrency, args.tokens)
+    server, misc = trio.run(server_figures, args, EMBEDDED_NAME)
+
+    print(f"ovtrio serving benchmark: SmolLM2-135M-Instruct Q4_1, CPU, {os.cpu_count()} cores,"
+          f" {args.tokens} output tokens, ignore_eos, greedy, chat streaming")
+    header = f"{'conc':>4} {'engine tok/s':>12} {'server tok/s':>12} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}"
+    print(header)
+    for c in args.concurrency:
+        e, s = engine[c], server[c]
+        print(
+            f"{c:>4} {e['tok_s']:>12.1f} {s['tok_s']:>12.1f} {s['tok_s'] / e['tok_s']:>6.2f}"
+            f" {s['ttft_p50']:>7.1f}ms {s['ttft_p99']:>7.1f}ms {s['itl_p50']:>6.1f}ms {s['itl_p99']:>6.1f}ms"
+        )
+    print(f"engine TTFT (prefill step of a lone request): {engine[1]['ttft_ms']:.1f} ms")
+    print(f"server idle RSS: {misc['idle_rss_mb']:.0f} MB; idle CPU: {misc['idle_cpu_percent']:.1f}%;"
+          f" process start to first token: {misc['start_to_first_token_s']:.2f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"engine": engine, "server": server, "misc": misc}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

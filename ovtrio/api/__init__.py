@@ -1,0 +1,1 @@
+"""HTTP layer: OpenAI request parsing, validation, formatting and sinks."""

@@ -1,0 +1,110 @@
+"""A real ovtrio server on a free loopback port, serving the embedded model.
+
+One server process is started for the whole session with `python -m ovtrio serve`
+(the same entry point users run) and shared by every test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+MODEL = "SmolLM2-135M-Instruct"
+SPEC_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "openai-openapi.json"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+    def metric(self, name: str) -> float:
+        """Current value of a Prometheus gauge/counter from /metrics."""
+        text = httpx.get(self.base_url + "/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(name)
+
+
+def start_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -> RunningServer:
+    port = free_port()
+    log_path = tmp_dir / f"server-{port}.log"
+    log = open(log_path, "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ovtrio", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: {log_path.read_text()}")
+        try:
+            if httpx.get(base_url + "/health/ready", timeout=2).status_code == 200:
+                return RunningServer(base_url, process, log_path)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"server did not become ready: {log_path.read_text()}")
+
+
+def stop_server(server: RunningServer) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    running = start_server(tmp_path_factory.mktemp("server"))
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture(scope="session")
+def client(server: RunningServer):
+    import openai
+
+    with openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120) as sdk:
+        yield sdk
+
+
+@pytest.fixture
+async def async_client(server: RunningServer):
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120) as sdk:
+        yield sdk
+
+
+@pytest.fixture(scope="session")
+def openapi_spec() -> dict:
+    with open(SPEC_PATH, encoding="utf-8") as file:
+        return json.load(file)

@@ -1,0 +1,208 @@
+"""Errors: every bad request gets an OpenAI-shaped JSON error naming the parameter,
+never an HTML page or a 5xx, and the server keeps serving afterwards."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from helpers import CHAT_PATHS, COMPLETION_PATHS, assert_error, chat, chat_body, completion_body, post
+from sse import MODEL
+
+CHAT = CHAT_PATHS[0]
+COMPLETIONS = COMPLETION_PATHS[0]
+USER = [{"role": "user", "content": "Hi"}]
+
+
+def chat_without(key: str) -> dict:
+    body = chat_body(max_tokens=4)
+    del body[key]
+    return body
+
+
+# (id, path, JSON body, expected param, expected code)
+BAD_BODIES = [
+    ("missing-model", CHAT, chat_without("model"), "model", "missing_required_parameter"),
+    ("missing-messages", CHAT, chat_without("messages"), "messages", "missing_required_parameter"),
+    ("missing-prompt", COMPLETIONS, {"model": MODEL}, "prompt", "missing_required_parameter"),
+    ("empty-messages", CHAT, chat_body() | {"messages": []}, "messages", "invalid_value"),
+    ("messages-not-list", CHAT, chat_body() | {"messages": "Hi"}, "messages", "invalid_type"),
+    ("content-int", CHAT, chat_body(5), "messages[0].content", "invalid_type"),
+    (
+        "content-part-image",
+        CHAT,
+        chat_body([{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]),
+        "messages[0].content[0].type",
+        "invalid_value",
+    ),
+    ("bad-role", CHAT, chat_body(messages=[{"role": "tool", "content": "Hi"}]), "messages[0].role", "invalid_value"),
+    ("max_tokens-string", CHAT, chat_body(max_tokens="5"), "max_tokens", "invalid_type"),
+    ("prompt-int", COMPLETIONS, completion_body(123), "prompt", "invalid_type"),
+    ("temperature-string", COMPLETIONS, completion_body(temperature="0"), "temperature", "invalid_type"),
+    ("ignore_eos-int", CHAT, chat_body(ignore_eos=1), "ignore_eos", "invalid_type"),
+    ("stream-string", CHAT, chat_body(stream="true"), "stream", "invalid_type"),
+    (
+        "include_usage-string",
+        CHAT,
+        chat_body(stream=True, stream_options={"include_usage": "yes"}),
+        "stream_options.include_usage",
+        "invalid_type",
+    ),
+    ("temperature-3", CHAT, chat_body(temperature=3), "temperature", "invalid_value"),
+    ("temperature-negative", COMPLETIONS, completion_body(temperature=-0.5), "temperature", "invalid_value"),
+    ("top_p-0", CHAT, chat_body(top_p=0), "top_p", "invalid_value"),
+    ("top_p-1.5", COMPLETIONS, completion_body(top_p=1.5), "top_p", "invalid_value"),
+    ("top_k-0", CHAT, chat_body(top_k=0), "top_k", "invalid_value"),
+    ("max_tokens-0", CHAT, chat_body(max_tokens=0), "max_tokens", "invalid_value"),
+    ("max_tokens-0-completions", COMPLETIONS, completion_body(max_tokens=0), "max_tokens", "invalid_value"),
+    ("max_completion_tokens-0", CHAT, chat_body(max_completion_tokens=0), "max_completion_tokens", "invalid_value"),
+    ("seed-negative", CHAT, chat_body(seed=-1), "seed", "invalid_value"),
+    ("seed-too-big", COMPLETIONS, completion_body(seed=4294967296), "seed", "invalid_value"),
+    ("stop-5", CHAT, chat_body(stop=["a", "b", "c", "d", "e"]), "stop", "invalid_value"),
+    ("stop-int", COMPLETIONS, completion_body(stop=5), "stop", "invalid_type"),
+    (
+        "context-max_tokens",
+        CHAT,
+        chat_body(max_tokens=100000),
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    (
+        "context-max_completion_tokens",
+        CHAT,
+        chat_body(max_completion_tokens=100000),
+        "max_completion_tokens",
+        "context_length_exceeded",
+    ),
+    (
+        "context-completions",
+        COMPLETIONS,
+        completion_body(max_tokens=100000),
+        "max_tokens",
+        "context_length_exceeded",
+    ),
+    # A prompt longer than the whole 8192-token context.
+    ("context-prompt", COMPLETIONS, completion_body("hello " * 9000, max_tokens=1), "prompt", "context_length_exceeded"),
+    (
+        "context-messages",
+        CHAT,
+        chat_body("hello " * 9000, max_tokens=1),
+        "messages",
+        "context_length_exceeded",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "path, body, param, code", [case[1:] for case in BAD_BODIES], ids=[case[0] for case in BAD_BODIES]
+)
+def test_bad_request_names_the_param(server, path, body, param, code):
+    assert_error(post(server.base_url, path, body), 400, param=param, code=code)
+
+
+@pytest.mark.parametrize("path", CHAT_PATHS + COMPLETION_PATHS)
+@pytest.mark.parametrize(
+    "raw", ["{not json", "", '{"model": "x",}', "[1, 2]", '"a string"', "null", "42"], ids=repr
+)
+def test_body_that_is_not_a_json_object(server, path, raw):
+    assert_error(post(server.base_url, path, content=raw), 400, param=None, code="invalid_json")
+
+
+def test_streaming_request_errors_are_plain_json(server):
+    """Validation happens before the stream opens: the error is a JSON 400, not SSE."""
+    response = post(server.base_url, CHAT, chat_body(stream=True, temperature=3))
+    assert_error(response, 400, param="temperature")
+
+
+def test_context_error_message_gives_the_numbers(server):
+    error = assert_error(post(server.base_url, CHAT, chat_body(max_tokens=100000)), 400, param="max_tokens")
+    assert "8192" in error["message"] and "100000" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [(path, chat_body(max_tokens=4)) for path in CHAT_PATHS]
+    + [(path, completion_body(max_tokens=4)) for path in COMPLETION_PATHS]
+    + [(CHAT, chat_body(max_tokens=4, stream=True))],
+)
+def test_unknown_model_is_404(server, path, body):
+    response = post(server.base_url, path, body | {"model": "gpt-nope"})
+    error = assert_error(response, 404, param="model", code="model_not_found")
+    assert "gpt-nope" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/models/nope", "/v3/models/nope"])
+def test_unknown_model_card_is_404(server, path):
+    assert_error(httpx.get(server.base_url + path), 404, param="model", code="model_not_found")
+
+
+@pytest.mark.parametrize("path", ["/nope", "/v1/nope", "/v3/chat/completion"])
+def test_unknown_route_is_a_json_404(server, path):
+    for method in ("GET", "POST"):
+        response = httpx.request(method, server.base_url + path, json={})
+        assert_error(response, 404, param=None, code="not_found")
+        assert "<html" not in response.text.lower()
+
+
+@pytest.mark.parametrize("path", CHAT_PATHS + COMPLETION_PATHS)
+def test_get_on_a_post_route_is_a_json_405(server, path):
+    response = httpx.get(server.base_url + path)
+    assert_error(response, 405, param=None, code="method_not_allowed")
+    assert "POST" in response.headers.get("allow", "")
+
+
+# ---- through the official SDK --------------------------------------------------------
+
+
+def test_sdk_bad_request_error(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=USER, temperature=3)
+    assert caught.value.status_code == 400
+    assert caught.value.param == "temperature"
+    assert caught.value.type == "invalid_request_error"
+
+
+def test_sdk_bad_request_error_on_stream(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=100000, stream=True)
+    assert caught.value.param == "max_tokens"
+    assert caught.value.code == "context_length_exceeded"
+
+
+def test_sdk_not_found_error(client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="gpt-nope", messages=USER, max_tokens=4)
+    assert caught.value.code == "model_not_found"
+    assert caught.value.param == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-nope", prompt="Hi", max_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-nope")
+
+
+async def test_async_sdk_bad_request_error(async_client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        await async_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": 5}], max_tokens=4  # type: ignore[list-item]
+        )
+    assert caught.value.param == "messages[0].content"
+
+
+# ---- and the server is unharmed --------------------------------------------------------
+
+
+def test_server_still_healthy_after_errors(server):
+    assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
+    result = chat(server.base_url, max_tokens=4, temperature=0, ignore_eos=True)
+    assert result.text and result.usage["completion_tokens"] == 4
+    assert "Traceback" not in server.log_path.read_text()
+
+
+def test_error_bodies_are_utf8_json(server):
+    response = post(server.base_url, COMPLETIONS, completion_body(model="modèle-😀", max_tokens=4))
+    error = assert_error(response, 404, param="model")
+    assert "modèle-😀" in error["message"]
+    assert json.loads(response.content.decode("utf-8")) == response.json()
