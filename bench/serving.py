@@ -53,50 +53,47 @@ def percentile(values: list[float], q: float) -> float:
 # ---- raw engine ---------------------------------------------------------------------
 
 
-def engine_limits(model_path: str, concurrencies: list[int], tokens: int) -> dict[int, dict[str, float]]:
-    import numpy as np
-    import openvino as ov
-    import openvino_genai
+class RawEngine:
+    """The engine alone, on the same prompts: the limit the server is measured against."""
 
-    config = openvino_genai.SchedulerConfig()
-    config.cache_size = 1
-    config.enable_prefix_caching = True
-    pipe = openvino_genai.ContinuousBatchingPipeline(model_path, config, "CPU")
-    tokenizer = pipe.get_tokenizer()
+    def __init__(self, model_path: str, tokens: int) -> None:
+        import openvino_genai
 
-    def chat_ids(text: str) -> ov.Tensor:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        return tokenizer.encode(prompt, add_special_tokens=False).input_ids
+        config = openvino_genai.SchedulerConfig()
+        config.cache_size = 1
+        config.enable_prefix_caching = True
+        self.pipe = openvino_genai.ContinuousBatchingPipeline(model_path, config, "CPU")
+        self.tokenizer = self.pipe.get_tokenizer()
+        self.gen = openvino_genai.GenerationConfig()
+        self.gen.max_new_tokens = tokens
+        self.gen.ignore_eos = True
+        self.gen.do_sample = False
+        self.tokens = tokens
+        self.pipe.generate([self.chat_ids("Hello")], [self.gen])  # warm-up
 
-    gen = openvino_genai.GenerationConfig()
-    gen.max_new_tokens = tokens
-    gen.ignore_eos = True
-    gen.do_sample = False
-    pipe.generate([chat_ids("Hello")], [gen])  # warm-up
+    def chat_ids(self, text: str):
+        prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        return self.tokenizer.encode(prompt, add_special_tokens=False).input_ids
 
-    results: dict[int, dict[str, float]] = {}
-    for concurrency in concurrencies:
-        inputs = [chat_ids(p) for p in prompts(concurrency)]
-        pipe.generate(inputs, [gen] * concurrency)  # same shapes once, as the server sees them
+    def throughput(self, concurrency: int) -> float:
+        """Output tok/s of generate() on `concurrency` prompts at once."""
+        inputs = [self.chat_ids(p) for p in prompts(concurrency)]
         started = time.perf_counter()
-        pipe.generate(inputs, [gen] * concurrency)
-        elapsed = time.perf_counter() - started
-        results[concurrency] = {"tok_s": concurrency * tokens / elapsed}
+        self.pipe.generate(inputs, [self.gen] * concurrency)
+        return concurrency * self.tokens / (time.perf_counter() - started)
 
-    # Engine TTFT: the first step of a lone request with a cached chat prefix.
-    first_steps = []
-    for i in range(10):
-        ids = chat_ids(prompts(10)[i])
-        handle = pipe.add_request(10_000 + i, ids, gen)
-        started = time.perf_counter()
-        pipe.step()
-        first_steps.append(time.perf_counter() - started)
-        handle.cancel()
-        while pipe.has_non_finished_requests():
-            pipe.step()
-    results[1]["ttft_ms"] = statistics.median(first_steps) * 1e3
-    del pipe
-    return results
+    def ttft_ms(self) -> float:
+        """Median first step (the prefill) of a lone chat request."""
+        first_steps = []
+        for i, text in enumerate(prompts(10)):
+            handle = self.pipe.add_request(10_000 + i, self.chat_ids(text), self.gen)
+            started = time.perf_counter()
+            self.pipe.step()
+            first_steps.append(time.perf_counter() - started)
+            handle.cancel()
+            while self.pipe.has_non_finished_requests():
+                self.pipe.step()
+        return statistics.median(first_steps) * 1e3
 
 
 # ---- server under load ---------------------------------------------------------------
@@ -220,7 +217,9 @@ async def wait_ready(port: int, process: subprocess.Popen) -> None:
         await trio.sleep(0.05)
 
 
-async def server_figures(args: argparse.Namespace, model: str) -> tuple[dict[int, dict[str, float]], dict[str, float]]:
+async def server_figures(
+    args: argparse.Namespace, model: str, engine: RawEngine
+) -> tuple[dict[int, dict[str, float]], dict[str, float]]:
     port = free_port()
     launched = time.perf_counter()
     process = subprocess.Popen(
@@ -238,7 +237,21 @@ async def server_figures(args: argparse.Namespace, model: str) -> tuple[dict[int
         figures = {}
         for concurrency in args.concurrency:
             await load(port, model, concurrency, args.tokens, 1)  # warm the shapes
-            figures[concurrency] = await load(port, model, concurrency, args.tokens, args.rounds)
+            # This machine's speed drifts by +-15% from one second to the next, so the
+            # engine and the server take turns, and the figures are medians of the turns.
+            turns = []
+            for _ in range(args.turns):
+                engine_tok_s = engine.throughput(concurrency)
+                step_seconds = await metric(port, "ovtrio_engine_step_seconds_total")
+                started = time.perf_counter()
+                turn = await load(port, model, concurrency, args.tokens, args.rounds)
+                busy = await metric(port, "ovtrio_engine_step_seconds_total") - step_seconds
+                turn["engine_busy"] = busy / (time.perf_counter() - started)
+                turn["engine_tok_s"] = engine_tok_s
+                turn["ratio"] = turn["tok_s"] / engine_tok_s
+                turns.append(turn)
+            figures[concurrency] = {key: statistics.median(t[key] for t in turns) for key in turns[0]}
+        misc["engine_ttft_ms"] = engine.ttft_ms()
         idle_cpu_start = cpu_seconds(process.pid)
         await trio.sleep(3)
         misc["idle_cpu_percent"] = (cpu_seconds(process.pid) - idle_cpu_start) / 3 * 100
@@ -246,6 +259,21 @@ async def server_figures(args: argparse.Namespace, model: str) -> tuple[dict[int
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+async def metric(port: int, name: str) -> float:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while (data := await stream.receive_some(65536)):
+            reply += data
+            if b"\n" + name.encode() + b" " in reply and reply.endswith(b"\n"):
+                break
+    for line in reply.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -258,7 +286,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="requests each client sends per turn")
+    parser.add_argument("--turns", type=int, default=5, help="engine/server turns per concurrency")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     if 1 not in args.concurrency:
@@ -266,24 +295,29 @@ def main() -> None:
 
     from ovtrio.model import EMBEDDED_NAME, embedded_model_path
 
-    engine = engine_limits(str(embedded_model_path()), args.concurrency, args.tokens)
-    server, misc = trio.run(server_figures, args, EMBEDDED_NAME)
+    engine = RawEngine(str(embedded_model_path()), args.tokens)
+    server, misc = trio.run(server_figures, args, EMBEDDED_NAME, engine)
 
     print(f"ovtrio serving benchmark: SmolLM2-135M-Instruct Q4_1, CPU, {os.cpu_count()} cores,"
           f" {args.tokens} output tokens, ignore_eos, greedy, chat streaming")
-    header = f"{'conc':>4} {'engine tok/s':>12} {'server tok/s':>12} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}"
+    header = (
+        f"{'conc':>4} {'engine tok/s':>12} {'server tok/s':>12} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9}"
+        f" {'ITL p50':>8} {'ITL p99':>8} {'in step':>7}"
+    )
     print(header)
     for c in args.concurrency:
-        e, s = engine[c], server[c]
+        s = server[c]
         print(
-            f"{c:>4} {e['tok_s']:>12.1f} {s['tok_s']:>12.1f} {s['tok_s'] / e['tok_s']:>6.2f}"
+            f"{c:>4} {s['engine_tok_s']:>12.1f} {s['tok_s']:>12.1f} {s['ratio']:>6.2f}"
             f" {s['ttft_p50']:>7.1f}ms {s['ttft_p99']:>7.1f}ms {s['itl_p50']:>6.1f}ms {s['itl_p99']:>6.1f}ms"
+            f" {s['engine_busy']:>6.0%}"
         )
-    print(f"engine TTFT (prefill step of a lone request): {engine[1]['ttft_ms']:.1f} ms")
+    print("(in step: share of the server's wall time spent inside the engine's step())")
+    print(f"engine TTFT (prefill step of a lone request): {misc['engine_ttft_ms']:.1f} ms")
     print(f"server idle RSS: {misc['idle_rss_mb']:.0f} MB; idle CPU: {misc['idle_cpu_percent']:.1f}%;"
           f" process start to first token: {misc['start_to_first_token_s']:.2f} s")
     if args.json:
-        args.json.write_text(json.dumps({"engine": engine, "server": server, "misc": misc}, indent=2))
+        args.json.write_text(json.dumps({"server": server, "misc": misc}, indent=2))
 
 
 if __name__ == "__main__":

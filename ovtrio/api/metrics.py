@@ -33,6 +33,9 @@ class SchedulerCollector(Collector):
         )
         yield GaugeMetricFamily("ovtrio_kv_cache_usage_percent", "KV cache in use", value=stats.kv_cache_usage)
         yield CounterMetricFamily("ovtrio_engine_steps", "Engine steps run", value=stats.steps)
+        yield CounterMetricFamily(
+            "ovtrio_engine_step_seconds", "Time spent inside engine steps", value=stats.step_seconds
+        )
         yield CounterMetricFamily("ovtrio_generated_tokens", "Tokens generated", value=stats.generated_tokens)
 
 

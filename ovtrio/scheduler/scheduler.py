@@ -30,7 +30,13 @@ import trio.testing
 
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.params import GenerationRequest, to_generation_config
-from ovtrio.scheduler.text_output import IncrementalDetokenizer, StopMatcher, decode_batch
+from ovtrio.scheduler.text_output import (
+    Detokenizer,
+    IncrementalDetokenizer,
+    StopMatcher,
+    VocabularyDetokenizer,
+    decode_batch,
+)
 
 log = logging.getLogger("ovtrio.scheduler")
 
@@ -51,7 +57,7 @@ def _generation_status() -> Any:
 @dataclass(eq=False)
 class _Sequence:
     index: int
-    detokenizer: IncrementalDetokenizer
+    detokenizer: Detokenizer
     stops: StopMatcher
     finish_reason: str | None = None
     generated: int = 0
@@ -75,6 +81,7 @@ class SchedulerStats:
     engine_scheduled: int
     kv_cache_usage: float
     steps: int
+    step_seconds: float
     generated_tokens: int
 
 
@@ -104,9 +111,12 @@ class RequestStream:
 
 
 class Scheduler:
-    def __init__(self, pipeline: Any, tokenizer: Any) -> None:
+    def __init__(self, pipeline: Any, tokenizer: Any, vocabulary: Any = None) -> None:
+        """`vocabulary` (ovtrio.vocabulary.Vocabulary), when given, detokenizes in Python
+        instead of calling the engine's detokenizer every step."""
         self._pipeline = pipeline
         self._tokenizer = tokenizer
+        self._vocabulary = vocabulary
         self._reasons = _finish_reason_names()
         status = _generation_status()
         self._finished_status = status.FINISHED
@@ -120,6 +130,7 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._work = trio.Event()
         self._steps = 0
+        self._step_seconds = 0.0
         self._generated_tokens = 0
         self._running = False
 
@@ -146,7 +157,7 @@ class Scheduler:
             sequences=[
                 _Sequence(
                     0,
-                    IncrementalDetokenizer(request.prompt_ids, params.skip_special_tokens),
+                    self._detokenizer(request.prompt_ids, params.skip_special_tokens),
                     StopMatcher(params.stop, params.include_stop_str_in_output),
                 )
             ],
@@ -167,6 +178,13 @@ class Scheduler:
                 yield RequestStream(request_id, receive)
         finally:
             self._abort(request_id)
+
+    def _detokenizer(self, prompt_ids: list[int], skip_special_tokens: bool) -> Detokenizer:
+        if self._vocabulary is not None:
+            return VocabularyDetokenizer(
+                self._vocabulary.token_bytes, self._vocabulary.special_ids, skip_special_tokens
+            )
+        return IncrementalDetokenizer(prompt_ids, skip_special_tokens)
 
     def _abort(self, request_id: int) -> None:
         active = self._active.pop(request_id, None)
@@ -201,6 +219,7 @@ class Scheduler:
                     self._work = trio.Event()
                     continue
                 stepped_since_idle = True
+                started = time.perf_counter()
                 try:
                     self._pipeline.step()
                 except Exception as exc:  # an engine fault: fail this batch, keep serving
@@ -208,6 +227,7 @@ class Scheduler:
                     self._fail_all(f"engine error: {exc}".splitlines()[0])
                     continue
                 self._steps += 1
+                self._step_seconds += time.perf_counter() - started
                 self._collect_outputs()
                 # Let every consumer write what it was just handed before the next step
                 # freezes the event loop again.
@@ -288,6 +308,7 @@ class Scheduler:
             engine_scheduled=int(metrics.scheduled_requests),
             kv_cache_usage=float(metrics.cache_usage),
             steps=self._steps,
+            step_seconds=self._step_seconds,
             generated_tokens=self._generated_tokens,
         )
 

@@ -1,6 +1,8 @@
 """Turning generated token ids into text, incrementally, and cutting it at stop strings.
 
-Detokenizing one token at a time is wrong for most tokenizers: a character may span
+With a byte-level vocabulary table (ovtrio/vocabulary.py) each token's bytes go through
+an incremental UTF-8 decoder: exact and nearly free. Otherwise the engine's detokenizer
+is used, as follows. Detokenizing one token at a time is wrong for most tokenizers: a character may span
 several tokens (UTF-8 pieces), and SentencePiece-style tokenizers drop the leading
 space of the first token decoded. So each sequence decodes a short window that starts a
 few tokens back ("prefix") and emits only what the window adds beyond the prefix, once
@@ -10,6 +12,7 @@ decoded in one batched tokenizer call.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -54,11 +57,43 @@ class IncrementalDetokenizer:
         return full_text[len(prefix_text) :]
 
 
-def decode_batch(decoder: Any, detokenizers: Sequence[IncrementalDetokenizer]) -> list[str]:
-    """Advance every detokenizer with one batched decode per skip_special_tokens setting."""
+class VocabularyDetokenizer:
+    """Detokenizes from a table of token bytes; see the module docstring."""
+
+    __slots__ = ("_table", "_skipped", "_utf8", "_pending")
+
+    def __init__(self, token_bytes: list[bytes], special_ids: frozenset[int], skip_special_tokens: bool = True) -> None:
+        self._table = token_bytes
+        self._skipped = special_ids if skip_special_tokens else frozenset()
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+
+    def append(self, token_ids: Iterable[int]) -> None:
+        table, skipped = self._table, self._skipped
+        data = b"".join(table[i] for i in token_ids if i not in skipped)
+        self._pending += self._utf8.decode(data)
+
+    def take(self) -> str:
+        text, self._pending = self._pending, ""
+        return text
+
+
+Detokenizer = IncrementalDetokenizer | VocabularyDetokenizer
+
+
+def decode_batch(decoder: Any, detokenizers: Sequence[Detokenizer]) -> list[str]:
+    """New text of every detokenizer; the engine-backed ones share one batched decode
+    call per skip_special_tokens setting."""
     results = [""] * len(detokenizers)
+    for i, detokenizer in enumerate(detokenizers):
+        if isinstance(detokenizer, VocabularyDetokenizer):
+            results[i] = detokenizer.take()
     for skip in (True, False):
-        chosen = [i for i, d in enumerate(detokenizers) if d.skip_special_tokens is skip]
+        chosen = [
+            i
+            for i, d in enumerate(detokenizers)
+            if isinstance(d, IncrementalDetokenizer) and d.skip_special_tokens is skip
+        ]
         if not chosen:
             continue
         batch: list[list[int]] = []
