@@ -4,6 +4,7 @@ from OVTRIO_* environment variables; `ovtrio serve` builds the same app from fla
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -61,8 +62,11 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
         try:
             service.check()
         except ModelLoadError as exc:
+            # One line and a non-zero exit, not the lifespan machinery's nested
+            # traceback; there is nothing to clean up yet.
             log.error("%s", exc)
-            raise SystemExit(2) from None
+            logging.shutdown()
+            os._exit(2)
         await app.nursery.start(service.run)
 
     @app.errorhandler(APIError)

@@ -40,6 +40,7 @@ async def serve(settings: Settings) -> int:
 
     app = create_app(settings)
     service = app.config["OVTRIO_SERVICE"]
+    service.base_url = f"http://{settings.host}:{settings.port}"
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None

@@ -43,6 +43,9 @@ class ModelService:
         self.failed = trio.Event()
         self.failure: str | None = None
         self.started_at = time.time()
+        # Where clients reach the server, when the launcher knows it (`ovtrio serve`
+        # does; under a bare `hypercorn` the address is in hypercorn's own log line).
+        self.base_url: str | None = None
 
     @property
     def model_name(self) -> str:
@@ -82,14 +85,13 @@ class ModelService:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.scheduler.run)
             self.ready.set()
-            base = f"http://{self.settings.host}:{self.settings.port}"
+            where = f" at {self.base_url}/v1 and {self.base_url}/v3" if self.base_url else ""
             log.info(
-                "serving %s as '%s' on %s (loaded in %.1f s, context %d tokens) at %s/v1 and %s/v3",
+                "serving %s as '%s' on %s (loaded in %.1f s, context %d tokens)%s",
                 source.path.name,
                 source.name,
                 model.device,
                 model.load_seconds,
                 source.context_length,
-                base,
-                base,
+                where,
             )

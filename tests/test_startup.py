@@ -1,0 +1,167 @@
+"""Starting the server: configuration, readiness, and refusing unusable models with one line."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from conftest import free_port, start_server, stop_server
+
+
+def run_serve(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ovtrio", "serve", "--port", str(free_port()), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def assert_one_line_refusal(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    output = (result.stdout + result.stderr).strip()
+    assert "Traceback" not in output
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def gguf_with_architecture(path: Path, architecture: str) -> Path:
+    """A GGUF header with no tensors and one metadata entry."""
+    key, value = b"general.architecture", architecture.encode()
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, 1)
+    header += struct.pack("<Q", len(key)) + key + struct.pack("<I", 8) + struct.pack("<Q", len(value)) + value
+    path.write_bytes(header)
+    return path
+
+
+def test_missing_model_path_is_refused_in_one_line(tmp_path):
+    missing = tmp_path / "no-such-model"
+    assert_one_line_refusal(run_serve("--model", str(missing)), str(missing), "no such file")
+
+
+def test_file_that_is_not_gguf_is_refused(tmp_path):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_text("this is not a model")
+    assert_one_line_refusal(run_serve("--model", str(bogus)), str(bogus), "not a GGUF file")
+
+
+def test_unsupported_gguf_architecture_is_refused(tmp_path):
+    model = gguf_with_architecture(tmp_path / "falcon.gguf", "falcon")
+    assert_one_line_refusal(run_serve("--model", str(model)), "architecture 'falcon' is not supported")
+
+
+def test_folder_without_openvino_ir_is_refused(tmp_path):
+    assert_one_line_refusal(run_serve("--model", str(tmp_path)), str(tmp_path), "openvino_model.xml")
+
+
+def test_invalid_setting_names_the_flag_and_variable():
+    result = run_serve("--max-num-seqs", "lots")
+    assert_one_line_refusal(result, "max_num_seqs", "OVTRIO_MAX_NUM_SEQS", "--max-num-seqs")
+
+
+def test_hypercorn_entry_point_refuses_missing_model_in_one_line(tmp_path):
+    missing = tmp_path / "gone.gguf"
+    result = subprocess.run(
+        [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{free_port()}", "ovtrio.app:app"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OVTRIO_MODEL": str(missing)},
+    )
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output
+    refusals = [line for line in output.splitlines() if "cannot load model" in line]
+    assert len(refusals) == 1 and str(missing) in refusals[0], output
+
+
+def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        statuses = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                reply = httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.02)
+                continue
+            statuses.append(reply.status_code)
+            if reply.status_code == 200:
+                break
+            assert reply.json()["status"] == "loading"
+            # Liveness holds while loading; generation is refused with OpenAI's error shape.
+            assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+            early = httpx.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1},
+                timeout=5,
+            )
+            if early.status_code == 503:
+                assert early.json()["error"]["code"] == "model_loading"
+            time.sleep(0.05)
+        assert statuses[0] == 503, statuses
+        assert statuses[-1] == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def hypercorn_server(tmp_path_factory):
+    """The app as `hypercorn -k trio ovtrio.app:app` serves it, configured by environment."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("hypercorn") / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", "ovtrio.app:app"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OVTRIO_SERVED_MODEL_NAME": "tiny-chat", "OVTRIO_MAX_NUM_SEQS": "8"},
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            try:
+                if httpx.get(base + "/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def test_hypercorn_entry_point_serves_with_environment_settings(hypercorn_server):
+    models = httpx.get(hypercorn_server + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny-chat"]
+    with openai.OpenAI(base_url=hypercorn_server + "/v3", api_key="unused", max_retries=0) as sdk:
+        reply = sdk.chat.completions.create(
+            model="tiny-chat", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0
+        )
+        assert reply.model == "tiny-chat"
+        assert reply.choices[0].message.content
+        with pytest.raises(openai.NotFoundError):
+            sdk.chat.completions.create(
+                model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+            )
