@@ -27,6 +27,9 @@ class Settings(BaseModel):
     )
     device: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, ...")
     cache_size: int = Field(1, ge=0, description="KV cache size in GB (0 lets the engine size it on demand)")
+    num_kv_blocks: int | None = Field(
+        None, ge=1, description="KV cache size in blocks (of 32 tokens on CPU); overrides cache_size"
+    )
     max_num_seqs: int = Field(256, ge=1, description="most sequences scheduled in one engine step")
     max_num_batched_tokens: int = Field(
         256, ge=1, description="most tokens processed in one engine step (prompt chunks included)"

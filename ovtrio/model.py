@@ -138,6 +138,9 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
 
     scheduler_config = openvino_genai.SchedulerConfig()
     scheduler_config.cache_size = settings.cache_size
+    if settings.num_kv_blocks is not None:
+        scheduler_config.num_kv_blocks = settings.num_kv_blocks
+        scheduler_config.cache_size = 0
     scheduler_config.max_num_seqs = settings.max_num_seqs
     scheduler_config.max_num_batched_tokens = settings.max_num_batched_tokens
     scheduler_config.enable_prefix_caching = settings.enable_prefix_caching

@@ -15,6 +15,7 @@ import trio
 
 from ovtrio import __version__
 from ovtrio.api.prompts import PromptBuilder
+from ovtrio.api.sampling import SequenceLimit
 from ovtrio.config import Settings
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_model, resolve_model
 from ovtrio.scheduler import Scheduler
@@ -22,14 +23,32 @@ from ovtrio.scheduler import Scheduler
 log = logging.getLogger("ovtrio")
 
 
-def _warm_up(model: LoadedModel) -> None:
-    """One tiny generation, so the first client does not pay for the engine's first
-    compilation of its kernels (about 300 ms on CPU)."""
+# Tokens per KV cache block: the engine's defaults per device (32 on CPU, 16 elsewhere).
+_BLOCK_TOKENS = {"CPU": 32}
+
+
+def _warm_up(model: LoadedModel) -> int:
+    """Run one tiny request and return the KV cache capacity in tokens.
+
+    The first request pays for the engine's first compilation of its kernels (about
+    300 ms on CPU), so a warm-up spares the first client that. While it holds exactly
+    one cache block, the engine's cache usage (a percentage) also tells how many blocks
+    the cache has, which the engine does not report otherwise.
+    """
+    import numpy as np
+    import openvino as ov
     import openvino_genai
 
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = 2
-    model.pipeline.generate(["Hello"], [config])
+    handle = model.pipeline.add_request(0, ov.Tensor(np.asarray([[0] * 4], dtype=np.int64)), config)
+    model.pipeline.step()
+    usage = model.pipeline.get_metrics().cache_usage
+    while model.pipeline.has_non_finished_requests():
+        model.pipeline.step()
+    del handle
+    blocks = round(100.0 / usage) if usage > 0 else 0
+    return blocks * _BLOCK_TOKENS.get(model.device.split(".")[0].upper(), 16)
 
 
 class ModelService:
@@ -39,6 +58,7 @@ class ModelService:
         self.model: LoadedModel | None = None
         self.scheduler: Scheduler | None = None
         self.prompts: PromptBuilder | None = None
+        self.sequence_limit = SequenceLimit(0, "")
         self.ready = trio.Event()
         self.failed = trio.Event()
         self.failure: str | None = None
@@ -51,11 +71,6 @@ class ModelService:
     def model_name(self) -> str:
         assert self.source is not None
         return self.source.name
-
-    @property
-    def context_length(self) -> int:
-        assert self.source is not None
-        return self.source.context_length
 
     @property
     def system_fingerprint(self) -> str:
@@ -73,13 +88,18 @@ class ModelService:
         log.info("loading %s (%s) on %s", source.path, source.kind, self.settings.device)
         try:
             model = await trio.to_thread.run_sync(load_model, source, self.settings)
-            await trio.to_thread.run_sync(_warm_up, model)
+            kv_capacity = await trio.to_thread.run_sync(_warm_up, model)
         except ModelLoadError as exc:
             self.failure = str(exc)
             log.error("%s", exc)
             self.failed.set()
             return
         self.model = model
+        if 0 < kv_capacity < source.context_length:
+            self.sequence_limit = SequenceLimit(kv_capacity, "This server's KV cache size")
+            log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
+        else:
+            self.sequence_limit = SequenceLimit(source.context_length, "This model's maximum context length")
         self.prompts = PromptBuilder(model.tokenizer)
         self.scheduler = Scheduler(model.pipeline, model.tokenizer, model.vocabulary)
         async with trio.open_nursery() as nursery:

@@ -12,7 +12,7 @@ import httpx
 import trio
 
 from helpers import chat, chat_body, metric_value
-from sse import MODEL, StreamResult, astream_post, check_chat_stream
+from sse import MODEL, StreamResult, check_chat_stream
 
 PROMPTS = ["Tell me a short story about a cat.", "What is the capital of France?"]
 CONCURRENT = 16

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import free_port, start_server, stop_server
+from conftest import free_port
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -36,7 +36,7 @@ async def parse_body(model_type: type[SamplingFields]) -> Any:
 
 
 async def respond(service: ModelService, body: SamplingFields, prompt_ids: list[int], formatter: Formatter) -> Any:
-    params = sampling_params(body, len(prompt_ids), service.context_length)
+    params = sampling_params(body, len(prompt_ids), service.sequence_limit)
     generation = GenerationRequest(prompt_ids, params)
     assert service.scheduler is not None
     if body.stream:

@@ -6,6 +6,8 @@ scheduler/params.py's to_generation_config.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import ChatCompletionRequest, SamplingFields
 from ovtrio.scheduler import SamplingParams
@@ -13,16 +15,25 @@ from ovtrio.scheduler import SamplingParams
 DEFAULT_TEMPERATURE = 1.0
 
 
-def sampling_params(body: SamplingFields, prompt_tokens: int, context_length: int) -> SamplingParams:
-    """Check the request against the model's context and build its SamplingParams.
+@dataclass(frozen=True)
+class SequenceLimit:
+    """The most tokens (prompt + output) one request may hold, and what sets it: the
+    model's context window, or a KV cache too small for even that (a request that can
+    never fit in the cache would only be dropped by the engine halfway)."""
 
-    Without max_tokens, generation may run to the end of the context window, as with
-    OpenAI's API.
+    tokens: int
+    what: str  # e.g. "This model's maximum context length"
+
+
+def sampling_params(body: SamplingFields, prompt_tokens: int, limit: SequenceLimit) -> SamplingParams:
+    """Check the request against the sequence limit and build its SamplingParams.
+
+    Without max_tokens, generation may run to the end of the limit, as with OpenAI's API.
     """
-    room = context_length - prompt_tokens
+    room = limit.tokens - prompt_tokens
     if room < 1:
         raise invalid(
-            f"This model's maximum context length is {context_length} tokens, but the prompt is"
+            f"{limit.what} is {limit.tokens} tokens, but the prompt is"
             f" {prompt_tokens} tokens. Please shorten the prompt.",
             "messages" if isinstance(body, ChatCompletionRequest) else "prompt",
             "context_length_exceeded",
@@ -35,7 +46,7 @@ def sampling_params(body: SamplingFields, prompt_tokens: int, context_length: in
         max_tokens = room
     elif max_tokens > room:
         raise invalid(
-            f"This model's maximum context length is {context_length} tokens. However, you requested"
+            f"{limit.what} is {limit.tokens} tokens. However, you requested"
             f" {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the"
             f" completion). Please reduce the prompt or {param}.",
             param,
