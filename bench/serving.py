@@ -102,8 +102,13 @@ class RawEngine:
 @dataclass
 class StreamResult:
     ttft: float
-    inter_token: list[float] = field(default_factory=list)
+    inter_token: list[float] = field(default_factory=list)  # gaps between content chunks
     completion_tokens: int = 0
+    generation_time: float = 0.0  # first content chunk to last
+
+    @property
+    def time_per_output_token(self) -> float:
+        return self.generation_time / max(1, self.completion_tokens - 1)
 
 
 async def stream_chat(port: int, model: str, text: str, tokens: int) -> StreamResult:
@@ -156,7 +161,9 @@ async def stream_chat(port: int, model: str, text: str, tokens: int) -> StreamRe
             tail = chunk[-64:]
     if first is None:
         raise RuntimeError("stream produced no tokens")
-    return StreamResult(ttft=first - started, inter_token=gaps, completion_tokens=usage)
+    return StreamResult(
+        ttft=first - started, inter_token=gaps, completion_tokens=usage, generation_time=last - first
+    )
 
 
 async def load(port: int, model: str, concurrency: int, tokens: int, rounds: int) -> dict[str, float]:
@@ -180,6 +187,7 @@ async def load(port: int, model: str, concurrency: int, tokens: int, rounds: int
         "ttft_p99": percentile(ttfts, 99),
         "itl_p50": percentile(gaps, 50),
         "itl_p99": percentile(gaps, 99),
+        "tpot_p50": percentile([r.time_per_output_token * 1e3 for r in results], 50),
         "requests": len(results),
     }
 
@@ -302,7 +310,7 @@ def main() -> None:
           f" {args.tokens} output tokens, ignore_eos, greedy, chat streaming")
     header = (
         f"{'conc':>4} {'engine tok/s':>12} {'server tok/s':>12} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9}"
-        f" {'ITL p50':>8} {'ITL p99':>8} {'in step':>7}"
+        f" {'ITL p50':>8} {'ITL p99':>8} {'TPOT':>7} {'in step':>7}"
     )
     print(header)
     for c in args.concurrency:
@@ -310,9 +318,10 @@ def main() -> None:
         print(
             f"{c:>4} {s['engine_tok_s']:>12.1f} {s['tok_s']:>12.1f} {s['ratio']:>6.2f}"
             f" {s['ttft_p50']:>7.1f}ms {s['ttft_p99']:>7.1f}ms {s['itl_p50']:>6.1f}ms {s['itl_p99']:>6.1f}ms"
-            f" {s['engine_busy']:>6.0%}"
+            f" {s['tpot_p50']:>5.1f}ms {s['engine_busy']:>6.0%}"
         )
-    print("(in step: share of the server's wall time spent inside the engine's step())")
+    print("(ITL: gap between streamed chunks; TPOT: time per output token after the first;"
+          " in step: share of the server's wall time spent inside the engine's step())")
     print(f"engine TTFT (prefill step of a lone request): {misc['engine_ttft_ms']:.1f} ms")
     print(f"server idle RSS: {misc['idle_rss_mb']:.0f} MB; idle CPU: {misc['idle_cpu_percent']:.1f}%;"
           f" process start to first token: {misc['start_to_first_token_s']:.2f} s")

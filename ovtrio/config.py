@@ -35,6 +35,11 @@ class Settings(BaseModel):
         256, ge=1, description="most tokens processed in one engine step (prompt chunks included)"
     )
     enable_prefix_caching: bool = Field(True, description="reuse KV cache of shared prompt prefixes")
+    stream_interval: int = Field(
+        0,
+        ge=0,
+        description="engine steps between streamed chunks (0: 1, or 2-3 when 12+ streams share the engine)",
+    )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
     log_level: str = Field("info", description="debug, info, warning or error")

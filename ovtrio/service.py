@@ -101,7 +101,9 @@ class ModelService:
         else:
             self.sequence_limit = SequenceLimit(source.context_length, "This model's maximum context length")
         self.prompts = PromptBuilder(model.tokenizer)
-        self.scheduler = Scheduler(model.pipeline, model.tokenizer, model.vocabulary)
+        self.scheduler = Scheduler(
+            model.pipeline, model.tokenizer, model.vocabulary, stream_interval=self.settings.stream_interval
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(self.scheduler.run)
             self.ready.set()

@@ -61,6 +61,8 @@ class _Sequence:
     stops: StopMatcher
     finish_reason: str | None = None
     generated: int = 0
+    held_text: str = ""
+    held_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -111,9 +113,12 @@ class RequestStream:
 
 
 class Scheduler:
-    def __init__(self, pipeline: Any, tokenizer: Any, vocabulary: Any = None) -> None:
+    def __init__(self, pipeline: Any, tokenizer: Any, vocabulary: Any = None, stream_interval: int = 0) -> None:
         """`vocabulary` (ovtrio.vocabulary.Vocabulary), when given, detokenizes in Python
-        instead of calling the engine's detokenizer every step."""
+        instead of calling the engine's detokenizer every step. `stream_interval` is the
+        number of steps between deltas (0: chosen by load, see _stream_interval)."""
+        self._configured_interval = stream_interval
+        self._holding: set[_Sequence] = set()
         self._pipeline = pipeline
         self._tokenizer = tokenizer
         self._vocabulary = vocabulary
@@ -190,6 +195,7 @@ class Scheduler:
         active = self._active.pop(request_id, None)
         if active is None:
             return
+        self._holding.difference_update(active.sequences)
         # Frees its KV cache at the next step; the handle's destructor would too, but
         # saying so is clearer than relying on reference counting.
         active.handle.cancel()
@@ -277,10 +283,12 @@ class Scheduler:
         texts = decode_batch(self._tokenizer, detokenizers)
 
         now = time.perf_counter()
+        flush = self._steps % self._stream_interval() == 0
         for (active, sequence, ids, reason), text in zip(fresh, texts):
             if active.request_id not in self._active or sequence.finish_reason is not None:
                 continue
-            if active.first_token_at is None:
+            first = active.first_token_at is None
+            if first:
                 active.first_token_at = now
             sequence.generated += len(ids)
             self._generated_tokens += len(ids)
@@ -290,13 +298,48 @@ class Scheduler:
             elif reason is not None:
                 text += sequence.stops.flush()
             sequence.finish_reason = reason
-            if not self._send(active, Delta(sequence.index, text, ids, reason)):
-                self._abort(active.request_id)  # the consumer left
-                continue
+            sequence.held_text += text
+            sequence.held_ids.extend(ids)
+            # The first token and the last always go out at once (time to first token,
+            # completion); the ones between may wait for the next flush step.
+            if first or reason is not None or flush:
+                if not self._release(active, sequence):
+                    continue
+            else:
+                self._holding.add(sequence)
             if all(s.finish_reason is not None for s in active.sequences):
                 self._send(active, Completed(active.prompt_tokens, sum(s.generated for s in active.sequences)))
                 # Stops the engine request too when a stop string ended it early.
                 self._abort(active.request_id)
+        if flush and self._holding:
+            for active in list(self._active.values()):
+                for sequence in active.sequences:
+                    if sequence in self._holding:
+                        self._release(active, sequence)
+
+    def _release(self, active: _ActiveRequest, sequence: _Sequence) -> bool:
+        """Send what `sequence` holds; False (and the request aborted) if its consumer left."""
+        self._holding.discard(sequence)
+        delta = Delta(sequence.index, sequence.held_text, sequence.held_ids, sequence.finish_reason)
+        sequence.held_text, sequence.held_ids = "", []
+        if self._send(active, delta):
+            return True
+        self._abort(active.request_id)
+        return False
+
+    def _stream_interval(self) -> int:
+        """Engine steps between deltas to consumers.
+
+        Each delta costs its consumer an HTTP write (about 0.1 ms through Quart,
+        Hypercorn and h11), paid between steps while the engine waits. With many
+        streams that adds up to over 10% of the engine's time, so by default deltas
+        are merged over two steps from 12 streams on and three from 24 on: tokens then
+        reach a reader every 40-90 ms instead of every 20-30 ms, and the engine keeps
+        its throughput. A configured interval overrides this.
+        """
+        if self._configured_interval:
+            return self._configured_interval
+        return min(3, 1 + len(self._active) // 12)
 
     # ---- observation --------------------------------------------------------------------
 
