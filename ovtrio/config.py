@@ -35,6 +35,9 @@ class Settings(BaseModel):
         256, ge=1, description="most tokens processed in one engine step (prompt chunks included)"
     )
     enable_prefix_caching: bool = Field(True, description="reuse KV cache of shared prompt prefixes")
+    max_tokens_limit: int | None = Field(
+        None, ge=1, description="default and cap for max_tokens (OVMS's max_tokens_limit)"
+    )
     stream_interval: int = Field(
         0,
         ge=0,

@@ -40,6 +40,11 @@ class GGUFHeader:
     metadata: dict[str, Any]
     tensor_types: frozenset[str]
     arrays: dict[str, list[Any]]
+    array_lengths: dict[str, int]
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.array_lengths.get("tokenizer.ggml.tokens")
 
     @property
     def architecture(self) -> str | None:
@@ -99,9 +104,15 @@ def read_gguf_header(path: str | Path, keep_arrays: frozenset[str] = frozenset()
         kv_count = _read(stream, "<Q")
         metadata: dict[str, Any] = {}
         arrays: dict[str, list[Any]] = {}
+        array_lengths: dict[str, int] = {}
         for _ in range(kv_count):
             key = _read_string(stream)
             value_type = _read(stream, "<I")
+            if value_type == _ARRAY:
+                at = stream.tell()
+                _read(stream, "<I")
+                array_lengths[key] = _read(stream, "<Q")
+                stream.seek(at)
             value = _read_value(stream, value_type, keep=key in keep_arrays)
             if isinstance(value, list):
                 arrays[key] = value
@@ -115,4 +126,4 @@ def read_gguf_header(path: str | Path, keep_arrays: frozenset[str] = frozenset()
             type_id = _read(stream, "<I")
             _read(stream, "<Q")  # data offset
             types.add(GGML_TYPE_NAMES.get(type_id, f"type {type_id}"))
-    return GGUFHeader(version=version, metadata=metadata, tensor_types=frozenset(types), arrays=arrays)
+    return GGUFHeader(version=version, metadata=metadata, tensor_types=frozenset(types), arrays=arrays, array_lengths=array_lengths)

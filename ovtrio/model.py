@@ -42,6 +42,7 @@ class ModelSource:
     name: str
     context_length: int
     generation_defaults: dict[str, Any]
+    vocab_size: int | None = None
 
 
 def embedded_model_path() -> Path:
@@ -68,7 +69,7 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _check_gguf(path: Path) -> int:
+def _check_gguf(path: Path) -> tuple[int, int | None]:
     try:
         header = read_gguf_header(path)
     except (OSError, GGUFFormatError) as exc:
@@ -84,7 +85,7 @@ def _check_gguf(path: Path) -> int:
             f"cannot load model {path}: GGUF tensor types {', '.join(sorted(unsupported))} are not supported"
             f" (supported: {', '.join(sorted(GGUF_TENSOR_TYPES))})"
         )
-    return header.context_length or DEFAULT_CONTEXT_LENGTH
+    return header.context_length or DEFAULT_CONTEXT_LENGTH, header.vocab_size
 
 
 def resolve_model(settings: Settings) -> ModelSource:
@@ -104,8 +105,8 @@ def resolve_model(settings: Settings) -> ModelSource:
             raise ModelLoadError(
                 f"cannot load model {path}: expected a .gguf file or an OpenVINO IR folder"
             )
-        context_length = _check_gguf(path)
-        return ModelSource(path, "gguf", name, context_length, {})
+        context_length, vocab_size = _check_gguf(path)
+        return ModelSource(path, "gguf", name, context_length, {}, vocab_size)
 
     if not (path / "openvino_model.xml").is_file():
         raise ModelLoadError(
@@ -119,7 +120,15 @@ def resolve_model(settings: Settings) -> ModelSource:
         or config.get("seq_length")
         or DEFAULT_CONTEXT_LENGTH
     )
-    return ModelSource(path, "openvino-ir", name, context_length, _read_json(path / "generation_config.json"))
+    vocab_size = config.get("vocab_size")
+    return ModelSource(
+        path,
+        "openvino-ir",
+        name,
+        context_length,
+        _read_json(path / "generation_config.json"),
+        int(vocab_size) if isinstance(vocab_size, int) else None,
+    )
 
 
 @dataclass

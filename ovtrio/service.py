@@ -15,7 +15,7 @@ import trio
 
 from ovtrio import __version__
 from ovtrio.api.prompts import PromptBuilder
-from ovtrio.api.sampling import SequenceLimit
+from ovtrio.api.sampling import SequenceLimit, ServerDefaults
 from ovtrio.config import Settings
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_model, resolve_model
 from ovtrio.scheduler import Scheduler
@@ -59,6 +59,7 @@ class ModelService:
         self.scheduler: Scheduler | None = None
         self.prompts: PromptBuilder | None = None
         self.sequence_limit = SequenceLimit(0, "")
+        self.defaults = ServerDefaults()
         self.ready = trio.Event()
         self.failed = trio.Event()
         self.failure: str | None = None
@@ -100,7 +101,11 @@ class ModelService:
             log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
         else:
             self.sequence_limit = SequenceLimit(source.context_length, "This model's maximum context length")
-        self.prompts = PromptBuilder(model.tokenizer)
+        self.prompts = PromptBuilder(model.tokenizer, source.vocab_size, model.vocabulary)
+        self.defaults = ServerDefaults(
+            {k: source.generation_defaults.get(k) for k in ("temperature", "top_p", "top_k", "repetition_penalty")},
+            self.settings.max_tokens_limit,
+        )
         self.scheduler = Scheduler(
             model.pipeline, model.tokenizer, model.vocabulary, stream_interval=self.settings.stream_interval
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +24,26 @@ def usage_body(done: Completed) -> dict[str, int]:
 
 
 @dataclass
+class ChoiceOutput:
+    """Everything one choice produced (the aggregate of its deltas)."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "stop"
+
+
+TokenBytes = Callable[[int], bytes]
+
+
+@dataclass
 class _Formatter:
     model: str
     system_fingerprint: str
+    token_bytes: TokenBytes
     include_usage: bool = False
+    logprobs: bool = False
+    choices: int = 1
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -43,34 +60,74 @@ class _Formatter:
             body["usage"] = None
         return body
 
+    def _token_text(self, token_id: int) -> str:
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
 
 @dataclass
 class CompletionFormatter(_Formatter):
+    # Text of each prompt, for echo; choice i belongs to prompt i // n.
+    echo: list[str] | None = None
+    n: int = 1
+    _offsets: dict[int, int] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         self.id = self.id or f"cmpl-{uuid.uuid4().hex}"
 
-    def opening_chunks(self) -> list[dict[str, Any]]:
-        return []
+    def _echo_text(self, index: int) -> str:
+        return self.echo[index // self.n] if self.echo else ""
 
-    def chunk_text(self, index: int, text: str) -> dict[str, Any]:
-        return self._envelope(
-            "text_completion", [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]
-        )
+    def _choice(self, index: int, text: str, logprobs: Any, reason: str | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+    def _logprobs(self, index: int, token_ids: list[int], logprobs: list[float]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        offset = self._offsets.get(index, len(self._echo_text(index)))
+        tokens, offsets = [], []
+        for token_id in token_ids:
+            token = self._token_text(token_id)
+            tokens.append(token)
+            offsets.append(offset)
+            offset += len(token)
+        self._offsets[index] = offset
+        return {
+            "tokens": tokens,
+            "token_logprobs": logprobs,
+            # The engine reports the chosen token only; it stands as its own top entry.
+            "top_logprobs": [{token: logprob} for token, logprob in zip(tokens, logprobs)],
+            "text_offset": offsets,
+        }
+
+    def opening_chunks(self) -> list[dict[str, Any]]:
+        if not self.echo:
+            return []
+        return [
+            self._envelope("text_completion", [self._choice(i, self._echo_text(i), None, None)])
+            for i in range(self.choices)
+        ]
+
+    def chunk_text(self, index: int, text: str, token_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+        choice = self._choice(index, text, self._logprobs(index, token_ids, logprobs), None)
+        return self._envelope("text_completion", [choice])
 
     def chunk_finish(self, index: int, reason: str) -> dict[str, Any]:
-        return self._envelope(
-            "text_completion", [{"index": index, "text": "", "logprobs": None, "finish_reason": reason}]
-        )
+        return self._envelope("text_completion", [self._choice(index, "", None, reason)])
 
     def chunk_usage(self, done: Completed) -> dict[str, Any]:
         body = self._envelope("text_completion", [])
         body["usage"] = usage_body(done)
         return body
 
-    def unary(self, texts: list[str], reasons: list[str], done: Completed) -> dict[str, Any]:
+    def unary(self, outputs: list[ChoiceOutput], done: Completed) -> dict[str, Any]:
         choices = [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-            for i, (text, reason) in enumerate(zip(texts, reasons))
+            self._choice(
+                i,
+                self._echo_text(i) + output.text,
+                self._logprobs(i, output.token_ids, output.logprobs),
+                output.finish_reason,
+            )
+            for i, output in enumerate(outputs)
         ]
         body = self._envelope("text_completion", choices)
         body["usage"] = usage_body(done)
@@ -82,16 +139,33 @@ class ChatFormatter(_Formatter):
     def __post_init__(self) -> None:
         self.id = self.id or f"chatcmpl-{uuid.uuid4().hex}"
 
-    def _chunk(self, index: int, delta: dict[str, Any], reason: str | None) -> dict[str, Any]:
+    def _logprobs(self, token_ids: list[int], logprobs: list[float]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        content = []
+        for token_id, logprob in zip(token_ids, logprobs):
+            data = self.token_bytes(token_id)
+            content.append(
+                {
+                    "token": data.decode("utf-8", errors="replace"),
+                    "logprob": logprob,
+                    "bytes": list(data),
+                    "top_logprobs": [],
+                }
+            )
+        return {"content": content, "refusal": None}
+
+    def _chunk(self, index: int, delta: dict[str, Any], reason: str | None, logprobs: Any = None) -> dict[str, Any]:
         return self._envelope(
-            "chat.completion.chunk", [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}]
+            "chat.completion.chunk",
+            [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}],
         )
 
     def opening_chunks(self) -> list[dict[str, Any]]:
-        return [self._chunk(0, {"role": "assistant", "content": ""}, None)]
+        return [self._chunk(i, {"role": "assistant", "content": ""}, None) for i in range(self.choices)]
 
-    def chunk_text(self, index: int, text: str) -> dict[str, Any]:
-        return self._chunk(index, {"content": text}, None)
+    def chunk_text(self, index: int, text: str, token_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+        return self._chunk(index, {"content": text}, None, self._logprobs(token_ids, logprobs))
 
     def chunk_finish(self, index: int, reason: str) -> dict[str, Any]:
         return self._chunk(index, {}, reason)
@@ -101,15 +175,15 @@ class ChatFormatter(_Formatter):
         body["usage"] = usage_body(done)
         return body
 
-    def unary(self, texts: list[str], reasons: list[str], done: Completed) -> dict[str, Any]:
+    def unary(self, outputs: list[ChoiceOutput], done: Completed) -> dict[str, Any]:
         choices = [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": reason,
+                "message": {"role": "assistant", "content": output.text, "refusal": None},
+                "logprobs": self._logprobs(output.token_ids, output.logprobs),
+                "finish_reason": output.finish_reason,
             }
-            for i, (text, reason) in enumerate(zip(texts, reasons))
+            for i, output in enumerate(outputs)
         ]
         body = self._envelope("chat.completion", choices)
         body["usage"] = usage_body(done)

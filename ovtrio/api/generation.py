@@ -35,9 +35,12 @@ async def parse_body(model_type: type[SamplingFields]) -> Any:
         raise from_validation_error(exc) from None
 
 
-async def respond(service: ModelService, body: SamplingFields, prompt_ids: list[int], formatter: Formatter) -> Any:
-    params = sampling_params(body, len(prompt_ids), service.sequence_limit)
-    generation = GenerationRequest(prompt_ids, params)
+async def respond(
+    service: ModelService, body: SamplingFields, prompts: list[list[int]], formatter: Formatter
+) -> Any:
+    longest = max(len(p) for p in prompts)
+    params = sampling_params(body, longest, service.sequence_limit, service.defaults)
+    generation = GenerationRequest(prompts, params)
     assert service.scheduler is not None
     if body.stream:
         return Response(sse_events(service.scheduler, generation, formatter), mimetype="text/event-stream", headers=SSE_HEADERS)
@@ -60,9 +63,25 @@ async def create_completion() -> Any:
     service = ready_service()
     check_model(service, body)
     assert service.prompts is not None
-    prompt_ids = service.prompts.encode_text(body.prompt)
-    formatter = CompletionFormatter(service.model_name, service.system_fingerprint, include_usage(body))
-    return await respond(service, body, prompt_ids, formatter)
+    prompts = service.prompts.encode_completion_prompts(body.prompt)
+    echo = None
+    if body.echo:
+        echo = ([body.prompt] if isinstance(body.prompt, str) else list(body.prompt)) if _all_strings(body.prompt) else [service.prompts.decode(p) for p in prompts]
+    formatter = CompletionFormatter(
+        service.model_name,
+        service.system_fingerprint,
+        service.prompts.token_bytes,
+        include_usage=include_usage(body),
+        logprobs=body.logprobs is not None,
+        choices=len(prompts) * body.n,
+        echo=echo,
+        n=body.n,
+    )
+    return await respond(service, body, prompts, formatter)
+
+
+def _all_strings(prompt: Any) -> bool:
+    return isinstance(prompt, str) or all(isinstance(item, str) for item in prompt)
 
 
 @blueprint.post("/v3/chat/completions")
@@ -72,6 +91,14 @@ async def create_chat_completion() -> Any:
     service = ready_service()
     check_model(service, body)
     assert service.prompts is not None
-    prompt_ids = service.prompts.encode_chat(body.messages)
-    formatter = ChatFormatter(service.model_name, service.system_fingerprint, include_usage(body))
-    return await respond(service, body, prompt_ids, formatter)
+    raw = bool(body.nvext and body.nvext.use_raw_prompt)
+    prompt_ids = service.prompts.encode_chat(body.messages, raw=raw)
+    formatter = ChatFormatter(
+        service.model_name,
+        service.system_fingerprint,
+        service.prompts.token_bytes,
+        include_usage=include_usage(body),
+        logprobs=body.logprobs,
+        choices=body.n,
+    )
+    return await respond(service, body, [prompt_ids], formatter)

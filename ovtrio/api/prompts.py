@@ -1,4 +1,5 @@
-"""Prompt building: chat messages through the model's chat template, then token ids."""
+"""Prompt building: chat messages through the model's chat template, completions prompts
+in any of OpenAI's four forms, and the text of single tokens (for logprobs)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,62 @@ from ovtrio.api.protocol import ChatMessage
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int | None = None, vocabulary: Any = None) -> None:
         self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._vocabulary = vocabulary
+
+    def encode_completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+        """A string, a list of strings, a list of token ids, or a list of those lists."""
+        if isinstance(prompt, str):
+            return [self.encode_text(prompt)]
+        if all(isinstance(item, str) for item in prompt):
+            return [self.encode_text(text) for text in prompt]  # type: ignore[arg-type]
+        if all(isinstance(item, int) for item in prompt):
+            return [self._checked_ids(prompt, "prompt")]  # type: ignore[arg-type]
+        return [self._checked_ids(ids, f"prompt[{i}]") for i, ids in enumerate(prompt)]  # type: ignore[arg-type]
 
     def encode_text(self, text: str) -> list[int]:
         """A completions prompt: tokenized with the model's special tokens (e.g. BOS)."""
-        return self._encode(text, add_special_tokens=True)
+        ids = self._encode(text, add_special_tokens=True)
+        if not ids:
+            raise invalid("The prompt is empty.", "prompt")
+        return ids
 
-    def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
-        """A conversation rendered by the chat template; the template adds special tokens."""
+    def encode_chat(self, messages: list[ChatMessage], *, raw: bool = False) -> list[int]:
+        """A conversation rendered by the chat template (which adds special tokens), or
+        with `raw`, the messages' text as is (Dynamo's nvext.use_raw_prompt)."""
+        if raw:
+            ids = self._encode("".join(m.text() for m in messages), add_special_tokens=True)
+            if not ids:
+                raise invalid("The messages are empty.", "messages")
+            return ids
         history = [{"role": _template_role(m.role), "content": m.text()} for m in messages]
         try:
             prompt = self._tokenizer.apply_chat_template(history, add_generation_prompt=True)
         except Exception as exc:  # a template error is about the messages sent
             raise invalid(f"The chat template could not render these messages: {exc}", "messages") from None
         return self._encode(prompt, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes of one token (a partial UTF-8 character for some)."""
+        if self._vocabulary is not None and token_id < len(self._vocabulary.token_bytes):
+            return self._vocabulary.token_bytes[token_id]
+        return self._tokenizer.decode([token_id], skip_special_tokens=False).encode()
+
+    def _checked_ids(self, ids: list[int], param: str) -> list[int]:
+        if self._vocab_size is not None:
+            for i, token_id in enumerate(ids):
+                if token_id >= self._vocab_size:
+                    raise invalid(
+                        f"Invalid value for '{param}[{i}]': token id {token_id} is not in the model's"
+                        f" vocabulary of {self._vocab_size} tokens.",
+                        f"{param}[{i}]",
+                    )
+        return list(ids)
 
     def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         encoded = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -1,12 +1,14 @@
 """Request bodies of the OpenAI-compatible endpoints, validated with pydantic.
 
-Validation is strict (no "5" for 5, no 1 for true), as OpenAI's API is. Fields that
-OpenAI clients routinely send and that change nothing here are accepted and ignored.
+Validation is strict (no "5" for 5, no 1 for true), as OpenAI's API is. Unknown fields
+are ignored, so do the fields OpenAI clients routinely send that change nothing here
+(`user`, `metadata`, `service_tier`, `store`, ...). Fields whose meaning the server
+cannot honour are refused by name (see UNSUPPORTED).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -14,6 +16,10 @@ from ovtrio.api.errors import invalid
 
 MAX_STOP_STRINGS = 4
 MAX_SEED = 4294967295
+MAX_N = 16
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
 class _Body(BaseModel):
@@ -24,10 +30,35 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class NvExt(_Body):
+    """Dynamo's NVIDIA extension object; its fields override the top-level ones."""
+
+    ignore_eos: bool | None = None
+    top_k: int | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    greedy_sampling: bool | None = None
+    use_raw_prompt: bool | None = None
+    annotations: list[str] | None = None
+
+
 StopField = Annotated[
     str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None,
     Field(description="up to 4 strings where generation stops"),
 ]
+
+# Fields whose meaning ovtrio cannot honour: sending a non-empty value is a 400 naming
+# the field, rather than a silent difference. (Fields that change nothing, such as
+# `user`, are simply ignored.)
+UNSUPPORTED = {
+    "logit_bias": "logit_bias is not supported",
+    "suffix": "suffix (insertion) is not supported",
+    "functions": "functions are not supported",
+    "function_call": "function_call is not supported",
+    "prompt_logprobs": "prompt_logprobs are not supported",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+}
 
 
 class SamplingFields(_Body):
@@ -35,20 +66,60 @@ class SamplingFields(_Body):
 
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: int | None = None
+    min_p: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    length_penalty: float = 1.0
+    diversity_penalty: Annotated[float, Field(ge=0.0)] | None = None
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     stop: StopField = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    include_stop_str_in_output: bool | None = None
     ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
+    nvext: NvExt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, why in UNSUPPORTED.items():
+                if data.get(name) not in (None, {}, [], ""):
+                    raise invalid(f"{why} by this server.", name, "unsupported_parameter")
+        return data
 
     @model_validator(mode="after")
-    def _check_top_k(self) -> "SamplingFields":
-        if self.top_k is not None and self.top_k != -1 and self.top_k < 1:
-            raise invalid("Invalid value for 'top_k': must be -1 (all tokens) or at least 1.", "top_k")
+    def _check_combinations(self) -> "SamplingFields":
+        top_k = self.effective_top_k()
+        if top_k is not None and top_k != -1 and top_k < 1:
+            param = "nvext.top_k" if self.nvext and self.nvext.top_k is not None else "top_k"
+            raise invalid(f"Invalid value for '{param}': must be -1 (all tokens) or at least 1.", param)
+        if self.best_of is not None and self.best_of < self.n:
+            raise invalid("Invalid value for 'best_of': must be at least n.", "best_of")
+        if self.stream and self.include_stop_str_in_output is False:
+            raise invalid(
+                "include_stop_str_in_output=false is not supported with stream=true: a streamed"
+                " stop string may already have been sent when it is recognised.",
+                "include_stop_str_in_output",
+            )
+        if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise invalid("Invalid value for 'min_tokens': must not exceed max_tokens.", "min_tokens")
         return self
+
+    def beam_width(self) -> int:
+        return self.best_of or 1
+
+    def effective_top_k(self) -> int | None:
+        return self.nvext.top_k if self.nvext and self.nvext.top_k is not None else self.top_k
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -56,8 +127,21 @@ class SamplingFields(_Body):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str
+    prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> "CompletionRequest":
+        if self.logprobs is not None and self.logprobs > 1:
+            raise invalid(
+                "Only the chosen token's log-probability is available: logprobs must be 0 or 1.", "logprobs"
+            )
+        return self
 
 
 class TextPart(_Body):
@@ -81,3 +165,15 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs is not None and not self.logprobs:
+            raise invalid("top_logprobs requires logprobs=true.", "top_logprobs")
+        if self.top_logprobs:
+            raise invalid(
+                "Only the chosen token's log-probability is available: top_logprobs must be 0.", "top_logprobs"
+            )
+        return self

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ovtrio.api.errors import APIError
-from ovtrio.api.formatting import Formatter
+from ovtrio.api.formatting import ChoiceOutput, Formatter
 from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, Scheduler
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -28,23 +28,33 @@ def engine_failure(failed: Failed) -> APIError:
 
 
 async def unary_body(scheduler: Scheduler, request: GenerationRequest, formatter: Formatter) -> dict[str, Any]:
-    texts: list[list[str]] = [[]]
-    reasons: list[str] = ["stop"]
+    outputs = [ChoiceOutput() for _ in range(formatter.choices)]
     with scheduler.submit(request) as stream:
         while messages := await stream.receive_available():
             for message in messages:
                 if isinstance(message, Delta):
-                    while len(texts) <= message.index:
-                        texts.append([])
-                        reasons.append("stop")
-                    texts[message.index].append(message.text)
+                    output = outputs[message.index]
+                    output.text += message.text
+                    output.token_ids.extend(message.token_ids)
+                    output.logprobs.extend(message.logprobs or ())
                     if message.finish_reason is not None:
-                        reasons[message.index] = message.finish_reason
+                        output.finish_reason = message.finish_reason
                 elif isinstance(message, Completed):
-                    return formatter.unary(["".join(t) for t in texts], reasons, message)
+                    return formatter.unary(outputs, message)
                 elif isinstance(message, Failed):
                     raise engine_failure(message)
     raise APIError(500, "the request ended without a result", code="engine_error")
+
+
+class _Pending:
+    """Deltas of one choice received together, merged into one chunk."""
+
+    __slots__ = ("text", "token_ids", "logprobs")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
 
 
 async def sse_events(scheduler: Scheduler, request: GenerationRequest, formatter: Formatter) -> AsyncIterator[bytes]:
@@ -56,12 +66,15 @@ async def sse_events(scheduler: Scheduler, request: GenerationRequest, formatter
             yield sse_event(chunk)
         while messages := await stream.receive_available():
             frames: list[bytes] = []
-            pending: dict[int, list[str]] = {}
+            pending: dict[int, _Pending] = {}
             for message in messages:
                 if isinstance(message, Delta):
                     # Deltas that queued up while the client was slow go out as one chunk.
-                    if message.text:
-                        pending.setdefault(message.index, []).append(message.text)
+                    if message.text or message.token_ids:
+                        merged = pending.setdefault(message.index, _Pending())
+                        merged.text.append(message.text)
+                        merged.token_ids.extend(message.token_ids)
+                        merged.logprobs.extend(message.logprobs or ())
                     if message.finish_reason is not None:
                         frames.extend(_flush(formatter, pending))
                         frames.append(sse_event(formatter.chunk_finish(message.index, message.finish_reason)))
@@ -78,7 +91,11 @@ async def sse_events(scheduler: Scheduler, request: GenerationRequest, formatter
     yield DONE_EVENT
 
 
-def _flush(formatter: Formatter, pending: dict[int, list[str]]) -> list[bytes]:
-    frames = [sse_event(formatter.chunk_text(index, "".join(parts))) for index, parts in pending.items()]
+def _flush(formatter: Formatter, pending: dict[int, _Pending]) -> list[bytes]:
+    frames = [
+        sse_event(formatter.chunk_text(index, "".join(p.text), p.token_ids, p.logprobs))
+        for index, p in pending.items()
+        if "".join(p.text) or formatter.logprobs
+    ]
     pending.clear()
     return frames

@@ -6,13 +6,15 @@ scheduler/params.py's to_generation_config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ovtrio.api.errors import invalid
-from ovtrio.api.protocol import ChatCompletionRequest, SamplingFields
+from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ovtrio.scheduler import SamplingParams
 
-DEFAULT_TEMPERATURE = 1.0
+# When multinomial sampling is on and the request names no top_k (OVMS's default).
+DEFAULT_SAMPLING_TOP_K = 40
 
 
 @dataclass(frozen=True)
@@ -25,26 +27,37 @@ class SequenceLimit:
     what: str  # e.g. "This model's maximum context length"
 
 
-def sampling_params(body: SamplingFields, prompt_tokens: int, limit: SequenceLimit) -> SamplingParams:
-    """Check the request against the sequence limit and build its SamplingParams.
+@dataclass(frozen=True)
+class ServerDefaults:
+    """Server-side defaults: the model's generation_config.json and the operator's cap."""
 
-    Without max_tokens, generation may run to the end of the limit, as with OpenAI's API.
-    """
+    generation: dict[str, Any] = field(default_factory=dict)
+    max_tokens_limit: int | None = None
+
+    def get(self, name: str, fallback: Any) -> Any:
+        value = self.generation.get(name)
+        return fallback if value is None else value
+
+
+def _max_new_tokens(body: SamplingFields, prompt_tokens: int, limit: SequenceLimit, defaults: ServerDefaults) -> int:
     room = limit.tokens - prompt_tokens
+    prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
     if room < 1:
         raise invalid(
-            f"{limit.what} is {limit.tokens} tokens, but the prompt is"
-            f" {prompt_tokens} tokens. Please shorten the prompt.",
-            "messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+            f"{limit.what} is {limit.tokens} tokens, but the prompt is {prompt_tokens} tokens."
+            " Please shorten the prompt.",
+            prompt_param,
             "context_length_exceeded",
         )
-    max_tokens = body.max_tokens
-    param = "max_tokens"
+    max_tokens, param = body.max_tokens, "max_tokens"
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
         max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
+    cap = defaults.max_tokens_limit
     if max_tokens is None:
-        max_tokens = room
-    elif max_tokens > room:
+        return min(room, cap) if cap else room
+    if cap and max_tokens > cap:
+        raise invalid(f"Invalid value for '{param}': this server allows at most {cap}.", param)
+    if max_tokens > room:
         raise invalid(
             f"{limit.what} is {limit.tokens} tokens. However, you requested"
             f" {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the"
@@ -52,16 +65,54 @@ def sampling_params(body: SamplingFields, prompt_tokens: int, limit: SequenceLim
             param,
             "context_length_exceeded",
         )
-    temperature = DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
+    return max_tokens
+
+
+def sampling_params(
+    body: SamplingFields, prompt_tokens: int, limit: SequenceLimit, defaults: ServerDefaults = ServerDefaults()
+) -> SamplingParams:
+    """Check the request against the limits and build its SamplingParams.
+
+    `prompt_tokens` is the longest prompt of the request. Without max_tokens, generation
+    may run to the end of the limit (or the server's max_tokens_limit), as with OpenAI.
+    """
+    nvext = body.nvext
+    temperature = body.temperature if body.temperature is not None else defaults.get("temperature", 1.0)
+    if nvext and nvext.greedy_sampling:
+        temperature = 0.0
+    top_k = body.effective_top_k()
+    if top_k is None:
+        top_k = defaults.get("top_k", DEFAULT_SAMPLING_TOP_K)
+    repetition_penalty = body.repetition_penalty
+    if nvext and nvext.repetition_penalty is not None:
+        repetition_penalty = nvext.repetition_penalty
+    ignore_eos = nvext.ignore_eos if nvext and nvext.ignore_eos is not None else body.ignore_eos
+    if isinstance(body, CompletionRequest):
+        logprobs = body.logprobs is not None
+    else:
+        logprobs = body.logprobs
+    include_stop = body.include_stop_str_in_output
     return SamplingParams(
-        max_new_tokens=max_tokens,
+        max_new_tokens=_max_new_tokens(body, prompt_tokens, limit, defaults),
+        n=body.n,
+        best_of=body.beam_width(),
         temperature=temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=None if body.top_k in (None, -1) else body.top_k,
+        top_p=body.top_p if body.top_p is not None else defaults.get("top_p", 1.0),
+        top_k=None if top_k == -1 else top_k,
+        min_p=body.min_p or 0.0,
+        repetition_penalty=repetition_penalty if repetition_penalty is not None else defaults.get("repetition_penalty", 1.0),
+        frequency_penalty=body.frequency_penalty or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        length_penalty=body.length_penalty,
+        diversity_penalty=body.diversity_penalty or 0.0,
         seed=body.seed,
         stop=body.stop_strings(),
-        # Unary output omits the stop string; streamed output includes it (OVMS's
-        # documented defaults).
-        include_stop_str_in_output=body.stream,
-        ignore_eos=body.ignore_eos,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        # Unary output omits the stop string by default, streamed output includes it
+        # (OVMS's documented defaults).
+        include_stop_str_in_output=body.stream if include_stop is None else include_stop,
+        ignore_eos=ignore_eos,
+        min_new_tokens=body.min_tokens,
+        skip_special_tokens=body.skip_special_tokens,
+        logprobs=logprobs,
     )

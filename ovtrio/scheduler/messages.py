@@ -11,18 +11,20 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class Delta:
-    """New output of sequence `index`. `finish_reason` is set on the sequence's last delta:
-    "stop" (end of sequence or a stop string) or "length" (max_new_tokens reached)."""
+    """New output of choice `index`. `finish_reason` is set on the choice's last delta:
+    "stop" (end of sequence, stop string or stop token) or "length" (max_new_tokens).
+    `logprobs` holds one log-probability per id in `token_ids` when they were asked for."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Completed:
-    """Every sequence has finished; token counts for usage reporting."""
+    """Every choice has finished; token counts for usage reporting."""
 
     prompt_tokens: int
     completion_tokens: int

@@ -11,57 +11,96 @@ from typing import Any
 class SamplingParams:
     """Decoding settings for one request, already validated by the caller.
 
-    `temperature == 0` means greedy decoding. `stop` strings are matched on the decoded
-    text by the scheduler (not by the engine), so the cut is exact to the character and
-    the same for streamed and unary output.
+    `temperature == 0` means greedy decoding; `best_of > 1` means beam search with that
+    beam width, returning the `n` best beams. With sampling, `n > 1` runs n independent
+    engine requests (seeds seed, seed+1, ...), so every choice streams as it is made.
+    `stop` strings are matched on the decoded text by the scheduler (not by the
+    engine), so the cut is exact to the character and the same for streamed and unary
+    output.
     """
 
     max_new_tokens: int
+    n: int = 1
+    best_of: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    length_penalty: float = 1.0
+    diversity_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    min_new_tokens: int = 0
     skip_special_tokens: bool = True
+    logprobs: bool = False
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def beam_search(self) -> bool:
+        return self.best_of > 1
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A tokenized prompt plus its sampling settings."""
+    """Tokenized prompts plus their sampling settings. Choice `p * n + i` is the i-th
+    output of prompt p, as OpenAI numbers them."""
 
-    prompt_ids: list[int]
+    prompts: list[list[int]]
     params: SamplingParams
     # Free-form labels for logs and metrics (endpoint, ...); never read by the scheduler.
     labels: dict[str, Any] = field(default_factory=dict)
 
 
-def to_generation_config(params: SamplingParams) -> Any:
-    """Build the engine's GenerationConfig for `params`.
+def to_generation_config(
+    params: SamplingParams, *, seed_offset: int = 0, model_stop_token_ids: frozenset[int] = frozenset()
+) -> Any:
+    """Build the engine's GenerationConfig for one engine request of `params`.
 
-    End-of-sequence ids are not set here: the pipeline adds the model's own on add_request.
+    Beam search returns `n` sequences from one engine request; otherwise each engine
+    request makes one sequence, and `seed_offset` tells the n siblings apart.
     """
     import openvino_genai
 
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = params.max_new_tokens
+    config.min_new_tokens = params.min_new_tokens
     config.ignore_eos = params.ignore_eos
+    config.repetition_penalty = params.repetition_penalty
+    config.frequency_penalty = params.frequency_penalty
+    config.presence_penalty = params.presence_penalty
+    if params.stop_token_ids:
+        # Setting stop_token_ids replaces the model's end-of-sequence ids: keep them.
+        config.stop_token_ids = set(params.stop_token_ids) | set(model_stop_token_ids)
+    if params.logprobs:
+        config.logprobs = 1
+    if params.beam_search:
+        config.num_beams = params.best_of
+        config.num_return_sequences = params.n
+        config.length_penalty = params.length_penalty
+        if params.diversity_penalty > 0:
+            config.num_beam_groups = params.best_of
+            config.diversity_penalty = params.diversity_penalty
+        return config
     config.num_return_sequences = 1
-    config.num_beams = 1
     if params.greedy:
         config.do_sample = False
         config.temperature = 0.0
-    else:
-        config.do_sample = True
-        config.temperature = params.temperature
-        config.top_p = params.top_p
-        if params.top_k is not None and params.top_k > 0:
-            config.top_k = params.top_k
-        if params.seed is not None:
-            config.rng_seed = params.seed
+        return config
+    config.do_sample = True
+    config.temperature = params.temperature
+    config.top_p = params.top_p
+    config.min_p = params.min_p
+    if params.top_k is not None and params.top_k > 0:
+        config.top_k = params.top_k
+    if params.seed is not None:
+        config.rng_seed = (params.seed + seed_offset) % (2**32)
     return config

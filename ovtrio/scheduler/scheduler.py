@@ -29,7 +29,7 @@ import trio
 import trio.testing
 
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
-from ovtrio.scheduler.params import GenerationRequest, to_generation_config
+from ovtrio.scheduler.params import GenerationRequest, SamplingParams, to_generation_config
 from ovtrio.scheduler.text_output import (
     Detokenizer,
     IncrementalDetokenizer,
@@ -63,15 +63,28 @@ class _Sequence:
     generated: int = 0
     held_text: str = ""
     held_ids: list[int] = field(default_factory=list)
+    held_logprobs: list[float] | None = None
+
+
+@dataclass(eq=False)
+class _EngineRequest:
+    """One engine request of an ovtrio request, and the choices it produces: one, or
+    the n best beams of a beam search (which the engine reports only at the end)."""
+
+    handle: Any  # openvino_genai.GenerationHandle; dropping it cancels the engine request
+    sequences: list[_Sequence]
+    beam_search: bool = False
+    done: bool = False
 
 
 @dataclass(eq=False)
 class _ActiveRequest:
     request_id: int
-    handle: Any  # openvino_genai.GenerationHandle; dropping it cancels the engine request
     send: trio.MemorySendChannel[Message]
     prompt_tokens: int
-    sequences: list[_Sequence]
+    logprobs: bool
+    parts: list[_EngineRequest] = field(default_factory=list)
+    sequences: list[_Sequence] = field(default_factory=list)
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
 
@@ -123,6 +136,7 @@ class Scheduler:
         self._tokenizer = tokenizer
         self._vocabulary = vocabulary
         self._reasons = _finish_reason_names()
+        self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
         status = _generation_status()
         self._finished_status = status.FINISHED
         self._failed_statuses = {
@@ -156,26 +170,17 @@ class Scheduler:
         params = request.params
         active = _ActiveRequest(
             request_id=request_id,
-            handle=None,
             send=send,
-            prompt_tokens=len(request.prompt_ids),
-            sequences=[
-                _Sequence(
-                    0,
-                    self._detokenizer(request.prompt_ids, params.skip_special_tokens),
-                    StopMatcher(params.stop, params.include_stop_str_in_output),
-                )
-            ],
+            prompt_tokens=sum(len(p) for p in request.prompts),
+            logprobs=params.logprobs,
         )
         # Register the output state before the engine can produce anything for it.
         self._active[request_id] = active
         try:
-            import openvino as ov
-
-            prompt = ov.Tensor(np.asarray([request.prompt_ids], dtype=np.int64))
-            active.handle = self._pipeline.add_request(request_id, prompt, to_generation_config(params))
+            for prompt_ids in request.prompts:
+                self._add_engine_requests(active, prompt_ids, params)
         except BaseException:
-            del self._active[request_id]
+            self._abort(request_id)
             raise
         self._work.set()
         try:
@@ -183,6 +188,38 @@ class Scheduler:
                 yield RequestStream(request_id, receive)
         finally:
             self._abort(request_id)
+
+    def _add_engine_requests(self, active: _ActiveRequest, prompt_ids: list[int], params: SamplingParams) -> None:
+        import openvino as ov
+
+        prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+
+        def new_sequences(count: int) -> list[_Sequence]:
+            made = [
+                _Sequence(
+                    len(active.sequences) + i,
+                    self._detokenizer(prompt_ids, params.skip_special_tokens),
+                    StopMatcher(params.stop, params.include_stop_str_in_output),
+                )
+                for i in range(count)
+            ]
+            active.sequences.extend(made)
+            return made
+
+        if params.beam_search:
+            sequences = new_sequences(params.n)
+            handle = self._pipeline.add_request(next(self._ids), prompt, self._config(params, 0))
+            active.parts.append(_EngineRequest(handle, sequences, beam_search=True))
+            return
+        for sibling in range(params.n):
+            sequences = new_sequences(1)
+            handle = self._pipeline.add_request(next(self._ids), prompt, self._config(params, sibling))
+            active.parts.append(_EngineRequest(handle, sequences))
+
+    def _config(self, params: SamplingParams, seed_offset: int) -> Any:
+        return to_generation_config(
+            params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids
+        )
 
     def _detokenizer(self, prompt_ids: list[int], skip_special_tokens: bool) -> Detokenizer:
         if self._vocabulary is not None:
@@ -196,10 +233,12 @@ class Scheduler:
         if active is None:
             return
         self._holding.difference_update(active.sequences)
-        # Frees its KV cache at the next step; the handle's destructor would too, but
+        # Frees the KV cache at the next step; the handle's destructor would too, but
         # saying so is clearer than relying on reference counting.
-        active.handle.cancel()
-        active.handle = None
+        for part in active.parts:
+            if not part.done:
+                part.handle.cancel()
+            part.handle = None
         active.send.close()
 
     # ---- the loop -----------------------------------------------------------------------
@@ -257,34 +296,47 @@ class Scheduler:
 
     def _collect_outputs(self) -> None:
         """Read every handle once, detokenize all new ids in one batch, send deltas."""
-        fresh: list[tuple[_ActiveRequest, _Sequence, list[int], str | None]] = []
+        fresh: list[tuple[_ActiveRequest, _EngineRequest, _Sequence, list[int], list[float], str | None]] = []
         for active in list(self._active.values()):
-            handle = active.handle
-            read_any = False
-            if handle.can_read():
-                for index, output in handle.read().items():
-                    reason = self._reasons.get(output.finish_reason)
-                    fresh.append((active, active.sequences[index], list(output.generated_ids), reason))
-                    read_any = True
-            status = handle.get_status()
-            if status in self._failed_statuses:
-                self._send(active, Failed(*self._failed_statuses[status]))
+            failed = None
+            for part in active.parts:
+                if part.done:
+                    continue
+                handle = part.handle
+                read_any = False
+                if handle.can_read():
+                    outputs = handle.read().values()
+                    if part.beam_search:
+                        # Beam ids are arbitrary; choices are numbered best first.
+                        outputs = sorted(outputs, key=lambda output: output.score, reverse=True)
+                    for sequence, output in zip(part.sequences, outputs):
+                        reason = self._reasons.get(output.finish_reason)
+                        ids = list(output.generated_ids)
+                        logprobs = list(output.generated_log_probs) if active.logprobs else []
+                        fresh.append((active, part, sequence, ids, logprobs, reason))
+                        read_any = True
+                status = handle.get_status()
+                if status in self._failed_statuses:
+                    failed = Failed(*self._failed_statuses[status])
+                    break
+                if status == self._finished_status and not read_any:
+                    # Finished with nothing left to read: close what never saw a reason.
+                    fresh.extend((active, part, s, [], [], "stop") for s in part.sequences if s.finish_reason is None)
+            if failed is not None:
+                self._send(active, failed)
                 self._abort(active.request_id)
-            elif status == self._finished_status and not read_any:
-                # Finished with nothing left to read: close what never saw a reason.
-                fresh.extend((active, s, [], "stop") for s in active.sequences if s.finish_reason is None)
         if not fresh:
             return
 
         detokenizers = []
-        for _, sequence, ids, _ in fresh:
+        for _, _, sequence, ids, _, _ in fresh:
             sequence.detokenizer.append(ids)
             detokenizers.append(sequence.detokenizer)
         texts = decode_batch(self._tokenizer, detokenizers)
 
         now = time.perf_counter()
         flush = self._steps % self._stream_interval() == 0
-        for (active, sequence, ids, reason), text in zip(fresh, texts):
+        for (active, part, sequence, ids, logprobs, reason), text in zip(fresh, texts):
             if active.request_id not in self._active or sequence.finish_reason is not None:
                 continue
             first = active.first_token_at is None
@@ -295,11 +347,18 @@ class Scheduler:
             text, matched = sequence.stops.feed(text)
             if matched:
                 reason = "stop"
+                if len(part.sequences) == 1:
+                    part.handle.cancel()  # a stop string ended it: free the engine's work
+                    part.done = True
             elif reason is not None:
                 text += sequence.stops.flush()
             sequence.finish_reason = reason
+            if all(s.finish_reason is not None for s in part.sequences):
+                part.done = True
             sequence.held_text += text
             sequence.held_ids.extend(ids)
+            if active.logprobs:
+                sequence.held_logprobs = (sequence.held_logprobs or []) + logprobs
             # The first token and the last always go out at once (time to first token,
             # completion); the ones between may wait for the next flush step.
             if first or reason is not None or flush:
@@ -309,7 +368,6 @@ class Scheduler:
                 self._holding.add(sequence)
             if all(s.finish_reason is not None for s in active.sequences):
                 self._send(active, Completed(active.prompt_tokens, sum(s.generated for s in active.sequences)))
-                # Stops the engine request too when a stop string ended it early.
                 self._abort(active.request_id)
         if flush and self._holding:
             for active in list(self._active.values()):
@@ -320,8 +378,10 @@ class Scheduler:
     def _release(self, active: _ActiveRequest, sequence: _Sequence) -> bool:
         """Send what `sequence` holds; False (and the request aborted) if its consumer left."""
         self._holding.discard(sequence)
-        delta = Delta(sequence.index, sequence.held_text, sequence.held_ids, sequence.finish_reason)
-        sequence.held_text, sequence.held_ids = "", []
+        delta = Delta(
+            sequence.index, sequence.held_text, sequence.held_ids, sequence.finish_reason, sequence.held_logprobs
+        )
+        sequence.held_text, sequence.held_ids, sequence.held_logprobs = "", [], None
         if self._send(active, delta):
             return True
         self._abort(active.request_id)
