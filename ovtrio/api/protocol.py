@@ -58,6 +58,9 @@ UNSUPPORTED = {
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
+    "num_assistant_tokens": "speculative decoding (num_assistant_tokens) is not configured",
+    "assistant_confidence_threshold": "speculative decoding (assistant_confidence_threshold) is not configured",
+    "max_ngram_size": "prompt lookup decoding (max_ngram_size) is not configured",
 }
 
 
