@@ -7,14 +7,17 @@ the deltas a stream would have sent.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ovtrio.api.errors import APIError
 from ovtrio.api.formatting import ChoiceOutput, Formatter
-from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, Scheduler
+from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, Message, Scheduler
 
 DONE_EVENT = b"data: [DONE]\n\n"
+
+log = logging.getLogger("ovtrio")
 
 
 def sse_event(body: dict[str, Any]) -> bytes:
@@ -61,34 +64,43 @@ async def sse_events(scheduler: Scheduler, request: GenerationRequest, formatter
     """SSE frames for one request. The engine request lives exactly as long as this
     generator runs: when the client leaves, the sending task is cancelled, the `with`
     block exits, and the scheduler cancels the engine request."""
-    with scheduler.submit(request) as stream:
-        for chunk in formatter.opening_chunks():
-            yield sse_event(chunk)
-        while messages := await stream.receive_available():
-            frames: list[bytes] = []
-            pending: dict[int, _Pending] = {}
-            for message in messages:
-                if isinstance(message, Delta):
-                    # Deltas that queued up while the client was slow go out as one chunk.
-                    if message.text or message.token_ids:
-                        merged = pending.setdefault(message.index, _Pending())
-                        merged.text.append(message.text)
-                        merged.token_ids.extend(message.token_ids)
-                        merged.logprobs.extend(message.logprobs or ())
-                    if message.finish_reason is not None:
-                        frames.extend(_flush(formatter, pending))
-                        frames.append(sse_event(formatter.chunk_finish(message.index, message.finish_reason)))
-                elif isinstance(message, Completed):
-                    frames.extend(_flush(formatter, pending))
-                    if formatter.include_usage:
-                        frames.append(sse_event(formatter.chunk_usage(message)))
-                elif isinstance(message, Failed):
-                    frames.extend(_flush(formatter, pending))
-                    frames.append(sse_event(engine_failure(message).body()))
-            frames.extend(_flush(formatter, pending))
-            if frames:
-                yield b"".join(frames)
+    try:
+        with scheduler.submit(request) as stream:
+            for chunk in formatter.opening_chunks():
+                yield sse_event(chunk)
+            while messages := await stream.receive_available():
+                if frames := _frames(formatter, messages):
+                    yield b"".join(frames)
+    except Exception:  # the engine refused the request after the 200 went out
+        log.exception("streamed request failed")
+        yield sse_event(APIError(500, "The engine could not run this request.", code="engine_error").body())
     yield DONE_EVENT
+
+
+def _frames(formatter: Formatter, messages: list[Message]) -> list[bytes]:
+    """The SSE frames for messages received together; the deltas of one choice that
+    queued up while the client was slow go out as one chunk."""
+    frames: list[bytes] = []
+    pending: dict[int, _Pending] = {}
+    for message in messages:
+        if isinstance(message, Delta):
+            if message.text or message.token_ids:
+                merged = pending.setdefault(message.index, _Pending())
+                merged.text.append(message.text)
+                merged.token_ids.extend(message.token_ids)
+                merged.logprobs.extend(message.logprobs or ())
+            if message.finish_reason is not None:
+                frames.extend(_flush(formatter, pending))
+                frames.append(sse_event(formatter.chunk_finish(message.index, message.finish_reason)))
+        elif isinstance(message, Completed):
+            frames.extend(_flush(formatter, pending))
+            if formatter.include_usage:
+                frames.append(sse_event(formatter.chunk_usage(message)))
+        elif isinstance(message, Failed):
+            frames.extend(_flush(formatter, pending))
+            frames.append(sse_event(engine_failure(message).body()))
+    frames.extend(_flush(formatter, pending))
+    return frames
 
 
 def _flush(formatter: Formatter, pending: dict[int, _Pending]) -> list[bytes]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from ovtrio.scheduler import SamplingParams
+from ovtrio.scheduler import SamplingParams, UnsupportedParams, check_params
 
 # When multinomial sampling is on and the request names no top_k (OVMS's default).
 DEFAULT_SAMPLING_TOP_K = 40
@@ -92,7 +92,7 @@ def sampling_params(
     else:
         logprobs = body.logprobs
     include_stop = body.include_stop_str_in_output
-    return SamplingParams(
+    params = SamplingParams(
         max_new_tokens=_max_new_tokens(body, prompt_tokens, limit, defaults),
         n=body.n,
         best_of=body.beam_width(),
@@ -116,3 +116,8 @@ def sampling_params(
         skip_special_tokens=body.skip_special_tokens,
         logprobs=logprobs,
     )
+    try:
+        check_params(params)
+    except UnsupportedParams as exc:
+        raise invalid(f"Unsupported combination of parameters: {exc}.", None) from None
+    return params

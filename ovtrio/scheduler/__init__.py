@@ -1,7 +1,7 @@
 """The engine side: requests in as token ids, typed messages out. Knows nothing of HTTP."""
 
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
-from ovtrio.scheduler.params import GenerationRequest, SamplingParams
+from ovtrio.scheduler.params import GenerationRequest, SamplingParams, UnsupportedParams, check_params
 from ovtrio.scheduler.scheduler import RequestStream, Scheduler, SchedulerStats
 
 __all__ = [
@@ -14,4 +14,6 @@ __all__ = [
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",
+    "UnsupportedParams",
+    "check_params",
 ]

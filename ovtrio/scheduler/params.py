@@ -3,7 +3,8 @@ OpenVINO GenAI GenerationConfig."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -56,8 +57,6 @@ class GenerationRequest:
 
     prompts: list[list[int]]
     params: SamplingParams
-    # Free-form labels for logs and metrics (endpoint, ...); never read by the scheduler.
-    labels: dict[str, Any] = field(default_factory=dict)
 
 
 def to_generation_config(
@@ -103,4 +102,26 @@ def to_generation_config(
         config.top_k = params.top_k
     if params.seed is not None:
         config.rng_seed = (params.seed + seed_offset) % (2**32)
+    else:
+        # The engine's default rng_seed is a constant 0: unseeded requests would all
+        # sample the same text, and the n choices of one request would be identical.
+        config.rng_seed = random.getrandbits(32)
     return config
+
+
+class UnsupportedParams(ValueError):
+    """The engine refuses this combination of settings; the message says which check."""
+
+
+def check_params(params: SamplingParams) -> None:
+    """Let the engine check `params` before any request is made (and before a client is
+    answered 200), so that a combination it refuses is the client's 400, not a failure
+    halfway through a stream."""
+    config = to_generation_config(params)
+    try:
+        config.validate()
+    except Exception as exc:  # the engine raises RuntimeError("Check 'x' failed at file:line ...")
+        text = str(exc)
+        if "Check '" in text:
+            text = "the engine requires " + text.split("Check '", 1)[1].split("'", 1)[0]
+        raise UnsupportedParams(text.splitlines()[0]) from None
