@@ -3,12 +3,14 @@
 The wire format is exactly `data: <json>\\n\\n` per chunk, then `data: [DONE]\\n\\n`.
 The checkers below verify the framing rules of both endpoints, validate every chunk
 against OpenAI's schema and return what the stream carried (text, finish reason, usage).
+Streams of several choices (n > 1, several prompts) send one choice per chunk, each with
+its own index: check_chat_choices / check_completion_choices split them by index.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -92,52 +94,154 @@ def _check_envelope(chunks: list[dict[str, Any]], object_name: str, id_prefix: s
         # Every chunk of one response shares id, created and fingerprint.
         for key in ("id", "created", "system_fingerprint"):
             assert chunk[key] == first[key], (key, chunk)
+    assert isinstance(first["system_fingerprint"], str) and first["system_fingerprint"], first
 
 
-def _only_choice(chunk: dict[str, Any]) -> dict[str, Any]:
+def _one_choice(chunk: dict[str, Any], index: int | None = None) -> dict[str, Any]:
+    """The single choice a content chunk carries (every chunk carries exactly one)."""
     assert len(chunk["choices"]) == 1, chunk
     choice = chunk["choices"][0]
-    assert choice["index"] == 0
+    if index is not None:
+        assert choice["index"] == index, (index, chunk)
     return choice
 
 
-def check_chat_stream(chunks: list[dict[str, Any]], *, include_usage: bool = False) -> StreamResult:
-    """Role chunk, content chunks, a finish chunk with an empty delta, [usage chunk]."""
+@dataclass
+class ChoiceStream:
+    """What one choice (one `index`) of a stream carried."""
+
+    index: int
+    text: str = ""
+    finish_reason: str | None = None
+    # Completions with echo: the prompt text sent first (also the start of `text`).
+    echo: str = ""
+    # (text, logprobs object or None) of every text chunk of this choice, in order.
+    pieces: list[tuple[str, Any]] = field(default_factory=list)
+
+    @property
+    def logprobs(self) -> list[Any]:
+        """The non-null logprobs objects of this choice's text chunks."""
+        return [logprobs for _, logprobs in self.pieces if logprobs is not None]
+
+
+@dataclass
+class ChoicesResult:
+    """A stream of one or several choices, split by index."""
+
+    choices: list[ChoiceStream]
+    usage: dict[str, int] | None
+    chunks: list[dict[str, Any]]
+
+    @property
+    def texts(self) -> list[str]:
+        return [choice.text for choice in self.choices]
+
+    @property
+    def finish_reasons(self) -> list[str | None]:
+        return [choice.finish_reason for choice in self.choices]
+
+
+def _add_piece(states: list[ChoiceStream], choice: dict[str, Any], text: Any, chunk: dict[str, Any]) -> None:
+    """A text chunk of a choice that has not finished yet. Its text may only be empty
+    when the chunk carries the log-probabilities of tokens that added no text (yet)."""
+    assert 0 <= choice["index"] < len(states), f"choice index out of range: {chunk}"
+    state = states[choice["index"]]
+    assert state.finish_reason is None, f"chunk after the choice's finish chunk: {chunk}"
+    assert isinstance(text, str), chunk
+    logprobs = choice.get("logprobs")
+    assert text or logprobs is not None, f"empty text chunk without logprobs: {chunk}"
+    state.text += text
+    state.pieces.append((text, logprobs))
+
+
+def _finish(states: list[ChoiceStream], choice: dict[str, Any], chunk: dict[str, Any]) -> None:
+    assert 0 <= choice["index"] < len(states), f"choice index out of range: {chunk}"
+    state = states[choice["index"]]
+    assert state.finish_reason is None, f"second finish chunk for one choice: {chunk}"
+    assert choice["finish_reason"] in FINISH_REASONS, chunk
+    assert choice.get("logprobs") is None, chunk
+    state.finish_reason = choice["finish_reason"]
+
+
+def _check_all_finished(states: list[ChoiceStream]) -> None:
+    unfinished = [state.index for state in states if state.finish_reason is None]
+    assert not unfinished, f"choices without a finish chunk: {unfinished}"
+
+
+def check_chat_choices(chunks: list[dict[str, Any]], count: int = 1, *, include_usage: bool = False) -> ChoicesResult:
+    """A chat stream of `count` choices: one role chunk per choice (indices in order),
+    then content chunks of any choice, each choice closed by exactly one finish chunk
+    with an empty delta and nothing after it, then [the usage chunk]."""
     _check_envelope(chunks, "chat.completion.chunk", "chatcmpl-")
     for chunk in chunks:
         validate(chunk, "CreateChatCompletionStreamResponse")
     content, usage = _split_usage(chunks, include_usage)
-    assert len(content) >= 2, "a chat stream needs at least the role and the finish chunk"
-    opening = _only_choice(content[0])
-    assert opening["delta"] == {"role": "assistant", "content": ""}
-    assert opening["finish_reason"] is None
-    finish = _only_choice(content[-1])
-    assert finish["delta"] == {}, finish
-    assert finish["finish_reason"] in FINISH_REASONS
-    parts = []
-    for chunk in content[1:-1]:
-        choice = _only_choice(chunk)
-        assert choice["finish_reason"] is None, chunk
-        assert set(choice["delta"]) == {"content"}, chunk
-        assert isinstance(choice["delta"]["content"], str) and choice["delta"]["content"], chunk
-        parts.append(choice["delta"]["content"])
-    return StreamResult("".join(parts), finish["finish_reason"], usage, chunks)
+    assert len(content) >= 2 * count, "a chat stream needs a role and a finish chunk per choice"
+    states = [ChoiceStream(i) for i in range(count)]
+    for i, chunk in enumerate(content[:count]):
+        opening = _one_choice(chunk, i)
+        assert opening["delta"] == {"role": "assistant", "content": ""}, chunk
+        assert opening["finish_reason"] is None
+    for chunk in content[count:]:
+        choice = _one_choice(chunk)
+        if choice["finish_reason"] is not None:
+            assert choice["delta"] == {}, chunk
+            _finish(states, choice, chunk)
+        else:
+            assert set(choice["delta"]) == {"content"}, chunk
+            _add_piece(states, choice, choice["delta"]["content"], chunk)
+    _check_all_finished(states)
+    return ChoicesResult(states, usage, chunks)
 
 
-def check_completion_stream(chunks: list[dict[str, Any]], *, include_usage: bool = False) -> StreamResult:
-    """Text chunks (finish_reason null), a chunk with text "" and the reason, [usage chunk]."""
+def check_completion_choices(
+    chunks: list[dict[str, Any]],
+    count: int = 1,
+    *,
+    include_usage: bool = False,
+    echo: list[str | None] | None = None,
+) -> ChoicesResult:
+    """A completion stream of `count` choices: with `echo`, first one chunk per choice
+    (indices in order) carrying its prompt (echo[i], or any non-empty text for None);
+    then text chunks of any choice, each choice closed by exactly one chunk with text ""
+    and its finish reason and nothing after it, then [the usage chunk]."""
     _check_envelope(chunks, "text_completion", "cmpl-")
     for chunk in chunks:
         validate_completion_chunk(chunk)
     content, usage = _split_usage(chunks, include_usage)
-    assert content, "a completion stream needs at least the finish chunk"
-    finish = _only_choice(content[-1])
-    assert finish["text"] == ""
-    assert finish["finish_reason"] in FINISH_REASONS
-    parts = []
-    for chunk in content[:-1]:
-        choice = _only_choice(chunk)
-        assert choice["finish_reason"] is None, chunk
-        assert isinstance(choice["text"], str) and choice["text"], chunk
-        parts.append(choice["text"])
-    return StreamResult("".join(parts), finish["finish_reason"], usage, chunks)
+    states = [ChoiceStream(i) for i in range(count)]
+    if echo is not None:
+        assert len(echo) == count
+        for i, chunk in enumerate(content[:count]):
+            choice = _one_choice(chunk, i)
+            assert choice["finish_reason"] is None and choice["logprobs"] is None, chunk
+            assert isinstance(choice["text"], str) and choice["text"], chunk
+            if echo[i] is not None:
+                assert choice["text"] == echo[i], (echo[i], chunk)
+            states[i].echo = states[i].text = choice["text"]
+        content = content[count:]
+    for chunk in content:
+        choice = _one_choice(chunk)
+        if choice["finish_reason"] is not None:
+            assert choice["text"] == "", chunk
+            _finish(states, choice, chunk)
+        else:
+            _add_piece(states, choice, choice["text"], chunk)
+    _check_all_finished(states)
+    return ChoicesResult(states, usage, chunks)
+
+
+def check_chat_stream(chunks: list[dict[str, Any]], *, include_usage: bool = False) -> StreamResult:
+    """Role chunk, content chunks, a finish chunk with an empty delta, [usage chunk]."""
+    result = check_chat_choices(chunks, 1, include_usage=include_usage)
+    (choice,) = result.choices
+    assert all(text for text, _ in choice.pieces), "empty content chunk"
+    return StreamResult(choice.text, choice.finish_reason, result.usage, chunks)
+
+
+def check_completion_stream(chunks: list[dict[str, Any]], *, include_usage: bool = False) -> StreamResult:
+    """Text chunks (finish_reason null), a chunk with text "" and the reason, [usage chunk]."""
+    result = check_completion_choices(chunks, 1, include_usage=include_usage)
+    (choice,) = result.choices
+    assert all(text for text, _ in choice.pieces), "empty text chunk"
+    return StreamResult(choice.text, choice.finish_reason, result.usage, chunks)

@@ -114,9 +114,14 @@ class SamplingFields(_Body):
                 " stop string may already have been sent when it is recognised.",
                 "include_stop_str_in_output",
             )
-        if self.min_tokens and self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise invalid("Invalid value for 'min_tokens': must not exceed max_tokens.", "min_tokens")
+        max_tokens, max_param = self.requested_max_tokens()
+        if self.min_tokens and max_tokens is not None and self.min_tokens > max_tokens:
+            raise invalid(f"Invalid value for 'min_tokens': must not exceed {max_param}.", "min_tokens")
         return self
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        """The output limit the client set, and the field that set it."""
+        return self.max_tokens, "max_tokens"
 
     def beam_width(self) -> int:
         return self.best_of or 1
@@ -170,6 +175,12 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        # max_completion_tokens, OpenAI's newer name, wins over max_tokens.
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> "ChatCompletionRequest":

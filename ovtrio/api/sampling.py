@@ -49,9 +49,7 @@ def _max_new_tokens(body: SamplingFields, prompt_tokens: int, limit: SequenceLim
             prompt_param,
             "context_length_exceeded",
         )
-    max_tokens, param = body.max_tokens, "max_tokens"
-    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
-        max_tokens, param = body.max_completion_tokens, "max_completion_tokens"
+    max_tokens, param = body.requested_max_tokens()
     cap = defaults.max_tokens_limit
     if max_tokens is None:
         return min(room, cap) if cap else room
@@ -92,8 +90,14 @@ def sampling_params(
     else:
         logprobs = body.logprobs
     include_stop = body.include_stop_str_in_output
+    max_new_tokens = _max_new_tokens(body, prompt_tokens, limit, defaults)
+    if body.min_tokens > max_new_tokens:  # max_tokens omitted: the server's cap or the context's room
+        raise invalid(
+            f"Invalid value for 'min_tokens': this request may generate at most {max_new_tokens} tokens.",
+            "min_tokens",
+        )
     params = SamplingParams(
-        max_new_tokens=_max_new_tokens(body, prompt_tokens, limit, defaults),
+        max_new_tokens=max_new_tokens,
         n=body.n,
         best_of=body.beam_width(),
         temperature=temperature,
