@@ -10,7 +10,7 @@ from quart import Blueprint, Response, current_app, request
 from ovtrio.api.errors import APIError, from_validation_error, model_not_found
 from ovtrio.api.formatting import ChatFormatter, CompletionFormatter, Formatter
 from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from ovtrio.api.responding import sse_events, unary_body
+from ovtrio.api.responding import EventStream, unary_body
 from ovtrio.api.sampling import sampling_params
 from ovtrio.scheduler import GenerationRequest
 from ovtrio.service import ModelService
@@ -43,7 +43,8 @@ async def respond(
     generation = GenerationRequest(prompts, params)
     assert service.scheduler is not None
     if body.stream:
-        return Response(sse_events(service.scheduler, generation, formatter), mimetype="text/event-stream", headers=SSE_HEADERS)
+        events = EventStream(service.scheduler, generation, formatter)
+        return Response(events, mimetype="text/event-stream", headers=SSE_HEADERS)
     return await unary_body(service.scheduler, generation, formatter)
 
 

@@ -7,17 +7,14 @@ the deltas a stream would have sent.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ovtrio.api.errors import APIError
 from ovtrio.api.formatting import ChoiceOutput, Formatter
-from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, Message, Scheduler
+from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, Message, RequestStream, Scheduler
 
 DONE_EVENT = b"data: [DONE]\n\n"
-
-log = logging.getLogger("ovtrio")
 
 
 def sse_event(body: dict[str, Any]) -> bytes:
@@ -60,20 +57,44 @@ class _Pending:
         self.logprobs: list[float] = []
 
 
-async def sse_events(scheduler: Scheduler, request: GenerationRequest, formatter: Formatter) -> AsyncIterator[bytes]:
-    """SSE frames for one request. The engine request lives exactly as long as this
-    generator runs: when the client leaves, the sending task is cancelled, the `with`
-    block exits, and the scheduler cancels the engine request."""
-    try:
-        with scheduler.submit(request) as stream:
-            for chunk in formatter.opening_chunks():
-                yield sse_event(chunk)
-            while messages := await stream.receive_available():
-                if frames := _frames(formatter, messages):
-                    yield b"".join(frames)
-    except Exception:  # the engine refused the request after the 200 went out
-        log.exception("streamed request failed")
-        yield sse_event(APIError(500, "The engine could not run this request.", code="engine_error").body())
+class EventStream:
+    """The SSE body of one streamed request.
+
+    The request is submitted when this object is made, inside the handler, so that
+    anything the engine refuses is still an ordinary HTTP error rather than a failure
+    after the 200. Quart closes the body (`aclose`) however the response ends,
+    including when the client disconnects and the sending task is cancelled; closing
+    leaves the submission, and the scheduler cancels the engine request.
+    """
+
+    def __init__(self, scheduler: Scheduler, request: GenerationRequest, formatter: Formatter) -> None:
+        self._submission = scheduler.submit(request)
+        stream = self._submission.__enter__()
+        self._events = _sse_events(stream, formatter)
+        self._closed = False
+
+    def __aiter__(self) -> "EventStream":
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._events.aclose()
+        finally:
+            self._submission.__exit__(None, None, None)
+
+
+async def _sse_events(stream: RequestStream, formatter: Formatter) -> AsyncIterator[bytes]:
+    for chunk in formatter.opening_chunks():
+        yield sse_event(chunk)
+    while messages := await stream.receive_available():
+        if frames := _frames(formatter, messages):
+            yield b"".join(frames)
     yield DONE_EVENT
 
 
