@@ -7,12 +7,12 @@ from typing import Any
 from pydantic import ValidationError
 from quart import Blueprint, Response, current_app, request
 
-from ovtrio.api.errors import APIError, from_validation_error, model_not_found
+from ovtrio.api.errors import APIError, from_validation_error, invalid, model_not_found
 from ovtrio.api.formatting import ChatFormatter, CompletionFormatter, Formatter
 from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ovtrio.api.responding import EventStream, unary_body
 from ovtrio.api.sampling import sampling_params
-from ovtrio.scheduler import GenerationRequest
+from ovtrio.scheduler import GenerationRequest, UnsupportedParams
 from ovtrio.service import ModelService
 
 blueprint = Blueprint("generation", __name__)
@@ -42,10 +42,14 @@ async def respond(
     params = sampling_params(body, longest, service.sequence_limit, service.defaults)
     generation = GenerationRequest(prompts, params)
     assert service.scheduler is not None
-    if body.stream:
-        events = EventStream(service.scheduler, generation, formatter)
-        return Response(events, mimetype="text/event-stream", headers=SSE_HEADERS)
-    return await unary_body(service.scheduler, generation, formatter)
+    try:
+        if body.stream:
+            events = EventStream(service.scheduler, generation, formatter)
+            return Response(events, mimetype="text/event-stream", headers=SSE_HEADERS)
+        return await unary_body(service.scheduler, generation, formatter)
+    except UnsupportedParams as exc:  # refused by the engine when the request was added
+        param = "response_format" if params.constraint is not None else None
+        raise invalid(f"The engine cannot run this request: {exc}", param) from None
 
 
 def check_model(service: ModelService, body: SamplingFields) -> None:

@@ -175,6 +175,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         # max_completion_tokens, OpenAI's newer name, wins over max_tokens.

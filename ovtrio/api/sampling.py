@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovtrio.api.errors import invalid
+from ovtrio.constraints import ConstraintError, from_response_format
 from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ovtrio.scheduler import SamplingParams, UnsupportedParams, check_params
 
@@ -90,6 +91,12 @@ def sampling_params(
     else:
         logprobs = body.logprobs
     include_stop = body.include_stop_str_in_output
+    constraint = None
+    if isinstance(body, ChatCompletionRequest):
+        try:
+            constraint = from_response_format(body.response_format)
+        except ConstraintError as exc:
+            raise invalid(str(exc), exc.param) from None
     max_new_tokens = _max_new_tokens(body, prompt_tokens, limit, defaults)
     if body.min_tokens > max_new_tokens:  # max_tokens omitted: the server's cap or the context's room
         raise invalid(
@@ -119,6 +126,7 @@ def sampling_params(
         min_new_tokens=body.min_tokens,
         skip_special_tokens=body.skip_special_tokens,
         logprobs=logprobs,
+        constraint=constraint,
     )
     try:
         check_params(params)

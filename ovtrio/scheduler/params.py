@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from ovtrio.constraints import OutputConstraint, to_engine_config
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -40,6 +42,7 @@ class SamplingParams:
     min_new_tokens: int = 0
     skip_special_tokens: bool = True
     logprobs: bool = False
+    constraint: OutputConstraint | None = None  # enforced by constrained decoding
 
     @property
     def greedy(self) -> bool:
@@ -81,6 +84,8 @@ def to_generation_config(
         config.stop_token_ids = set(params.stop_token_ids) | set(model_stop_token_ids)
     if params.logprobs:
         config.logprobs = 1
+    if params.constraint is not None:
+        config.structured_output_config = to_engine_config(params.constraint)
     if params.beam_search:
         config.num_beams = params.best_of
         config.num_return_sequences = params.n

@@ -29,7 +29,7 @@ import trio
 import trio.testing
 
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
-from ovtrio.scheduler.params import GenerationRequest, SamplingParams, to_generation_config
+from ovtrio.scheduler.params import GenerationRequest, SamplingParams, UnsupportedParams, to_generation_config
 from ovtrio.scheduler.text_output import (
     Detokenizer,
     IncrementalDetokenizer,
@@ -46,6 +46,13 @@ def _finish_reason_names() -> dict[Any, str]:
 
     reasons = openvino_genai.GenerationFinishReason
     return {reasons.STOP: "stop", reasons.LENGTH: "length"}
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
+    text = lines[0] if lines else type(exc).__name__
+    return text.split(": ", 1)[-1] if text.startswith("[") else text
 
 
 def _generation_status() -> Any:
@@ -208,13 +215,19 @@ class Scheduler:
 
         if params.beam_search:
             sequences = new_sequences(params.n)
-            handle = self._pipeline.add_request(next(self._ids), prompt, self._config(params, 0))
+            handle = self._add_request(prompt, self._config(params, 0))
             active.parts.append(_EngineRequest(handle, sequences, beam_search=True))
             return
         for sibling in range(params.n):
             sequences = new_sequences(1)
-            handle = self._pipeline.add_request(next(self._ids), prompt, self._config(params, sibling))
+            handle = self._add_request(prompt, self._config(params, sibling))
             active.parts.append(_EngineRequest(handle, sequences))
+
+    def _add_request(self, prompt: Any, config: Any) -> Any:
+        try:
+            return self._pipeline.add_request(next(self._ids), prompt, config)
+        except RuntimeError as exc:  # e.g. a grammar XGrammar cannot compile
+            raise UnsupportedParams(_first_line(exc)) from None
 
     def _config(self, params: SamplingParams, seed_offset: int) -> Any:
         return to_generation_config(

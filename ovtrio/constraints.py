@@ -1,0 +1,174 @@
+"""Constraints on the shape of the output, enforced by the engine's constrained decoding
+(XGrammar inside OpenVINO GenAI): a JSON schema, or structural tags (free text in which
+tagged regions must match a schema).
+
+The engine compiles a constraint inside its first step, and a constraint it cannot
+compile fails that whole step, every request in it. So everything is checked here first:
+the schema against JSON Schema's meta-schema, and every `$ref` resolved within the
+document (XGrammar follows local references only). Raw regex and EBNF grammars are not
+offered to clients for the same reason: nothing short of compiling them can check them.
+
+This module reads the request forms (chat's `response_format`, the Responses API's
+`text.format`) into one `OutputConstraint` and checks them, so every endpoint shares
+the same rules and messages.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from urllib.parse import unquote
+
+import jsonschema
+
+
+class ConstraintError(ValueError):
+    """The constraint cannot be used; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class TaggedRegion:
+    begin: str
+    schema: str  # JSON text
+    end: str
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    json_schema: str | None = None  # JSON text
+    tags: tuple[TaggedRegion, ...] = ()
+    triggers: tuple[str, ...] = ()
+
+    @property
+    def is_json(self) -> bool:
+        return self.json_schema is not None
+
+
+ANY_JSON_OBJECT = json.dumps({"type": "object"})
+
+
+def _checked_schema(schema: Any, param: str) -> str:
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise ConstraintError(f"Invalid value for '{param}': a JSON schema must be an object.", param)
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        raise ConstraintError(
+            f"Invalid value for '{param}': not a valid JSON schema{f' at {where}' if where else ''}: {exc.message}",
+            param,
+        ) from None
+    for ref in _refs(schema):
+        if not _resolves(schema, ref):
+            raise ConstraintError(
+                f"Invalid value for '{param}': $ref '{ref}' does not point inside the schema.", param
+            )
+    return json.dumps(schema)
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        for key, value in node.items():
+            if key not in ("const", "enum", "default", "examples"):
+                found.extend(_refs(value))
+        return found
+    if isinstance(node, list):
+        return [ref for item in node for ref in _refs(item)]
+    return []
+
+
+def _resolves(root: Any, ref: str) -> bool:
+    if not ref.startswith("#"):
+        return False
+    node = root
+    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
+
+
+def _json_schema_format(spec: Any, param: str) -> OutputConstraint:
+    if not isinstance(spec, dict):
+        raise ConstraintError(f"Missing required parameter: '{param}'.", param)
+    if "schema" not in spec:
+        # OpenAI allows an omitted schema: any JSON.
+        return OutputConstraint(json_schema=json.dumps({}))
+    return OutputConstraint(json_schema=_checked_schema(spec["schema"], f"{param}.schema"))
+
+
+def _structural_tags(spec: dict[str, Any], param: str) -> OutputConstraint:
+    structures = spec.get("structures")
+    triggers = spec.get("triggers")
+    if not isinstance(structures, list) or not structures:
+        raise ConstraintError(f"Invalid value for '{param}.structures': a non-empty list is required.", f"{param}.structures")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise ConstraintError(f"Invalid value for '{param}.triggers': a non-empty list of strings is required.", f"{param}.triggers")
+    regions = []
+    for i, item in enumerate(structures):
+        where = f"{param}.structures[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("begin"), str) or not isinstance(item.get("end"), str):
+            raise ConstraintError(f"Invalid value for '{where}': begin and end strings are required.", where)
+        if not any(item["begin"].startswith(t) for t in triggers):
+            raise ConstraintError(f"Invalid value for '{where}.begin': it must start with one of the triggers.", f"{where}.begin")
+        regions.append(TaggedRegion(item["begin"], _checked_schema(item.get("schema", {}), f"{where}.schema"), item["end"]))
+    return OutputConstraint(tags=tuple(regions), triggers=tuple(triggers))
+
+
+def from_response_format(value: Any, param: str = "response_format") -> OutputConstraint | None:
+    """Chat completions' `response_format`: text, json_object, json_schema, or XGrammar
+    structural tags ({"type": "structural_tag", "structures": [...], "triggers": [...]})."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise ConstraintError(f"Invalid value for '{param}': an object with a 'type' is required.", param)
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputConstraint(json_schema=ANY_JSON_OBJECT)
+    if kind == "json_schema":
+        return _json_schema_format(value.get("json_schema"), f"{param}.json_schema")
+    if kind in ("structural_tag", "structural_tags"):
+        return _structural_tags(value, param)
+    raise ConstraintError(
+        f"Invalid value for '{param}.type': '{kind}' is not one of text, json_object, json_schema,"
+        " structural_tag.",
+        f"{param}.type",
+    )
+
+
+def from_text_format(value: Any, param: str = "text.format") -> OutputConstraint | None:
+    """The Responses API's `text.format`: like response_format, with the json_schema
+    fields (name, schema, strict) flattened into the format object."""
+    if isinstance(value, dict) and value.get("type") == "json_schema":
+        return _json_schema_format(value, param)
+    return from_response_format(value, param)
+
+
+def to_engine_config(constraint: OutputConstraint) -> Any:
+    """The engine's StructuredOutputConfig for `constraint`."""
+    import openvino_genai
+
+    if constraint.json_schema is not None:
+        return openvino_genai.StructuredOutputConfig(json_schema=constraint.json_schema)
+    tags = openvino_genai.StructuralTagsConfig(
+        structural_tags=[
+            openvino_genai.StructuralTagItem(begin=t.begin, schema=t.schema, end=t.end) for t in constraint.tags
+        ],
+        triggers=list(constraint.triggers),
+    )
+    return openvino_genai.StructuredOutputConfig(structural_tags_config=tags)
