@@ -3,10 +3,12 @@ in any of OpenAI's four forms, and the text of single tokens (for logprobs)."""
 
 from __future__ import annotations
 
+import json
+from functools import cached_property
 from typing import Any
 
 from ovtrio.api.errors import invalid
-from ovtrio.api.protocol import ChatMessage
+from ovtrio.api.protocol import ChatMessage, FunctionSpec
 
 
 class PromptBuilder:
@@ -32,17 +34,45 @@ class PromptBuilder:
             raise invalid("The prompt is empty.", "prompt")
         return ids
 
-    def encode_chat(self, messages: list[ChatMessage], *, raw: bool = False) -> list[int]:
+    @cached_property
+    def template_renders_tools(self) -> bool:
+        """Whether the model's chat template shows tools to the model at all (many
+        templates, SmolLM2's among them, silently ignore them)."""
+        history = [{"role": "user", "content": "hi"}]
+        probe = [{"type": "function", "function": {"name": "probe_tool_xyz", "description": "d", "parameters": {"type": "object"}}}]
+        try:
+            with_tools = self._tokenizer.apply_chat_template(history, add_generation_prompt=True, tools=probe)
+        except Exception:
+            return False
+        return "probe_tool_xyz" in with_tools
+
+    def encode_chat(
+        self,
+        messages: list[ChatMessage],
+        *,
+        raw: bool = False,
+        tools: list[FunctionSpec] | None = None,
+        describe_tools: bool = False,
+    ) -> list[int]:
         """A conversation rendered by the chat template (which adds special tokens), or
-        with `raw`, the messages' text as is (Dynamo's nvext.use_raw_prompt)."""
+        with `raw`, the messages' text as is (Dynamo's nvext.use_raw_prompt).
+
+        `tools` go to the template; with `describe_tools` (a template that ignores them,
+        and a call the decoder will force anyway) they are described in a system message
+        instead, so the model still knows what it is calling.
+        """
         if raw:
             ids = self._encode("".join(m.text() for m in messages), add_special_tokens=True)
             if not ids:
                 raise invalid("The messages are empty.", "messages")
             return ids
-        history = [{"role": _template_role(m.role), "content": m.text()} for m in messages]
+        history = [_template_message(m) for m in messages]
+        tool_list = [_template_tool(spec) for spec in tools or []]
+        if describe_tools and tool_list:
+            listing = json.dumps([t["function"] for t in tool_list], ensure_ascii=False)
+            history.insert(0, {"role": "system", "content": f"You can call these functions:\n{listing}"})
         try:
-            prompt = self._tokenizer.apply_chat_template(history, add_generation_prompt=True)
+            prompt = self._tokenizer.apply_chat_template(history, add_generation_prompt=True, tools=tool_list or None)
         except Exception as exc:  # a template error is about the messages sent
             raise invalid(f"The chat template could not render these messages: {exc}", "messages") from None
         return self._encode(prompt, add_special_tokens=False)
@@ -75,3 +105,37 @@ class PromptBuilder:
 def _template_role(role: str) -> str:
     # "developer" is OpenAI's newer name for "system"; chat templates know only the latter.
     return "system" if role == "developer" else role
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    rendered: dict[str, Any] = {"role": _template_role(message.role), "content": message.text()}
+    if message.tool_calls:
+        rendered["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                # Templates index into arguments (Qwen: `tool_call.arguments | tojson`),
+                # so they get the parsed object when the JSON is well formed.
+                "function": {"name": call.function.name, "arguments": _maybe_json(call.function.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id:
+        rendered["tool_call_id"] = message.tool_call_id
+    if message.name:
+        rendered["name"] = message.name
+    return rendered
+
+
+def _template_tool(spec: FunctionSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": spec.name, "parameters": spec.parameters or {"type": "object", "properties": {}}}
+    if spec.description:
+        function["description"] = spec.description
+    return {"type": "function", "function": function}
+
+
+def _maybe_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -157,10 +157,33 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallRef(_Body):
+    """A tool call in an assistant message of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallRef] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
+
+    @model_validator(mode="after")
+    def _check_role_fields(self) -> "ChatMessage":
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -170,18 +193,91 @@ class ChatMessage(_Body):
         return "".join(part.text for part in self.content)
 
 
+FUNCTION_NAME = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+
+
+class FunctionSpec(_Body):
+    name: FUNCTION_NAME
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    """A function tool, in OpenAI's nested form {type, function: {name, ...}} or OVMS's
+    flat form {type, name, description, parameters}."""
+
+    type: Literal["function"]
+    function: FunctionSpec | None = None
+    name: FUNCTION_NAME | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "Tool":
+        if self.function is None and self.name is None:
+            raise ValueError("a function tool needs function.name (or name)")
+        return self
+
+    def spec(self) -> FunctionSpec:
+        if self.function is not None:
+            return self.function
+        return FunctionSpec(name=self.name or "", description=self.description, parameters=self.parameters, strict=self.strict)
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction | None = None
+    name: str | None = None  # flat form
+
+    def function_name(self) -> str | None:
+        return self.function.name if self.function else self.name
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         # max_completion_tokens, OpenAI's newer name, wins over max_tokens.
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
+
+    def tool_specs(self) -> list[FunctionSpec]:
+        return [tool.spec() for tool in self.tools or []]
+
+    def effective_tool_choice(self) -> str:
+        """"none", "auto", "required" or "function" (a named one); OpenAI's defaults."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "function"
+        return self.tool_choice or ("auto" if self.tools else "none")
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> "ChatCompletionRequest":
+        names = [spec.name for spec in self.tool_specs()]
+        if len(set(names)) != len(names):
+            raise invalid("Tool names must be unique.", "tools")
+        if self.tool_choice in ("required",) and not names:
+            raise invalid("tool_choice 'required' needs tools.", "tool_choice")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            wanted = self.tool_choice.function_name()
+            if wanted not in names:
+                raise invalid(f"tool_choice names '{wanted}', which is not among the tools.", "tool_choice")
+        if self.tools and self.response_format and self.effective_tool_choice() in ("required", "function"):
+            raise invalid("response_format cannot be combined with a forced tool_choice.", "response_format")
+        return self
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> "ChatCompletionRequest":
