@@ -25,6 +25,9 @@ class Settings(BaseModel):
     served_model_name: str | None = Field(
         None, description="model id clients send and /v1/models lists (default: derived from the path)"
     )
+    chat_template: str | None = Field(
+        None, description="file with a Jinja chat template to use instead of the model's own"
+    )
     device: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, ...")
     cache_size: int = Field(1, ge=0, description="KV cache size in GB (0 lets the engine size it on demand)")
     num_kv_blocks: int | None = Field(

@@ -53,7 +53,7 @@ class OutputConstraint:
 ANY_JSON_OBJECT = json.dumps({"type": "object"})
 
 
-def _checked_schema(schema: Any, param: str) -> str:
+def checked_schema(schema: Any, param: str) -> str:
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
@@ -107,7 +107,7 @@ def _json_schema_format(spec: Any, param: str) -> OutputConstraint:
     if "schema" not in spec:
         # OpenAI allows an omitted schema: any JSON.
         return OutputConstraint(json_schema=json.dumps({}))
-    return OutputConstraint(json_schema=_checked_schema(spec["schema"], f"{param}.schema"))
+    return OutputConstraint(json_schema=checked_schema(spec["schema"], f"{param}.schema"))
 
 
 def _structural_tags(spec: dict[str, Any], param: str) -> OutputConstraint:
@@ -124,7 +124,7 @@ def _structural_tags(spec: dict[str, Any], param: str) -> OutputConstraint:
             raise ConstraintError(f"Invalid value for '{where}': begin and end strings are required.", where)
         if not any(item["begin"].startswith(t) for t in triggers):
             raise ConstraintError(f"Invalid value for '{where}.begin': it must start with one of the triggers.", f"{where}.begin")
-        regions.append(TaggedRegion(item["begin"], _checked_schema(item.get("schema", {}), f"{where}.schema"), item["end"]))
+        regions.append(TaggedRegion(item["begin"], checked_schema(item.get("schema", {}), f"{where}.schema"), item["end"]))
     return OutputConstraint(tags=tuple(regions), triggers=tuple(triggers))
 
 

@@ -167,6 +167,12 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
             f"cannot load model {source.path} on {settings.device}: {detail.strip() or type(exc).__name__}"
         ) from None
     tokenizer = pipeline.get_tokenizer()
+    if settings.chat_template:
+        try:
+            template = Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ModelLoadError(f"cannot read chat template {settings.chat_template}: {exc.strerror}") from None
+        tokenizer.set_chat_template(template)
     return LoadedModel(
         source=source,
         pipeline=pipeline,

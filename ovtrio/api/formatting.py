@@ -1,7 +1,9 @@
 """OpenAI response objects for completions and chat completions, unary and streamed.
 
 Each formatter is made once per request and fixes what every chunk shares (id,
-created, model); `chunk_*` methods return SSE-ready dicts, `unary` the whole body.
+created, model); `text_chunks` / `finish_chunks` return the SSE-ready dicts for a
+choice's new text and its end, `unary` the whole body. A chat choice under a forced
+tool_choice is read back into tool calls (tool_choice.py) instead of content.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovtrio.scheduler import Completed
+from ovtrio.tool_choice import read_forced_calls
 
 
 def usage_body(done: Completed) -> dict[str, int]:
@@ -107,12 +110,14 @@ class CompletionFormatter(_Formatter):
             for i in range(self.choices)
         ]
 
-    def chunk_text(self, index: int, text: str, token_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    def text_chunks(self, index: int, text: str, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
+        if not text and not self.logprobs:
+            return []
         choice = self._choice(index, text, self._logprobs(index, token_ids, logprobs), None)
-        return self._envelope("text_completion", [choice])
+        return [self._envelope("text_completion", [choice])]
 
-    def chunk_finish(self, index: int, reason: str) -> dict[str, Any]:
-        return self._envelope("text_completion", [self._choice(index, "", None, reason)])
+    def finish_chunks(self, index: int, reason: str) -> list[dict[str, Any]]:
+        return [self._envelope("text_completion", [self._choice(index, "", None, reason)])]
 
     def chunk_usage(self, done: Completed) -> dict[str, Any]:
         body = self._envelope("text_completion", [])
@@ -136,6 +141,10 @@ class CompletionFormatter(_Formatter):
 
 @dataclass
 class ChatFormatter(_Formatter):
+    # The choices' text is a forced tool-call array, to be read back into tool calls.
+    forced_tools: bool = False
+    _held: dict[int, list[str]] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         self.id = self.id or f"chatcmpl-{uuid.uuid4().hex}"
 
@@ -164,27 +173,62 @@ class ChatFormatter(_Formatter):
     def opening_chunks(self) -> list[dict[str, Any]]:
         return [self._chunk(i, {"role": "assistant", "content": ""}, None) for i in range(self.choices)]
 
-    def chunk_text(self, index: int, text: str, token_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
-        return self._chunk(index, {"content": text}, None, self._logprobs(token_ids, logprobs))
+    def text_chunks(self, index: int, text: str, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
+        if self.forced_tools:
+            # A call is only known once its array is complete; it goes out at the end.
+            self._held.setdefault(index, []).append(text)
+            return []
+        if not text and not self.logprobs:
+            return []
+        return [self._chunk(index, {"content": text}, None, self._logprobs(token_ids, logprobs))]
 
-    def chunk_finish(self, index: int, reason: str) -> dict[str, Any]:
-        return self._chunk(index, {}, reason)
+    def finish_chunks(self, index: int, reason: str) -> list[dict[str, Any]]:
+        if not self.forced_tools:
+            return [self._chunk(index, {}, reason)]
+        text = "".join(self._held.pop(index, []))
+        calls = read_forced_calls(text) if reason == "stop" else None
+        if calls is None:  # cut short: what was generated is returned as text
+            return [self._chunk(index, {"content": text}, None), self._chunk(index, {}, reason)]
+        chunks = []
+        for position, call in enumerate(calls):
+            head = {"index": position, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            chunks.append(self._chunk(index, {"tool_calls": [head]}, None))
+            arguments = {"index": position, "function": {"arguments": call.arguments}}
+            chunks.append(self._chunk(index, {"tool_calls": [arguments]}, None))
+        chunks.append(self._chunk(index, {}, "tool_calls"))
+        return chunks
 
     def chunk_usage(self, done: Completed) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk", [])
         body["usage"] = usage_body(done)
         return body
 
+    def _message(self, output: ChoiceOutput) -> tuple[dict[str, Any], str]:
+        calls = read_forced_calls(output.text) if self.forced_tools and output.finish_reason == "stop" else None
+        if calls is None:
+            return {"role": "assistant", "content": output.text, "refusal": None}, output.finish_reason
+        message = {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+            ],
+        }
+        return message, "tool_calls"
+
     def unary(self, outputs: list[ChoiceOutput], done: Completed) -> dict[str, Any]:
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": output.text, "refusal": None},
-                "logprobs": self._logprobs(output.token_ids, output.logprobs),
-                "finish_reason": output.finish_reason,
-            }
-            for i, output in enumerate(outputs)
-        ]
+        choices = []
+        for i, output in enumerate(outputs):
+            message, reason = self._message(output)
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": self._logprobs(output.token_ids, output.logprobs),
+                    "finish_reason": reason,
+                }
+            )
         body = self._envelope("chat.completion", choices)
         body["usage"] = usage_body(done)
         return body

@@ -97,7 +97,20 @@ async def create_chat_completion() -> Any:
     check_model(service, body)
     assert service.prompts is not None
     raw = bool(body.nvext and body.nvext.use_raw_prompt)
-    prompt_ids = service.prompts.encode_chat(body.messages, raw=raw)
+    tool_choice = body.effective_tool_choice()
+    forced = tool_choice in ("required", "function")
+    tools = body.tool_specs() if tool_choice != "none" else []
+    renders_tools = service.prompts.template_renders_tools
+    if tools and tool_choice == "auto" and not renders_tools:
+        raise invalid(
+            "This model's chat template cannot present tools to the model. Start the server with"
+            " --chat-template FILE (a template that renders tools), or use tool_choice 'required' or a"
+            " named function, which the server enforces itself.",
+            "tools",
+        )
+    prompt_ids = service.prompts.encode_chat(
+        body.messages, raw=raw, tools=tools, describe_tools=forced and not renders_tools
+    )
     formatter = ChatFormatter(
         service.model_name,
         service.system_fingerprint,
@@ -105,5 +118,6 @@ async def create_chat_completion() -> Any:
         include_usage=include_usage(body),
         logprobs=body.logprobs,
         choices=body.n,
+        forced_tools=forced,
     )
     return await respond(service, body, [prompt_ids], formatter)

@@ -112,7 +112,7 @@ def _frames(formatter: Formatter, messages: list[Message]) -> list[bytes]:
                 merged.logprobs.extend(message.logprobs or ())
             if message.finish_reason is not None:
                 frames.extend(_flush(formatter, pending))
-                frames.append(sse_event(formatter.chunk_finish(message.index, message.finish_reason)))
+                frames.extend(sse_event(c) for c in formatter.finish_chunks(message.index, message.finish_reason))
         elif isinstance(message, Completed):
             frames.extend(_flush(formatter, pending))
             if formatter.include_usage:
@@ -126,9 +126,9 @@ def _frames(formatter: Formatter, messages: list[Message]) -> list[bytes]:
 
 def _flush(formatter: Formatter, pending: dict[int, _Pending]) -> list[bytes]:
     frames = [
-        sse_event(formatter.chunk_text(index, "".join(p.text), p.token_ids, p.logprobs))
+        sse_event(chunk)
         for index, p in pending.items()
-        if "".join(p.text) or formatter.logprobs
+        for chunk in formatter.text_chunks(index, "".join(p.text), p.token_ids, p.logprobs)
     ]
     pending.clear()
     return frames

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovtrio.api.errors import invalid
-from ovtrio.constraints import ConstraintError, from_response_format
-from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from ovtrio.constraints import ConstraintError, OutputConstraint, from_response_format
+from ovtrio.tool_choice import FunctionTool, forced_call_constraint
+from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
 from ovtrio.scheduler import SamplingParams, UnsupportedParams, check_params
 
 # When multinomial sampling is on and the request names no top_k (OVMS's default).
@@ -67,6 +68,15 @@ def _max_new_tokens(body: SamplingFields, prompt_tokens: int, limit: SequenceLim
     return max_tokens
 
 
+def _chat_constraint(body: ChatCompletionRequest) -> OutputConstraint | None:
+    choice = body.effective_tool_choice()
+    if choice in ("required", "function"):
+        tools = [FunctionTool(t.name, t.description, t.parameters) for t in body.tool_specs()]
+        only = body.tool_choice.function_name() if isinstance(body.tool_choice, NamedToolChoice) else None
+        return forced_call_constraint(tools, only=only, parallel=body.parallel_tool_calls is not False)
+    return from_response_format(body.response_format)
+
+
 def sampling_params(
     body: SamplingFields, prompt_tokens: int, limit: SequenceLimit, defaults: ServerDefaults = ServerDefaults()
 ) -> SamplingParams:
@@ -94,7 +104,7 @@ def sampling_params(
     constraint = None
     if isinstance(body, ChatCompletionRequest):
         try:
-            constraint = from_response_format(body.response_format)
+            constraint = _chat_constraint(body)
         except ConstraintError as exc:
             raise invalid(str(exc), exc.param) from None
     max_new_tokens = _max_new_tokens(body, prompt_tokens, limit, defaults)

@@ -1,0 +1,83 @@
+"""Forced tool calls: `tool_choice` "required" or a named function, enforced by
+constrained decoding so that even a small model emits a call whose arguments validate
+against the function's parameters schema.
+
+The decoder is held to a JSON array of {"name": ..., "arguments": {...}} objects; the
+array is then read back into OpenAI tool calls. Shared by chat completions and the
+Responses API.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ovtrio.constraints import ConstraintError, OutputConstraint, checked_schema
+
+# A forced "required" choice may make several calls (parallel_tool_calls); a small model
+# left unbounded can keep adding them, so the array is capped.
+MAX_PARALLEL_CALLS = 4
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    name: str
+    description: str | None
+    parameters: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
+def forced_call_constraint(
+    tools: list[FunctionTool], *, only: str | None = None, parallel: bool = True, param: str = "tools"
+) -> OutputConstraint:
+    """The constraint for calling `only` (a named tool_choice), or any of `tools`."""
+    variants = []
+    for i, tool in enumerate(tools):
+        if only is not None and tool.name != only:
+            continue
+        parameters = tool.parameters or {"type": "object", "properties": {}}
+        arguments = json.loads(checked_schema(parameters, f"{param}[{i}].function.parameters"))
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "enum": [tool.name]}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    if not variants:
+        raise ConstraintError("tool_choice names no tool that was sent.", "tool_choice")
+    most = 1 if only is not None or not parallel else MAX_PARALLEL_CALLS
+    call = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema = {"type": "array", "items": call, "minItems": 1, "maxItems": most}
+    return OutputConstraint(json_schema=json.dumps(schema))
+
+
+def read_forced_calls(text: str) -> list[ToolCall] | None:
+    """The calls in text produced under forced_call_constraint; None if it is not a
+    complete call array (generation cut short by max_tokens)."""
+    try:
+        calls = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(calls, list) or not calls:
+        return None
+    result = []
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return None
+        arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
+        result.append(ToolCall(new_call_id(), call["name"], arguments))
+    return result
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
