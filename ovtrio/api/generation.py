@@ -98,19 +98,11 @@ async def create_chat_completion() -> Any:
     assert service.prompts is not None
     raw = bool(body.nvext and body.nvext.use_raw_prompt)
     tool_choice = body.effective_tool_choice()
-    forced = tool_choice in ("required", "function")
+    # OpenVINO GenAI's template engine gives templates without tool support a polyfill
+    # (a system prompt listing the tools and a {"tool_calls": [...]} reply format), so
+    # every model can be shown tools.
     tools = body.tool_specs() if tool_choice != "none" else []
-    renders_tools = service.prompts.template_renders_tools
-    if tools and tool_choice == "auto" and not renders_tools:
-        raise invalid(
-            "This model's chat template cannot present tools to the model. Start the server with"
-            " --chat-template FILE (a template that renders tools), or use tool_choice 'required' or a"
-            " named function, which the server enforces itself.",
-            "tools",
-        )
-    prompt_ids = service.prompts.encode_chat(
-        body.messages, raw=raw, tools=tools, describe_tools=forced and not renders_tools
-    )
+    prompt_ids = service.prompts.encode_chat(body.messages, raw=raw, tools=tools)
     formatter = ChatFormatter(
         service.model_name,
         service.system_fingerprint,
@@ -118,6 +110,6 @@ async def create_chat_completion() -> Any:
         include_usage=include_usage(body),
         logprobs=body.logprobs,
         choices=body.n,
-        forced_tools=forced,
+        forced_tools=tool_choice in ("required", "function"),
     )
     return await respond(service, body, [prompt_ids], formatter)

@@ -4,7 +4,6 @@ in any of OpenAI's four forms, and the text of single tokens (for logprobs)."""
 from __future__ import annotations
 
 import json
-from functools import cached_property
 from typing import Any
 
 from ovtrio.api.errors import invalid
@@ -34,33 +33,15 @@ class PromptBuilder:
             raise invalid("The prompt is empty.", "prompt")
         return ids
 
-    @cached_property
-    def template_renders_tools(self) -> bool:
-        """Whether the model's chat template shows tools to the model at all (many
-        templates, SmolLM2's among them, silently ignore them)."""
-        history = [{"role": "user", "content": "hi"}]
-        probe = [{"type": "function", "function": {"name": "probe_tool_xyz", "description": "d", "parameters": {"type": "object"}}}]
-        try:
-            with_tools = self._tokenizer.apply_chat_template(history, add_generation_prompt=True, tools=probe)
-        except Exception:
-            return False
-        return "probe_tool_xyz" in with_tools
-
     def encode_chat(
         self,
         messages: list[ChatMessage],
         *,
         raw: bool = False,
         tools: list[FunctionSpec] | None = None,
-        describe_tools: bool = False,
     ) -> list[int]:
-        """A conversation rendered by the chat template (which adds special tokens), or
-        with `raw`, the messages' text as is (Dynamo's nvext.use_raw_prompt).
-
-        `tools` go to the template; with `describe_tools` (a template that ignores them,
-        and a call the decoder will force anyway) they are described in a system message
-        instead, so the model still knows what it is calling.
-        """
+        """A conversation (with its tools) rendered by the chat template, which adds
+        special tokens; or with `raw`, the messages' text as is (nvext.use_raw_prompt)."""
         if raw:
             ids = self._encode("".join(m.text() for m in messages), add_special_tokens=True)
             if not ids:
@@ -68,9 +49,6 @@ class PromptBuilder:
             return ids
         history = [_template_message(m) for m in messages]
         tool_list = [_template_tool(spec) for spec in tools or []]
-        if describe_tools and tool_list:
-            listing = json.dumps([t["function"] for t in tool_list], ensure_ascii=False)
-            history.insert(0, {"role": "system", "content": f"You can call these functions:\n{listing}"})
         try:
             prompt = self._tokenizer.apply_chat_template(history, add_generation_prompt=True, tools=tool_list or None)
         except Exception as exc:  # a template error is about the messages sent
