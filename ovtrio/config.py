@@ -8,7 +8,7 @@ upper case with the OVTRIO_ prefix, the command-line flag is the name with dashe
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -27,6 +27,9 @@ class Settings(BaseModel):
     )
     chat_template: str | None = Field(
         None, description="file with a Jinja chat template to use instead of the model's own"
+    )
+    tool_parser: Literal["hermes", "qwen", "llama3_json", "mistral", "none"] | None = Field(
+        None, description="how the model writes tool calls (default: guessed from its chat template)"
     )
     device: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, ...")
     cache_size: int = Field(1, ge=0, description="KV cache size in GB (0 lets the engine size it on demand)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from typing import Any
 
 import trio
 
@@ -19,6 +20,7 @@ from ovtrio.api.sampling import SequenceLimit, ServerDefaults
 from ovtrio.config import Settings
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_model, resolve_model
 from ovtrio.scheduler import Scheduler
+from ovtrio.tool_parsers import PARSERS, ToolCallParser, guess_parser
 
 log = logging.getLogger("ovtrio")
 
@@ -51,6 +53,18 @@ def _warm_up(model: LoadedModel) -> int:
     return blocks * _BLOCK_TOKENS.get(model.device.split(".")[0].upper(), 16)
 
 
+def _tool_parser(settings: Settings, tokenizer: Any) -> type[ToolCallParser] | None:
+    """The configured tool-call parser, or the one the chat template's markers suggest."""
+    name = settings.tool_parser
+    if name is None:
+        name = guess_parser(tokenizer.chat_template or "")
+        if name:
+            log.info("tool calls are read in the %s format (guessed from the chat template)", name)
+    if name in (None, "none"):
+        return None
+    return PARSERS[name]
+
+
 class ModelService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -60,6 +74,7 @@ class ModelService:
         self.prompts: PromptBuilder | None = None
         self.sequence_limit = SequenceLimit(0, "")
         self.defaults = ServerDefaults()
+        self.tool_parser: type[ToolCallParser] | None = None
         self.ready = trio.Event()
         self.failed = trio.Event()
         self.failure: str | None = None
@@ -102,6 +117,7 @@ class ModelService:
         else:
             self.sequence_limit = SequenceLimit(source.context_length, "This model's maximum context length")
         self.prompts = PromptBuilder(model.tokenizer, source.vocab_size, model.vocabulary)
+        self.tool_parser = _tool_parser(self.settings, model.tokenizer)
         self.defaults = ServerDefaults(
             {k: source.generation_defaults.get(k) for k in ("temperature", "top_p", "top_k", "repetition_penalty")},
             self.settings.max_tokens_limit,

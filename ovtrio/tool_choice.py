@@ -10,11 +10,11 @@ Responses API.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from ovtrio.constraints import ConstraintError, OutputConstraint, checked_schema
+from ovtrio.tool_parsers import ToolCall, new_call_id
 
 # A forced "required" choice may make several calls (parallel_tool_calls); a small model
 # left unbounded can keep adding them, so the array is capped.
@@ -26,13 +26,6 @@ class FunctionTool:
     name: str
     description: str | None
     parameters: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text
 
 
 def forced_call_constraint(
@@ -77,7 +70,3 @@ def read_forced_calls(text: str) -> list[ToolCall] | None:
         arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
         result.append(ToolCall(new_call_id(), call["name"], arguments))
     return result
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]

@@ -16,6 +16,7 @@ from typing import Any
 
 from ovtrio.scheduler import Completed
 from ovtrio.tool_choice import read_forced_calls
+from ovtrio.tool_parsers import ParsedDelta, ToolCallParser
 
 
 def usage_body(done: Completed) -> dict[str, int]:
@@ -143,7 +144,29 @@ class CompletionFormatter(_Formatter):
 class ChatFormatter(_Formatter):
     # The choices' text is a forced tool-call array, to be read back into tool calls.
     forced_tools: bool = False
+    # With tool_choice "auto": makes the parser that finds the model's own tool calls.
+    tool_parser: Callable[[], ToolCallParser] | None = None
     _held: dict[int, list[str]] = field(default_factory=dict)
+    _parsers: dict[int, ToolCallParser] = field(default_factory=dict)
+
+    def _parser(self, index: int) -> ToolCallParser | None:
+        if self.tool_parser is None:
+            return None
+        if index not in self._parsers:
+            self._parsers[index] = self.tool_parser()
+        return self._parsers[index]
+
+    def _parsed_chunks(self, index: int, parsed: ParsedDelta, logprobs: Any = None) -> list[dict[str, Any]]:
+        chunks = []
+        if parsed.content or logprobs:
+            chunks.append(self._chunk(index, {"content": parsed.content}, None, logprobs))
+        for delta in parsed.tool_calls:
+            call: dict[str, Any] = {"index": delta.index, "function": {"arguments": delta.arguments}}
+            if delta.id is not None:
+                call["id"], call["type"] = delta.id, "function"
+                call["function"]["name"] = delta.name
+            chunks.append(self._chunk(index, {"tool_calls": [call]}, None))
+        return chunks
 
     def __post_init__(self) -> None:
         self.id = self.id or f"chatcmpl-{uuid.uuid4().hex}"
@@ -178,11 +201,18 @@ class ChatFormatter(_Formatter):
             # A call is only known once its array is complete; it goes out at the end.
             self._held.setdefault(index, []).append(text)
             return []
+        parser = self._parser(index)
+        if parser is not None:
+            return self._parsed_chunks(index, parser.feed(text), self._logprobs(token_ids, logprobs))
         if not text and not self.logprobs:
             return []
         return [self._chunk(index, {"content": text}, None, self._logprobs(token_ids, logprobs))]
 
     def finish_chunks(self, index: int, reason: str) -> list[dict[str, Any]]:
+        parser = self._parser(index)
+        if parser is not None:
+            chunks = self._parsed_chunks(index, parser.finish())
+            return [*chunks, self._chunk(index, {}, "tool_calls" if parser.calls else reason)]
         if not self.forced_tools:
             return [self._chunk(index, {}, reason)]
         text = "".join(self._held.pop(index, []))
@@ -204,12 +234,19 @@ class ChatFormatter(_Formatter):
         return body
 
     def _message(self, output: ChoiceOutput) -> tuple[dict[str, Any], str]:
-        calls = read_forced_calls(output.text) if self.forced_tools and output.finish_reason == "stop" else None
+        content: str | None = output.text
+        if self.tool_parser is not None:
+            content, calls = self.tool_parser().parse(output.text)
+            calls = calls or None
+        elif self.forced_tools and output.finish_reason == "stop":
+            content, calls = None, read_forced_calls(output.text)
+        else:
+            calls = None
         if calls is None:
-            return {"role": "assistant", "content": output.text, "refusal": None}, output.finish_reason
+            return {"role": "assistant", "content": output.text if content is None else content, "refusal": None}, output.finish_reason
         message = {
             "role": "assistant",
-            "content": None,
+            "content": content or None,
             "refusal": None,
             "tool_calls": [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls

@@ -111,5 +111,6 @@ async def create_chat_completion() -> Any:
         logprobs=body.logprobs,
         choices=body.n,
         forced_tools=tool_choice in ("required", "function"),
+        tool_parser=service.tool_parser if tools and tool_choice == "auto" else None,
     )
     return await respond(service, body, [prompt_ids], formatter)
