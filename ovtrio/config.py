@@ -31,6 +31,9 @@ class Settings(BaseModel):
     tool_parser: Literal["hermes", "qwen", "llama3_json", "mistral", "none"] | None = Field(
         None, description="how the model writes tool calls (default: guessed from its chat template)"
     )
+    reasoning_parser: Literal["think", "none"] | None = Field(
+        None, description="split <think> reasoning from content (default: on when the chat template uses <think>)"
+    )
     device: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, ...")
     cache_size: int = Field(1, ge=0, description="KV cache size in GB (0 lets the engine size it on demand)")
     num_kv_blocks: int | None = Field(

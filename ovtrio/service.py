@@ -75,6 +75,7 @@ class ModelService:
         self.sequence_limit = SequenceLimit(0, "")
         self.defaults = ServerDefaults()
         self.tool_parser: type[ToolCallParser] | None = None
+        self.reasoning = False
         self.ready = trio.Event()
         self.failed = trio.Event()
         self.failure: str | None = None
@@ -118,6 +119,9 @@ class ModelService:
             self.sequence_limit = SequenceLimit(source.context_length, "This model's maximum context length")
         self.prompts = PromptBuilder(model.tokenizer, source.vocab_size, model.vocabulary)
         self.tool_parser = _tool_parser(self.settings, model.tokenizer)
+        self.reasoning = self.settings.reasoning_parser == "think" or (
+            self.settings.reasoning_parser is None and "<think>" in (model.tokenizer.chat_template or "")
+        )
         self.defaults = ServerDefaults(
             {k: source.generation_defaults.get(k) for k in ("temperature", "top_p", "top_k", "repetition_penalty")},
             self.settings.max_tokens_limit,

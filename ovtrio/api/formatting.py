@@ -16,6 +16,7 @@ from typing import Any
 
 from ovtrio.scheduler import Completed
 from ovtrio.tool_choice import read_forced_calls
+from ovtrio.reasoning import ReasoningSplitter
 from ovtrio.tool_parsers import ParsedDelta, ToolCallParser
 
 
@@ -146,8 +147,22 @@ class ChatFormatter(_Formatter):
     forced_tools: bool = False
     # With tool_choice "auto": makes the parser that finds the model's own tool calls.
     tool_parser: Callable[[], ToolCallParser] | None = None
+    # For thinking models: makes the splitter that takes <think>…</think> out of content.
+    reasoning: Callable[[], ReasoningSplitter] | None = None
     _held: dict[int, list[str]] = field(default_factory=dict)
     _parsers: dict[int, ToolCallParser] = field(default_factory=dict)
+    _splitters: dict[int, ReasoningSplitter] = field(default_factory=dict)
+
+    def _split(self, index: int, text: str | None) -> tuple[str, str]:
+        """(reasoning, answer) of the next text; the end of the choice when text is None."""
+        if self.reasoning is None:
+            return "", text or ""
+        splitter = self._splitters.setdefault(index, self.reasoning())
+        return splitter.finish() if text is None else splitter.feed(text)
+
+    def _reasoning_chunk(self, index: int, reasoning: str) -> list[dict[str, Any]]:
+        # Under both names: "reasoning_content" (vLLM, OVMS) and "reasoning" (newer clients).
+        return [self._chunk(index, {"reasoning_content": reasoning, "reasoning": reasoning}, None)] if reasoning else []
 
     def _parser(self, index: int) -> ToolCallParser | None:
         if self.tool_parser is None:
@@ -201,20 +216,27 @@ class ChatFormatter(_Formatter):
             # A call is only known once its array is complete; it goes out at the end.
             self._held.setdefault(index, []).append(text)
             return []
+        reasoning, text = self._split(index, text)
+        chunks = self._reasoning_chunk(index, reasoning)
         parser = self._parser(index)
         if parser is not None:
-            return self._parsed_chunks(index, parser.feed(text), self._logprobs(token_ids, logprobs))
-        if not text and not self.logprobs:
-            return []
-        return [self._chunk(index, {"content": text}, None, self._logprobs(token_ids, logprobs))]
+            return chunks + self._parsed_chunks(index, parser.feed(text), self._logprobs(token_ids, logprobs))
+        if text or (self.logprobs and not reasoning):
+            chunks.append(self._chunk(index, {"content": text}, None, self._logprobs(token_ids, logprobs)))
+        return chunks
 
     def finish_chunks(self, index: int, reason: str) -> list[dict[str, Any]]:
-        parser = self._parser(index)
-        if parser is not None:
-            chunks = self._parsed_chunks(index, parser.finish())
-            return [*chunks, self._chunk(index, {}, "tool_calls" if parser.calls else reason)]
+        chunks: list[dict[str, Any]] = []
         if not self.forced_tools:
-            return [self._chunk(index, {}, reason)]
+            reasoning, text = self._split(index, None)
+            chunks = self._reasoning_chunk(index, reasoning)
+            parser = self._parser(index)
+            if parser is not None:
+                chunks += self._parsed_chunks(index, parser.feed(text)) + self._parsed_chunks(index, parser.finish())
+                return [*chunks, self._chunk(index, {}, "tool_calls" if parser.calls else reason)]
+            if text:
+                chunks.append(self._chunk(index, {"content": text}, None))
+            return [*chunks, self._chunk(index, {}, reason)]
         text = "".join(self._held.pop(index, []))
         calls = read_forced_calls(text) if reason == "stop" else None
         if calls is None:  # cut short: what was generated is returned as text
@@ -234,17 +256,23 @@ class ChatFormatter(_Formatter):
         return body
 
     def _message(self, output: ChoiceOutput) -> tuple[dict[str, Any], str]:
-        content: str | None = output.text
+        reasoning, text = ("", output.text)
+        if self.reasoning is not None and not self.forced_tools:
+            reasoning, text = self.reasoning().parse(output.text)
+        content: str | None = text
         if self.tool_parser is not None:
-            content, calls = self.tool_parser().parse(output.text)
+            content, calls = self.tool_parser().parse(text)
             calls = calls or None
         elif self.forced_tools and output.finish_reason == "stop":
-            content, calls = None, read_forced_calls(output.text)
+            content, calls = None, read_forced_calls(text)
         else:
             calls = None
+        extra = {"reasoning_content": reasoning, "reasoning": reasoning} if reasoning else {}
         if calls is None:
-            return {"role": "assistant", "content": output.text if content is None else content, "refusal": None}, output.finish_reason
+            message = {"role": "assistant", "content": text if content is None else content, "refusal": None, **extra}
+            return message, output.finish_reason
         message = {
+            **extra,
             "role": "assistant",
             "content": content or None,
             "refusal": None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -12,6 +13,7 @@ from ovtrio.api.formatting import ChatFormatter, CompletionFormatter, Formatter
 from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ovtrio.api.responding import EventStream, unary_body
 from ovtrio.api.sampling import sampling_params
+from ovtrio.reasoning import ReasoningSplitter
 from ovtrio.scheduler import GenerationRequest, UnsupportedParams
 from ovtrio.service import ModelService
 
@@ -102,7 +104,9 @@ async def create_chat_completion() -> Any:
     # (a system prompt listing the tools and a {"tool_calls": [...]} reply format), so
     # every model can be shown tools.
     tools = body.tool_specs() if tool_choice != "none" else []
-    prompt_ids = service.prompts.encode_chat(body.messages, raw=raw, tools=tools)
+    prompt = service.prompts.encode_chat(body.messages, raw=raw, tools=tools, template_kwargs=body.template_kwargs())
+    # skip_special_tokens=false asks for the raw text: no parser touches it.
+    parse = body.skip_special_tokens
     formatter = ChatFormatter(
         service.model_name,
         service.system_fingerprint,
@@ -111,6 +115,7 @@ async def create_chat_completion() -> Any:
         logprobs=body.logprobs,
         choices=body.n,
         forced_tools=tool_choice in ("required", "function"),
-        tool_parser=service.tool_parser if tools and tool_choice == "auto" else None,
+        tool_parser=service.tool_parser if parse and tools and tool_choice == "auto" else None,
+        reasoning=partial(ReasoningSplitter, prompt.opens_reasoning) if parse and service.reasoning else None,
     )
-    return await respond(service, body, [prompt_ids], formatter)
+    return await respond(service, body, [prompt.ids], formatter)

@@ -4,10 +4,21 @@ in any of OpenAI's four forms, and the text of single tokens (for logprobs)."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import ChatMessage, FunctionSpec
+
+
+THINK_OPEN = "<think>"
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    ids: list[int]
+    # The template ended the prompt inside an open <think>: the reply starts as reasoning.
+    opens_reasoning: bool
 
 
 class PromptBuilder:
@@ -39,21 +50,27 @@ class PromptBuilder:
         *,
         raw: bool = False,
         tools: list[FunctionSpec] | None = None,
-    ) -> list[int]:
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> ChatPrompt:
         """A conversation (with its tools) rendered by the chat template, which adds
-        special tokens; or with `raw`, the messages' text as is (nvext.use_raw_prompt)."""
+        special tokens; or with `raw`, the messages' text as is (nvext.use_raw_prompt).
+        `template_kwargs` are the template's own variables (e.g. enable_thinking)."""
         if raw:
             ids = self._encode("".join(m.text() for m in messages), add_special_tokens=True)
             if not ids:
                 raise invalid("The messages are empty.", "messages")
-            return ids
+            return ChatPrompt(ids, opens_reasoning=False)
         history = [_template_message(m) for m in messages]
         tool_list = [_template_tool(spec) for spec in tools or []]
         try:
-            prompt = self._tokenizer.apply_chat_template(history, add_generation_prompt=True, tools=tool_list or None)
+            prompt = self._tokenizer.apply_chat_template(
+                history, add_generation_prompt=True, tools=tool_list or None, extra_context=template_kwargs or None
+            )
         except Exception as exc:  # a template error is about the messages sent
             raise invalid(f"The chat template could not render these messages: {exc}", "messages") from None
-        return self._encode(prompt, add_special_tokens=False)
+        return ChatPrompt(
+            self._encode(prompt, add_special_tokens=False), opens_reasoning=prompt.rstrip().endswith(THINK_OPEN)
+        )
 
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)

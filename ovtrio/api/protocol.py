@@ -239,12 +239,20 @@ class NamedToolChoice(_Body):
         return self.function.name if self.function else self.name
 
 
+class ReasoningOptions(_Body):
+    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    summary: str | None = None  # accepted, ignored
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning: ReasoningOptions | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -254,6 +262,14 @@ class ChatCompletionRequest(SamplingFields):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """Variables for the chat template: chat_template_kwargs, plus enable_thinking
+        when a reasoning effort is asked for (any effort turns thinking on)."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        if (self.reasoning and self.reasoning.effort) or self.reasoning_effort:
+            kwargs.setdefault("enable_thinking", True)
+        return kwargs
 
     def tool_specs(self) -> list[FunctionSpec]:
         return [tool.spec() for tool in self.tools or []]

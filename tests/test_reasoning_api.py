@@ -1,0 +1,119 @@
+"""Reasoning for <think> models: chat_template_kwargs and reasoning.effort reach the chat
+template, and what the model thinks goes to reasoning_content (and `reasoning`), never to
+content. Exercised with a --chat-template that opens <think> when enable_thinking is on,
+which turns the server's reasoning parser on (the template uses <think>)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from helpers import chat_body, post
+from openai_schema import validate
+from ovtrio.api.formatting import ChatFormatter, ChoiceOutput
+from ovtrio.reasoning import ReasoningSplitter
+from ovtrio.scheduler import Completed
+from ovtrio.tool_parsers import HermesToolParser
+from sse import stream_post
+
+THINKING_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory):
+    from conftest import start_server, stop_server
+
+    folder = tmp_path_factory.mktemp("thinking")
+    template = folder / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    server = start_server(folder, "--chat-template", str(template))
+    yield server
+    stop_server(server)
+
+
+def ask(server, **fields) -> dict:
+    reply = post(server.base_url, "/v3/chat/completions", chat_body(messages=QUESTION, max_tokens=16, temperature=0, **fields))
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    validate(body, "CreateChatCompletionResponse")
+    return body
+
+
+@pytest.mark.parametrize(
+    "switch",
+    [{"chat_template_kwargs": {"enable_thinking": True}}, {"reasoning": {"effort": "low"}}, {"reasoning_effort": "high"}],
+)
+def test_thinking_goes_to_reasoning_content(thinking_server, switch):
+    plain = ask(thinking_server)["choices"][0]["message"]
+    thinking = ask(thinking_server, **switch)
+    message = thinking["choices"][0]["message"]
+    # The template opened <think>: this small model never closes it, so all it wrote is
+    # reasoning and none of it is content.
+    assert message["reasoning_content"] and message["reasoning"] == message["reasoning_content"]
+    assert message["content"] == ""
+    assert "reasoning_content" not in plain and plain["content"]
+    assert thinking["usage"]["prompt_tokens"] > ask(thinking_server)["usage"]["prompt_tokens"]
+
+
+def test_streamed_reasoning_matches_unary(thinking_server):
+    fields = {"chat_template_kwargs": {"enable_thinking": True}}
+    unary = ask(thinking_server, **fields)["choices"][0]["message"]
+    chunks = stream_post(
+        thinking_server.base_url, "/v3/chat/completions",
+        chat_body(messages=QUESTION, max_tokens=16, temperature=0, stream=True, **fields),
+    )
+    reasoning = content = ""
+    for chunk in chunks:
+        validate(chunk, "CreateChatCompletionStreamResponse")
+        delta = chunk["choices"][0]["delta"]
+        reasoning += delta.get("reasoning_content") or ""
+        content += delta.get("content") or ""
+        assert delta.get("reasoning", delta.get("reasoning_content")) == delta.get("reasoning_content")
+    assert reasoning == unary["reasoning_content"]
+    assert content == unary["content"] == ""
+
+
+def test_skip_special_tokens_false_returns_the_raw_text(thinking_server):
+    raw = ask(thinking_server, chat_template_kwargs={"enable_thinking": True}, skip_special_tokens=False)
+    message = raw["choices"][0]["message"]
+    assert "reasoning_content" not in message and message["content"]
+
+
+TEXT = (
+    "<think>\nThe user wants weather; call {get_weather} </thi.\n</think>\n\n"
+    'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reasoning_then_tool_calls_stream_like_unary(seed):
+    def formatter() -> ChatFormatter:
+        return ChatFormatter("m", "fp", lambda i: b"", tool_parser=HermesToolParser, reasoning=ReasoningSplitter)
+
+    unary = formatter().unary([ChoiceOutput(text=TEXT)], Completed(1, 2))
+    validate(unary, "CreateChatCompletionResponse")
+    message = unary["choices"][0]["message"]
+    assert message["reasoning_content"] == "\nThe user wants weather; call {get_weather} </thi.\n"
+    assert message["content"] == "Sure."
+    assert unary["choices"][0]["finish_reason"] == "tool_calls"
+
+    rng, shaper, chunks, at = random.Random(seed), formatter(), [], 0
+    while at < len(TEXT):
+        size = rng.randint(1, 5)
+        chunks += shaper.text_chunks(0, TEXT[at : at + size], [], [])
+        at += size
+    chunks += shaper.finish_chunks(0, "stop")
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks)
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    arguments = "".join(
+        call["function"]["arguments"] for c in chunks for call in c["choices"][0]["delta"].get("tool_calls") or []
+    )
+    for chunk in chunks:
+        validate(chunk, "CreateChatCompletionStreamResponse")
+    assert (reasoning, content) == (message["reasoning_content"], message["content"])
+    assert arguments == message["tool_calls"][0]["function"]["arguments"]
