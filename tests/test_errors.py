@@ -38,7 +38,7 @@ BAD_BODIES = [
         "messages[0].content[0].type",
         "invalid_value",
     ),
-    ("bad-role", CHAT, chat_body(messages=[{"role": "tool", "content": "Hi"}]), "messages[0].role", "invalid_value"),
+    ("bad-role", CHAT, chat_body(messages=[{"role": "robot", "content": "Hi"}]), "messages[0].role", "invalid_value"),
     ("max_tokens-string", CHAT, chat_body(max_tokens="5"), "max_tokens", "invalid_type"),
     ("prompt-int", COMPLETIONS, completion_body(123), "prompt", "invalid_type"),
     ("temperature-string", COMPLETIONS, completion_body(temperature="0"), "temperature", "invalid_type"),
