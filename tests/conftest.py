@@ -73,6 +73,13 @@ def start_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -
     raise RuntimeError(f"server did not become ready: {log_path.read_text()}")
 
 
+def start_server_with_template(tmp_dir: Path, template: str, *args: str) -> RunningServer:
+    """A server given `template` (Jinja text) as its --chat-template."""
+    path = tmp_dir / "chat_template.jinja"
+    path.write_text(template)
+    return start_server(tmp_dir, "--chat-template", str(path), *args)
+
+
 def stop_server(server: RunningServer) -> None:
     server.process.terminate()
     try:

@@ -26,12 +26,9 @@ QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
 
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory):
-    from conftest import start_server, stop_server
+    from conftest import start_server_with_template, stop_server
 
-    folder = tmp_path_factory.mktemp("thinking")
-    template = folder / "thinking.jinja"
-    template.write_text(THINKING_TEMPLATE)
-    server = start_server(folder, "--chat-template", str(template))
+    server = start_server_with_template(tmp_path_factory.mktemp("thinking"), THINKING_TEMPLATE)
     yield server
     stop_server(server)
 

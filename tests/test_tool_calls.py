@@ -160,12 +160,9 @@ PLAIN_TEMPLATE = (
 def plain_template_server(tmp_path_factory):
     """A server whose --chat-template knows nothing of tools (and has no default system
     prompt): the engine's template polyfill still shows the tools to the model."""
-    from conftest import start_server, stop_server
+    from conftest import start_server_with_template, stop_server
 
-    folder = tmp_path_factory.mktemp("template")
-    template = folder / "plain.jinja"
-    template.write_text(PLAIN_TEMPLATE)
-    server = start_server(folder, "--chat-template", str(template))
+    server = start_server_with_template(tmp_path_factory.mktemp("template"), PLAIN_TEMPLATE)
     yield server
     stop_server(server)
 
