@@ -28,7 +28,7 @@ class Settings(BaseModel):
     chat_template: str | None = Field(
         None, description="file with a Jinja chat template to use instead of the model's own"
     )
-    tool_parser: Literal["hermes", "qwen", "llama3_json", "mistral", "none"] | None = Field(
+    tool_parser: Literal["hermes", "qwen", "llama3_json", "mistral", "json_tool_calls", "none"] | None = Field(
         None, description="how the model writes tool calls (default: guessed from its chat template)"
     )
     reasoning_parser: Literal["think", "none"] | None = Field(

@@ -54,12 +54,17 @@ def _warm_up(model: LoadedModel) -> int:
 
 
 def _tool_parser(settings: Settings, tokenizer: Any) -> type[ToolCallParser] | None:
-    """The configured tool-call parser, or the one the chat template's markers suggest."""
+    """The configured tool-call parser, or the one the chat template's markers suggest.
+
+    A template with no tool support at all gets OpenVINO GenAI's polyfill, which teaches
+    the model to reply with a {"tool_calls": [...]} object: that is then the format.
+    """
     name = settings.tool_parser
     if name is None:
-        name = guess_parser(tokenizer.chat_template or "")
+        template = tokenizer.chat_template or ""
+        name = guess_parser(template) or (None if "tools" in template else "json_tool_calls")
         if name:
-            log.info("tool calls are read in the %s format (guessed from the chat template)", name)
+            log.info("tool calls are read in the %s format (from the chat template)", name)
     if name in (None, "none"):
         return None
     return PARSERS[name]

@@ -4,10 +4,11 @@ every two-piece split, random splits with fixed seeds), which must agree exactly
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import pytest
+
+from splitting import splittings
 
 from ovtrio.reasoning import ReasoningSplitter
 
@@ -84,21 +85,6 @@ SAMPLES = [
 ]
 
 
-def random_pieces(text: str, rng: random.Random) -> list[str]:
-    largest = rng.choice([1, 2, 3, 5, 8, 20])
-    pieces, pos = [], 0
-    while pos < len(text):
-        size = rng.randint(1, largest)
-        pieces.append(text[pos : pos + size])
-        pos += size
-    return pieces
-
-
-def splittings(text: str) -> list[list[str]]:
-    result = [list(text)]
-    result += [[text[:cut], text[cut:]] for cut in range(1, len(text))]
-    result += [random_pieces(text, random.Random(seed)) for seed in range(60)]
-    return result
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s.id)

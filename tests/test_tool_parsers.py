@@ -9,16 +9,18 @@ unary `arguments` byte for byte. The unary arguments are the raw JSON text of th
 from __future__ import annotations
 
 import json
-import random
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from splitting import splittings
+
 from ovtrio.tool_parsers import (
     PARSERS,
     HermesToolParser,
+    JsonToolCallsParser,
     Llama3JsonToolParser,
     MistralToolParser,
     ParsedDelta,
@@ -427,7 +429,155 @@ MISTRAL = [
     ),
 ]
 
-SAMPLES = HERMES + LLAMA + MISTRAL
+
+def polyfill_call(name: str, arguments: str, call_id: str = "call_1___") -> str:
+    """One call as the polyfill's example shows it: pretty-printed, the model's own id last."""
+    return '    {\n      "name": "' + name + '",\n      "arguments": ' + arguments + ',\n      "id": "' + call_id + '"\n    }'
+
+
+def polyfill_reply(*calls: str, before: str = "", after: str = "") -> str:
+    return '{\n' + before + '  "tool_calls": [\n' + ",\n".join(calls) + "\n  ]" + after + "\n}"
+
+
+PRETTY_WEATHER = '{\n        "city": "Paris",\n        "unit": "celsius"\n      }'
+
+JSON_TOOL_CALLS = [
+    Sample(
+        "single_pretty",
+        JsonToolCallsParser,
+        polyfill_reply(polyfill_call("get_weather", PRETTY_WEATHER)),
+        "",
+        [("get_weather", PRETTY_WEATHER, value(WEATHER))],
+    ),
+    Sample(
+        "as_rendered_history",  # how the polyfill renders past turns, on one line
+        JsonToolCallsParser,
+        '{"tool_calls": [{"name": "get_weather", "arguments": ' + WEATHER + ', "id": "c1"}], "content": ""}',
+        "",
+        [("get_weather", WEATHER, value(WEATHER))],
+    ),
+    Sample(
+        "parallel",
+        JsonToolCallsParser,
+        polyfill_reply(polyfill_call("get_weather", WEATHER, "call_1"), polyfill_call("get_weather", LONDON, "call_2")),
+        "",
+        [("get_weather", WEATHER, value(WEATHER)), ("get_weather", LONDON, value(LONDON))],
+    ),
+    Sample(
+        "content_before",
+        JsonToolCallsParser,
+        polyfill_reply(polyfill_call("get_weather", WEATHER), before='  "content": "Let me check \\"both\\" cities.\\n",\n'),
+        'Let me check "both" cities.\n',
+        [("get_weather", WEATHER, value(WEATHER))],
+    ),
+    Sample(
+        "content_after",
+        JsonToolCallsParser,
+        polyfill_reply(polyfill_call("get_weather", WEATHER), after=',\n  "content": "Checking \\u00e9 {now} ]"'),
+        "Checking é {now} ]",
+        [("get_weather", WEATHER, value(WEATHER))],
+    ),
+    Sample(
+        "content_null",
+        JsonToolCallsParser,
+        '{"content": null, "tool_calls": [{"name": "f", "arguments": {}}]}',
+        "",
+        [("f", "{}", {})],
+    ),
+    Sample(
+        "tricky_and_unicode",
+        JsonToolCallsParser,
+        polyfill_reply(polyfill_call("run_sql", TRICKY), polyfill_call("greet", UNICODE)),
+        "",
+        [("run_sql", TRICKY, value(TRICKY)), ("greet", UNICODE, value(UNICODE))],
+    ),
+    Sample(
+        "id_before_name",  # the model's id is replaced by ours
+        JsonToolCallsParser,
+        '{"tool_calls": [{"id": "call_1___", "arguments": {"q": "[x]"}, "name": "search"}]}',
+        "",
+        [("search", '{"q": "[x]"}', {"q": "[x]"})],
+    ),
+    Sample(
+        "no_arguments_and_extra_keys",
+        JsonToolCallsParser,
+        '{"tool_calls": [{"name": "get_time", "type": "function"},], "model": {"}": "]"}}',
+        "",
+        [("get_time", "{}", {})],
+    ),
+    Sample("empty_array", JsonToolCallsParser, '{\n  "tool_calls": []\n}\n', ""),
+    Sample("empty_array_with_content", JsonToolCallsParser, '{"tool_calls": [], "content": "Hi there!"}', "Hi there!"),
+    Sample(
+        "leading_whitespace_and_text_after",
+        JsonToolCallsParser,
+        '\n  {"tool_calls": [{"name": "f", "arguments": {"a": 1}}]}\nDone.',
+        "\nDone.",
+        [("f", '{"a": 1}', {"a": 1})],
+    ),
+    Sample(
+        "missing_closing_brackets",  # the reply may just stop after the last call
+        JsonToolCallsParser,
+        '{"tool_calls": [{"name": "f", "arguments": {"a": 1}},\n',
+        "",
+        [("f", '{"a": 1}', {"a": 1})],
+    ),
+    Sample(
+        "truncated_in_arguments",  # max_tokens: announced, so it stays a call
+        JsonToolCallsParser,
+        '{"content": "Sure.", "tool_calls": [{"name": "get_weather", "arguments": {"city": "Par',
+        "Sure.",
+        [("get_weather", '{"city": "Par', NOT_JSON)],
+    ),
+    Sample(
+        "truncated_in_name",  # nothing announced: all of it is content
+        JsonToolCallsParser,
+        '{"content": "Sure.", "tool_calls": [{"name": "get_wea',
+        '{"content": "Sure.", "tool_calls": [{"name": "get_wea',
+    ),
+    Sample(
+        "truncated_in_key",
+        JsonToolCallsParser,
+        '{\n  "tool_ca',
+        '{\n  "tool_ca',
+    ),
+    Sample(
+        "malformed_first_call",
+        JsonToolCallsParser,
+        '{"tool_calls": [{"arguments": {"city": "Paris"}}]}',
+        '{"tool_calls": [{"arguments": {"city": "Paris"}}]}',
+    ),
+    Sample(
+        "malformed_second_call",
+        JsonToolCallsParser,
+        '{"tool_calls": [{"name": "f", "arguments": {}}, {"nam": "g"}]}',
+        ', {"nam": "g"}]}',
+        [("f", "{}", {})],
+    ),
+    Sample(
+        "tool_calls_not_an_array",
+        JsonToolCallsParser,
+        '{"tool_calls": {"name": "f", "arguments": {}}}',
+        '{"tool_calls": {"name": "f", "arguments": {}}}',
+    ),
+    Sample("plain_text", JsonToolCallsParser, "The weather in Paris is sunny.", "The weather in Paris is sunny."),
+    Sample("plain_with_leading_space", JsonToolCallsParser, "  \nSure: {tool_calls}", "  \nSure: {tool_calls}"),
+    Sample("plain_json", JsonToolCallsParser, '{"answer": 42, "tool_calls": []}', '{"answer": 42, "tool_calls": []}'),
+    Sample("plain_json_tool_key_prefix", JsonToolCallsParser, '{"tool_call": 1}', '{"tool_call": 1}'),
+    Sample("content_only", JsonToolCallsParser, '{"content": "Hello!"}', '{"content": "Hello!"}'),
+    Sample(
+        "content_then_other_key",
+        JsonToolCallsParser,
+        '{"content": "Hi", "name": "f", "tool_calls": []}',
+        '{"content": "Hi", "name": "f", "tool_calls": []}',
+    ),
+    Sample("content_not_a_string", JsonToolCallsParser, '{"content": 7, "tool_calls": []}', '{"content": 7, "tool_calls": []}'),
+    Sample("empty_object", JsonToolCallsParser, "{}", "{}"),
+    Sample("braces_in_prose", JsonToolCallsParser, "{braces} make a set", "{braces} make a set"),
+    Sample("empty", JsonToolCallsParser, "", ""),
+    Sample("only_whitespace", JsonToolCallsParser, "\n\n", "\n\n"),
+]
+
+SAMPLES = HERMES + LLAMA + MISTRAL + JSON_TOOL_CALLS
 
 
 def sample_id(sample: Sample) -> str:
@@ -437,23 +587,6 @@ def sample_id(sample: Sample) -> str:
 # --- Splitting and streaming -----------------------------------------------------------
 
 
-def random_pieces(text: str, rng: random.Random) -> list[str]:
-    """Text cut at random places, with piece sizes from single characters upward."""
-    largest = rng.choice([1, 2, 3, 5, 8, 13, 40])
-    pieces, pos = [], 0
-    while pos < len(text):
-        size = rng.randint(1, largest)
-        pieces.append(text[pos : pos + size])
-        pos += size
-    return pieces
-
-
-def splittings(text: str) -> list[list[str]]:
-    """Every single character; every two-piece split; 60 random splittings (fixed seeds)."""
-    result = [list(text)]
-    result += [[text[:cut], text[cut:]] for cut in range(1, len(text))]
-    result += [random_pieces(text, random.Random(seed)) for seed in range(60)]
-    return result
 
 
 @dataclass
@@ -567,6 +700,26 @@ def test_mistral_waits_for_the_args_token() -> None:
     assert parser.feed("[TOOL_CALLS]get_weather[AR") == ParsedDelta("", [])
     delta = parser.feed('GS]{"city"')
     assert [(d.name, d.arguments) for d in delta.tool_calls] == [("get_weather", '{"city"')]
+
+
+def test_json_tool_calls_decides_as_soon_as_it_can() -> None:
+    parser = JsonToolCallsParser()
+    assert parser.feed(' \n{\n  "tool').content == ""  # could still be a reply
+    assert parser.feed("s").content == ' \n{\n  "tools'  # cannot: content as generated
+    assert parser.feed('": []}').content == '": []}'
+    assert parser.finish() == ParsedDelta("", [])
+
+
+def test_json_tool_calls_content_waits_for_the_first_call() -> None:
+    parser = JsonToolCallsParser()
+    assert parser.feed('{"content": "On it.", "tool_calls": [{"name": "f",') == ParsedDelta("", [])
+    delta = parser.feed(' "arguments": {"a": ')
+    assert delta.content == "On it."
+    assert [(d.index, d.name, d.arguments) for d in delta.tool_calls] == [(0, "f", '{"a":')]
+    assert re.fullmatch(r"call_[0-9a-f]{24}", delta.tool_calls[0].id)
+    assert parser.feed('1}, "id": "x"}]}').tool_calls[0].arguments == " 1}"
+    assert parser.finish() == ParsedDelta("", [])
+    assert [(c.name, c.arguments) for c in parser.calls] == [("f", '{"a": 1}')]
 
 
 def test_parse_equals_feed_and_finish_on_one_instance() -> None:
@@ -718,4 +871,5 @@ def test_parser_registry() -> None:
         "qwen": HermesToolParser,
         "llama3_json": Llama3JsonToolParser,
         "mistral": MistralToolParser,
+        "json_tool_calls": JsonToolCallsParser,
     }
