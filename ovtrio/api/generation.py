@@ -71,9 +71,7 @@ async def create_completion() -> Any:
     check_model(service, body)
     assert service.prompts is not None
     prompts = service.prompts.encode_completion_prompts(body.prompt)
-    echo = None
-    if body.echo:
-        echo = ([body.prompt] if isinstance(body.prompt, str) else list(body.prompt)) if _all_strings(body.prompt) else [service.prompts.decode(p) for p in prompts]
+    echo = service.prompts.prompt_texts(body.prompt, prompts) if body.echo else None
     formatter = CompletionFormatter(
         service.model_name,
         service.system_fingerprint,
@@ -85,10 +83,6 @@ async def create_completion() -> Any:
         n=body.n,
     )
     return await respond(service, body, prompts, formatter)
-
-
-def _all_strings(prompt: Any) -> bool:
-    return isinstance(prompt, str) or all(isinstance(item, str) for item in prompt)
 
 
 @blueprint.post("/v3/chat/completions")

@@ -37,6 +37,14 @@ class PromptBuilder:
             return [self._checked_ids(prompt, "prompt")]  # type: ignore[arg-type]
         return [self._checked_ids(ids, f"prompt[{i}]") for i, ids in enumerate(prompt)]  # type: ignore[arg-type]
 
+    def prompt_texts(self, prompt: str | list[Any], encoded: list[list[int]]) -> list[str]:
+        """The text of each prompt, for echo: as sent, or decoded when sent as token ids."""
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(item, str) for item in prompt):
+            return list(prompt)
+        return [self.decode(ids) for ids in encoded]
+
     def encode_text(self, text: str) -> list[int]:
         """A completions prompt: tokenized with the model's special tokens (e.g. BOS)."""
         ids = self._encode(text, add_special_tokens=True)
