@@ -269,6 +269,9 @@ class ToolCallParser:
 
     args_keys: tuple[str, ...] = ("arguments", "parameters")
     requires_args = False  # a call object without an arguments key is a call with {}
+    # Tags the format writes. Where the tokenizer makes them special tokens, the server
+    # keeps those tokens in the decoded text, which otherwise skips special tokens.
+    MARKERS: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._buf = ""  # text received and not yet read
@@ -463,6 +466,7 @@ class HermesToolParser(ToolCallParser):
 
     OPEN = "<tool_call>"
     CLOSE = "</tool_call>"
+    MARKERS = (OPEN, CLOSE)
 
     def _initial_state(self) -> State:
         return self._in_content
@@ -498,6 +502,7 @@ class Llama3JsonToolParser(ToolCallParser):
     """
 
     PYTHON_TAG = "<|python_tag|>"
+    MARKERS = (PYTHON_TAG,)
     requires_args = True
 
     def _initial_state(self) -> State:
@@ -568,6 +573,7 @@ class MistralToolParser(ToolCallParser):
 
     TAG = "[TOOL_CALLS]"
     ARGS = "[ARGS]"
+    MARKERS = (TAG, ARGS)
     _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_-.")
     _MAX_NAME = 64  # OpenAI's limit; longer is not a function name
 

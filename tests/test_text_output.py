@@ -115,3 +115,15 @@ def test_special_tokens_are_skipped_unless_asked_for(tokenizer, vocabulary):
         detokenizer.append(ids)
         assert detokenizer.take() == tokenizer.decode(ids, skip_special_tokens=skip)
     assert tokenizer.get_eos_token() not in tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_kept_special_tokens_stay_in_the_text(tokenizer, vocabulary):
+    """A tool-call format's tags can be special tokens; its parser must see them."""
+    from ovtrio.api.prompts import PromptBuilder
+
+    start = PromptBuilder(tokenizer, vocabulary=vocabulary).special_token_ids(("<|im_start|>", "not a tag"))
+    assert start == frozenset({tokenizer.encode("<|im_start|>", add_special_tokens=False).input_ids.data[0][0]})
+    ids = [*start, *ids_of(tokenizer, "call"), tokenizer.get_eos_token_id()]
+    detokenizer = VocabularyDetokenizer(vocabulary.token_bytes, vocabulary.special_ids, True, keep=start)
+    detokenizer.append(ids)
+    assert detokenizer.take() == "<|im_start|>call"  # kept tag in, end-of-sequence still out

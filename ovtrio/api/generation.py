@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -38,10 +39,16 @@ async def parse_body(model_type: type[SamplingFields]) -> Any:
 
 
 async def respond(
-    service: ModelService, body: SamplingFields, prompts: list[list[int]], formatter: Formatter
+    service: ModelService,
+    body: SamplingFields,
+    prompts: list[list[int]],
+    formatter: Formatter,
+    keep_special_token_ids: frozenset[int] = frozenset(),
 ) -> Any:
     longest = max(len(p) for p in prompts)
     params = sampling_params(body, longest, service.sequence_limit, service.defaults)
+    if keep_special_token_ids:
+        params = replace(params, keep_special_token_ids=keep_special_token_ids)
     generation = GenerationRequest(prompts, params)
     assert service.scheduler is not None
     try:
@@ -101,6 +108,7 @@ async def create_chat_completion() -> Any:
     prompt = service.prompts.encode_chat(body.messages, raw=raw, tools=tools, template_kwargs=body.template_kwargs())
     # skip_special_tokens=false asks for the raw text: no parser touches it.
     parse = body.skip_special_tokens
+    tool_parser = service.tool_parser if parse and tools and tool_choice == "auto" else None
     formatter = ChatFormatter(
         service.model_name,
         service.system_fingerprint,
@@ -109,7 +117,9 @@ async def create_chat_completion() -> Any:
         logprobs=body.logprobs,
         choices=body.n,
         forced_tools=tool_choice in ("required", "function"),
-        tool_parser=service.tool_parser if parse and tools and tool_choice == "auto" else None,
+        tool_parser=tool_parser,
         reasoning=partial(ReasoningSplitter, prompt.opens_reasoning) if parse and service.reasoning else None,
     )
-    return await respond(service, body, [prompt.ids], formatter)
+    # The parser must see its format's tags even where they are special tokens.
+    markers = service.prompts.special_token_ids(tool_parser.MARKERS) if tool_parser else frozenset()
+    return await respond(service, body, [prompt.ids], formatter, markers)

@@ -80,6 +80,17 @@ class PromptBuilder:
             self._encode(prompt, add_special_tokens=False), opens_reasoning=prompt.rstrip().endswith(THINK_OPEN)
         )
 
+    def special_token_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
+        """The ids of those `texts` that are each one special token of the vocabulary."""
+        if self._vocabulary is None:
+            return frozenset()
+        found = set()
+        for text in texts:
+            ids = self._encode(text, add_special_tokens=False)
+            if len(ids) == 1 and ids[0] in self._vocabulary.special_ids:
+                found.add(ids[0])
+        return frozenset(found)
+
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)
 

@@ -41,6 +41,9 @@ class SamplingParams:
     ignore_eos: bool = False
     min_new_tokens: int = 0
     skip_special_tokens: bool = True
+    # Special tokens to keep in the text even when skipping special tokens (the tags
+    # of a tool-call format, for its parser).
+    keep_special_token_ids: frozenset[int] = frozenset()
     logprobs: bool = False
     constraint: OutputConstraint | None = None  # enforced by constrained decoding
 

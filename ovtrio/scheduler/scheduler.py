@@ -205,7 +205,7 @@ class Scheduler:
             made = [
                 _Sequence(
                     len(active.sequences) + i,
-                    self._detokenizer(prompt_ids, params.skip_special_tokens),
+                    self._detokenizer(prompt_ids, params),
                     StopMatcher(params.stop, params.include_stop_str_in_output),
                 )
                 for i in range(count)
@@ -234,12 +234,16 @@ class Scheduler:
             params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids
         )
 
-    def _detokenizer(self, prompt_ids: list[int], skip_special_tokens: bool) -> Detokenizer:
+    def _detokenizer(self, prompt_ids: list[int], params: SamplingParams) -> Detokenizer:
         if self._vocabulary is not None:
             return VocabularyDetokenizer(
-                self._vocabulary.token_bytes, self._vocabulary.special_ids, skip_special_tokens
+                self._vocabulary.token_bytes,
+                self._vocabulary.special_ids,
+                params.skip_special_tokens,
+                params.keep_special_token_ids,
             )
-        return IncrementalDetokenizer(prompt_ids, skip_special_tokens)
+        # The engine's detokenizer skips all special tokens or none.
+        return IncrementalDetokenizer(prompt_ids, params.skip_special_tokens)
 
     def _abort(self, request_id: int) -> None:
         active = self._active.pop(request_id, None)

@@ -62,9 +62,15 @@ class VocabularyDetokenizer:
 
     __slots__ = ("_table", "_skipped", "_utf8", "_pending")
 
-    def __init__(self, token_bytes: list[bytes], special_ids: frozenset[int], skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self,
+        token_bytes: list[bytes],
+        special_ids: frozenset[int],
+        skip_special_tokens: bool = True,
+        keep: frozenset[int] = frozenset(),
+    ) -> None:
         self._table = token_bytes
-        self._skipped = special_ids if skip_special_tokens else frozenset()
+        self._skipped = special_ids - keep if skip_special_tokens else frozenset()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
 
