@@ -2,9 +2,9 @@
 constrained decoding so that even a small model emits a call whose arguments validate
 against the function's parameters schema.
 
-The decoder is held to a JSON array of {"name": ..., "arguments": {...}} objects; the
-array is then read back into OpenAI tool calls. Shared by chat completions and the
-Responses API.
+The decoder is held to a JSON array of {"name": ..., "arguments": {...}} objects, read
+back into OpenAI tool calls by ForcedCallsParser as it streams. Shared by chat
+completions and the Responses API.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovtrio.constraints import ConstraintError, OutputConstraint, checked_schema
-from ovtrio.tool_parsers import ToolCall, new_call_id
+from ovtrio.tool_parsers import MistralToolParser, new_call_id
 
 # A forced "required" choice may make several calls (parallel_tool_calls); a small model
 # left unbounded can keep adding them, so the array is capped.
@@ -54,19 +54,14 @@ def forced_call_constraint(
     return OutputConstraint(json_schema=json.dumps(schema))
 
 
-def read_forced_calls(text: str) -> list[ToolCall] | None:
-    """The calls in text produced under forced_call_constraint; None if it is not a
-    complete call array (generation cut short by max_tokens)."""
-    try:
-        calls = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(calls, list) or not calls:
-        return None
-    result = []
-    for call in calls:
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return None
-        arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False)
-        result.append(ToolCall(new_call_id(), call["name"], arguments))
-    return result
+class ForcedCallsParser(MistralToolParser):
+    """Reads the array forced_call_constraint makes the model write, as it is written:
+    the same shape as Mistral's `[TOOL_CALLS][...]`, so that parser's array reading
+    streams each call (name first, then argument fragments), with OpenAI-style ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.feed(self.TAG)  # the output is the array that follows the tag
+
+    def _new_id(self) -> str:
+        return new_call_id()

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovtrio.scheduler import Completed
-from ovtrio.tool_choice import read_forced_calls
 from ovtrio.reasoning import ReasoningSplitter
 from ovtrio.tool_parsers import ParsedDelta, ToolCallParser
 
@@ -143,13 +142,11 @@ class CompletionFormatter(_Formatter):
 
 @dataclass
 class ChatFormatter(_Formatter):
-    # The choices' text is a forced tool-call array, to be read back into tool calls.
-    forced_tools: bool = False
-    # With tool_choice "auto": makes the parser that finds the model's own tool calls.
+    # Makes the parser that reads tool calls out of a choice's text (the model's own
+    # format with tool_choice "auto", or the forced array with "required" / a name).
     tool_parser: Callable[[], ToolCallParser] | None = None
     # For thinking models: makes the splitter that takes <think>…</think> out of content.
     reasoning: Callable[[], ReasoningSplitter] | None = None
-    _held: dict[int, list[str]] = field(default_factory=dict)
     _parsers: dict[int, ToolCallParser] = field(default_factory=dict)
     _splitters: dict[int, ReasoningSplitter] = field(default_factory=dict)
 
@@ -212,10 +209,6 @@ class ChatFormatter(_Formatter):
         return [self._chunk(i, {"role": "assistant", "content": ""}, None) for i in range(self.choices)]
 
     def text_chunks(self, index: int, text: str, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
-        if self.forced_tools:
-            # A call is only known once its array is complete; it goes out at the end.
-            self._held.setdefault(index, []).append(text)
-            return []
         reasoning, text = self._split(index, text)
         chunks = self._reasoning_chunk(index, reasoning)
         parser = self._parser(index)
@@ -226,29 +219,15 @@ class ChatFormatter(_Formatter):
         return chunks
 
     def finish_chunks(self, index: int, reason: str) -> list[dict[str, Any]]:
-        chunks: list[dict[str, Any]] = []
-        if not self.forced_tools:
-            reasoning, text = self._split(index, None)
-            chunks = self._reasoning_chunk(index, reasoning)
-            parser = self._parser(index)
-            if parser is not None:
-                chunks += self._parsed_chunks(index, parser.feed(text)) + self._parsed_chunks(index, parser.finish())
-                return [*chunks, self._chunk(index, {}, "tool_calls" if parser.calls else reason)]
-            if text:
-                chunks.append(self._chunk(index, {"content": text}, None))
-            return [*chunks, self._chunk(index, {}, reason)]
-        text = "".join(self._held.pop(index, []))
-        calls = read_forced_calls(text) if reason == "stop" else None
-        if calls is None:  # cut short: what was generated is returned as text
-            return [self._chunk(index, {"content": text}, None), self._chunk(index, {}, reason)]
-        chunks = []
-        for position, call in enumerate(calls):
-            head = {"index": position, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-            chunks.append(self._chunk(index, {"tool_calls": [head]}, None))
-            arguments = {"index": position, "function": {"arguments": call.arguments}}
-            chunks.append(self._chunk(index, {"tool_calls": [arguments]}, None))
-        chunks.append(self._chunk(index, {}, "tool_calls"))
-        return chunks
+        reasoning, text = self._split(index, None)
+        chunks = self._reasoning_chunk(index, reasoning)
+        parser = self._parser(index)
+        if parser is not None:
+            chunks += self._parsed_chunks(index, parser.feed(text)) + self._parsed_chunks(index, parser.finish())
+            return [*chunks, self._chunk(index, {}, _finish_reason(reason, bool(parser.calls)))]
+        if text:
+            chunks.append(self._chunk(index, {"content": text}, None))
+        return [*chunks, self._chunk(index, {}, reason)]
 
     def chunk_usage(self, done: Completed) -> dict[str, Any]:
         body = self._envelope("chat.completion.chunk", [])
@@ -257,30 +236,20 @@ class ChatFormatter(_Formatter):
 
     def _message(self, output: ChoiceOutput) -> tuple[dict[str, Any], str]:
         reasoning, text = ("", output.text)
-        if self.reasoning is not None and not self.forced_tools:
+        if self.reasoning is not None:
             reasoning, text = self.reasoning().parse(output.text)
-        content: str | None = text
+        calls = []
         if self.tool_parser is not None:
-            content, calls = self.tool_parser().parse(text)
-            calls = calls or None
-        elif self.forced_tools and output.finish_reason == "stop":
-            content, calls = None, read_forced_calls(text)
-        else:
-            calls = None
-        extra = {"reasoning_content": reasoning, "reasoning": reasoning} if reasoning else {}
-        if calls is None:
-            message = {"role": "assistant", "content": text if content is None else content, "refusal": None, **extra}
-            return message, output.finish_reason
-        message = {
-            **extra,
-            "role": "assistant",
-            "content": content or None,
-            "refusal": None,
-            "tool_calls": [
+            text, calls = self.tool_parser().parse(text)
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if reasoning:
+            message["reasoning_content"] = message["reasoning"] = reasoning
+        if calls:
+            message["content"] = text or None
+            message["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
-            ],
-        }
-        return message, "tool_calls"
+            ]
+        return message, _finish_reason(output.finish_reason, bool(calls))
 
     def unary(self, outputs: list[ChoiceOutput], done: Completed) -> dict[str, Any]:
         choices = []
@@ -297,6 +266,11 @@ class ChatFormatter(_Formatter):
         body = self._envelope("chat.completion", choices)
         body["usage"] = usage_body(done)
         return body
+
+
+def _finish_reason(reason: str, made_calls: bool) -> str:
+    # A choice cut short by max_tokens says so even if it had started a call.
+    return "tool_calls" if made_calls and reason == "stop" else reason
 
 
 Formatter = CompletionFormatter | ChatFormatter

@@ -17,6 +17,7 @@ from ovtrio.api.sampling import sampling_params
 from ovtrio.reasoning import ReasoningSplitter
 from ovtrio.scheduler import GenerationRequest, UnsupportedParams
 from ovtrio.service import ModelService
+from ovtrio.tool_choice import ForcedCallsParser
 
 blueprint = Blueprint("generation", __name__)
 
@@ -108,7 +109,11 @@ async def create_chat_completion() -> Any:
     prompt = service.prompts.encode_chat(body.messages, raw=raw, tools=tools, template_kwargs=body.template_kwargs())
     # skip_special_tokens=false asks for the raw text: no parser touches it.
     parse = body.skip_special_tokens
-    tool_parser = service.tool_parser if parse and tools and tool_choice == "auto" else None
+    forced = tool_choice in ("required", "function")
+    if forced:
+        tool_parser = ForcedCallsParser
+    else:
+        tool_parser = service.tool_parser if parse and tools and tool_choice == "auto" else None
     formatter = ChatFormatter(
         service.model_name,
         service.system_fingerprint,
@@ -116,9 +121,9 @@ async def create_chat_completion() -> Any:
         include_usage=include_usage(body),
         logprobs=body.logprobs,
         choices=body.n,
-        forced_tools=tool_choice in ("required", "function"),
         tool_parser=tool_parser,
-        reasoning=partial(ReasoningSplitter, prompt.opens_reasoning) if parse and service.reasoning else None,
+        # A forced call is the whole reply, thinking or not.
+        reasoning=partial(ReasoningSplitter, prompt.opens_reasoning) if parse and service.reasoning and not forced else None,
     )
     # The parser must see its format's tags even where they are special tokens.
     markers = service.prompts.special_token_ids(tool_parser.MARKERS) if tool_parser else frozenset()
