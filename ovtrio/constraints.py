@@ -45,10 +45,6 @@ class OutputConstraint:
     tags: tuple[TaggedRegion, ...] = ()
     triggers: tuple[str, ...] = ()
 
-    @property
-    def is_json(self) -> bool:
-        return self.json_schema is not None
-
 
 ANY_JSON_OBJECT = json.dumps({"type": "object"})
 

@@ -92,8 +92,7 @@ class _ActiveRequest:
     logprobs: bool
     parts: list[_EngineRequest] = field(default_factory=list)
     sequences: list[_Sequence] = field(default_factory=list)
-    submitted_at: float = field(default_factory=time.perf_counter)
-    first_token_at: float | None = None
+    sent_first_token: bool = False
 
 
 @dataclass(frozen=True)
@@ -351,14 +350,12 @@ class Scheduler:
             detokenizers.append(sequence.detokenizer)
         texts = decode_batch(self._tokenizer, detokenizers)
 
-        now = time.perf_counter()
         flush = self._steps % self._stream_interval() == 0
         for (active, part, sequence, ids, logprobs, reason), text in zip(fresh, texts):
             if active.request_id not in self._active or sequence.finish_reason is not None:
                 continue
-            first = active.first_token_at is None
-            if first:
-                active.first_token_at = now
+            first = not active.sent_first_token
+            active.sent_first_token = True
             sequence.generated += len(ids)
             self._generated_tokens += len(ids)
             text, matched = sequence.stops.feed(text)
