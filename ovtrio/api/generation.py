@@ -11,7 +11,8 @@ from quart import Blueprint, Response, current_app, request
 
 from ovtrio.api.errors import APIError, from_validation_error, invalid, model_not_found
 from ovtrio.api.formatting import ChatFormatter, CompletionFormatter, Formatter
-from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from ovtrio.api.prompts import ChatPrompt
+from ovtrio.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 from ovtrio.api.responding import EventStream, unary_body
 from ovtrio.api.sampling import sampling_params
 from ovtrio.reasoning import ReasoningSplitter
@@ -93,20 +94,13 @@ async def create_completion() -> Any:
     return await respond(service, body, prompts, formatter)
 
 
-@blueprint.post("/v3/chat/completions")
-@blueprint.post("/v1/chat/completions")
-async def create_chat_completion() -> Any:
-    body: ChatCompletionRequest = await parse_body(ChatCompletionRequest)
-    service = ready_service()
-    check_model(service, body)
+def chat_formatter(
+    service: ModelService, body: ChatCompletionRequest | Any, prompt: ChatPrompt, tools: list[Any], choices: int
+) -> tuple[ChatFormatter, frozenset[int]]:
+    """The formatter that shapes a chat reply (content, reasoning, tool calls), and the
+    special tokens its tool-call parser needs to see. Shared with the Responses API."""
     assert service.prompts is not None
-    raw = bool(body.nvext and body.nvext.use_raw_prompt)
     tool_choice = body.effective_tool_choice()
-    # OpenVINO GenAI's template engine gives templates without tool support a polyfill
-    # (a system prompt listing the tools and a {"tool_calls": [...]} reply format), so
-    # every model can be shown tools.
-    tools = body.tool_specs() if tool_choice != "none" else []
-    prompt = service.prompts.encode_chat(body.messages, raw=raw, tools=tools, template_kwargs=body.template_kwargs())
     # skip_special_tokens=false asks for the raw text: no parser touches it.
     parse = body.skip_special_tokens
     forced = tool_choice in ("required", "function")
@@ -120,11 +114,36 @@ async def create_chat_completion() -> Any:
         service.prompts.token_bytes,
         include_usage=include_usage(body),
         logprobs=body.logprobs,
-        choices=body.n,
+        choices=choices,
         tool_parser=tool_parser,
         # A forced call is the whole reply, thinking or not.
         reasoning=partial(ReasoningSplitter, prompt.opens_reasoning) if parse and service.reasoning and not forced else None,
     )
     # The parser must see its format's tags even where they are special tokens.
     markers = service.prompts.special_token_ids(tool_parser.MARKERS) if tool_parser else frozenset()
+    return formatter, markers
+
+
+def encode_conversation(service: ModelService, body: Any, messages: list[ChatMessage], raw: bool = False) -> tuple[ChatPrompt, list[Any]]:
+    """The prompt for a conversation and the tools shown to the model.
+
+    OpenVINO GenAI's template engine gives templates without tool support a polyfill
+    (a system prompt listing the tools and a {"tool_calls": [...]} reply format), so
+    every model can be shown tools.
+    """
+    assert service.prompts is not None
+    tools = body.tool_specs() if body.effective_tool_choice() != "none" else []
+    prompt = service.prompts.encode_chat(messages, raw=raw, tools=tools, template_kwargs=body.template_kwargs())
+    return prompt, tools
+
+
+@blueprint.post("/v3/chat/completions")
+@blueprint.post("/v1/chat/completions")
+async def create_chat_completion() -> Any:
+    body: ChatCompletionRequest = await parse_body(ChatCompletionRequest)
+    service = ready_service()
+    check_model(service, body)
+    raw = bool(body.nvext and body.nvext.use_raw_prompt)
+    prompt, tools = encode_conversation(service, body, body.messages, raw)
+    formatter, markers = chat_formatter(service, body, prompt, tools, body.n)
     return await respond(service, body, [prompt.ids], formatter, markers)

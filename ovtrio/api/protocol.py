@@ -244,12 +244,10 @@ class ReasoningOptions(_Body):
     summary: str | None = None  # accepted, ignored
 
 
-class ChatCompletionRequest(SamplingFields):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    response_format: dict[str, Any] | None = None
+class ToolAndReasoningFields(_Body):
+    """Tools, structured output and reasoning: shared by chat completions and the
+    Responses API."""
+
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning: ReasoningOptions | None = None
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
@@ -257,11 +255,9 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
-    def requested_max_tokens(self) -> tuple[int | None, str]:
-        # max_completion_tokens, OpenAI's newer name, wins over max_tokens.
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens, "max_completion_tokens"
-        return self.max_tokens, "max_tokens"
+    def output_format(self) -> dict[str, Any] | None:
+        """The requested response format (structured output), if any."""
+        return None
 
     def template_kwargs(self) -> dict[str, Any]:
         """Variables for the chat template: chat_template_kwargs, plus enable_thinking
@@ -281,7 +277,7 @@ class ChatCompletionRequest(SamplingFields):
         return self.tool_choice or ("auto" if self.tools else "none")
 
     @model_validator(mode="after")
-    def _check_tools(self) -> "ChatCompletionRequest":
+    def _check_tools(self) -> "ToolAndReasoningFields":
         names = [spec.name for spec in self.tool_specs()]
         if len(set(names)) != len(names):
             raise invalid("Tool names must be unique.", "tools")
@@ -291,9 +287,26 @@ class ChatCompletionRequest(SamplingFields):
             wanted = self.tool_choice.function_name()
             if wanted not in names:
                 raise invalid(f"tool_choice names '{wanted}', which is not among the tools.", "tool_choice")
-        if self.tools and self.response_format and self.effective_tool_choice() in ("required", "function"):
-            raise invalid("response_format cannot be combined with a forced tool_choice.", "response_format")
+        if self.tools and self.output_format() and self.effective_tool_choice() in ("required", "function"):
+            raise invalid("A response format cannot be combined with a forced tool_choice.", "response_format")
         return self
+
+
+class ChatCompletionRequest(SamplingFields, ToolAndReasoningFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def output_format(self) -> dict[str, Any] | None:
+        return self.response_format
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        # max_completion_tokens, OpenAI's newer name, wins over max_tokens.
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> "ChatCompletionRequest":

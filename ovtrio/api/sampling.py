@@ -10,9 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovtrio.api.errors import invalid
-from ovtrio.constraints import ConstraintError, OutputConstraint, from_response_format
+from ovtrio.constraints import ConstraintError, OutputConstraint, from_response_format, from_text_format
 from ovtrio.tool_choice import FunctionTool, forced_call_constraint
-from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, SamplingFields
+from ovtrio.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    SamplingFields,
+    ToolAndReasoningFields,
+)
 from ovtrio.scheduler import SamplingParams, UnsupportedParams, check_params
 
 # When multinomial sampling is on and the request names no top_k (OVMS's default).
@@ -43,7 +49,9 @@ class ServerDefaults:
 
 def _max_new_tokens(body: SamplingFields, prompt_tokens: int, limit: SequenceLimit, defaults: ServerDefaults) -> int:
     room = limit.tokens - prompt_tokens
-    prompt_param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    prompt_param = (
+        "prompt" if isinstance(body, CompletionRequest) else "messages" if isinstance(body, ChatCompletionRequest) else "input"
+    )
     if room < 1:
         raise invalid(
             f"{limit.what} is {limit.tokens} tokens, but the prompt is {prompt_tokens} tokens."
@@ -68,13 +76,15 @@ def _max_new_tokens(body: SamplingFields, prompt_tokens: int, limit: SequenceLim
     return max_tokens
 
 
-def _chat_constraint(body: ChatCompletionRequest) -> OutputConstraint | None:
+def _chat_constraint(body: ToolAndReasoningFields) -> OutputConstraint | None:
     choice = body.effective_tool_choice()
     if choice in ("required", "function"):
         tools = [FunctionTool(t.name, t.description, t.parameters) for t in body.tool_specs()]
         only = body.tool_choice.function_name() if isinstance(body.tool_choice, NamedToolChoice) else None
         return forced_call_constraint(tools, only=only, parallel=body.parallel_tool_calls is not False)
-    return from_response_format(body.response_format)
+    if isinstance(body, ChatCompletionRequest):
+        return from_response_format(body.output_format())
+    return from_text_format(body.output_format(), "text.format")
 
 
 def sampling_params(
@@ -102,7 +112,7 @@ def sampling_params(
         logprobs = body.logprobs
     include_stop = body.include_stop_str_in_output
     constraint = None
-    if isinstance(body, ChatCompletionRequest):
+    if isinstance(body, ToolAndReasoningFields):
         try:
             constraint = _chat_constraint(body)
         except ConstraintError as exc:

@@ -1,0 +1,118 @@
+"""Request body of the Responses API (/v1/responses, /v3/responses), validated with
+pydantic, and its translation into the chat pieces the server already has."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from ovtrio.api.errors import invalid
+from ovtrio.api.protocol import (
+    ChatMessage,
+    FunctionCall,
+    SamplingFields,
+    ToolAndReasoningFields,
+    ToolCallRef,
+    _Body,
+)
+
+
+class InputPart(_Body):
+    type: Literal["input_text", "output_text", "text", "input_image", "input_file", "refusal"]
+    text: str | None = None
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+class InputItem(_Body):
+    """One item of `input`: a message (with or without "type": "message"), a past
+    function call, or a function call's output."""
+
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Literal["user", "system", "developer", "assistant"] | None = None
+    content: str | list[InputPart] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+    id: str | None = None
+    status: str | None = None
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> "InputItem":
+        if self.type == "message" and self.role is None:
+            raise ValueError("a message item needs a role")
+        if self.type == "function_call" and not (self.call_id and self.name and self.arguments is not None):
+            raise ValueError("a function_call item needs call_id, name and arguments")
+        if self.type == "function_call_output" and not (self.call_id and self.output is not None):
+            raise ValueError("a function_call_output item needs call_id and output")
+        return self
+
+
+class TextOptions(_Body):
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None  # accepted, ignored
+
+
+class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
+    input: str | Annotated[list[InputItem], Field(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    text: TextOptions | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _check_responses(self) -> "ResponsesRequest":
+        if self.stream and self.n > 1:
+            raise invalid("n must be 1 when streaming a response.", "n")
+        if self.max_tokens is not None:
+            raise invalid("The Responses API names this max_output_tokens.", "max_tokens")
+        if self.previous_response_id is not None:
+            raise invalid("previous_response_id is not supported yet by this server.", "previous_response_id")
+        for i, item in enumerate(self.items()):
+            for part in item.content if isinstance(item.content, list) else []:
+                if part.type in ("input_image", "input_file"):
+                    raise invalid(
+                        f"This model reads text only; {part.type} parts cannot be used.",
+                        f"input[{i}].content",
+                        "unsupported_input",
+                    )
+        return self
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        return self.max_output_tokens, "max_output_tokens"
+
+    def items(self) -> list[InputItem]:
+        if isinstance(self.input, str):
+            return [InputItem(role="user", content=self.input)]
+        return list(self.input)
+
+    def chat_messages(self) -> list[ChatMessage]:
+        """The conversation as chat messages: instructions first, as a system message."""
+        messages = [ChatMessage(role="system", content=self.instructions)] if self.instructions else []
+        for item in self.items():
+            if item.type == "function_call":
+                call = ToolCallRef(id=item.call_id or "", function=FunctionCall(name=item.name or "", arguments=item.arguments or ""))
+                if messages and messages[-1].role == "assistant" and messages[-1].tool_calls is not None:
+                    messages[-1].tool_calls.append(call)
+                else:
+                    messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+            elif item.type == "function_call_output":
+                messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=item.output))
+            else:
+                text = item.content if isinstance(item.content, str) else "".join(p.text or "" for p in item.content or [])
+                messages.append(ChatMessage(role=item.role or "user", content=text))
+        return messages
+
+    def output_format(self) -> dict[str, Any] | None:
+        """text.format (OpenAI's name) or response_format (OVMS's); both are accepted.
+        A {"type": "text"} format is no format."""
+        if self.text and self.text.format is not None:
+            return self.text.format
+        return self.response_format
