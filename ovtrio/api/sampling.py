@@ -82,9 +82,10 @@ def _chat_constraint(body: ToolAndReasoningFields) -> OutputConstraint | None:
         tools = [FunctionTool(t.name, t.description, t.parameters) for t in body.tool_specs()]
         only = body.tool_choice.function_name() if isinstance(body.tool_choice, NamedToolChoice) else None
         return forced_call_constraint(tools, only=only, parallel=body.parallel_tool_calls is not False)
-    if isinstance(body, ChatCompletionRequest):
-        return from_response_format(body.output_format())
-    return from_text_format(body.output_format(), "text.format")
+    fmt = body.output_format()
+    if isinstance(body, ChatCompletionRequest) or (isinstance(fmt, dict) and "json_schema" in fmt):
+        return from_response_format(fmt)  # chat's nesting, also accepted by the Responses API
+    return from_text_format(fmt, "text.format")
 
 
 def sampling_params(

@@ -1,0 +1,142 @@
+"""The Responses API, unary: /v1/responses and /v3/responses through the official SDK and
+raw HTTP; every body validates against OpenAI's `Response` schema."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from helpers import post
+from openai_schema import validate
+
+MODEL = "SmolLM2-135M-Instruct"
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]},
+}
+
+
+def create(server, path: str = "/v1/responses", **fields) -> dict:
+    reply = post(server.base_url, path, {"model": MODEL, "temperature": 0, **fields})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    validate(body, "Response")
+    return body
+
+
+def texts(body: dict) -> list[str]:
+    return [part["text"] for item in body["output"] if item["type"] == "message" for part in item["content"]]
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v3/responses"])
+def test_text_response(server, path):
+    body = create(server, path, input="What is the capital of France?", max_output_tokens=24)
+    assert body["object"] == "response" and body["id"].startswith("resp_")
+    assert body["status"] in ("completed", "incomplete")
+    assert texts(body) and texts(body)[0]
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0
+
+
+def test_sdk_create_and_output_text(client):
+    reply = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=16, temperature=0)
+    assert reply.output_text
+    assert reply.usage.output_tokens <= 16
+    again = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=16, temperature=0)
+    assert again.output_text == reply.output_text  # greedy is deterministic
+
+
+def test_truncation_is_incomplete_with_max_output_tokens(server):
+    body = create(server, input="Tell me a long story.", max_output_tokens=4, ignore_eos=True)
+    assert body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["usage"]["output_tokens"] == 4
+    assert body["max_output_tokens"] == 4
+
+
+def test_instructions_reach_the_model(server):
+    short = "You are a pirate."
+    long = short + " Answer every question like an old sea captain would, with sea stories." * 3
+    brief = create(server, input="Hi", instructions=short, max_output_tokens=1)
+    instructed = create(server, input="Hi", instructions=long, max_output_tokens=1)
+    assert instructed["usage"]["input_tokens"] > brief["usage"]["input_tokens"] + 20
+    assert instructed["instructions"] == long
+
+
+def test_message_items_and_parts(server):
+    body = create(
+        server,
+        input=[
+            {"role": "system", "content": "Be brief."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name a color."}]},
+        ],
+        max_output_tokens=8,
+    )
+    assert texts(body)
+
+
+def test_forced_function_call(server):
+    body = create(
+        server, input="What is the weather in Paris?", tools=[WEATHER_TOOL], tool_choice="required", max_output_tokens=60
+    )
+    calls = [item for item in body["output"] if item["type"] == "function_call"]
+    assert calls and calls[0]["name"] == "get_weather" and calls[0]["call_id"].startswith("call_")
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER_TOOL["parameters"])
+    assert body["tools"][0]["name"] == "get_weather" and body["tool_choice"] == "required"
+
+
+def test_function_call_history_is_accepted(server):
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 degrees"},
+    ]
+    short = create(server, input=history[:1], tools=[WEATHER_TOOL], tool_choice="none", max_output_tokens=1)
+    full = create(server, input=history, tools=[WEATHER_TOOL], tool_choice="none", max_output_tokens=1)
+    assert full["usage"]["input_tokens"] > short["usage"]["input_tokens"] + 10
+
+
+@pytest.mark.parametrize("format_field", ["text", "response_format"])
+def test_structured_output_in_either_field(server, format_field):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"],
+              "additionalProperties": False}
+    if format_field == "text":
+        fields = {"text": {"format": {"type": "json_schema", "name": "person", "schema": schema}}}
+    else:
+        fields = {"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}}
+    body = create(server, input="Describe a person.", max_output_tokens=60, **fields)
+    jsonschema.validate(json.loads(texts(body)[0]), schema)
+    assert body["text"]["format"]["type"] == "json_schema" and body["text"]["format"]["name"] == "person"
+
+
+def test_echoed_settings(server):
+    body = create(server, input="Hi", max_output_tokens=2, top_p=0.5, metadata={"k": "v"}, store=False)
+    assert (body["temperature"], body["top_p"], body["metadata"], body["store"]) == (0, 0.5, {"k": "v"}, False)
+    assert body["text"] == {"format": {"type": "text"}} and body["truncation"] == "disabled"
+
+
+BAD = [
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}, "input[0].content"),
+    ({"input": "x", "max_tokens": 5}, "max_tokens"),
+    ({"input": []}, "input"),
+    ({}, "input"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0]"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "nope"}}}}, "text.format.schema"),
+    ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+]
+
+
+@pytest.mark.parametrize("fields, param", BAD)
+def test_bad_requests_are_a_400_naming_the_field(server, fields, param):
+    reply = post(server.base_url, "/v1/responses", {"model": MODEL, **fields})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+def test_unknown_model_is_a_404(server):
+    reply = post(server.base_url, "/v1/responses", {"model": "nope", "input": "x"})
+    assert reply.status_code == 404 and reply.json()["error"]["code"] == "model_not_found"
