@@ -127,6 +127,7 @@ BAD = [
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0]"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "nope"}}}}, "text.format.schema"),
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+    ({"input": "x", "stream": True, "n": 2}, "n"),
 ]
 
 
@@ -140,3 +141,94 @@ def test_bad_requests_are_a_400_naming_the_field(server, fields, param):
 def test_unknown_model_is_a_404(server):
     reply = post(server.base_url, "/v1/responses", {"model": "nope", "input": "x"})
     assert reply.status_code == 404 and reply.json()["error"]["code"] == "model_not_found"
+
+
+# ---- streaming ----------------------------------------------------------------------------
+
+TEXT_EVENTS = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+]
+CALL_EVENTS = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+]
+
+
+def stream_events(server, **fields) -> list[dict]:
+    """The events of a streamed response: `event:` and `data:` lines, then [DONE]."""
+    import httpx
+
+    body = {"model": MODEL, "temperature": 0, "stream": True, **fields}
+    with httpx.stream("POST", server.base_url + "/v1/responses", json=body, timeout=60) as reply:
+        raw = reply.read().decode()
+    assert reply.status_code == 200, raw
+    blocks = raw.strip().split("\n\n")
+    assert blocks[-1] == "data: [DONE]"
+    events = []
+    for block in blocks[:-1]:
+        name, data = block.split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert name == f"event: {event['type']}"
+        validate(event, "ResponseStreamEvent")
+        events.append(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+def collapsed(events: list[dict]) -> list[str]:
+    """Event types with runs of the same delta event counted once."""
+    kinds: list[str] = []
+    for event in events:
+        if not (kinds and kinds[-1] == event["type"] and event["type"].endswith(".delta")):
+            kinds.append(event["type"])
+    return kinds
+
+
+def test_streamed_text_events_in_order_and_equal_to_unary(server):
+    fields = {"input": "Say hello.", "max_output_tokens": 60}
+    events = stream_events(server, **fields)
+    assert collapsed(events) == [*TEXT_EVENTS, "response.completed"]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    final = events[-1]["response"]
+    assert text == done["text"] == final["output"][0]["content"][0]["text"] == texts(create(server, **fields))[0]
+    assert events[0]["response"]["status"] == "in_progress" and final["status"] == "completed"
+    assert final["usage"]["output_tokens"] > 0
+
+
+def test_streamed_truncation_ends_with_response_incomplete(server):
+    events = stream_events(server, input="Tell me a long story.", max_output_tokens=5, ignore_eos=True)
+    assert collapsed(events) == [*TEXT_EVENTS, "response.incomplete"]
+    final = events[-1]["response"]
+    assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert final["usage"]["output_tokens"] == 5
+
+
+def test_streamed_function_call_events(server):
+    fields = {"input": "What is the weather in Paris?", "tools": [WEATHER_TOOL], "tool_choice": "required", "max_output_tokens": 60}
+    events = stream_events(server, **fields)
+    assert collapsed(events)[:6] == CALL_EVENTS and events[-1]["type"] == "response.completed"
+    added = events[2]["item"]
+    arguments = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert added["type"] == "function_call" and added["name"] == "get_weather" and added["arguments"] == ""
+    assert arguments == done["arguments"] == events[-1]["response"]["output"][0]["arguments"]
+    jsonschema.validate(json.loads(arguments), WEATHER_TOOL["parameters"])
+
+
+def test_sdk_stream_helper(client):
+    with client.responses.stream(model=MODEL, input="Say hello.", max_output_tokens=60, temperature=0) as stream:
+        text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert text and final.output_text == text and final.status == "completed"

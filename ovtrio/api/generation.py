@@ -46,6 +46,7 @@ async def respond(
     prompts: list[list[int]],
     formatter: Formatter,
     keep_special_token_ids: frozenset[int] = frozenset(),
+    render: Any = None,
 ) -> Any:
     longest = max(len(p) for p in prompts)
     params = sampling_params(body, longest, service.sequence_limit, service.defaults)
@@ -55,7 +56,7 @@ async def respond(
     assert service.scheduler is not None
     try:
         if body.stream:
-            events = EventStream(service.scheduler, generation, formatter)
+            events = EventStream(service.scheduler, generation, formatter, render)
             return Response(events, mimetype="text/event-stream", headers=SSE_HEADERS)
         return await unary_body(service.scheduler, generation, formatter)
     except UnsupportedParams as exc:  # refused by the engine when the request was added

@@ -7,7 +7,7 @@ the deltas a stream would have sent.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ovtrio.api.errors import APIError
@@ -67,10 +67,18 @@ class EventStream:
     leaves the submission, and the scheduler cancels the engine request.
     """
 
-    def __init__(self, scheduler: Scheduler, request: GenerationRequest, formatter: Formatter) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        request: GenerationRequest,
+        formatter: Formatter,
+        render: Callable[[RequestStream, Formatter], AsyncIterator[bytes]] | None = None,
+    ) -> None:
+        """`render` turns the request's messages into SSE frames: by default chat or
+        completion chunks; the Responses API passes its event writer."""
         self._submission = scheduler.submit(request)
         stream = self._submission.__enter__()
-        self._events = _sse_events(stream, formatter)
+        self._events = (render or _sse_events)(stream, formatter)
         self._closed = False
 
     def __aiter__(self) -> "EventStream":
@@ -99,9 +107,14 @@ async def _sse_events(stream: RequestStream, formatter: Formatter) -> AsyncItera
 
 
 def _frames(formatter: Formatter, messages: list[Message]) -> list[bytes]:
-    """The SSE frames for messages received together; the deltas of one choice that
-    queued up while the client was slow go out as one chunk."""
-    frames: list[bytes] = []
+    return [sse_event(chunk) for chunk in chunk_bodies(formatter, messages)]
+
+
+def chunk_bodies(formatter: Formatter, messages: list[Message]) -> list[dict[str, Any]]:
+    """The stream chunks for messages received together; the deltas of one choice that
+    queued up while the client was slow go out as one chunk. An engine failure is an
+    {"error": ...} body."""
+    chunks: list[dict[str, Any]] = []
     pending: dict[int, _Pending] = {}
     for message in messages:
         if isinstance(message, Delta):
@@ -111,24 +124,24 @@ def _frames(formatter: Formatter, messages: list[Message]) -> list[bytes]:
                 merged.token_ids.extend(message.token_ids)
                 merged.logprobs.extend(message.logprobs or ())
             if message.finish_reason is not None:
-                frames.extend(_flush(formatter, pending))
-                frames.extend(sse_event(c) for c in formatter.finish_chunks(message.index, message.finish_reason))
+                chunks.extend(_flush(formatter, pending))
+                chunks.extend(formatter.finish_chunks(message.index, message.finish_reason))
         elif isinstance(message, Completed):
-            frames.extend(_flush(formatter, pending))
+            chunks.extend(_flush(formatter, pending))
             if formatter.include_usage:
-                frames.append(sse_event(formatter.chunk_usage(message)))
+                chunks.append(formatter.chunk_usage(message))
         elif isinstance(message, Failed):
-            frames.extend(_flush(formatter, pending))
-            frames.append(sse_event(engine_failure(message).body()))
-    frames.extend(_flush(formatter, pending))
-    return frames
+            chunks.extend(_flush(formatter, pending))
+            chunks.append(engine_failure(message).body())
+    chunks.extend(_flush(formatter, pending))
+    return chunks
 
 
-def _flush(formatter: Formatter, pending: dict[int, _Pending]) -> list[bytes]:
-    frames = [
-        sse_event(chunk)
+def _flush(formatter: Formatter, pending: dict[int, _Pending]) -> list[dict[str, Any]]:
+    chunks = [
+        chunk
         for index, p in pending.items()
         for chunk in formatter.text_chunks(index, "".join(p.text), p.token_ids, p.logprobs)
     ]
     pending.clear()
-    return frames
+    return chunks

@@ -1,21 +1,27 @@
-"""POST /v1/responses and /v3/responses: the Responses API, unary.
+"""POST /v1/responses and /v3/responses: the Responses API, unary and streamed.
 
 A response runs through the chat pipeline (chat template, tools, structured output,
 reasoning and tool-call parsing) and the chat result is then laid out as a Response
 object: reasoning, message and function_call output items, usage with its details,
-and the request's settings echoed back.
+and the request's settings echoed back. Streamed, the chat deltas become `response.*`
+events (response_events.py).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from quart import Blueprint
 
-from ovtrio.api.errors import invalid
+from ovtrio.api.formatting import Formatter
 from ovtrio.api.generation import chat_formatter, check_model, encode_conversation, parse_body, ready_service, respond
+from ovtrio.api.response_events import ResponseEvents, sse
+from ovtrio.api.responding import DONE_EVENT, chunk_bodies
+from ovtrio.scheduler import RequestStream
 from ovtrio.api.protocol import NamedToolChoice
 from ovtrio.api.responses_protocol import ResponsesRequest
 
@@ -26,15 +32,28 @@ blueprint = Blueprint("responses", __name__)
 @blueprint.post("/v1/responses")
 async def create_response() -> Any:
     body: ResponsesRequest = await parse_body(ResponsesRequest)
-    if body.stream:
-        raise invalid("Streaming responses are not available yet on this server.", "stream")
     service = ready_service()
     check_model(service, body)
-    created_at = int(time.time())
+    envelope = partial(response_envelope, body, _new_id("resp"), int(time.time()), service.model_name)
     prompt, tools = encode_conversation(service, body, body.chat_messages())
     formatter, markers = chat_formatter(service, body, prompt, tools, body.n)
+    formatter.include_usage = True  # the final event carries usage
+    if body.stream:
+        return await respond(service, body, [prompt.ids], formatter, markers, render=partial(_events, envelope))
     chat = await respond(service, body, [prompt.ids], formatter, markers)
-    return response_object(body, chat, created_at)
+    incomplete = any(c["finish_reason"] == "length" for c in chat["choices"])
+    output = [item for choice in chat["choices"] for item in output_items(choice)]
+    return envelope("incomplete" if incomplete else "completed", output, chat["usage"], incomplete, None)
+
+
+async def _events(envelope: Any, stream: RequestStream, formatter: Formatter) -> AsyncIterator[bytes]:
+    writer = ResponseEvents(envelope)
+    yield b"".join(sse(event) for event in writer.start())
+    while messages := await stream.receive_available():
+        events = [event for chunk in chunk_bodies(formatter, messages) for event in writer.on_chunk(chunk)]
+        if events:
+            yield b"".join(sse(event) for event in events)
+    yield DONE_EVENT
 
 
 def _new_id(prefix: str) -> str:
@@ -108,22 +127,30 @@ def _text_format(body: ResponsesRequest) -> dict[str, Any]:
     return fmt
 
 
-def response_object(body: ResponsesRequest, chat: dict[str, Any], created_at: int) -> dict[str, Any]:
-    choices = chat["choices"]
-    incomplete = any(c["finish_reason"] == "length" for c in choices)
-    usage = chat["usage"]
-    return {
-        "id": _new_id("resp"),
+def response_envelope(
+    body: ResponsesRequest,
+    response_id: str,
+    created_at: int,
+    model: str,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, int] | None,
+    incomplete: bool,
+    error: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The Response object, at any stage of its life (in_progress while streaming)."""
+    response = {
+        "id": response_id,
         "object": "response",
         "created_at": created_at,
-        "completed_at": int(time.time()),
-        "status": "incomplete" if incomplete else "completed",
-        "error": None,
+        "completed_at": int(time.time()) if status in ("completed", "incomplete") else None,
+        "status": status,
+        "error": error,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
-        "model": chat["model"],
-        "output": [item for choice in choices for item in output_items(choice)],
+        "model": model,
+        "output": list(output),
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": None,
         "reasoning": {"effort": body.reasoning.effort, "summary": None} if body.reasoning else None,
@@ -135,11 +162,13 @@ def response_object(body: ResponsesRequest, chat: dict[str, Any], created_at: in
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": "disabled",
         "metadata": body.metadata or {},
-        "usage": {
+    }
+    if usage is not None:
+        response["usage"] = {
             "input_tokens": usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["total_tokens"],
-        },
-    }
+        }
+    return response
