@@ -52,6 +52,8 @@ class Settings(BaseModel):
         ge=0,
         description="engine steps between streamed chunks (0: 1, or 2-3 when 12+ streams share the engine)",
     )
+    response_store_size: int = Field(1000, ge=0, description="stored responses kept for retrieval and chaining")
+    response_store_ttl: float = Field(3600.0, gt=0, description="seconds a stored response is kept")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
     log_level: str = Field("info", description="debug, info, warning or error")

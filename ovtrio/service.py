@@ -19,6 +19,7 @@ from ovtrio.api.prompts import PromptBuilder
 from ovtrio.api.sampling import SequenceLimit, ServerDefaults
 from ovtrio.config import Settings
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_model, resolve_model
+from ovtrio.response_store import ResponseStore
 from ovtrio.scheduler import Scheduler
 from ovtrio.tool_parsers import PARSERS, ToolCallParser, guess_parser
 
@@ -85,6 +86,7 @@ class ModelService:
         self.failed = trio.Event()
         self.failure: str | None = None
         self.started_at = time.time()
+        self.responses = ResponseStore(settings.response_store_size, settings.response_store_ttl)
         # Where clients reach the server, when the launcher knows it (`ovtrio serve`
         # does; under a bare `hypercorn` the address is in hypercorn's own log line).
         self.base_url: str | None = None

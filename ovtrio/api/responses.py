@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, current_app
 
+from ovtrio.api.errors import APIError
 from ovtrio.api.formatting import Formatter
 from ovtrio.api.generation import chat_formatter, check_model, encode_conversation, parse_body, ready_service, respond
+from ovtrio.api.protocol import ChatMessage, NamedToolChoice
 from ovtrio.api.response_events import ResponseEvents, sse
 from ovtrio.api.responding import DONE_EVENT, chunk_bodies
-from ovtrio.scheduler import RequestStream
-from ovtrio.api.protocol import NamedToolChoice
 from ovtrio.api.responses_protocol import ResponsesRequest
+from ovtrio.response_store import ResponseStore, StoredResponse
+from ovtrio.scheduler import RequestStream
+from ovtrio.service import ModelService
 
 blueprint = Blueprint("responses", __name__)
 
@@ -34,26 +37,105 @@ async def create_response() -> Any:
     body: ResponsesRequest = await parse_body(ResponsesRequest)
     service = ready_service()
     check_model(service, body)
+    previous: list[ChatMessage] = []
+    if body.previous_response_id is not None:
+        earlier = service.responses.get(body.previous_response_id)
+        if earlier is None:
+            raise not_found(body.previous_response_id, "previous_response_id")
+        previous = [ChatMessage.model_validate(m) for m in earlier.conversation]
     envelope = partial(response_envelope, body, _new_id("resp"), int(time.time()), service.model_name)
-    prompt, tools = encode_conversation(service, body, body.chat_messages())
+    prompt, tools = encode_conversation(service, body, body.chat_messages(previous))
     formatter, markers = chat_formatter(service, body, prompt, tools, body.n)
     formatter.include_usage = True  # the final event carries usage
+    keep = partial(_store, service.responses, body, previous) if body.store else None
     if body.stream:
-        return await respond(service, body, [prompt.ids], formatter, markers, render=partial(_events, envelope))
+        render = partial(_events, envelope, keep)
+        return await respond(service, body, [prompt.ids], formatter, markers, render=render)
     chat = await respond(service, body, [prompt.ids], formatter, markers)
     incomplete = any(c["finish_reason"] == "length" for c in chat["choices"])
     output = [item for choice in chat["choices"] for item in output_items(choice)]
-    return envelope("incomplete" if incomplete else "completed", output, chat["usage"], incomplete, None)
+    response = envelope("incomplete" if incomplete else "completed", output, chat["usage"], incomplete, None)
+    if keep:
+        keep(response)
+    return response
 
 
-async def _events(envelope: Any, stream: RequestStream, formatter: Formatter) -> AsyncIterator[bytes]:
+async def _events(
+    envelope: Any, keep: Callable[[dict[str, Any]], None] | None, stream: RequestStream, formatter: Formatter
+) -> AsyncIterator[bytes]:
     writer = ResponseEvents(envelope)
     yield b"".join(sse(event) for event in writer.start())
     while messages := await stream.receive_available():
         events = [event for chunk in chunk_bodies(formatter, messages) for event in writer.on_chunk(chunk)]
+        if events and keep and events[-1]["type"] in ("response.completed", "response.incomplete"):
+            keep(events[-1]["response"])
         if events:
             yield b"".join(sse(event) for event in events)
     yield DONE_EVENT
+
+
+def _store(store: ResponseStore, body: ResponsesRequest, previous: list[ChatMessage], response: dict[str, Any]) -> None:
+    current = body.input_messages()
+    conversation = [m.model_dump(exclude_none=True) for m in [*previous, *current]] + _output_messages(response["output"])
+    items = [
+        {"id": item.id or _new_id("msg"), **item.model_dump(exclude_none=True, exclude={"id"})} for item in body.items()
+    ]
+    store.put(StoredResponse(response, items, conversation))
+
+
+def _output_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output as the chat messages a continuation starts from."""
+    messages: list[dict[str, Any]] = []
+    for item in output:
+        if item["type"] == "message":
+            messages.append({"role": "assistant", "content": "".join(p["text"] for p in item["content"])})
+        elif item["type"] == "function_call":
+            call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+            if messages and messages[-1].get("tool_calls") is not None:
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "tool_calls": [call]})
+    return messages
+
+
+def not_found(response_id: str, param: str | None = None) -> APIError:
+    return APIError(404, f"No response found with id '{response_id}'.", param=param, code="response_not_found")
+
+
+def _stored(response_id: str) -> StoredResponse:
+    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    entry = service.responses.get(response_id)
+    if entry is None:
+        raise not_found(response_id)
+    return entry
+
+
+@blueprint.get("/v3/responses/<response_id>")
+@blueprint.get("/v1/responses/<response_id>")
+async def retrieve_response(response_id: str) -> Any:
+    return _stored(response_id).response
+
+
+@blueprint.delete("/v3/responses/<response_id>")
+@blueprint.delete("/v1/responses/<response_id>")
+async def delete_response(response_id: str) -> Any:
+    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    if not service.responses.delete(response_id):
+        raise not_found(response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@blueprint.get("/v3/responses/<response_id>/input_items")
+@blueprint.get("/v1/responses/<response_id>/input_items")
+async def list_input_items(response_id: str) -> Any:
+    items = _stored(response_id).input_items
+    return {
+        "object": "list",
+        "data": items,
+        "first_id": items[0]["id"] if items else None,
+        "last_id": items[-1]["id"] if items else None,
+        "has_more": False,
+    }
 
 
 def _new_id(prefix: str) -> str:
@@ -152,7 +234,7 @@ def response_envelope(
         "model": model,
         "output": list(output),
         "parallel_tool_calls": body.parallel_tool_calls is not False,
-        "previous_response_id": None,
+        "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": body.reasoning.effort, "summary": None} if body.reasoning else None,
         "store": body.store,
         "temperature": 1.0 if body.temperature is None else body.temperature,

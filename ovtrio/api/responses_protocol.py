@@ -73,8 +73,6 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
             raise invalid("n must be 1 when streaming a response.", "n")
         if self.max_tokens is not None:
             raise invalid("The Responses API names this max_output_tokens.", "max_tokens")
-        if self.previous_response_id is not None:
-            raise invalid("previous_response_id is not supported yet by this server.", "previous_response_id")
         for i, item in enumerate(self.items()):
             for part in item.content if isinstance(item.content, list) else []:
                 if part.type in ("input_image", "input_file"):
@@ -93,9 +91,16 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
             return [InputItem(role="user", content=self.input)]
         return list(self.input)
 
-    def chat_messages(self) -> list[ChatMessage]:
-        """The conversation as chat messages: instructions first, as a system message."""
-        messages = [ChatMessage(role="system", content=self.instructions)] if self.instructions else []
+    def chat_messages(self, previous: list[ChatMessage] = ()) -> list[ChatMessage]:  # type: ignore[assignment]
+        """The conversation as chat messages: this request's instructions first (as
+        OpenAI does, earlier turns' instructions are not carried over), then the earlier
+        turns, then this input."""
+        system = [ChatMessage(role="system", content=self.instructions)] if self.instructions else []
+        return [*system, *previous, *self.input_messages()]
+
+    def input_messages(self) -> list[ChatMessage]:
+        """This request's input items as chat messages."""
+        messages: list[ChatMessage] = []
         for item in self.items():
             if item.type == "function_call":
                 call = ToolCallRef(id=item.call_id or "", function=FunctionCall(name=item.name or "", arguments=item.arguments or ""))

@@ -1,0 +1,96 @@
+"""Stored responses and chaining: retrieve, delete, input_items, previous_response_id,
+and the store's bounds."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from helpers import post
+from openai_schema import validate
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def ask(client, **fields):
+    return client.responses.create(model=MODEL, max_output_tokens=12, temperature=0, **fields)
+
+
+def test_retrieve_and_input_items(client, server):
+    first = ask(client, input=[{"role": "user", "content": "My name is Ada."}])
+    again = client.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text
+    raw = httpx.get(f"{server.base_url}/v3/responses/{first.id}").json()
+    validate(raw, "Response")
+    items = client.responses.input_items.list(first.id)
+    assert [item.type for item in items.data] == ["message"]
+
+
+def test_previous_response_id_continues_the_conversation(client):
+    first = ask(client, input="My name is Ada. Remember it.")
+    second = ask(client, input="What is my name?", previous_response_id=first.id)
+    alone = ask(client, input="What is my name?")
+    assert second.previous_response_id == first.id
+    # The earlier turn (its input and output) is part of the prompt.
+    assert second.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+
+
+def test_chaining_a_streamed_response(client):
+    with client.responses.stream(model=MODEL, input="Say hello.", max_output_tokens=60, temperature=0) as stream:
+        final = stream.get_final_response()
+    follow = ask(client, input="Again?", previous_response_id=final.id)
+    assert client.responses.retrieve(final.id).output_text == final.output_text
+    assert follow.usage.input_tokens > 20
+
+
+def test_store_false_is_not_kept(client):
+    reply = ask(client, input="Hi", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(reply.id)
+    with pytest.raises(openai.NotFoundError):
+        ask(client, input="Hi", previous_response_id=reply.id)
+
+
+def test_delete(client):
+    reply = ask(client, input="Hi")
+    deleted = httpx.delete(f"{client.base_url}responses/{reply.id}").json()
+    assert deleted == {"id": reply.id, "object": "response", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(reply.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(reply.id)
+
+
+def test_unknown_previous_response_is_a_404_naming_it(server):
+    reply = post(server.base_url, "/v1/responses", {"model": MODEL, "input": "x", "previous_response_id": "resp_nope"})
+    assert reply.status_code == 404
+    assert reply.json()["error"]["param"] == "previous_response_id"
+
+
+@pytest.fixture(scope="module")
+def small_store_server(tmp_path_factory):
+    from conftest import start_server, stop_server
+
+    server = start_server(tmp_path_factory.mktemp("store"), "--response-store-size", "2")
+    yield server
+    stop_server(server)
+
+
+def test_the_store_keeps_only_the_newest(small_store_server):
+    with openai.OpenAI(base_url=small_store_server.v1, api_key="unused", max_retries=0) as sdk:
+        ids = [ask(sdk, input=f"Hi {i}").id for i in range(3)]
+        with pytest.raises(openai.NotFoundError):
+            sdk.responses.retrieve(ids[0])
+        assert [sdk.responses.retrieve(i).id for i in ids[1:]] == ids[1:]
+
+
+def test_store_expires_by_age():
+    """Pure logic: entries older than the age limit are gone."""
+    from ovtrio.response_store import ResponseStore, StoredResponse
+
+    store = ResponseStore(max_entries=10, max_age_seconds=60)
+    old = StoredResponse({"id": "resp_old"}, [], [], stored_at=0.0)
+    store.put(old)
+    store.put(StoredResponse({"id": "resp_new"}, [], []))
+    assert store.get("resp_old") is None and store.get("resp_new") is not None
