@@ -1,0 +1,126 @@
+"""Chained conversation benchmark: does a turn's prefill cost grow with the conversation?
+
+    python bench/chained.py [--turns 10] [--tokens 32]
+
+Runs a conversation of N turns against `ovtrio serve`, each turn a streamed Responses
+request continuing the previous one with previous_response_id, and prints the time to
+first token of every turn. With the engine's prefix cache, turn N re-reads the earlier
+turns from the cache, so its TTFT should stay near turn 1's although its prompt is
+many times longer. For the engine-side limit, the same run measures the raw engine's
+prefill of the last turn's prompt with and without that prefix in its cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serving import free_port  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+QUESTIONS = [
+    "Tell me about the sea.", "Why is it salty?", "What lives in it?", "How deep is it?", "Who explored it first?",
+    "What is a reef?", "Are reefs in danger?", "What can we do?", "Name a famous ship.", "Summarize our chat.",
+]
+
+
+def turn(client: httpx.Client, text: str, previous: str | None, tokens: int) -> tuple[float, str, int]:
+    body = {"model": MODEL, "input": text, "max_output_tokens": tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    if previous:
+        body["previous_response_id"] = previous
+    started = time.perf_counter()
+    first = None
+    final = None
+    with client.stream("POST", "/v1/responses", json=body) as reply:
+        for line in reply.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "response.output_text.delta" and first is None:
+                first = time.perf_counter() - started
+            if event["type"] in ("response.completed", "response.incomplete"):
+                final = event["response"]
+    assert first is not None and final is not None
+    return first, final["id"], final["usage"]["input_tokens"]
+
+
+def engine_prefill(prompt_ids: list[int]) -> tuple[float, float]:
+    """Raw engine: first step of the prompt cold, then again with it in the prefix cache."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    from ovtrio.model import embedded_model_path
+
+    config = openvino_genai.SchedulerConfig()
+    config.cache_size = 1
+    config.enable_prefix_caching = True
+    pipe = openvino_genai.ContinuousBatchingPipeline(str(embedded_model_path()), config, "CPU")
+    gen = openvino_genai.GenerationConfig()
+    gen.max_new_tokens = 1
+    pipe.generate([ov.Tensor(np.asarray([[1, 2, 3]], dtype=np.int64))], [gen])  # warm-up
+    times = []
+    for request_id in (1, 2):
+        handle = pipe.add_request(request_id, ov.Tensor(np.asarray([prompt_ids], dtype=np.int64)), gen)
+        started = time.perf_counter()
+        while not handle.can_read():
+            pipe.step()
+        times.append(time.perf_counter() - started)
+        while pipe.has_non_finished_requests():
+            pipe.step()
+    return times[0], times[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=32)
+    args = parser.parse_args()
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            while True:
+                try:
+                    if client.get("/health/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            turn(client, "Hello", None, 4)  # warm-up
+            rows = []
+            previous = None
+            for i in range(args.turns):
+                ttft, previous, input_tokens = turn(client, QUESTIONS[i % len(QUESTIONS)], previous, args.tokens)
+                rows.append((i + 1, input_tokens, ttft))
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+    print(f"ovtrio chained conversation: {args.turns} turns, {args.tokens} output tokens each, streamed, "
+          "previous_response_id, SmolLM2-135M-Instruct, CPU")
+    print(f"{'turn':>4} {'input tokens':>12} {'TTFT':>9}")
+    for number, input_tokens, ttft in rows:
+        print(f"{number:>4} {input_tokens:>12} {ttft * 1e3:>7.1f}ms")
+    first, final = rows[0][2], rows[-1][2]
+    print(f"TTFT turn {rows[-1][0]} / turn 1: {final / first:.2f} with {rows[-1][1] / rows[0][1]:.1f}x the input tokens")
+    # Raw engine on a prompt as long as the last turn's: cold, and with it cached.
+    prompt = [504] * rows[-1][1]
+    cold, cached = engine_prefill(prompt)
+    print(f"raw engine prefill of a {len(prompt)}-token prompt: cold {cold * 1e3:.1f} ms, cached {cached * 1e3:.1f} ms;"
+          f" server turn {rows[-1][0]} TTFT / engine cached prefill: {final / cached:.2f}")
+    print(f"median TTFT over turns: {statistics.median(r[2] for r in rows) * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
