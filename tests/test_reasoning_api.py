@@ -114,3 +114,32 @@ def test_reasoning_then_tool_calls_stream_like_unary(seed):
         validate(chunk, "CreateChatCompletionStreamResponse")
     assert (reasoning, content) == (message["reasoning_content"], message["content"])
     assert arguments == message["tool_calls"][0]["function"]["arguments"]
+
+
+def test_responses_stream_reasoning_events(thinking_server):
+    """The Responses API streams thinking as a reasoning item, with its own events."""
+    import json
+
+    import httpx
+
+    body = {"model": "SmolLM2-135M-Instruct", "input": "Why is the sky blue?", "max_output_tokens": 12,
+            "temperature": 0, "stream": True, "reasoning": {"effort": "low"}}
+    with httpx.stream("POST", thinking_server.base_url + "/v1/responses", json=body, timeout=60) as reply:
+        raw = reply.read().decode()
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    for event in events:
+        validate(event, "ResponseStreamEvent")
+    kinds = [e["type"] for e in events]
+    assert kinds[:4] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.reasoning_summary_part.added"
+    ]
+    assert events[2]["item"]["type"] == "reasoning"
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta")
+    done = next(e for e in events if e["type"] == "response.reasoning_summary_text.done")
+    assert deltas and deltas == done["text"]
+    assert "response.reasoning_summary_part.done" in kinds and kinds[-1] == "response.incomplete"
+    final = events[-1]["response"]
+    assert final["output"][0]["type"] == "reasoning" and final["output"][0]["summary"][0]["text"] == deltas
+    unary = post(thinking_server.base_url, "/v1/responses", {**body, "stream": False}).json()
+    validate(unary, "Response")
+    assert unary["output"][0]["summary"][0]["text"] == deltas
