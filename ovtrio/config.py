@@ -54,6 +54,9 @@ class Settings(BaseModel):
     )
     response_store_size: int = Field(1000, ge=0, description="stored responses kept for retrieval and chaining")
     response_store_ttl: float = Field(3600.0, gt=0, description="seconds a stored response is kept")
+    response_store_path: str | None = Field(
+        None, description="SQLite file that keeps stored responses across restarts (default: memory only)"
+    )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
     log_level: str = Field("info", description="debug, info, warning or error")

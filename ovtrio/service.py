@@ -86,7 +86,9 @@ class ModelService:
         self.failed = trio.Event()
         self.failure: str | None = None
         self.started_at = time.time()
-        self.responses = ResponseStore(settings.response_store_size, settings.response_store_ttl)
+        self.responses = ResponseStore(
+            settings.response_store_size, settings.response_store_ttl, settings.response_store_path
+        )
         # Where clients reach the server, when the launcher knows it (`ovtrio serve`
         # does; under a bare `hypercorn` the address is in hypercorn's own log line).
         self.base_url: str | None = None

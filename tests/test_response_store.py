@@ -90,7 +90,30 @@ def test_store_expires_by_age():
     from ovtrio.response_store import ResponseStore, StoredResponse
 
     store = ResponseStore(max_entries=10, max_age_seconds=60)
-    old = StoredResponse({"id": "resp_old"}, [], [], stored_at=0.0)
+    old = StoredResponse({"id": "resp_old"}, [], [], stored_at=1.0)
     store.put(old)
     store.put(StoredResponse({"id": "resp_new"}, [], []))
     assert store.get("resp_old") is None and store.get("resp_new") is not None
+
+
+def test_sqlite_store_survives_a_restart(tmp_path):
+    from conftest import start_server, stop_server
+
+    path = str(tmp_path / "responses.sqlite")
+    first = start_server(tmp_path, "--response-store-path", path)
+    try:
+        with openai.OpenAI(base_url=first.v1, api_key="unused", max_retries=0) as sdk:
+            kept = ask(sdk, input="My name is Ada.")
+    finally:
+        stop_server(first)
+    second = start_server(tmp_path, "--response-store-path", path)
+    try:
+        with openai.OpenAI(base_url=second.v1, api_key="unused", max_retries=0) as sdk:
+            assert sdk.responses.retrieve(kept.id).output_text == kept.output_text
+            follow = ask(sdk, input="What is my name?", previous_response_id=kept.id)
+            assert follow.previous_response_id == kept.id
+            sdk.responses.delete(kept.id)
+            with pytest.raises(openai.NotFoundError):
+                sdk.responses.retrieve(kept.id)
+    finally:
+        stop_server(second)
