@@ -232,3 +232,41 @@ def test_sdk_stream_helper(client):
         text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
         final = stream.get_final_response()
     assert text and final.output_text == text and final.status == "completed"
+
+
+def test_logprobs_unary_and_streamed(server):
+    fields = {"input": "Say hello.", "max_output_tokens": 8, "logprobs": True, "ignore_eos": True}
+    unary = create(server, **fields)
+    part = unary["output"][0]["content"][0]
+    assert len(part["logprobs"]) == 8 and all(entry["logprob"] <= 0 for entry in part["logprobs"])
+    events = stream_events(server, **fields)
+    streamed = [entry for e in events if e["type"] == "response.output_text.delta" for entry in e["logprobs"]]
+    assert [e["token"] for e in streamed] == [e["token"] for e in part["logprobs"]]
+
+
+def test_engine_failure_ends_the_stream_with_response_failed():
+    """Pure logic (the engine fails only on faults the server cannot provoke from
+    outside): an engine error mid-stream closes the open item and ends with a
+    response.failed event that validates."""
+    from ovtrio.api.response_events import ResponseEvents
+
+    writer = ResponseEvents(create_envelope)
+    events = writer.start()
+    events += writer.on_chunk({"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]})
+    events += writer.on_chunk({"error": {"message": "engine error", "type": "server_error", "param": None, "code": "engine_error"}})
+    for event in events:
+        validate(event, "ResponseStreamEvent")
+    assert [e["type"] for e in events][-4:] == [
+        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.failed"
+    ]
+    assert events[-1]["response"]["status"] == "failed" and events[-1]["response"]["error"]["message"] == "engine error"
+
+
+def create_envelope(status, output, usage, incomplete, error):
+    from functools import partial
+
+    from ovtrio.api.responses import response_envelope
+    from ovtrio.api.responses_protocol import ResponsesRequest
+
+    body = ResponsesRequest.model_validate({"model": MODEL, "input": "x"})
+    return partial(response_envelope, body, "resp_test", 0, MODEL)(status, output, usage, incomplete, error)

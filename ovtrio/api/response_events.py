@@ -60,7 +60,7 @@ class ResponseEvents:
             if delta.get("reasoning_content"):
                 events += self._reasoning(delta["reasoning_content"])
             if delta.get("content"):
-                events += self._text(delta["content"])
+                events += self._text(delta["content"], (choice.get("logprobs") or {}).get("content") or [])
             for call in delta.get("tool_calls") or []:
                 events += self._call(call)
             if choice.get("finish_reason"):
@@ -96,7 +96,7 @@ class ResponseEvents:
         events.append(self._event("response.reasoning_summary_text.delta", **self._where(), summary_index=0, delta=text))
         return events
 
-    def _text(self, text: str) -> list[dict[str, Any]]:
+    def _text(self, text: str, logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         events = []
         if self._open is None or self._open["type"] != "message":
             events += self._close()
@@ -105,9 +105,11 @@ class ResponseEvents:
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=part))
             self._open["_text"] = ""
+            self._open["_logprobs"] = []
         self._open["_text"] += text
+        self._open["_logprobs"] += logprobs
         events.append(
-            self._event("response.output_text.delta", **self._where(), content_index=0, delta=text, logprobs=[])
+            self._event("response.output_text.delta", **self._where(), content_index=0, delta=text, logprobs=logprobs)
         )
         return events
 
@@ -145,9 +147,9 @@ class ResponseEvents:
             events.append(self._event("response.reasoning_summary_part.done", **where, summary_index=0, part=part))
             item["summary"] = [part]
         elif item["type"] == "message":
-            text = item.pop("_text")
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            events.append(self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=[]))
+            text, logprobs = item.pop("_text"), item.pop("_logprobs")
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+            events.append(self._event("response.output_text.done", **where, content_index=0, text=text, logprobs=logprobs))
             events.append(self._event("response.content_part.done", **where, content_index=0, part=part))
             item["content"] = [part]
             item["status"] = "incomplete" if self._reason == "length" else "completed"

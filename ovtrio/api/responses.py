@@ -163,7 +163,12 @@ def output_items(choice: dict[str, Any]) -> list[dict[str, Any]]:
                 "role": "assistant",
                 "status": "incomplete" if incomplete else "completed",
                 "content": [
-                    {"type": "output_text", "text": message.get("content") or "", "annotations": [], "logprobs": []}
+                    {
+                        "type": "output_text",
+                        "text": message.get("content") or "",
+                        "annotations": [],
+                        "logprobs": (choice.get("logprobs") or {}).get("content") or [],
+                    }
                 ],
             }
         )
