@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from quart import Blueprint, current_app
 
 from ovtrio.api.errors import APIError
-from ovtrio.api.formatting import Formatter
+from ovtrio.api.formatting import ChatFormatter, Formatter
 from ovtrio.api.generation import chat_formatter, check_model, encode_conversation, parse_body, ready_service, respond
 from ovtrio.api.protocol import ChatMessage, NamedToolChoice
 from ovtrio.api.response_events import ResponseEvents, sse
@@ -31,15 +32,26 @@ from ovtrio.service import ModelService
 blueprint = Blueprint("responses", __name__)
 
 
-@blueprint.post("/v3/responses")
-@blueprint.post("/v1/responses")
-async def create_response() -> Any:
-    body: ResponsesRequest = await parse_body(ResponsesRequest)
-    service = ready_service()
+@dataclass
+class PreparedResponse:
+    """A Responses request made ready to run: its prompt, shaping and response envelope."""
+
+    body: ResponsesRequest
+    envelope: Callable[..., dict[str, Any]]
+    prompt_ids: list[int]
+    formatter: ChatFormatter
+    markers: frozenset[int]
+    previous: list[ChatMessage]
+
+
+def prepare(
+    service: ModelService, body: ResponsesRequest, *stores: ResponseStore
+) -> PreparedResponse:
+    """Resolve previous_response_id (in `stores`, first match) and build the prompt."""
     check_model(service, body)
     previous: list[ChatMessage] = []
     if body.previous_response_id is not None:
-        earlier = service.responses.get(body.previous_response_id)
+        earlier = next((e for store in stores if (e := store.get(body.previous_response_id))), None)
         if earlier is None:
             raise not_found(body.previous_response_id, "previous_response_id")
         previous = [ChatMessage.model_validate(m) for m in earlier.conversation]
@@ -47,34 +59,53 @@ async def create_response() -> Any:
     prompt, tools = encode_conversation(service, body, body.chat_messages(previous))
     formatter, markers = chat_formatter(service, body, prompt, tools, body.n)
     formatter.include_usage = True  # the final event carries usage
-    keep = partial(_store, service.responses, body, previous) if body.store else None
+    return PreparedResponse(body, envelope, prompt.ids, formatter, markers, previous)
+
+
+@blueprint.post("/v3/responses")
+@blueprint.post("/v1/responses")
+async def create_response() -> Any:
+    body: ResponsesRequest = await parse_body(ResponsesRequest)
+    service = ready_service()
+    ready = prepare(service, body, service.responses)
+    keep = partial(store_response, service.responses, ready) if body.store else None
     if body.stream:
-        render = partial(_events, envelope, keep)
-        return await respond(service, body, [prompt.ids], formatter, markers, render=render)
-    chat = await respond(service, body, [prompt.ids], formatter, markers)
+        render = partial(_sse, ready.envelope, keep)
+        return await respond(service, body, [ready.prompt_ids], ready.formatter, ready.markers, render=render)
+    chat = await respond(service, body, [ready.prompt_ids], ready.formatter, ready.markers)
     incomplete = any(c["finish_reason"] == "length" for c in chat["choices"])
     output = [item for choice in chat["choices"] for item in output_items(choice)]
-    response = envelope("incomplete" if incomplete else "completed", output, chat["usage"], incomplete, None)
+    response = ready.envelope("incomplete" if incomplete else "completed", output, chat["usage"], incomplete, None)
     if keep:
         keep(response)
     return response
 
 
-async def _events(
+async def response_events(
     envelope: Any, keep: Callable[[dict[str, Any]], None] | None, stream: RequestStream, formatter: Formatter
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """The `response.*` events of one request, in batches as the engine produces them;
+    `keep` gets the final response object."""
     writer = ResponseEvents(envelope)
-    yield b"".join(sse(event) for event in writer.start())
+    yield writer.start()
     while messages := await stream.receive_available():
         events = [event for chunk in chunk_bodies(formatter, messages) for event in writer.on_chunk(chunk)]
         if events and keep and events[-1]["type"] in ("response.completed", "response.incomplete"):
             keep(events[-1]["response"])
         if events:
-            yield b"".join(sse(event) for event in events)
+            yield events
+
+
+async def _sse(
+    envelope: Any, keep: Callable[[dict[str, Any]], None] | None, stream: RequestStream, formatter: Formatter
+) -> AsyncIterator[bytes]:
+    async for events in response_events(envelope, keep, stream, formatter):
+        yield b"".join(sse(event) for event in events)
     yield DONE_EVENT
 
 
-def _store(store: ResponseStore, body: ResponsesRequest, previous: list[ChatMessage], response: dict[str, Any]) -> None:
+def store_response(store: ResponseStore, ready: PreparedResponse, response: dict[str, Any]) -> None:
+    body, previous = ready.body, ready.previous
     current = body.input_messages()
     conversation = [m.model_dump(exclude_none=True) for m in [*previous, *current]] + _output_messages(response["output"])
     items = [
