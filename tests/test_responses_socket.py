@@ -1,0 +1,134 @@
+"""Responses WebSocket mode: the official SDK's responses.connect() and trio-websocket
+against a real server; chaining with store=false, multiplexed responses, bad frames,
+and a mid-stream close that frees the engine."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import trio
+from trio_websocket import open_websocket_url
+
+from openai_schema import validate
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def ws_url(server, path: str = "/v1/responses") -> str:
+    return server.base_url.replace("http://", "ws://") + path
+
+
+def test_sdk_connect_multi_turn_with_store_false(client):
+    with client.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="My name is Ada.", max_output_tokens=12, temperature=0, store=False)
+        first = _final(connection)
+        connection.response.create(
+            model=MODEL, input="What is my name?", previous_response_id=first.id, max_output_tokens=12,
+            temperature=0, store=False,
+        )
+        second = _final(connection)
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    # store=false: nothing was kept beyond the connection.
+    import openai
+    import pytest
+
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+
+
+def _final(connection):
+    text = ""
+    for event in connection:
+        assert event.type != "error", event
+        if event.type == "response.output_text.delta":
+            text += event.delta
+        if event.type in ("response.completed", "response.incomplete"):
+            assert event.response.output_text == text
+            return event.response
+    raise AssertionError("socket closed before the response ended")
+
+
+async def receive_json(ws) -> dict:
+    return json.loads(await ws.get_message())
+
+
+async def test_events_match_the_sse_stream_and_validate(server):
+    async with open_websocket_url(ws_url(server, "/v3/responses")) as ws:
+        await ws.send_message(json.dumps({"type": "response.create", "model": MODEL, "input": "Say hello.",
+                                          "max_output_tokens": 8, "temperature": 0}))
+        events = []
+        while not events or events[-1]["type"] not in ("response.completed", "response.incomplete"):
+            events.append(await receive_json(ws))
+    for event in events:
+        validate(event, "ResponseStreamEvent")
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created" and events[-1]["response"]["usage"]["output_tokens"] <= 8
+
+
+async def test_two_multiplexed_responses_on_one_socket(server):
+    async with open_websocket_url(ws_url(server)) as ws:
+        for stream_id, text in (("a", "Tell me about cats."), ("b", "Tell me about dogs.")):
+            await ws.send_message(json.dumps({"type": "response.create", "stream_id": stream_id, "model": MODEL,
+                                              "input": text, "max_output_tokens": 16, "ignore_eos": True,
+                                              "temperature": 0}))
+        events: dict[str, list[dict]] = {"a": [], "b": []}
+        finished = set()
+        while finished != {"a", "b"}:
+            event = await receive_json(ws)
+            events[event["stream_id"]].append(event)
+            if event["type"] in ("response.completed", "response.incomplete"):
+                finished.add(event["stream_id"])
+    for stream_id, stream in events.items():
+        assert [e["sequence_number"] for e in stream] == list(range(len(stream)))
+        assert stream[-1]["response"]["usage"]["output_tokens"] == 16
+        assert all(e["stream_id"] == stream_id for e in stream)
+    ids = {stream[-1]["response"]["id"] for stream in events.values()}
+    assert len(ids) == 2
+
+
+async def test_bad_frames_get_error_events_and_the_socket_stays_usable(server):
+    async with open_websocket_url(ws_url(server)) as ws:
+        for frame, param in [
+            ("{not json", None),
+            ("[1, 2]", None),
+            (json.dumps({"type": "response.cancel"}), "type"),
+            (json.dumps({"type": "response.create", "model": MODEL, "input": "x", "temperature": 5}), "temperature"),
+            (json.dumps({"type": "response.create", "model": "nope", "input": "x"}), "model"),
+            (json.dumps({"type": "response.create", "model": MODEL, "input": "x", "previous_response_id": "resp_x"}),
+             "previous_response_id"),
+            ("x" * (5 * 1024 * 1024), None),
+        ]:
+            await ws.send_message(frame)
+            event = await receive_json(ws)
+            validate(event, "ResponseErrorEvent")
+            assert event["type"] == "error" and event["param"] == param, event
+        await ws.send_message(json.dumps({"type": "response.create", "model": MODEL, "input": "Hi",
+                                          "max_output_tokens": 4, "temperature": 0}))
+        kinds = []
+        while not kinds or kinds[-1] not in ("response.completed", "response.incomplete"):
+            kinds.append((await receive_json(ws))["type"])
+
+
+def test_closing_the_socket_cancels_its_engine_requests(server):
+    async def open_and_leave() -> None:
+        async with open_websocket_url(ws_url(server)) as ws:
+            for stream_id in ("x", "y"):
+                await ws.send_message(json.dumps({"type": "response.create", "stream_id": stream_id, "model": MODEL,
+                                                  "input": "Write a very long story.", "max_output_tokens": 3000,
+                                                  "ignore_eos": True}))
+            deltas = 0
+            while deltas < 6:
+                if (await receive_json(ws))["type"] == "response.output_text.delta":
+                    deltas += 1
+            assert server.metric("ovtrio_engine_requests") == 2
+
+    trio.run(open_and_leave)
+    deadline = time.monotonic() + 10
+    while server.metric("ovtrio_engine_requests") != 0 or server.metric("ovtrio_requests_running") != 0:
+        assert time.monotonic() < deadline, "the engine kept the closed socket's requests"
+        time.sleep(0.05)
+    before = server.metric("ovtrio_generated_tokens_total")
+    time.sleep(1)
+    assert server.metric("ovtrio_generated_tokens_total") == before
