@@ -1,4 +1,5 @@
 """Chained conversation benchmark: does a turn's prefill cost grow with the conversation?
+And what does a WebSocket save over HTTP per turn?
 
     python bench/chained.py [--turns 10] [--tokens 32]
 
@@ -8,6 +9,10 @@ first token of every turn. With the engine's prefix cache, turn N re-reads the e
 turns from the cache, so its TTFT should stay near turn 1's although its prompt is
 many times longer. For the engine-side limit, the same run measures the raw engine's
 prefill of the last turn's prompt with and without that prefix in its cache.
+
+The same conversation then runs over one WebSocket (Responses WebSocket mode, the
+chain kept with store=false on the connection), and both transports' per-turn latency
+(first token, and the whole turn) are printed side by side.
 """
 
 from __future__ import annotations
@@ -32,7 +37,34 @@ QUESTIONS = [
 ]
 
 
-def turn(client: httpx.Client, text: str, previous: str | None, tokens: int) -> tuple[float, str, int]:
+async def socket_conversation(port: int, turns: int, tokens: int) -> list[tuple[float, float]]:
+    """(TTFT, whole turn) of each turn of the conversation over one WebSocket."""
+    import trio
+    from trio_websocket import open_websocket_url
+
+    rows = []
+    async with open_websocket_url(f"ws://127.0.0.1:{port}/v1/responses") as ws:
+        previous = None
+        for i in range(turns):
+            request = {"type": "response.create", "model": MODEL, "input": QUESTIONS[i % len(QUESTIONS)],
+                       "max_output_tokens": tokens, "temperature": 0, "ignore_eos": True, "store": False}
+            if previous:
+                request["previous_response_id"] = previous
+            started = trio.current_time()
+            await ws.send_message(json.dumps(request))
+            first = None
+            while True:
+                event = json.loads(await ws.get_message())
+                if event["type"] == "response.output_text.delta" and first is None:
+                    first = trio.current_time() - started
+                if event["type"] in ("response.completed", "response.incomplete"):
+                    previous = event["response"]["id"]
+                    break
+            rows.append((first or 0.0, trio.current_time() - started))
+    return rows
+
+
+def turn(client: httpx.Client, text: str, previous: str | None, tokens: int) -> tuple[float, str, int, float]:
     body = {"model": MODEL, "input": text, "max_output_tokens": tokens, "temperature": 0, "stream": True,
             "ignore_eos": True}
     if previous:
@@ -50,7 +82,7 @@ def turn(client: httpx.Client, text: str, previous: str | None, tokens: int) -> 
             if event["type"] in ("response.completed", "response.incomplete"):
                 final = event["response"]
     assert first is not None and final is not None
-    return first, final["id"], final["usage"]["input_tokens"]
+    return first, final["id"], final["usage"]["input_tokens"], time.perf_counter() - started
 
 
 def engine_prefill(prompt_ids: list[int]) -> tuple[float, float]:
@@ -101,17 +133,21 @@ def main() -> None:
             rows = []
             previous = None
             for i in range(args.turns):
-                ttft, previous, input_tokens = turn(client, QUESTIONS[i % len(QUESTIONS)], previous, args.tokens)
-                rows.append((i + 1, input_tokens, ttft))
+                ttft, previous, input_tokens, whole = turn(client, QUESTIONS[i % len(QUESTIONS)], previous, args.tokens)
+                rows.append((i + 1, input_tokens, ttft, whole))
+            import trio
+
+            socket_rows = trio.run(socket_conversation, port, args.turns, args.tokens)
     finally:
         process.terminate()
         process.wait(timeout=30)
 
     print(f"ovtrio chained conversation: {args.turns} turns, {args.tokens} output tokens each, streamed, "
           "previous_response_id, SmolLM2-135M-Instruct, CPU")
-    print(f"{'turn':>4} {'input tokens':>12} {'TTFT':>9}")
-    for number, input_tokens, ttft in rows:
-        print(f"{number:>4} {input_tokens:>12} {ttft * 1e3:>7.1f}ms")
+    print(f"{'turn':>4} {'input tokens':>12} {'HTTP TTFT':>10} {'HTTP turn':>10} {'WS TTFT':>9} {'WS turn':>9}")
+    for (number, input_tokens, ttft, whole), (ws_ttft, ws_whole) in zip(rows, socket_rows):
+        print(f"{number:>4} {input_tokens:>12} {ttft * 1e3:>8.1f}ms {whole * 1e3:>8.1f}ms"
+              f" {ws_ttft * 1e3:>7.1f}ms {ws_whole * 1e3:>7.1f}ms")
     first, final = rows[0][2], rows[-1][2]
     print(f"TTFT turn {rows[-1][0]} / turn 1: {final / first:.2f} with {rows[-1][1] / rows[0][1]:.1f}x the input tokens")
     # Raw engine on a prompt as long as the last turn's: cold, and with it cached.
@@ -119,7 +155,10 @@ def main() -> None:
     cold, cached = engine_prefill(prompt)
     print(f"raw engine prefill of a {len(prompt)}-token prompt: cold {cold * 1e3:.1f} ms, cached {cached * 1e3:.1f} ms;"
           f" server turn {rows[-1][0]} TTFT / engine cached prefill: {final / cached:.2f}")
-    print(f"median TTFT over turns: {statistics.median(r[2] for r in rows) * 1e3:.1f} ms")
+    print(f"median TTFT over turns: HTTP {statistics.median(r[2] for r in rows) * 1e3:.1f} ms,"
+          f" WebSocket {statistics.median(r[0] for r in socket_rows) * 1e3:.1f} ms;"
+          f" median turn: HTTP {statistics.median(r[3] for r in rows) * 1e3:.1f} ms,"
+          f" WebSocket {statistics.median(r[1] for r in socket_rows) * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":
