@@ -132,3 +132,23 @@ def test_closing_the_socket_cancels_its_engine_requests(server):
     before = server.metric("ovtrio_generated_tokens_total")
     time.sleep(1)
     assert server.metric("ovtrio_generated_tokens_total") == before
+
+
+async def test_one_socket_runs_at_most_sixteen_responses(server):
+    async with open_websocket_url(ws_url(server)) as ws:
+        for i in range(17):
+            await ws.send_message(json.dumps({"type": "response.create", "stream_id": i, "model": MODEL,
+                                              "input": "Write a long story.", "max_output_tokens": 500,
+                                              "ignore_eos": True}))
+        refused = None
+        with trio.fail_after(30):
+            while refused is None:
+                event = await receive_json(ws)
+                if event["type"] == "error":
+                    refused = event
+        validate(refused, "ResponseErrorEvent")
+        assert refused["code"] == "too_many_responses" and refused["stream_id"] == 16
+    # Closing the socket cancelled the sixteen running ones.
+    with trio.fail_after(10):
+        while server.metric("ovtrio_engine_requests") != 0:
+            await trio.sleep(0.05)

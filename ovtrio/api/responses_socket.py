@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import trio
@@ -40,6 +41,8 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 # Events waiting for the writer; beyond this the responses producing them wait.
 OUTGOING_EVENTS = 256
 CONNECTION_RESPONSES = 100
+# Responses one socket may have running at once.
+MAX_IN_FLIGHT = 16
 
 
 def error_event(error: APIError, stream_id: Any = None) -> dict[str, Any]:
@@ -62,6 +65,7 @@ async def responses_socket() -> None:
     service: ModelService = current_app.config["OVTRIO_SERVICE"]
     local = ResponseStore(CONNECTION_RESPONSES, math.inf)
     send, receive = trio.open_memory_channel[dict[str, Any]](OUTGOING_EVENTS)
+    in_flight: set[Any] = set()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, receive)
         while True:
@@ -71,12 +75,20 @@ async def responses_socket() -> None:
                 await send.send(error_event(request))
                 continue
             stream_id, body = request
+            if len(in_flight) >= MAX_IN_FLIGHT:
+                busy = APIError(
+                    429, f"At most {MAX_IN_FLIGHT} responses may run at once on one socket.", code="too_many_responses"
+                )
+                await send.send(error_event(busy, stream_id))
+                continue
             try:
                 runnable = _runnable(service, body, local)
             except APIError as error:
                 await send.send(error_event(error, stream_id))
                 continue
-            nursery.start_soon(_run, service, runnable, local, stream_id, send.clone())
+            token = object()
+            in_flight.add(token)
+            nursery.start_soon(_run, service, runnable, local, stream_id, send.clone(), partial(in_flight.discard, token))
 
 
 async def _write(receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
@@ -123,6 +135,7 @@ async def _run(
     local: ResponseStore,
     stream_id: Any,
     send: trio.MemorySendChannel[dict[str, Any]],
+    done: Any,
 ) -> None:
     ready, generation = runnable
 
@@ -144,5 +157,7 @@ async def _run(
             await send.send(error_event(APIError(400, str(exc), param=None, code="invalid_value"), stream_id))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the socket is gone; leaving the with-block cancelled the engine request
+        finally:
+            done()
 
 
