@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,16 @@ def start_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -
         time.sleep(0.2)
     process.kill()
     raise RuntimeError(f"server did not become ready: {log_path.read_text()}")
+
+
+@contextmanager
+def running_server(tmp_dir: Path, *args: str) -> Iterator[RunningServer]:
+    """A server with extra `ovtrio serve` flags, stopped when the block ends."""
+    server = start_server(tmp_dir, *args)
+    try:
+        yield server
+    finally:
+        stop_server(server)
 
 
 def start_server_with_template(tmp_dir: Path, template: str, *args: str) -> RunningServer:

@@ -7,7 +7,7 @@ import httpx
 import pytest
 import trio
 
-from conftest import MODEL, start_server, stop_server
+from conftest import MODEL, running_server
 from openai_schema import validate
 
 # 8 blocks of 32 tokens: room for a few short requests, never for a 700-token prompt.
@@ -16,9 +16,8 @@ KV_BLOCKS = "8"
 
 @pytest.fixture(scope="module")
 def small_cache_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("small-cache"), "--num-kv-blocks", KV_BLOCKS)
-    yield server
-    stop_server(server)
+    with running_server(tmp_path_factory.mktemp("small-cache"), "--num-kv-blocks", KV_BLOCKS) as server:
+        yield server
 
 
 async def test_request_too_big_for_the_kv_cache_fails_alone(small_cache_server):

@@ -70,11 +70,10 @@ def test_unknown_previous_response_is_a_404_naming_it(server):
 
 @pytest.fixture(scope="module")
 def small_store_server(tmp_path_factory):
-    from conftest import start_server, stop_server
+    from conftest import running_server
 
-    server = start_server(tmp_path_factory.mktemp("store"), "--response-store-size", "2")
-    yield server
-    stop_server(server)
+    with running_server(tmp_path_factory.mktemp("store"), "--response-store-size", "2") as server:
+        yield server
 
 
 def test_the_store_keeps_only_the_newest(small_store_server):
@@ -97,17 +96,13 @@ def test_store_expires_by_age():
 
 
 def test_sqlite_store_survives_a_restart(tmp_path):
-    from conftest import start_server, stop_server
+    from conftest import running_server
 
     path = str(tmp_path / "responses.sqlite")
-    first = start_server(tmp_path, "--response-store-path", path)
-    try:
+    with running_server(tmp_path, "--response-store-path", path) as first:
         with openai.OpenAI(base_url=first.v1, api_key="unused", max_retries=0) as sdk:
             kept = ask(sdk, input="My name is Ada.")
-    finally:
-        stop_server(first)
-    second = start_server(tmp_path, "--response-store-path", path)
-    try:
+    with running_server(tmp_path, "--response-store-path", path) as second:
         with openai.OpenAI(base_url=second.v1, api_key="unused", max_retries=0) as sdk:
             assert sdk.responses.retrieve(kept.id).output_text == kept.output_text
             follow = ask(sdk, input="What is my name?", previous_response_id=kept.id)
@@ -115,5 +110,3 @@ def test_sqlite_store_survives_a_restart(tmp_path):
             sdk.responses.delete(kept.id)
             with pytest.raises(openai.NotFoundError):
                 sdk.responses.retrieve(kept.id)
-    finally:
-        stop_server(second)

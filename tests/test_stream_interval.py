@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import start_server, stop_server
+from conftest import running_server
 from helpers import complete, completion_body
 from sse import check_completion_stream, stream_post
 
@@ -13,9 +13,8 @@ TOKENS = 24
 
 @pytest.fixture(scope="module")
 def coarse_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("interval"), "--stream-interval", "4")
-    yield server
-    stop_server(server)
+    with running_server(tmp_path_factory.mktemp("interval"), "--stream-interval", "4") as server:
+        yield server
 
 
 def test_chunks_carry_several_tokens_and_add_up_to_the_unary_text(coarse_server):

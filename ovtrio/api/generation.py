@@ -40,6 +40,20 @@ async def parse_body(model_type: type[SamplingFields]) -> Any:
         raise from_validation_error(exc) from None
 
 
+def generation_request(
+    service: ModelService,
+    body: SamplingFields,
+    prompts: list[list[int]],
+    keep_special_token_ids: frozenset[int] = frozenset(),
+) -> GenerationRequest:
+    """The scheduler's request: checked sampling settings plus the tokenized prompts."""
+    longest = max(len(p) for p in prompts)
+    params = sampling_params(body, longest, service.sequence_limit, service.defaults)
+    if keep_special_token_ids:
+        params = replace(params, keep_special_token_ids=keep_special_token_ids)
+    return GenerationRequest(prompts, params)
+
+
 async def respond(
     service: ModelService,
     body: SamplingFields,
@@ -48,11 +62,8 @@ async def respond(
     keep_special_token_ids: frozenset[int] = frozenset(),
     render: Any = None,
 ) -> Any:
-    longest = max(len(p) for p in prompts)
-    params = sampling_params(body, longest, service.sequence_limit, service.defaults)
-    if keep_special_token_ids:
-        params = replace(params, keep_special_token_ids=keep_special_token_ids)
-    generation = GenerationRequest(prompts, params)
+    generation = generation_request(service, body, prompts, keep_special_token_ids)
+    params = generation.params
     assert service.scheduler is not None
     try:
         if body.stream:

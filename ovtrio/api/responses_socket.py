@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -27,12 +26,11 @@ from pydantic import ValidationError
 from quart import Blueprint, current_app, websocket
 
 from ovtrio.api.errors import APIError, from_validation_error
-from ovtrio.api.generation import ready_service
+from ovtrio.api.generation import generation_request, ready_service
 from ovtrio.api.responses import prepare, response_events, store_response
 from ovtrio.api.responses_protocol import ResponsesRequest
-from ovtrio.api.sampling import sampling_params
 from ovtrio.response_store import ResponseStore
-from ovtrio.scheduler import GenerationRequest, UnsupportedParams
+from ovtrio.scheduler import UnsupportedParams
 from ovtrio.service import ModelService
 
 blueprint = Blueprint("responses_socket", __name__)
@@ -123,10 +121,7 @@ def _read_frame(frame: str | bytes) -> APIError | tuple[Any, ResponsesRequest]:
 def _runnable(service: ModelService, body: ResponsesRequest, local: ResponseStore) -> Any:
     ready_service()
     ready = prepare(service, body, local, service.responses)
-    params = sampling_params(body, len(ready.prompt_ids), service.sequence_limit, service.defaults)
-    if ready.markers:
-        params = replace(params, keep_special_token_ids=ready.markers)
-    return ready, GenerationRequest([ready.prompt_ids], params)
+    return ready, generation_request(service, body, [ready.prompt_ids], ready.markers)
 
 
 async def _run(
