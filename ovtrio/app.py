@@ -12,7 +12,7 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ovtrio.api import generation, health, metrics, models, responses, responses_socket
+from ovtrio.api import generation, health, metrics, models, responses, responses_socket, tokenize
 from ovtrio.api.errors import APIError
 from ovtrio.config import Settings, settings_from_env
 from ovtrio.model import ModelLoadError
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     service = ModelService(settings)
     app.config["OVTRIO_SERVICE"] = service
     app.config["OVTRIO_METRICS"] = metrics.registry_for(service)
-    for module in (generation, responses, responses_socket, models, health, metrics):
+    for module in (generation, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
 
     @app.before_serving

@@ -44,6 +44,16 @@ class Settings(BaseModel):
         256, ge=1, description="most tokens processed in one engine step (prompt chunks included)"
     )
     enable_prefix_caching: bool = Field(True, description="reuse KV cache of shared prompt prefixes")
+    inference_precision: Literal["auto", "f32", "bf16", "f16"] = Field(
+        "auto",
+        description="precision the device computes in (auto: the device's choice, bf16 on CPUs with AVX-512 BF16"
+        " or AMX, f32 on others); f32 makes greedy output exact and independent of batching",
+    )
+    kv_cache_precision: Literal["auto", "f32", "bf16", "f16", "u8", "u4"] = Field(
+        "auto",
+        description="precision of the KV cache (auto: the device's choice); f32 makes output read from the prefix"
+        " cache equal output computed afresh, and needs inference_precision f32 on CPUs that compute in bf16",
+    )
     max_tokens_limit: int | None = Field(
         None, ge=1, description="default and cap for max_tokens (OVMS's max_tokens_limit)"
     )

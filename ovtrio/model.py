@@ -141,6 +141,30 @@ class LoadedModel:
     vocabulary: Any = None  # ovtrio.vocabulary.Vocabulary, when the model has a byte-level one
 
 
+def engine_error_reason(exc: Exception) -> str:
+    """The line of an engine exception that says what went wrong.
+
+    The engine's messages nest "Exception from src/...cpp:N:" lines (one per layer)
+    around the reason, sometimes behind a "Check '...' failed at ...:" line.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reasons = [line for line in lines if not line.startswith("Exception from ")]
+    if not reasons:
+        return type(exc).__name__
+    last = reasons[-1]
+    return last if not last.startswith("Check '") or len(reasons) == 1 else f"{last} ({reasons[-2]})"
+
+
+def engine_properties(settings: Settings) -> dict[str, str]:
+    """OpenVINO properties for the device: the precision hints that are not left to it."""
+    properties = {}
+    if settings.inference_precision != "auto":
+        properties["INFERENCE_PRECISION_HINT"] = settings.inference_precision
+    if settings.kv_cache_precision != "auto":
+        properties["KV_CACHE_PRECISION"] = settings.kv_cache_precision
+    return properties
+
+
 def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     """Build the continuous-batching pipeline. Blocking; releases the GIL while compiling."""
     import openvino_genai
@@ -158,13 +182,13 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     started = time.perf_counter()
     try:
         pipeline = openvino_genai.ContinuousBatchingPipeline(
-            str(source.path), scheduler_config, settings.device
+            str(source.path), scheduler_config, settings.device, engine_properties(settings)
         )
     except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
-        reason = str(exc).strip().splitlines()
-        detail = next((line for line in reason if "Exception" in line or "rror" in line), reason[0] if reason else "")
+        hints = engine_properties(settings)
+        with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""
         raise ModelLoadError(
-            f"cannot load model {source.path} on {settings.device}: {detail.strip() or type(exc).__name__}"
+            f"cannot load model {source.path} on {settings.device}{with_hints}: {engine_error_reason(exc)}"
         ) from None
     tokenizer = pipeline.get_tokenizer()
     if settings.chat_template:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,23 +111,6 @@ def complete(base_url: str, path: str = COMPLETION_PATHS[0], **params: Any) -> U
     return check_completion_body(response.json(), expected_choices(body))
 
 
-def warm_up(base_url: str, path: str, **params: Any) -> None:
-    """Run a short request with these messages / this prompt once, so that the engine's
-    prefix cache holds the prompt before outputs are compared.
-
-    The engine computes slightly different logits for a prompt whose KV blocks it finds
-    in its prefix cache than for one it computes afresh (see
-    test_sampling_params.py::test_output_does_not_depend_on_the_prefix_cache), so
-    requests whose texts are compared must all meet the cache in the same state: after
-    one request of 2+ tokens, the prompt's full blocks stay cached and nothing else of it
-    is reused.
-    """
-    keep = {key: params[key] for key in ("messages", "content", "prompt", "nvext") if key in params}
-    body = chat_body(**keep) if "chat" in path else completion_body(**keep)
-    response = post(base_url, path, body | {"max_tokens": 2, "temperature": 0})
-    assert response.status_code == 200, response.text
-
-
 def _include_usage(body: dict[str, Any]) -> bool:
     return bool((body.get("stream_options") or {}).get("include_usage"))
 
@@ -181,19 +163,18 @@ def assert_error(
     return error
 
 
-def pick_stop_word(text: str) -> tuple[str, int]:
-    """A word from the second half of `text`, and where it first occurs in `text`.
+def pick_stop_word(text: str, length: int = 4) -> tuple[str, int]:
+    """A piece of `text` to use as a stop string, and where it first occurs in `text`.
 
-    The first occurrence may sit inside an earlier word; that is where generation
-    stops, so the index is computed with str.find on the whole text.
+    Taken from after the first third of the text (so that stopping there cuts the
+    output short), without leading or trailing blanks; generation stops at its first
+    occurrence, which may be earlier, so the index comes from str.find on the whole text.
     """
-    words = re.findall(r"[A-Za-z]{4,}", text)
-    middle = len(text) // 3
-    for word in words:
-        at = text.find(word)
-        if at >= middle:
-            return word, at
-    raise AssertionError(f"no usable stop word in {text!r}")
+    for start in range(len(text) // 3, len(text) - length):
+        word = text[start : start + length]
+        if word.strip() == word and word.strip():
+            return word, text.find(word)
+    raise AssertionError(f"no usable stop string in {text!r} (ask for more tokens)")
 
 
 def metric_value(text: str, name: str) -> float:
@@ -204,9 +185,11 @@ def metric_value(text: str, name: str) -> float:
     raise KeyError(name)
 
 
-# A conversation the model ends by itself (end-of-sequence) after about 9 tokens.
-SHORT_ANSWER = [
-    {"role": "user", "content": "My name is Alice."},
-    {"role": "assistant", "content": "Nice to meet you, Alice!"},
-    {"role": "user", "content": "What is my name?"},
-]
+# A chat request that ends with the model's own end-of-sequence token, on any CPU: the
+# JSON schema admits only `true` or `false`, after which constrained decoding leaves the
+# model nothing to produce but its end token. (Tests that need a natural end use this
+# instead of a prompt the model happens to end.)
+ENDS_BY_ITSELF: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Is the sky blue? Answer true or false."}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "boolean"}}},
+}

@@ -8,24 +8,35 @@ import json
 import httpx
 import pytest
 
-from helpers import CHAT_PATHS, chat, chat_body, check_chat_body, pick_stop_word
+from helpers import CHAT_PATHS, ENDS_BY_ITSELF, chat, chat_body, check_chat_body, pick_stop_word, post
 from openai_schema import validate
 from sse import MODEL, check_chat_stream, parse_sse, stream_post
 
 STORY = "Tell me a short story about a cat."
-GREEDY = {"temperature": 0, "max_tokens": 16}
-# A conversation the model ends by itself (end-of-sequence) well before 32 tokens.
-SHORT_ANSWER = [
+# ignore_eos: the model may end at once on some CPUs; the tests need text to compare.
+GREEDY = {"temperature": 0, "max_tokens": 16, "ignore_eos": True}
+SDK_GREEDY = {"temperature": 0, "max_tokens": 16, "extra_body": {"ignore_eos": True}}
+HISTORY = [
     {"role": "user", "content": "My name is Alice."},
     {"role": "assistant", "content": "Nice to meet you, Alice!"},
     {"role": "user", "content": "What is my name?"},
 ]
 
 
+def rendered_prompt(base_url: str, messages: list) -> str:
+    """The prompt the chat template makes of `messages`, as the server tokenizes it."""
+    tokenized = post(base_url, "/tokenize", {"messages": messages})
+    assert tokenized.status_code == 200, tokenized.text
+    text = post(base_url, "/detokenize", {"tokens": tokenized.json()["tokens"]})
+    assert text.status_code == 200, text.text
+    return text.json()["prompt"]
+
+
 @pytest.mark.parametrize("path", CHAT_PATHS)
 def test_unary_length_counts_every_token(server, path):
-    result = chat(server.base_url, path, content=STORY, max_tokens=10, temperature=0, ignore_eos=True)
-    assert result.text.strip()
+    result = chat(server.base_url, path, content=STORY, max_tokens=10, temperature=0, ignore_eos=True, logprobs=True)
+    entries = result.body["choices"][0]["logprobs"]["content"]
+    assert len(entries) == 10 and "".join(entry["token"] for entry in entries) == result.text
     assert result.finish_reason == "length"
     assert result.usage["completion_tokens"] == 10
     assert result.body["choices"][0]["message"]["refusal"] is None
@@ -38,17 +49,19 @@ def test_v1_and_v3_are_the_same_endpoint(server):
 
 
 def test_greedy_is_deterministic(server):
-    first = chat(server.base_url, content=STORY, **GREEDY)
-    second = chat(server.base_url, content=STORY, **GREEDY)
-    assert first.text and first.text == second.text
+    first = chat(server.base_url, content=STORY, logprobs=True, **GREEDY)
+    second = chat(server.base_url, content=STORY, logprobs=True, **GREEDY)
+    assert first.text == second.text
+    assert first.body["choices"][0]["logprobs"] == second.body["choices"][0]["logprobs"]
     assert first.usage == second.usage
 
 
 def test_end_of_sequence_finishes_with_stop_unless_ignored(server):
-    natural = chat(server.base_url, messages=SHORT_ANSWER, max_tokens=32, temperature=0)
+    natural = chat(server.base_url, **ENDS_BY_ITSELF, max_tokens=32, temperature=0)
     assert natural.finish_reason == "stop"
     assert 0 < natural.usage["completion_tokens"] < 32
-    forced = chat(server.base_url, messages=SHORT_ANSWER, max_tokens=32, temperature=0, ignore_eos=True)
+    assert json.loads(natural.text) in (True, False)
+    forced = chat(server.base_url, **ENDS_BY_ITSELF, max_tokens=32, temperature=0, ignore_eos=True)
     assert forced.finish_reason == "length"
     assert forced.usage["completion_tokens"] == 32
     assert forced.text.startswith(natural.text)
@@ -71,9 +84,9 @@ def test_content_as_list_of_text_parts(server):
 def test_system_message_is_part_of_the_prompt(server):
     user = {"role": "user", "content": "Hi"}
     system = {"role": "system", "content": "You are a pirate. Always talk like a pirate."}
-    plain = chat(server.base_url, messages=[user], **GREEDY)
     with_system = chat(server.base_url, messages=[system, user], **GREEDY)
-    assert with_system.text != plain.text
+    prompt = rendered_prompt(server.base_url, [system, user])
+    assert system["content"] in prompt and prompt.index(system["content"]) < prompt.index("Hi")
     # (Without one, SmolLM2's template adds its own default system prompt, so compare
     # two system messages rather than system vs. none.)
     longer = {"role": "system", "content": system["content"] + " Never break character, not even once."}
@@ -86,10 +99,14 @@ def test_system_message_is_part_of_the_prompt(server):
 
 
 def test_multi_turn_history_is_part_of_the_prompt(server):
-    last_only = chat(server.base_url, messages=SHORT_ANSWER[-1:], **GREEDY)
-    history = chat(server.base_url, messages=SHORT_ANSWER, **GREEDY)
+    last_only = chat(server.base_url, messages=HISTORY[-1:], **GREEDY)
+    history = chat(server.base_url, messages=HISTORY, **GREEDY)
     assert history.usage["prompt_tokens"] > last_only.usage["prompt_tokens"]
-    assert history.text != last_only.text
+    prompt = rendered_prompt(server.base_url, HISTORY)
+    positions = [prompt.index(message["content"]) for message in HISTORY]
+    assert positions == sorted(positions)
+    tokenized = post(server.base_url, "/tokenize", {"messages": HISTORY}).json()
+    assert tokenized["count"] == len(tokenized["tokens"]) == history.usage["prompt_tokens"]
 
 
 @pytest.mark.parametrize("path", CHAT_PATHS)
@@ -125,15 +142,15 @@ def test_include_usage_framing(server):
 
 
 def test_stop_strings(server):
-    full = chat(server.base_url, content=STORY, max_tokens=32, temperature=0)
+    full = chat(server.base_url, content=STORY, max_tokens=32, temperature=0, ignore_eos=True)
     word, at = pick_stop_word(full.text)
 
-    stopped = chat(server.base_url, content=STORY, max_tokens=32, temperature=0, stop=[word])
+    stopped = chat(server.base_url, content=STORY, max_tokens=32, temperature=0, ignore_eos=True, stop=[word])
     assert stopped.text == full.text[:at]
     assert stopped.finish_reason == "stop"
     assert stopped.usage["completion_tokens"] < full.usage["completion_tokens"]
 
-    body = chat_body(STORY, max_tokens=32, temperature=0, stop=[word], stream=True)
+    body = chat_body(STORY, max_tokens=32, temperature=0, ignore_eos=True, stop=[word], stream=True)
     streamed = check_chat_stream(stream_post(server.base_url, "/v3/chat/completions", body))
     # Streams keep the stop string (OVMS's rule); unary responses drop it.
     assert streamed.text == full.text[:at] + word
@@ -141,9 +158,11 @@ def test_stop_strings(server):
 
 
 def test_several_stop_strings_first_match_wins(server):
-    full = chat(server.base_url, content=STORY, max_tokens=32, temperature=0)
+    full = chat(server.base_url, content=STORY, max_tokens=32, temperature=0, ignore_eos=True)
     word, at = pick_stop_word(full.text)
-    stopped = chat(server.base_url, content=STORY, max_tokens=32, temperature=0, stop=["zzzzqq", word, "qqqzzz"])
+    stopped = chat(
+        server.base_url, content=STORY, max_tokens=32, temperature=0, ignore_eos=True, stop=["zzzzqq", word, "qqqzzz"]
+    )
     assert stopped.text == full.text[:at]
     assert stopped.finish_reason == "stop"
 
@@ -157,21 +176,23 @@ def test_sdk_unary(client):
         messages=[{"role": "user", "content": STORY}],
         max_completion_tokens=8,
         temperature=0,
+        logprobs=True,
         extra_body={"ignore_eos": True},
     )
     check_chat_body(raw.http_response.json())
     completion = raw.parse()
     assert completion.choices[0].message.role == "assistant"
-    assert completion.choices[0].message.content
+    tokens = [entry.token for entry in completion.choices[0].logprobs.content]
+    assert len(tokens) == 8 and "".join(tokens) == completion.choices[0].message.content
     assert completion.choices[0].finish_reason == "length"
     assert completion.usage.completion_tokens == 8
 
 
 def test_sdk_stream_matches_sdk_unary(client):
     messages = [{"role": "user", "content": STORY}]
-    unary = client.chat.completions.create(model=MODEL, messages=messages, **GREEDY)
+    unary = client.chat.completions.create(model=MODEL, messages=messages, **SDK_GREEDY)
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, stream=True, stream_options={"include_usage": True}, **GREEDY
+        model=MODEL, messages=messages, stream=True, stream_options={"include_usage": True}, **SDK_GREEDY
     )
     chunks = [chunk.model_dump(exclude_unset=True) for chunk in stream]
     streamed = check_chat_stream(chunks, include_usage=True)
@@ -186,7 +207,6 @@ async def test_async_sdk_unary(async_client):
         model=MODEL, messages=[{"role": "user", "content": STORY}], max_tokens=8, temperature=0
     )
     result = check_chat_body(raw.http_response.json())
-    assert result.text
     completion = raw.parse()
     assert completion.choices[0].message.content == result.text
 
@@ -196,10 +216,10 @@ async def test_async_sdk_stream_matches_unary(async_client):
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": [{"type": "text", "text": STORY}]},
     ]
-    unary = await async_client.chat.completions.create(model=MODEL, messages=messages, **GREEDY)
+    unary = await async_client.chat.completions.create(model=MODEL, messages=messages, **SDK_GREEDY)
     validate(unary.model_dump(exclude_unset=True), "CreateChatCompletionResponse")
     stream = await async_client.chat.completions.create(
-        model=MODEL, messages=messages, stream=True, stream_options={"include_usage": True}, **GREEDY
+        model=MODEL, messages=messages, stream=True, stream_options={"include_usage": True}, **SDK_GREEDY
     )
     chunks = [chunk.model_dump(exclude_unset=True) async for chunk in stream]
     streamed = check_chat_stream(chunks, include_usage=True)

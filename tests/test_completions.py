@@ -9,13 +9,17 @@ from openai_schema import validate, validate_completion_chunk
 from sse import MODEL, check_completion_stream, stream_post
 
 PROMPT = "The capital of France is"
-GREEDY = {"temperature": 0, "max_tokens": 16}
+# ignore_eos: the model may end at once on some CPUs; the tests need text to compare.
+GREEDY = {"temperature": 0, "max_tokens": 16, "ignore_eos": True}
+SDK_GREEDY = {"temperature": 0, "max_tokens": 16, "extra_body": {"ignore_eos": True}}
 
 
 @pytest.mark.parametrize("path", COMPLETION_PATHS)
 def test_unary_length_counts_every_token(server, path):
-    result = complete(server.base_url, path, prompt=PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
-    assert result.text.strip()
+    result = complete(server.base_url, path, prompt=PROMPT, max_tokens=12, temperature=0, ignore_eos=True, logprobs=1)
+    # every token is in the reply, and the reply's text is exactly theirs
+    tokens = result.body["choices"][0]["logprobs"]["tokens"]
+    assert len(tokens) == 12 and "".join(tokens) == result.text
     assert result.finish_reason == "length"
     assert result.usage["completion_tokens"] == 12
     assert result.usage["total_tokens"] == result.usage["prompt_tokens"] + 12
@@ -28,18 +32,20 @@ def test_v1_and_v3_are_the_same_endpoint(server):
 
 
 def test_greedy_is_deterministic(server):
-    first = complete(server.base_url, prompt=PROMPT, **GREEDY)
-    second = complete(server.base_url, prompt=PROMPT, **GREEDY)
-    assert first.text and first.text == second.text
+    first = complete(server.base_url, prompt=PROMPT, logprobs=1, **GREEDY)
+    second = complete(server.base_url, prompt=PROMPT, logprobs=1, **GREEDY)
+    assert first.text == second.text
+    assert first.body["choices"][0]["logprobs"] == second.body["choices"][0]["logprobs"]
     assert first.usage == second.usage
     assert first.body["id"] != second.body["id"]
 
 
 def test_seed_makes_sampling_reproducible(server):
-    params = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "seed": 1234}
+    params = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "seed": 1234, "logprobs": 1}
     first = complete(server.base_url, **params)
     second = complete(server.base_url, **params)
-    assert first.text and first.text == second.text
+    assert first.text == second.text
+    assert first.body["choices"][0]["logprobs"] == second.body["choices"][0]["logprobs"]
 
 
 def test_prompt_tokens_grow_with_the_prompt(server):
@@ -68,15 +74,15 @@ def test_stream_without_stream_options_has_no_usage(server):
 
 
 def test_stop_string_unary_excludes_and_stream_includes_it(server):
-    full = complete(server.base_url, prompt=PROMPT, max_tokens=32, temperature=0)
+    full = complete(server.base_url, prompt=PROMPT, max_tokens=32, temperature=0, ignore_eos=True)
     word, at = pick_stop_word(full.text)
 
-    stopped = complete(server.base_url, prompt=PROMPT, max_tokens=32, temperature=0, stop=word)
+    stopped = complete(server.base_url, prompt=PROMPT, max_tokens=32, temperature=0, ignore_eos=True, stop=word)
     assert stopped.text == full.text[:at]
     assert stopped.finish_reason == "stop"
     assert stopped.usage["completion_tokens"] < full.usage["completion_tokens"]
 
-    body = completion_body(PROMPT, max_tokens=32, temperature=0, stop=[word], stream=True)
+    body = completion_body(PROMPT, max_tokens=32, temperature=0, ignore_eos=True, stop=[word], stream=True)
     streamed = check_completion_stream(stream_post(server.base_url, "/v3/completions", body))
     assert streamed.text == full.text[:at] + word
     assert streamed.finish_reason == "stop"
@@ -87,21 +93,21 @@ def test_stop_string_unary_excludes_and_stream_includes_it(server):
 
 def test_sdk_unary(client):
     raw = client.completions.with_raw_response.create(
-        model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+        model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=0, extra_body={"ignore_eos": True}
     )
     check_completion_body(raw.http_response.json())
     completion = raw.parse()
     assert completion.model == MODEL
-    assert completion.choices[0].text
+    assert "".join(completion.choices[0].logprobs.tokens) == completion.choices[0].text
     assert completion.choices[0].finish_reason == "length"
     assert completion.usage.completion_tokens == 8
     assert completion.usage.total_tokens == completion.usage.prompt_tokens + 8
 
 
 def test_sdk_stream_matches_sdk_unary(client):
-    unary = client.completions.create(model=MODEL, prompt=PROMPT, **GREEDY)
+    unary = client.completions.create(model=MODEL, prompt=PROMPT, **SDK_GREEDY)
     stream = client.completions.create(
-        model=MODEL, prompt=PROMPT, stream=True, stream_options={"include_usage": True}, **GREEDY
+        model=MODEL, prompt=PROMPT, stream=True, stream_options={"include_usage": True}, **SDK_GREEDY
     )
     chunks = list(stream)
     for chunk in chunks:

@@ -8,6 +8,7 @@ tool_choice is read back into tool calls (tool_choice.py) instead of content.
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from collections.abc import Callable
@@ -50,6 +51,7 @@ class _Formatter:
     choices: int = 1
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    _decoders: dict[int, Any] = field(default_factory=dict)
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -64,8 +66,21 @@ class _Formatter:
             body["usage"] = None
         return body
 
-    def _token_text(self, token_id: int) -> str:
-        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+    def _token_texts(self, index: int, token_ids: list[int]) -> list[tuple[str, bytes]]:
+        """Each token's share of choice `index`'s text, and the bytes it adds.
+
+        A token that ends inside a UTF-8 character adds bytes but no text yet; the
+        token that completes the character carries it. So the texts of a choice's
+        entries join to exactly its text, and their bytes to the text's UTF-8.
+        """
+        decoder = self._decoders.get(index)
+        if decoder is None:
+            decoder = self._decoders[index] = codecs.getincrementaldecoder("utf-8")("replace")
+        pieces = []
+        for token_id in token_ids:
+            data = self.token_bytes(token_id)
+            pieces.append((decoder.decode(data), data))
+        return pieces
 
 
 @dataclass
@@ -89,8 +104,7 @@ class CompletionFormatter(_Formatter):
             return None
         offset = self._offsets.get(index, len(self._echo_text(index)))
         tokens, offsets = [], []
-        for token_id in token_ids:
-            token = self._token_text(token_id)
+        for token, _ in self._token_texts(index, token_ids):
             tokens.append(token)
             offsets.append(offset)
             offset += len(token)
@@ -183,15 +197,14 @@ class ChatFormatter(_Formatter):
     def __post_init__(self) -> None:
         self.id = self.id or f"chatcmpl-{uuid.uuid4().hex}"
 
-    def _logprobs(self, token_ids: list[int], logprobs: list[float]) -> dict[str, Any] | None:
+    def _logprobs(self, index: int, token_ids: list[int], logprobs: list[float]) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
         content = []
-        for token_id, logprob in zip(token_ids, logprobs):
-            data = self.token_bytes(token_id)
+        for (token, data), logprob in zip(self._token_texts(index, token_ids), logprobs):
             content.append(
                 {
-                    "token": data.decode("utf-8", errors="replace"),
+                    "token": token,
                     "logprob": logprob,
                     "bytes": list(data),
                     "top_logprobs": [],
@@ -213,9 +226,9 @@ class ChatFormatter(_Formatter):
         chunks = self._reasoning_chunk(index, reasoning)
         parser = self._parser(index)
         if parser is not None:
-            return chunks + self._parsed_chunks(index, parser.feed(text), self._logprobs(token_ids, logprobs))
+            return chunks + self._parsed_chunks(index, parser.feed(text), self._logprobs(index, token_ids, logprobs))
         if text or (self.logprobs and not reasoning):
-            chunks.append(self._chunk(index, {"content": text}, None, self._logprobs(token_ids, logprobs)))
+            chunks.append(self._chunk(index, {"content": text}, None, self._logprobs(index, token_ids, logprobs)))
         return chunks
 
     def finish_chunks(self, index: int, reason: str) -> list[dict[str, Any]]:
@@ -259,7 +272,7 @@ class ChatFormatter(_Formatter):
                 {
                     "index": i,
                     "message": message,
-                    "logprobs": self._logprobs(output.token_ids, output.logprobs),
+                    "logprobs": self._logprobs(i, output.token_ids, output.logprobs),
                     "finish_reason": reason,
                 }
             )

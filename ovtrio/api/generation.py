@@ -75,7 +75,8 @@ async def respond(
         raise invalid(f"The engine cannot run this request: {exc}", param) from None
 
 
-def check_model(service: ModelService, body: SamplingFields) -> None:
+def check_model(service: ModelService, body: Any) -> None:
+    """404 unless the body's `model` is the served one."""
     if body.model != service.model_name:
         raise model_not_found(body.model)
 
@@ -96,7 +97,7 @@ async def create_completion() -> Any:
     formatter = CompletionFormatter(
         service.model_name,
         service.system_fingerprint,
-        service.prompts.token_bytes,
+        service.prompts.output_bytes(body.skip_special_tokens),
         include_usage=include_usage(body),
         logprobs=body.logprobs is not None,
         choices=len(prompts) * body.n,
@@ -120,10 +121,12 @@ def chat_formatter(
         tool_parser = ForcedCallsParser
     else:
         tool_parser = service.tool_parser if parse and tools and tool_choice == "auto" else None
+    # The parser must see its format's tags even where they are special tokens.
+    markers = service.prompts.special_token_ids(tool_parser.MARKERS) if tool_parser else frozenset()
     formatter = ChatFormatter(
         service.model_name,
         service.system_fingerprint,
-        service.prompts.token_bytes,
+        service.prompts.output_bytes(body.skip_special_tokens, markers),
         include_usage=include_usage(body),
         logprobs=body.logprobs,
         choices=choices,
@@ -131,8 +134,6 @@ def chat_formatter(
         # A forced call is the whole reply, thinking or not.
         reasoning=partial(ReasoningSplitter, prompt.opens_reasoning) if parse and service.reasoning and not forced else None,
     )
-    # The parser must see its format's tags even where they are special tokens.
-    markers = service.prompts.special_token_ids(tool_parser.MARKERS) if tool_parser else frozenset()
     return formatter, markers
 
 

@@ -4,6 +4,7 @@ in any of OpenAI's four forms, and the text of single tokens (for logprobs)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,14 @@ class PromptBuilder:
             return list(prompt)
         return [self.decode(ids) for ids in encoded]
 
+    def encode_raw(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Any text, as the tokenizer splits it (empty text gives no ids)."""
+        return self._encode(text, add_special_tokens=add_special_tokens)
+
+    def checked_ids(self, ids: list[int], param: str) -> list[int]:
+        """Token ids a client sent, each checked against the vocabulary (400 naming it)."""
+        return self._checked_ids(ids, param)
+
     def encode_text(self, text: str) -> list[int]:
         """A completions prompt: tokenized with the model's special tokens (e.g. BOS)."""
         ids = self._encode(text, add_special_tokens=True)
@@ -59,6 +68,7 @@ class PromptBuilder:
         raw: bool = False,
         tools: list[FunctionSpec] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> ChatPrompt:
         """A conversation (with its tools) rendered by the chat template, which adds
         special tokens; or with `raw`, the messages' text as is (nvext.use_raw_prompt).
@@ -72,7 +82,7 @@ class PromptBuilder:
         tool_list = [_template_tool(spec) for spec in tools or []]
         try:
             prompt = self._tokenizer.apply_chat_template(
-                history, add_generation_prompt=True, tools=tool_list or None, extra_context=template_kwargs or None
+                history, add_generation_prompt=add_generation_prompt, tools=tool_list or None, extra_context=template_kwargs or None
             )
         except Exception as exc:  # a template error is about the messages sent
             raise invalid(f"The chat template could not render these messages: {exc}", "messages") from None
@@ -99,6 +109,22 @@ class PromptBuilder:
         if self._vocabulary is not None and token_id < len(self._vocabulary.token_bytes):
             return self._vocabulary.token_bytes[token_id]
         return self._tokenizer.decode([token_id], skip_special_tokens=False).encode()
+
+    def output_bytes(self, skip_special_tokens: bool, keep_special_token_ids: frozenset[int] = frozenset()) -> Callable[[int], bytes]:
+        """What each generated token adds to the output text, as bytes: its own bytes, or
+        none for a special token that skip_special_tokens leaves out (logprob entries
+        then join to exactly the text)."""
+        if not skip_special_tokens:
+            return self.token_bytes
+        if self._vocabulary is None:  # the engine's detokenizer knows which tokens it skips
+            return lambda token_id: self._tokenizer.decode([token_id], skip_special_tokens=True).encode()
+        special = self._vocabulary.special_ids
+        skipped = special - keep_special_token_ids
+
+        def output_bytes(token_id: int) -> bytes:
+            return b"" if token_id in skipped else self.token_bytes(token_id)
+
+        return output_bytes
 
     def _checked_ids(self, ids: list[int], param: str) -> list[int]:
         if self._vocab_size is not None:
