@@ -9,19 +9,23 @@ import random
 
 import pytest
 
-from helpers import chat_body, post
+from helpers import ENDS_BY_ITSELF, chat_body, post
 from openai_schema import validate
 from ovtrio.api.formatting import ChatFormatter, ChoiceOutput
 from ovtrio.reasoning import ReasoningSplitter
 from ovtrio.scheduler import Completed
 from ovtrio.tool_parsers import HermesToolParser
 from sse import stream_post
+from vocab import embedded_vocabulary
 
 THINKING_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}{% endif %}"
 )
 QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
+# The reply is `true` or `false` and then the end, whatever the model thinks (see
+# helpers.ENDS_BY_ITSELF): with thinking on, that reply is all reasoning.
+BOOLEAN = ENDS_BY_ITSELF["response_format"]
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +50,17 @@ def ask(server, **fields) -> dict:
     [{"chat_template_kwargs": {"enable_thinking": True}}, {"reasoning": {"effort": "low"}}, {"reasoning_effort": "high"}],
 )
 def test_thinking_goes_to_reasoning_content(thinking_server, switch):
-    plain = ask(thinking_server)["choices"][0]["message"]
-    thinking = ask(thinking_server, **switch)
+    plain = ask(thinking_server, response_format=BOOLEAN)
+    thinking = ask(thinking_server, response_format=BOOLEAN, **switch)
     message = thinking["choices"][0]["message"]
-    # The template opened <think>: this small model never closes it, so all it wrote is
-    # reasoning and none of it is content.
-    assert message["reasoning_content"] and message["reasoning"] == message["reasoning_content"]
+    # The template opened <think> and the reply never closes it: all of it is reasoning.
+    assert message["reasoning_content"] in ("true", "false")
+    assert message["reasoning"] == message["reasoning_content"]
     assert message["content"] == ""
-    assert "reasoning_content" not in plain and plain["content"]
-    assert thinking["usage"]["prompt_tokens"] > ask(thinking_server)["usage"]["prompt_tokens"]
+    # Without the switch the template opens nothing and the same kind of reply is content.
+    assert "reasoning_content" not in plain["choices"][0]["message"]
+    assert plain["choices"][0]["message"]["content"] in ("true", "false")
+    assert thinking["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
 
 
 def test_streamed_reasoning_matches_unary(thinking_server):
@@ -71,14 +77,17 @@ def test_streamed_reasoning_matches_unary(thinking_server):
         reasoning += delta.get("reasoning_content") or ""
         content += delta.get("content") or ""
         assert delta.get("reasoning", delta.get("reasoning_content")) == delta.get("reasoning_content")
-    assert reasoning == unary["reasoning_content"]
-    assert content == unary["content"] == ""
+    assert reasoning == unary.get("reasoning_content", "")
+    assert content == unary["content"]
 
 
 def test_skip_special_tokens_false_returns_the_raw_text(thinking_server):
-    raw = ask(thinking_server, chat_template_kwargs={"enable_thinking": True}, skip_special_tokens=False)
-    message = raw["choices"][0]["message"]
-    assert "reasoning_content" not in message and message["content"]
+    switch = {"chat_template_kwargs": {"enable_thinking": True}, "response_format": BOOLEAN}
+    parsed = ask(thinking_server, **switch)["choices"][0]["message"]
+    raw = ask(thinking_server, skip_special_tokens=False, **switch)["choices"][0]["message"]
+    # no parser touched it: the reasoning is content, and the end token is kept
+    assert "reasoning_content" not in raw
+    assert raw["content"] == parsed["reasoning_content"] + embedded_vocabulary().eos_text()
 
 
 TEXT = (
@@ -122,8 +131,9 @@ def test_responses_stream_reasoning_events(thinking_server):
 
     import httpx
 
-    body = {"model": "SmolLM2-135M-Instruct", "input": "Why is the sky blue?", "max_output_tokens": 12,
-            "temperature": 0, "stream": True, "reasoning": {"effort": "low"}}
+    body = {"model": "SmolLM2-135M-Instruct", "input": "Is the sky blue?", "max_output_tokens": 12,
+            "temperature": 0, "stream": True, "reasoning": {"effort": "low"},
+            "text": {"format": {"type": "json_schema", "name": "answer", "schema": {"type": "boolean"}}}}
     with httpx.stream("POST", thinking_server.base_url + "/v1/responses", json=body, timeout=60) as reply:
         raw = reply.read().decode()
     events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
@@ -136,8 +146,8 @@ def test_responses_stream_reasoning_events(thinking_server):
     assert events[2]["item"]["type"] == "reasoning"
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta")
     done = next(e for e in events if e["type"] == "response.reasoning_summary_text.done")
-    assert deltas and deltas == done["text"]
-    assert "response.reasoning_summary_part.done" in kinds and kinds[-1] == "response.incomplete"
+    assert deltas in ("true", "false") and deltas == done["text"]
+    assert "response.reasoning_summary_part.done" in kinds and kinds[-1] == "response.completed"
     final = events[-1]["response"]
     assert final["output"][0]["type"] == "reasoning" and final["output"][0]["summary"][0]["text"] == deltas
     unary = post(thinking_server.base_url, "/v1/responses", {**body, "stream": False}).json()

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from helpers import post
+from helpers import ENDS_BY_ITSELF, post
 from openai_schema import validate
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -28,25 +28,38 @@ def create(server, path: str = "/v1/responses", **fields) -> dict:
     return body
 
 
+# A reply that completes by itself on any CPU: the schema admits only true or false,
+# then the model can only end (see helpers.ENDS_BY_ITSELF).
+COMPLETES = {
+    "input": ENDS_BY_ITSELF["messages"][0]["content"],
+    "text": {"format": {"type": "json_schema", "name": "answer", "schema": {"type": "boolean"}}},
+    "max_output_tokens": 60,
+}
+
+
 def texts(body: dict) -> list[str]:
     return [part["text"] for item in body["output"] if item["type"] == "message" for part in item["content"]]
 
 
 @pytest.mark.parametrize("path", ["/v1/responses", "/v3/responses"])
 def test_text_response(server, path):
-    body = create(server, path, input="What is the capital of France?", max_output_tokens=24)
+    body = create(server, path, input="What is the capital of France?", max_output_tokens=24, ignore_eos=True)
     assert body["object"] == "response" and body["id"].startswith("resp_")
-    assert body["status"] in ("completed", "incomplete")
-    assert texts(body) and texts(body)[0]
+    assert body["status"] == "incomplete"
+    assert len(texts(body)) == 1
     usage = body["usage"]
-    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0
+    assert usage["output_tokens"] == 24
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    completed = create(server, path, **COMPLETES)
+    assert completed["status"] == "completed" and json.loads(texts(completed)[0]) in (True, False)
 
 
 def test_sdk_create_and_output_text(client):
-    reply = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=16, temperature=0)
-    assert reply.output_text
-    assert reply.usage.output_tokens <= 16
-    again = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=16, temperature=0)
+    params = {"model": MODEL, "input": "Say hello.", "max_output_tokens": 16, "temperature": 0}
+    reply = client.responses.create(**params, extra_body={"ignore_eos": True})
+    assert reply.usage.output_tokens == 16
+    assert reply.output_text == texts(reply.model_dump())[0]
+    again = client.responses.create(**params, extra_body={"ignore_eos": True})
     assert again.output_text == reply.output_text  # greedy is deterministic
 
 
@@ -68,6 +81,8 @@ def test_instructions_reach_the_model(server):
 
 
 def test_message_items_and_parts(server):
+    """Message items and their parts make the same prompt as the chat messages they
+    stand for: same token count and (greedy) the same reply."""
     body = create(
         server,
         input=[
@@ -75,8 +90,16 @@ def test_message_items_and_parts(server):
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name a color."}]},
         ],
         max_output_tokens=8,
+        ignore_eos=True,
     )
-    assert texts(body)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]
+    reply = post(
+        server.base_url,
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0, "ignore_eos": True},
+    ).json()
+    assert body["usage"]["input_tokens"] == reply["usage"]["prompt_tokens"]
+    assert texts(body) == [reply["choices"][0]["message"]["content"]]
 
 
 def test_forced_function_call(server):
@@ -196,7 +219,7 @@ def collapsed(events: list[dict]) -> list[str]:
 
 
 def test_streamed_text_events_in_order_and_equal_to_unary(server):
-    fields = {"input": "Say hello.", "max_output_tokens": 60}
+    fields = COMPLETES
     events = stream_events(server, **fields)
     assert collapsed(events) == [*TEXT_EVENTS, "response.completed"]
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
@@ -228,7 +251,7 @@ def test_streamed_function_call_events(server):
 
 
 def test_sdk_stream_helper(client):
-    with client.responses.stream(model=MODEL, input="Say hello.", max_output_tokens=60, temperature=0) as stream:
+    with client.responses.stream(model=MODEL, temperature=0, **COMPLETES) as stream:
         text = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
         final = stream.get_final_response()
     assert text and final.output_text == text and final.status == "completed"

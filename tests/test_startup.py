@@ -86,37 +86,46 @@ def test_hypercorn_entry_point_refuses_missing_model_in_one_line(tmp_path):
 
 
 def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
+    """Loading is held at a known point, so the loading state is observed, not raced:
+    the chat template is read while the model loads, and here it is a pipe that stays
+    empty until the test has seen what it needs."""
+    template_pipe = tmp_path / "template.jinja"
+    os.mkfifo(template_pipe)
     port = free_port()
+    base = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port)],
+        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--chat-template", str(template_pipe)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        statuses = []
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while True:
+            assert time.monotonic() < deadline and process.poll() is None, "the server did not start listening"
             try:
-                reply = httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=5)
-            except httpx.TransportError:
-                time.sleep(0.02)
-                continue
-            statuses.append(reply.status_code)
-            if reply.status_code == 200:
+                reply = httpx.get(base + "/health/ready", timeout=5)
                 break
-            assert reply.json()["status"] == "loading"
+            except httpx.TransportError:
+                time.sleep(0.05)
+        for _ in range(3):  # while loading, however often it is asked
+            assert reply.status_code == 503 and reply.json()["status"] == "loading", reply.text
             # Liveness holds while loading; generation is refused with OpenAI's error shape.
-            assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+            assert httpx.get(base + "/health", timeout=5).status_code == 200
             early = httpx.post(
-                f"http://127.0.0.1:{port}/v1/completions",
+                base + "/v1/completions",
                 json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1},
                 timeout=5,
             )
-            if early.status_code == 503:
-                assert early.json()["error"]["code"] == "model_loading"
+            assert early.status_code == 503 and early.json()["error"]["code"] == "model_loading", early.text
+            reply = httpx.get(base + "/health/ready", timeout=5)
+        with open(template_pipe, "w") as pipe:  # blocks until the loader opens the pipe
+            pipe.write((Path(__file__).parent / "data" / "plain_template.jinja").read_text())
+        while (reply := httpx.get(base + "/health/ready", timeout=5)).status_code == 503:
+            assert time.monotonic() < deadline and process.poll() is None, "the model did not finish loading"
             time.sleep(0.05)
-        assert statuses[0] == 503, statuses
-        assert statuses[-1] == 200
+        assert reply.status_code == 200 and reply.json()["status"] == "ready"
+        late = httpx.post(base + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1})
+        assert late.status_code == 200, late.text
     finally:
         process.terminate()
         process.wait(timeout=20)

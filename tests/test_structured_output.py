@@ -102,13 +102,18 @@ def test_streamed_output_matches_the_schema_and_the_unary_text(server, name, sam
     assert_valid(streamed.texts[0], SCHEMAS[name])
 
 
-def test_json_object_gives_a_json_object(server):
-    """(This small model rambles inside unbounded JSON for most prompts; this one ends.)"""
-    body = chat_body("What is 2+2? Reply as JSON.", max_tokens=120, temperature=0,
-                     response_format={"type": "json_object"})
+@pytest.mark.parametrize("prompt", ["What is 2+2? Reply as JSON.", "Describe a cat as JSON.", "Hi"])
+def test_json_object_gives_a_json_object(server, prompt):
+    """The reply is a JSON object, or (where the model rambles on inside it until
+    max_tokens, as this small one may) the start of one; an object it closes parses."""
+    body = chat_body(prompt, max_tokens=60, temperature=0, response_format={"type": "json_object"})
     choice = post(server.base_url, "/v3/chat/completions", body).json()["choices"][0]
-    assert choice["finish_reason"] == "stop"
-    assert isinstance(json.loads(choice["message"]["content"]), dict)
+    content = choice["message"]["content"]
+    assert content.lstrip().startswith("{"), content
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(content), dict)
+    else:
+        assert choice["finish_reason"] == "length"
 
 
 def test_text_format_is_unconstrained(server):

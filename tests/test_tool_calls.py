@@ -111,9 +111,13 @@ def test_parallel_tool_calls_false_makes_one_call(server):
 
 
 def test_tool_choice_none_answers_in_text(server):
-    choice = post(server.base_url, "/v3/chat/completions", tool_body("none", temperature=0)).json()["choices"][0]
-    assert choice["finish_reason"] in ("stop", "length")
-    assert "tool_calls" not in choice["message"] and choice["message"]["content"]
+    body = tool_body("none", temperature=0, ignore_eos=True, logprobs=True) | {"max_tokens": 16}
+    choice = post(server.base_url, "/v3/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert "tool_calls" not in choice["message"]
+    # all 16 tokens are text, none read as a call
+    tokens = [entry["token"] for entry in choice["logprobs"]["content"]]
+    assert len(tokens) == 16 and "".join(tokens) == choice["message"]["content"]
 
 
 def test_tool_history_reaches_the_template(server):
