@@ -196,8 +196,8 @@ async def test_async_sdk_bad_request_error(async_client):
 
 def test_server_still_healthy_after_errors(server):
     assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
-    result = chat(server.base_url, max_tokens=4, temperature=0, ignore_eos=True)
-    assert result.text and result.usage["completion_tokens"] == 4
+    result = chat(server.base_url, max_tokens=4, temperature=0, ignore_eos=True, logprobs=True)
+    assert result.usage["completion_tokens"] == 4 == len(result.body["choices"][0]["logprobs"]["content"])
     assert "Traceback" not in server.log_path.read_text()
 
 
