@@ -56,3 +56,21 @@ def test_nvext_overrides_top_level_fields():
 def test_completion_logprobs_zero_still_asks_for_logprobs():
     body = CompletionRequest.model_validate({"model": "m", "prompt": "x", "logprobs": 0})
     assert sampling_params(body, 3, LIMIT).logprobs is True
+
+
+@pytest.mark.parametrize("penalty", [0.0, 1.5])
+def test_beam_penalties_reach_the_engine_config(penalty):
+    """What the server tests cannot see in a 135M model's beams: the penalties land in
+    the engine's GenerationConfig (group beam search, one beam per group, when diverse)."""
+    from ovtrio.scheduler.params import to_generation_config
+
+    params = sampling_params(
+        chat(temperature=0, n=2, best_of=3, length_penalty=0.5, diversity_penalty=penalty), 10, LIMIT
+    )
+    config = to_generation_config(params, seed_offset=0, model_stop_token_ids=frozenset({2}))
+    assert config.num_beams == 3 and config.num_return_sequences == 2
+    assert config.length_penalty == 0.5
+    if penalty:
+        assert config.num_beam_groups == 3 and config.diversity_penalty == penalty
+    else:
+        assert config.num_beam_groups == 1
