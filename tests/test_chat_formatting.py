@@ -66,3 +66,37 @@ def test_plain_text_with_a_parser_stays_content():
     assert unary["choices"][0]["message"]["content"] == "Just words, no calls."
     assert unary["choices"][0]["finish_reason"] == "stop"
     assert "tool_calls" not in unary["choices"][0]["message"]
+
+
+# "€" is three UTF-8 bytes, here split over two tokens; token 9 is a skipped special
+# token (the end of sequence): it adds no bytes.
+EURO_TOKENS = {1: b"\xe2\x82", 2: b"\xac", 3: b" ok", 9: b""}
+
+
+@pytest.mark.parametrize("split", [[4], [1, 3], [1, 1, 1, 1], [2, 2]])
+def test_logprob_entries_join_to_the_text_however_the_tokens_arrive(split):
+    """Each entry's token is the text that token added: a token that ends inside a
+    character adds none, the one that completes it adds the character."""
+    from ovtrio.api.formatting import CompletionFormatter
+
+    ids, logprobs, text = [1, 2, 3, 9], [-0.1, -0.2, -0.3, -0.4], "€ ok"
+    unary_chat = ChatFormatter("m", "fp", EURO_TOKENS.__getitem__, logprobs=True)
+    unary = unary_chat.unary([ChoiceOutput(text, ids, logprobs, "stop")], Completed(1, 4))
+    entries = unary["choices"][0]["logprobs"]["content"]
+    assert [entry["token"] for entry in entries] == ["", "€", " ok", ""]
+    assert b"".join(bytes(entry["bytes"]) for entry in entries) == text.encode()
+    validate(unary, "CreateChatCompletionResponse")
+
+    streamed_chat = ChatFormatter("m", "fp", EURO_TOKENS.__getitem__, logprobs=True)
+    completion = CompletionFormatter("m", "fp", EURO_TOKENS.__getitem__, logprobs=True)
+    chat_entries, completion_tokens, at = [], [], 0
+    for size in split:
+        piece_ids = ids[at : at + size]
+        # (the entries come from the ids alone; the delta's text does not matter here)
+        for chunk in streamed_chat.text_chunks(0, "", piece_ids, logprobs[at : at + size]):
+            chat_entries += chunk["choices"][0]["logprobs"]["content"]
+        for chunk in completion.text_chunks(0, "", piece_ids, logprobs[at : at + size]):
+            completion_tokens += chunk["choices"][0]["logprobs"]["tokens"]
+        at += size
+    assert chat_entries == entries
+    assert completion_tokens == ["", "€", " ok", ""]
