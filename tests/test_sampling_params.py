@@ -342,9 +342,13 @@ def test_min_tokens_holds_off_the_end_of_sequence(server):
     forced = chat(server.base_url, **ENDS_BY_ITSELF, max_tokens=24, temperature=0, min_tokens=16)
     assert forced.usage["completion_tokens"] >= 16
     assert forced.text.startswith(natural.text)
-    # min_tokens below the natural length changes nothing
-    low = chat(server.base_url, **ENDS_BY_ITSELF, max_tokens=24, temperature=0, min_tokens=2)
+    # As in vLLM, min_tokens counts the tokens before the end token may come: as many as
+    # the natural reply has before its end token changes nothing.
+    before_end = natural.usage["completion_tokens"] - 1
+    low = chat(server.base_url, **ENDS_BY_ITSELF, max_tokens=24, temperature=0, min_tokens=before_end)
     assert low.text == natural.text and low.usage == natural.usage
+    one_more = chat(server.base_url, **ENDS_BY_ITSELF, max_tokens=24, temperature=0, min_tokens=before_end + 1)
+    assert one_more.usage["completion_tokens"] > natural.usage["completion_tokens"]
 
 
 def test_min_tokens_in_a_stream(server):
