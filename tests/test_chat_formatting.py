@@ -7,10 +7,11 @@ import random
 
 import pytest
 
+from chat_output import streamed_chat, unary_chat
 from openai_schema import validate
-from ovtrio.api.formatting import ChatFormatter, ChoiceOutput
+from ovtrio.output import OutputStage
+from ovtrio.parsing import HermesToolParser
 from ovtrio.scheduler import Completed
-from ovtrio.tool_parsers import HermesToolParser
 
 TEXT = (
     "Let me check both.\n"
@@ -19,24 +20,17 @@ TEXT = (
 )
 
 
-def formatter() -> ChatFormatter:
-    return ChatFormatter("m", "fp_test", lambda token_id: b"", tool_parser=HermesToolParser)
+def stage() -> OutputStage:
+    return OutputStage(tool_parser=HermesToolParser)
 
 
 def streamed(text: str, rng: random.Random) -> list[dict]:
-    shaper = formatter()
-    chunks = shaper.opening_chunks()
-    at = 0
-    while at < len(text):
-        size = rng.randint(1, 7)
-        chunks += shaper.text_chunks(0, text[at : at + size], [], [])
-        at += size
-    return chunks + shaper.finish_chunks(0, "stop")
+    return streamed_chat(stage, text, rng, 7)
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_streamed_tool_calls_add_up_to_the_unary_message(seed):
-    unary = formatter().unary([ChoiceOutput(text=TEXT)], Completed(10, 20))
+    unary = unary_chat(stage, TEXT, Completed(10, 20))
     validate(unary, "CreateChatCompletionResponse")
     message = unary["choices"][0]["message"]
     assert unary["choices"][0]["finish_reason"] == "tool_calls"
@@ -62,7 +56,7 @@ def test_streamed_tool_calls_add_up_to_the_unary_message(seed):
 
 
 def test_plain_text_with_a_parser_stays_content():
-    unary = formatter().unary([ChoiceOutput(text="Just words, no calls.")], Completed(1, 2))
+    unary = unary_chat(stage, "Just words, no calls.", Completed(1, 2))
     assert unary["choices"][0]["message"]["content"] == "Just words, no calls."
     assert unary["choices"][0]["finish_reason"] == "stop"
     assert "tool_calls" not in unary["choices"][0]["message"]
