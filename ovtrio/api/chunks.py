@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ovtrio.api.errors import api_error
 from ovtrio.output import TokenLogprob
-from ovtrio.scheduler import Completed
+from ovtrio.scheduler import Completed, Failed
 
 
 def usage_body(done: Completed) -> dict[str, int]:
@@ -55,10 +56,15 @@ class Envelope:
             body["usage"] = None
         return body
 
-    def usage_chunk(self, object_name: str, done: Completed) -> dict[str, Any]:
+    def closing(self, object_name: str, end: Completed | Failed) -> list[dict[str, Any]]:
+        """The chunks that end a stream: the usage (when asked for), or the error."""
+        if isinstance(end, Failed):
+            return [api_error(end).body()]
+        if not self.include_usage:
+            return []
         body = self.wrap(object_name, [])
-        body["usage"] = usage_body(done)
-        return body
+        body["usage"] = usage_body(end)
+        return [body]
 
     def unary(self, object_name: str, choices: list[dict[str, Any]], done: Completed) -> dict[str, Any]:
         body = self.wrap(object_name, choices)

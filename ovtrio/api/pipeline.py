@@ -1,10 +1,11 @@
 """The request pipeline every generation endpoint shares.
 
-A handler parses its body (`parse_body`), checks the model, builds its prompt, then
+A handler takes its validated body and the ready model (`accept`), builds its prompt, then
 `generation_request` checks the sampling settings against the model's limits: all
 before the client is answered 200. The request then runs in the scheduler, and its
 messages pass through an OutputStage into a writer: `unary_outcome` aggregates them for
-one JSON body, `event_stream` streams them as server-sent events.
+one JSON body, `event_stream` streams them as server-sent events (`respond` picks
+one for chat and completions).
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from typing import Any, Protocol, TypeVar
 from pydantic import ValidationError
 from quart import Response, request
 
+from ovtrio.api.chunks import Envelope
+from ovtrio.api.context import ready_model
 from ovtrio.api.errors import APIError, api_error, from_validation_error, model_not_found
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
 from ovtrio.output import Outcome, OutputEvent, OutputStage, ResultCollector
 from ovtrio.scheduler import Failed, GenerationRequest, OutputConstraint, RequestStream, Scheduler, UnsupportedParams
+from ovtrio.ids import new_id
 from ovtrio.service import ServingModel
 
 Body = TypeVar("Body", bound=SamplingFields)
@@ -42,6 +46,14 @@ async def parse_body(model_type: type[Body]) -> Body:
         return model_type.model_validate_json(raw)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+
+
+async def accept(model_type: type[Body]) -> tuple[Body, ServingModel]:
+    """The request's body, validated, and the ready model it names."""
+    body = await parse_body(model_type)
+    model = ready_model()
+    check_model(model, body)
+    return body, model
 
 
 def check_model(model: ServingModel, body: SamplingFields) -> None:
@@ -121,5 +133,25 @@ async def unary_outcome(model: ServingModel, generation: GenerationRequest, stag
     raise APIError(500, "the request ended without a result", code="engine_error")
 
 
-def include_usage(body: SamplingFields) -> bool:
-    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+def envelope(id_prefix: str, model: ServingModel, body: SamplingFields) -> Envelope:
+    """What every chunk of the response shares; the last streamed one may carry usage."""
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    return Envelope(new_id(id_prefix), model.name, model.system_fingerprint, include_usage)
+
+
+class ChunkWriter(Writer, Protocol):
+    def completion(self, outcome: Outcome) -> dict[str, Any]: ...
+
+
+async def respond(
+    model: ServingModel,
+    body: SamplingFields,
+    generation: GenerationRequest,
+    stage: OutputStage,
+    writer: ChunkWriter,
+    choices: int,
+) -> Any:
+    """Chat and completions: the stream of chunks, or the unary body."""
+    if body.stream:
+        return event_stream(model, generation, stage, writer)
+    return writer.completion(await unary_outcome(model, generation, stage, choices))

@@ -232,9 +232,3 @@ class JsonToolCallsParser(ToolCallParser):
             return False
         self._state = self._plain
         return True
-
-    def _plain(self, final: bool) -> bool:
-        """Content to the end."""
-        self._emit_content(self._buf)
-        self._buf = ""
-        return False

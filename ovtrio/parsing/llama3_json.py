@@ -66,9 +66,3 @@ class Llama3JsonToolParser(ToolCallParser):
         self._buf = self._buf[pos:]
         self._state = self._before_object
         return True
-
-    def _plain(self, final: bool) -> bool:
-        """Content to the end."""
-        self._emit_content(self._buf)
-        self._buf = ""
-        return False

@@ -245,6 +245,12 @@ class ToolCallParser:
 
     # States shared by the formats
 
+    def _plain(self, final: bool) -> bool:
+        """Content to the end (for formats that decide once, at the start)."""
+        self._emit_content(self._buf)
+        self._buf = ""
+        return False
+
     def _before_object(self, final: bool) -> bool:
         """After a call marker: only whitespace may come before the object's "{"."""
         self._take_space_into_call()

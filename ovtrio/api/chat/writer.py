@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from ovtrio.api.chunks import Envelope, logprob_entries
-from ovtrio.api.errors import api_error
 from ovtrio.output import (
     ChoiceFinished,
     ChoiceResult,
@@ -65,11 +64,8 @@ class ChatWriter:
                 chunks.append(self._chunk(event.choice, {"tool_calls": [call]}))
             elif isinstance(event, ChoiceFinished):
                 chunks.append(self._chunk(event.choice, {}, event.reason))
-            elif isinstance(event, Completed):
-                if self.envelope.include_usage:
-                    chunks.append(self.envelope.usage_chunk(CHUNK, event))
-            elif isinstance(event, Failed):
-                chunks.append(api_error(event).body())
+            elif isinstance(event, (Completed, Failed)):
+                chunks += self.envelope.closing(CHUNK, event)
         return chunks
 
     def completion(self, outcome: Outcome) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from ovtrio.api.chunks import Envelope, token_text
-from ovtrio.api.errors import api_error
 from ovtrio.output import ChoiceFinished, Outcome, OutputEvent, TextDelta, TokenLogprob
 from ovtrio.scheduler import Completed, Failed
 
@@ -65,11 +64,8 @@ class CompletionWriter:
                 chunks.append(self.envelope.wrap(OBJECT, [choice]))
             elif isinstance(event, ChoiceFinished):
                 chunks.append(self.envelope.wrap(OBJECT, [self._choice(event.choice, "", None, event.reason)]))
-            elif isinstance(event, Completed):
-                if self.envelope.include_usage:
-                    chunks.append(self.envelope.usage_chunk(OBJECT, event))
-            elif isinstance(event, Failed):
-                chunks.append(api_error(event).body())
+            elif isinstance(event, (Completed, Failed)):
+                chunks += self.envelope.closing(OBJECT, event)
         return chunks
 
     def completion(self, outcome: Outcome) -> dict[str, Any]:

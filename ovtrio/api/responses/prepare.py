@@ -13,7 +13,7 @@ from typing import Any
 from ovtrio.api.conversation import chat_stage, encode_conversation, output_constraint
 from ovtrio.api.errors import APIError
 from ovtrio.api.formats import from_responses_format
-from ovtrio.api.pipeline import check_model, generation_request
+from ovtrio.api.pipeline import generation_request
 from ovtrio.api.protocol import ChatMessage
 from ovtrio.api.responses.body import response_envelope
 from ovtrio.api.responses.protocol import ResponsesRequest
@@ -42,8 +42,8 @@ def not_found(response_id: str, param: str | None = None) -> APIError:
 
 def prepare(model: ServingModel, body: ResponsesRequest, *stores: ResponseStore) -> PreparedResponse:
     """Resolve previous_response_id (in `stores`, first match), build the prompt and
-    check the request; raises what the client is to be told."""
-    check_model(model, body)
+    check the request; raises what the client is to be told. The model name is
+    checked by the caller."""
     previous: list[ChatMessage] = []
     if body.previous_response_id is not None:
         earlier = next((e for store in stores if (e := store.get(body.previous_response_id))), None)

@@ -13,8 +13,8 @@ from typing import Any
 
 from quart import Blueprint
 
-from ovtrio.api.context import ready_model, response_store
-from ovtrio.api.pipeline import event_stream, parse_body, unary_outcome
+from ovtrio.api.context import response_store
+from ovtrio.api.pipeline import accept, event_stream, unary_outcome
 from ovtrio.api.responses.body import unary_response
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.prepare import not_found, prepare, store_response
@@ -28,8 +28,7 @@ blueprint = Blueprint("responses", __name__)
 @blueprint.post("/v3/responses")
 @blueprint.post("/v1/responses")
 async def create_response() -> Any:
-    body = await parse_body(ResponsesRequest)
-    model = ready_model()
+    body, model = await accept(ResponsesRequest)
     store = response_store()
     ready = prepare(model, body, store)
     keep = partial(store_response, store, ready) if body.store else None

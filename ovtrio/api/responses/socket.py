@@ -28,7 +28,7 @@ from quart import Blueprint, websocket
 
 from ovtrio.api.context import ready_model, response_store
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error
-from ovtrio.api.pipeline import submitted, written
+from ovtrio.api.pipeline import check_model, submitted, written
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_response
 from ovtrio.api.responses.protocol import ResponsesRequest
@@ -69,6 +69,7 @@ async def responses_socket() -> None:
                 continue
             try:
                 model = ready_model()
+                check_model(model, body)
                 ready = prepare(model, body, local, response_store())
             except REQUEST_ERRORS as error:
                 await send.send(api_error(error).event(stream_id))
