@@ -1,4 +1,6 @@
-"""The engine side: requests in as token ids, typed messages out. Knows nothing of HTTP."""
+"""The engine side: requests in as token ids and SamplingParams (params.py, the one place
+they become GenerationConfig), typed messages out (messages.py), text decoded and cut at
+stop strings on the way (text_output.py). Knows nothing of HTTP."""
 
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.params import (
