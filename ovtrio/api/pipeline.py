@@ -24,9 +24,9 @@ from ovtrio.api.errors import APIError, api_error, from_validation_error, model_
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
+from ovtrio.ids import new_id
 from ovtrio.output import Outcome, OutputEvent, OutputStage, ResultCollector
 from ovtrio.scheduler import Failed, GenerationRequest, OutputConstraint, RequestStream, Scheduler, UnsupportedParams
-from ovtrio.ids import new_id
 from ovtrio.service import ServingModel
 
 Body = TypeVar("Body", bound=SamplingFields)

@@ -3,6 +3,10 @@
 A choice's events come in the order the text was generated: reasoning, content and
 tool-call events, then one ChoiceFinished. The request ends with the scheduler's own
 Completed (token usage) or Failed, passed through unchanged.
+
+Events are made for every chunk of every stream, between engine steps, so they are
+plain slotted dataclasses: frozen ones take twice as long to build. Nobody changes one
+once made.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 from ovtrio.scheduler import Completed, Failed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenLogprob:
     """One generated token and its log-probability. `token` is its bytes: part of a
     UTF-8 character for some tokens, so each writer decides how to show it."""
@@ -21,7 +25,7 @@ class TokenLogprob:
     logprob: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TextDelta:
     """New content text of choice `choice`. `logprobs`, when they were asked for, covers
     every token generated since the previous TextDelta (those that became reasoning or
@@ -32,7 +36,7 @@ class TextDelta:
     logprobs: list[TokenLogprob] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReasoningDelta:
     """New reasoning text (what a thinking model wrote inside <think>…</think>)."""
 
@@ -40,7 +44,7 @@ class ReasoningDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallStarted:
     """A tool call begins: its name is complete and its arguments have begun. `call` is
     its position among the choice's calls."""
@@ -51,7 +55,7 @@ class ToolCallStarted:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallArguments:
     """The next fragment of a call's arguments, as the raw JSON text the model wrote."""
 
@@ -60,7 +64,7 @@ class ToolCallArguments:
     fragment: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallDone:
     """A call is complete; `arguments` is all its fragments joined."""
 
@@ -71,7 +75,7 @@ class ToolCallDone:
     arguments: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChoiceFinished:
     """The choice's last event. `reason` is OpenAI's finish_reason: "stop", "length", or
     "tool_calls" when the choice made calls and was not cut short."""
