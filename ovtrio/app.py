@@ -3,6 +3,7 @@ from OVTRIO_* environment variables; `ovtrio serve` builds the same app from fla
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -12,8 +13,13 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ovtrio.api import generation, health, metrics, models, responses, responses_socket, tokenize
-from ovtrio.api.errors import APIError
+from ovtrio.api import context, health, metrics, models, tokenize
+from ovtrio.api.chat import routes as chat
+from ovtrio.api.completions import routes as completions
+from ovtrio.api.errors import APIError, api_error
+from ovtrio.api.responses import routes as responses
+from ovtrio.api.responses import socket as responses_socket
+from ovtrio.api.responses.store import ResponseStore
 from ovtrio.config import Settings, settings_from_env
 from ovtrio.model import ModelLoadError
 from ovtrio.service import ModelService
@@ -32,15 +38,7 @@ def configure_logging(level: str) -> None:
 
 
 def error_response(error: APIError) -> Response:
-    return Response(
-        _json(error.body()), status=error.status, mimetype="application/json"
-    )
-
-
-def _json(body: Any) -> str:
-    import json
-
-    return json.dumps(body, ensure_ascii=False)
+    return Response(json.dumps(error.body(), ensure_ascii=False), status=error.status, mimetype="application/json")
 
 
 def create_app(settings: Settings | None = None) -> QuartTrio:
@@ -52,9 +50,9 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = 32 * 1024 * 1024
     service = ModelService(settings)
-    app.config["OVTRIO_SERVICE"] = service
-    app.config["OVTRIO_METRICS"] = metrics.registry_for(service)
-    for module in (generation, responses, responses_socket, models, tokenize, health, metrics):
+    store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)
+    context.attach(app, service, store, metrics.registry_for(service))
+    for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
 
     @app.before_serving
@@ -69,24 +67,17 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
             os._exit(2)
         await app.nursery.start(service.run)
 
-    @app.errorhandler(APIError)
-    async def api_error(error: APIError) -> Response:
-        return error_response(error)
-
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
-        status = error.code or 500
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
-        response = error_response(APIError(status, error.description or error.name, code=code))
+        response = error_response(api_error(error))
         # A 405 must say which methods the route does allow (RFC 9110, 15.5.6).
         if isinstance(error, MethodNotAllowed) and error.valid_methods:
             response.headers["Allow"] = ", ".join(error.valid_methods)
         return response
 
     @app.errorhandler(Exception)
-    async def unexpected_error(error: Exception) -> Response:
-        log.exception("unhandled error")
-        return error_response(APIError(500, "The server had an error while processing your request.", code="internal_error"))
+    async def request_error(error: Exception) -> Response:
+        return error_response(api_error(error))
 
     return app
 

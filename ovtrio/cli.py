@@ -36,10 +36,11 @@ async def serve(settings: Settings) -> int:
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
+    from ovtrio.api.context import service_of
     from ovtrio.app import create_app
 
     app = create_app(settings)
-    service = app.config["OVTRIO_SERVICE"]
+    service = service_of(app)
     service.base_url = f"http://{settings.host}:{settings.port}"
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]

@@ -7,10 +7,11 @@ import random
 
 import pytest
 
+from chat_output import streamed_chat, unary_chat
 from openai_schema import validate
-from ovtrio.api.formatting import ChatFormatter, ChoiceOutput
+from ovtrio.output import OutputStage
+from ovtrio.parsing import HermesToolParser
 from ovtrio.scheduler import Completed
-from ovtrio.tool_parsers import HermesToolParser
 
 TEXT = (
     "Let me check both.\n"
@@ -19,24 +20,17 @@ TEXT = (
 )
 
 
-def formatter() -> ChatFormatter:
-    return ChatFormatter("m", "fp_test", lambda token_id: b"", tool_parser=HermesToolParser)
+def stage() -> OutputStage:
+    return OutputStage(tool_parser=HermesToolParser)
 
 
 def streamed(text: str, rng: random.Random) -> list[dict]:
-    shaper = formatter()
-    chunks = shaper.opening_chunks()
-    at = 0
-    while at < len(text):
-        size = rng.randint(1, 7)
-        chunks += shaper.text_chunks(0, text[at : at + size], [], [])
-        at += size
-    return chunks + shaper.finish_chunks(0, "stop")
+    return streamed_chat(stage, text, rng, 7)
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_streamed_tool_calls_add_up_to_the_unary_message(seed):
-    unary = formatter().unary([ChoiceOutput(text=TEXT)], Completed(10, 20))
+    unary = unary_chat(stage, TEXT, Completed(10, 20))
     validate(unary, "CreateChatCompletionResponse")
     message = unary["choices"][0]["message"]
     assert unary["choices"][0]["finish_reason"] == "tool_calls"
@@ -62,7 +56,7 @@ def test_streamed_tool_calls_add_up_to_the_unary_message(seed):
 
 
 def test_plain_text_with_a_parser_stays_content():
-    unary = formatter().unary([ChoiceOutput(text="Just words, no calls.")], Completed(1, 2))
+    unary = unary_chat(stage, "Just words, no calls.", Completed(1, 2))
     assert unary["choices"][0]["message"]["content"] == "Just words, no calls."
     assert unary["choices"][0]["finish_reason"] == "stop"
     assert "tool_calls" not in unary["choices"][0]["message"]
@@ -77,25 +71,33 @@ EURO_TOKENS = {1: b"\xe2\x82", 2: b"\xac", 3: b" ok", 9: b""}
 def test_logprob_entries_join_to_the_text_however_the_tokens_arrive(split):
     """Each entry's token is the text that token added: a token that ends inside a
     character adds none, the one that completes it adds the character."""
-    from ovtrio.api.formatting import CompletionFormatter
+    from ovtrio.api.chat.writer import ChatWriter
+    from ovtrio.api.chunks import Envelope
+    from ovtrio.api.completions.writer import CompletionWriter
+    from ovtrio.output import Outcome, ResultCollector
+    from ovtrio.scheduler import Delta
 
     ids, logprobs, text = [1, 2, 3, 9], [-0.1, -0.2, -0.3, -0.4], "€ ok"
-    unary_chat = ChatFormatter("m", "fp", EURO_TOKENS.__getitem__, logprobs=True)
-    unary = unary_chat.unary([ChoiceOutput(text, ids, logprobs, "stop")], Completed(1, 4))
+    outcome = ResultCollector(1).add(
+        OutputStage(logprobs=EURO_TOKENS.__getitem__).feed([Delta(0, text, ids, "stop", logprobs), Completed(1, 4)])
+    )
+    assert isinstance(outcome, Outcome)
+    unary = ChatWriter(Envelope("chatcmpl-x", "m", "fp"), logprobs=True).completion(outcome)
     entries = unary["choices"][0]["logprobs"]["content"]
     assert [entry["token"] for entry in entries] == ["", "€", " ok", ""]
     assert b"".join(bytes(entry["bytes"]) for entry in entries) == text.encode()
     validate(unary, "CreateChatCompletionResponse")
 
-    streamed_chat = ChatFormatter("m", "fp", EURO_TOKENS.__getitem__, logprobs=True)
-    completion = CompletionFormatter("m", "fp", EURO_TOKENS.__getitem__, logprobs=True)
+    chat_stage, completion_stage = OutputStage(logprobs=EURO_TOKENS.__getitem__), OutputStage(logprobs=EURO_TOKENS.__getitem__)
+    chat = ChatWriter(Envelope("chatcmpl-x", "m", "fp"), logprobs=True)
+    completion = CompletionWriter(Envelope("cmpl-x", "m", "fp"), choices=1, logprobs=True)
     chat_entries, completion_tokens, at = [], [], 0
     for size in split:
-        piece_ids = ids[at : at + size]
         # (the entries come from the ids alone; the delta's text does not matter here)
-        for chunk in streamed_chat.text_chunks(0, "", piece_ids, logprobs[at : at + size]):
+        delta = [Delta(0, "", ids[at : at + size], None, logprobs[at : at + size])]
+        for chunk in chat.write(chat_stage.feed(delta)):
             chat_entries += chunk["choices"][0]["logprobs"]["content"]
-        for chunk in completion.text_chunks(0, "", piece_ids, logprobs[at : at + size]):
+        for chunk in completion.write(completion_stage.feed(delta)):
             completion_tokens += chunk["choices"][0]["logprobs"]["tokens"]
         at += size
     assert chat_entries == entries

@@ -10,7 +10,7 @@ import pytest
 
 from splitting import splittings
 
-from ovtrio.reasoning import ReasoningSplitter
+from ovtrio.parsing import ReasoningSplitter
 
 
 @dataclass

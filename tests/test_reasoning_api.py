@@ -9,12 +9,12 @@ import random
 
 import pytest
 
+from chat_output import streamed_chat, unary_chat
 from helpers import ENDS_BY_ITSELF, chat_body, post
 from openai_schema import validate
-from ovtrio.api.formatting import ChatFormatter, ChoiceOutput
-from ovtrio.reasoning import ReasoningSplitter
+from ovtrio.output import OutputStage
+from ovtrio.parsing import HermesToolParser, ReasoningSplitter
 from ovtrio.scheduler import Completed
-from ovtrio.tool_parsers import HermesToolParser
 from sse import stream_post
 from vocab import embedded_vocabulary
 
@@ -98,22 +98,17 @@ TEXT = (
 
 @pytest.mark.parametrize("seed", range(6))
 def test_reasoning_then_tool_calls_stream_like_unary(seed):
-    def formatter() -> ChatFormatter:
-        return ChatFormatter("m", "fp", lambda i: b"", tool_parser=HermesToolParser, reasoning=ReasoningSplitter)
+    def stage() -> OutputStage:
+        return OutputStage(tool_parser=HermesToolParser, reasoning=ReasoningSplitter)
 
-    unary = formatter().unary([ChoiceOutput(text=TEXT)], Completed(1, 2))
+    unary = unary_chat(stage, TEXT, Completed(1, 2))
     validate(unary, "CreateChatCompletionResponse")
     message = unary["choices"][0]["message"]
     assert message["reasoning_content"] == "\nThe user wants weather; call {get_weather} </thi.\n"
     assert message["content"] == "Sure."
     assert unary["choices"][0]["finish_reason"] == "tool_calls"
 
-    rng, shaper, chunks, at = random.Random(seed), formatter(), [], 0
-    while at < len(TEXT):
-        size = rng.randint(1, 5)
-        chunks += shaper.text_chunks(0, TEXT[at : at + size], [], [])
-        at += size
-    chunks += shaper.finish_chunks(0, "stop")
+    chunks = streamed_chat(stage, TEXT, random.Random(seed), 5)
     reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks)
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     arguments = "".join(

@@ -86,7 +86,7 @@ def test_the_store_keeps_only_the_newest(small_store_server):
 
 def test_store_expires_by_age():
     """Pure logic: entries older than the age limit are gone."""
-    from ovtrio.response_store import ResponseStore, StoredResponse
+    from ovtrio.api.responses.store import ResponseStore, StoredResponse
 
     store = ResponseStore(max_entries=10, max_age_seconds=60)
     old = StoredResponse({"id": "resp_old"}, [], [], stored_at=1.0)

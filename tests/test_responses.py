@@ -271,12 +271,14 @@ def test_engine_failure_ends_the_stream_with_response_failed():
     """Pure logic (the engine fails only on faults the server cannot provoke from
     outside): an engine error mid-stream closes the open item and ends with a
     response.failed event that validates."""
-    from ovtrio.api.response_events import ResponseEvents
+    from ovtrio.api.responses.events import ResponseEvents
+    from ovtrio.output import TextDelta
+    from ovtrio.scheduler import Failed
 
     writer = ResponseEvents(create_envelope)
-    events = writer.start()
-    events += writer.on_chunk({"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]})
-    events += writer.on_chunk({"error": {"message": "engine error", "type": "server_error", "param": None, "code": "engine_error"}})
+    events = writer.opening()
+    events += writer.write([TextDelta(0, "Hel")])
+    events += writer.write([Failed("engine error", "engine_error")])
     for event in events:
         validate(event, "ResponseStreamEvent")
     assert [e["type"] for e in events][-4:] == [
@@ -288,8 +290,8 @@ def test_engine_failure_ends_the_stream_with_response_failed():
 def create_envelope(status, output, usage, incomplete, error):
     from functools import partial
 
-    from ovtrio.api.responses import response_envelope
-    from ovtrio.api.responses_protocol import ResponsesRequest
+    from ovtrio.api.responses.body import response_envelope
+    from ovtrio.api.responses.protocol import ResponsesRequest
 
     body = ResponsesRequest.model_validate({"model": MODEL, "input": "x"})
     return partial(response_envelope, body, "resp_test", 0, MODEL)(status, output, usage, incomplete, error)

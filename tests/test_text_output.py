@@ -9,7 +9,7 @@ import pytest
 
 from ovtrio.model import embedded_model_path
 from ovtrio.scheduler.text_output import IncrementalDetokenizer, StopMatcher, VocabularyDetokenizer, decode_batch
-from ovtrio.vocabulary import load_vocabulary
+from ovtrio.model.vocabulary import load_vocabulary
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.\n\nIt was a bright cold day in April.",
@@ -119,7 +119,7 @@ def test_special_tokens_are_skipped_unless_asked_for(tokenizer, vocabulary):
 
 def test_kept_special_tokens_stay_in_the_text(tokenizer, vocabulary):
     """A tool-call format's tags can be special tokens; its parser must see them."""
-    from ovtrio.api.prompts import PromptBuilder
+    from ovtrio.model.prompts import PromptBuilder
 
     start = PromptBuilder(tokenizer, vocabulary=vocabulary).special_token_ids(("<|im_start|>", "not a tag"))
     assert start == frozenset({tokenizer.encode("<|im_start|>", add_special_tokens=False).input_ids.data[0][0]})

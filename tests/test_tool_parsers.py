@@ -17,7 +17,7 @@ import pytest
 
 from splitting import splittings
 
-from ovtrio.tool_parsers import (
+from ovtrio.parsing import (
     PARSERS,
     HermesToolParser,
     JsonToolCallsParser,

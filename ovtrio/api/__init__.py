@@ -1,1 +1,16 @@
-"""HTTP layer: OpenAI request parsing, validation, formatting and sinks."""
+"""The HTTP and WebSocket layer: OpenAI requests in, OpenAI objects out. Never touches
+the engine; reaches the model only through ServingModel (ovtrio/service.py).
+
+* Requests are parsed and validated by the pydantic models of protocol.py (and
+  responses/protocol.py), taken in by pipeline.accept; output formats are checked in
+  formats.py, sampling settings in sampling.py.
+* conversation.py (chat and Responses) and the completions route build the prompt
+  with ovtrio/model/prompts.py; pipeline.generation_request makes the scheduler's
+  request.
+* Output events (ovtrio/output) are written by one writer per shape: chat/writer.py,
+  completions/writer.py, responses/events.py (streamed) and responses/body.py (unary
+  Response objects); sse.py frames them as server-sent events, responses/socket.py as
+  WebSocket messages.
+* errors.py maps every failure to OpenAI's error shape; context.py is the one way to
+  the app's shared objects; ovtrio/ids.py mints every id.
+"""

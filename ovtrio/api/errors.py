@@ -1,15 +1,28 @@
 """Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
-Handlers raise APIError; one error handler turns it (and everything else) into a JSON
-response, so no client ever sees an HTML page or a traceback.
+`api_error` is the one mapping from anything that can go wrong (a refused request
+field, a prompt or output format that cannot be used, settings the engine refuses, an
+engine failure, an HTTP error, a bug) to an APIError. An APIError is then written as an
+HTTP body or an SSE error chunk (`body()`), or a WebSocket error event (`event()`), so
+no client ever sees an HTML page or a traceback.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
+
+from ovtrio.api.formats import ConstraintError
+from ovtrio.model.prompts import PromptError
+from ovtrio.scheduler import Failed, UnsupportedParams
+
+log = logging.getLogger("ovtrio")
+
+INTERNAL_ERROR = "The server had an error while processing your request."
 
 
 class APIError(Exception):
@@ -30,7 +43,48 @@ class APIError(Exception):
         self.type = type or _default_type(status)
 
     def body(self) -> dict[str, Any]:
+        """The HTTP response body, also sent as an SSE chunk when a stream fails."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def event(self, stream_id: Any = None) -> dict[str, Any]:
+        """The WebSocket `error` event (Responses WebSocket mode)."""
+        event: dict[str, Any] = {
+            "type": "error",
+            "code": self.code or self.type,
+            "message": self.message,
+            "param": self.param,
+            "sequence_number": 0,
+        }
+        if stream_id is not None:
+            event["stream_id"] = stream_id
+        return event
+
+
+# What a request can be refused for, before or as it reaches the engine.
+REQUEST_ERRORS = (APIError, ValidationError, PromptError, ConstraintError, UnsupportedParams)
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def api_error(error: BaseException | Failed) -> APIError:
+    """The APIError for anything raised while serving a request, or an engine failure."""
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, ValidationError):
+        return from_validation_error(error)
+    if isinstance(error, (PromptError, ConstraintError)):
+        return invalid(str(error), error.param)
+    if isinstance(error, UnsupportedParams):
+        return invalid(f"The engine cannot run this request: {error}", error.param)
+    if isinstance(error, Failed):
+        if error.code == "out_of_memory":
+            return APIError(503, error.message, code="out_of_memory")
+        return APIError(500, error.message, code=error.code)
+    if isinstance(error, HTTPException):
+        status = error.code or 500
+        return APIError(status, error.description or error.name, code=_HTTP_CODES.get(status))
+    log.error("unhandled error", exc_info=error)
+    return APIError(500, INTERNAL_ERROR, code="internal_error")
 
 
 def _default_type(status: int) -> str:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, current_app
+from quart import Blueprint
 
-from ovtrio.service import ModelService
+from ovtrio.api.context import model_service
 
 blueprint = Blueprint("health", __name__)
 
 
 @blueprint.get("/health")
 async def liveness() -> Any:
-    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    service = model_service()
     if service.failed.is_set():
         return {"status": "failed", "reason": service.failure}, 503
     return {"status": "ok"}
@@ -22,7 +22,7 @@ async def liveness() -> Any:
 @blueprint.get("/health/ready")
 @blueprint.get("/ready")
 async def readiness() -> Any:
-    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    service = model_service()
     if service.failed.is_set():
         return {"status": "failed", "reason": service.failure}, 503
     if not service.ready.is_set():

@@ -8,8 +8,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from quart import Blueprint, Response, current_app
+from quart import Blueprint, Response
 
+from ovtrio.api.context import metrics_registry
 from ovtrio.service import ModelService
 
 blueprint = Blueprint("metrics", __name__)
@@ -20,10 +21,10 @@ class SchedulerCollector(Collector):
         self._service = service
 
     def collect(self) -> Iterator[Any]:
-        scheduler = self._service.scheduler
-        if scheduler is None:
+        serving = self._service.serving
+        if serving is None:
             return
-        stats = scheduler.stats()
+        stats = serving.scheduler.stats()
         yield GaugeMetricFamily("ovtrio_requests_running", "Requests the scheduler is serving", value=stats.running)
         yield GaugeMetricFamily(
             "ovtrio_engine_requests", "Unfinished requests inside the engine", value=stats.engine_requests
@@ -47,5 +48,4 @@ def registry_for(service: ModelService) -> CollectorRegistry:
 
 @blueprint.get("/metrics")
 async def metrics() -> Any:
-    registry: CollectorRegistry = current_app.config["OVTRIO_METRICS"]
-    return Response(generate_latest(registry), mimetype="text/plain; version=0.0.4")
+    return Response(generate_latest(metrics_registry()), mimetype="text/plain; version=0.0.4")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, current_app
+from quart import Blueprint
 
+from ovtrio.api.context import model_service
 from ovtrio.api.errors import model_not_found
 from ovtrio.service import ModelService
 
@@ -19,14 +20,14 @@ def _model_card(service: ModelService) -> dict[str, Any]:
 @blueprint.get("/v1/models")
 @blueprint.get("/v3/models")
 async def list_models() -> Any:
-    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    service = model_service()
     return {"object": "list", "data": [_model_card(service)]}
 
 
 @blueprint.get("/v1/models/<path:model_id>")
 @blueprint.get("/v3/models/<path:model_id>")
 async def retrieve_model(model_id: str) -> Any:
-    service: ModelService = current_app.config["OVTRIO_SERVICE"]
+    service = model_service()
     if model_id != service.model_name:
         raise model_not_found(model_id)
     return _model_card(service)

@@ -8,7 +8,7 @@ cannot honour are refused by name (see UNSUPPORTED).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -65,7 +65,10 @@ UNSUPPORTED = {
 
 
 class SamplingFields(_Body):
-    """Fields shared by completions and chat completions."""
+    """Fields shared by completions, chat completions and the Responses API."""
+
+    # The field that holds the prompt, named when the prompt is too long.
+    prompt_field: ClassVar[str] = "prompt"
 
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -123,6 +126,10 @@ class SamplingFields(_Body):
         """The output limit the client set, and the field that set it."""
         return self.max_tokens, "max_tokens"
 
+    def wants_logprobs(self) -> bool:
+        """Whether the chosen tokens' log-probabilities were asked for."""
+        return False
+
     def beam_width(self) -> int:
         return self.best_of or 1
 
@@ -142,6 +149,9 @@ class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None  # 0 asks for them too: the chosen token only
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> "CompletionRequest":
@@ -293,6 +303,8 @@ class ToolAndReasoningFields(_Body):
 
 
 class ChatCompletionRequest(SamplingFields, ToolAndReasoningFields):
+    prompt_field: ClassVar[str] = "messages"
+
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
@@ -301,6 +313,9 @@ class ChatCompletionRequest(SamplingFields, ToolAndReasoningFields):
 
     def output_format(self) -> dict[str, Any] | None:
         return self.response_format
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         # max_completion_tokens, OpenAI's newer name, wins over max_tokens.

@@ -6,57 +6,22 @@ scheduler/params.py's to_generation_config.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from ovtrio.api.errors import invalid
-from ovtrio.constraints import ConstraintError, OutputConstraint, from_response_format, from_text_format
-from ovtrio.tool_choice import FunctionTool, forced_call_constraint
-from ovtrio.api.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    NamedToolChoice,
-    SamplingFields,
-    ToolAndReasoningFields,
-)
-from ovtrio.scheduler import SamplingParams, UnsupportedParams, check_params
+from ovtrio.api.protocol import SamplingFields
+from ovtrio.model.limits import SequenceLimit, ServerDefaults
+from ovtrio.scheduler import OutputConstraint, SamplingParams, check_params
 
 # When multinomial sampling is on and the request names no top_k (OVMS's default).
 DEFAULT_SAMPLING_TOP_K = 40
 
 
-@dataclass(frozen=True)
-class SequenceLimit:
-    """The most tokens (prompt + output) one request may hold, and what sets it: the
-    model's context window, or a KV cache too small for even that (a request that can
-    never fit in the cache would only be dropped by the engine halfway)."""
-
-    tokens: int
-    what: str  # e.g. "This model's maximum context length"
-
-
-@dataclass(frozen=True)
-class ServerDefaults:
-    """Server-side defaults: the model's generation_config.json and the operator's cap."""
-
-    generation: dict[str, Any] = field(default_factory=dict)
-    max_tokens_limit: int | None = None
-
-    def get(self, name: str, fallback: Any) -> Any:
-        value = self.generation.get(name)
-        return fallback if value is None else value
-
-
 def _max_new_tokens(body: SamplingFields, prompt_tokens: int, limit: SequenceLimit, defaults: ServerDefaults) -> int:
     room = limit.tokens - prompt_tokens
-    prompt_param = (
-        "prompt" if isinstance(body, CompletionRequest) else "messages" if isinstance(body, ChatCompletionRequest) else "input"
-    )
     if room < 1:
         raise invalid(
             f"{limit.what} is {limit.tokens} tokens, but the prompt is {prompt_tokens} tokens."
             " Please shorten the prompt.",
-            prompt_param,
+            body.prompt_field,
             "context_length_exceeded",
         )
     max_tokens, param = body.requested_max_tokens()
@@ -76,25 +41,18 @@ def _max_new_tokens(body: SamplingFields, prompt_tokens: int, limit: SequenceLim
     return max_tokens
 
 
-def _chat_constraint(body: ToolAndReasoningFields) -> OutputConstraint | None:
-    choice = body.effective_tool_choice()
-    if choice in ("required", "function"):
-        tools = [FunctionTool(t.name, t.description, t.parameters) for t in body.tool_specs()]
-        only = body.tool_choice.function_name() if isinstance(body.tool_choice, NamedToolChoice) else None
-        return forced_call_constraint(tools, only=only, parallel=body.parallel_tool_calls is not False)
-    fmt = body.output_format()
-    if isinstance(body, ChatCompletionRequest) or (isinstance(fmt, dict) and "json_schema" in fmt):
-        return from_response_format(fmt)  # chat's nesting, also accepted by the Responses API
-    return from_text_format(fmt, "text.format")
-
-
 def sampling_params(
-    body: SamplingFields, prompt_tokens: int, limit: SequenceLimit, defaults: ServerDefaults = ServerDefaults()
+    body: SamplingFields,
+    prompt_tokens: int,
+    limit: SequenceLimit,
+    defaults: ServerDefaults = ServerDefaults(),
+    constraint: OutputConstraint | None = None,
 ) -> SamplingParams:
     """Check the request against the limits and build its SamplingParams.
 
     `prompt_tokens` is the longest prompt of the request. Without max_tokens, generation
     may run to the end of the limit (or the server's max_tokens_limit), as with OpenAI.
+    `constraint` is the output format the endpoint read from the request, if any.
     """
     nvext = body.nvext
     temperature = body.temperature if body.temperature is not None else defaults.get("temperature", 1.0)
@@ -107,17 +65,7 @@ def sampling_params(
     if nvext and nvext.repetition_penalty is not None:
         repetition_penalty = nvext.repetition_penalty
     ignore_eos = nvext.ignore_eos if nvext and nvext.ignore_eos is not None else body.ignore_eos
-    if isinstance(body, CompletionRequest):
-        logprobs = body.logprobs is not None
-    else:
-        logprobs = body.logprobs
     include_stop = body.include_stop_str_in_output
-    constraint = None
-    if isinstance(body, ToolAndReasoningFields):
-        try:
-            constraint = _chat_constraint(body)
-        except ConstraintError as exc:
-            raise invalid(str(exc), exc.param) from None
     max_new_tokens = _max_new_tokens(body, prompt_tokens, limit, defaults)
     if body.min_tokens > max_new_tokens:  # max_tokens omitted: the server's cap or the context's room
         raise invalid(
@@ -146,11 +94,8 @@ def sampling_params(
         ignore_eos=ignore_eos,
         min_new_tokens=body.min_tokens,
         skip_special_tokens=body.skip_special_tokens,
-        logprobs=logprobs,
+        logprobs=body.wants_logprobs(),
         constraint=constraint,
     )
-    try:
-        check_params(params)
-    except UnsupportedParams as exc:
-        raise invalid(f"Unsupported combination of parameters: {exc}.", None) from None
+    check_params(params)  # UnsupportedParams: the engine refuses the combination
     return params

@@ -1,7 +1,16 @@
-"""The engine side: requests in as token ids, typed messages out. Knows nothing of HTTP."""
+"""The engine side: requests in as token ids and SamplingParams (params.py, the one place
+they become GenerationConfig), typed messages out (messages.py), text decoded and cut at
+stop strings on the way (text_output.py). Knows nothing of HTTP."""
 
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
-from ovtrio.scheduler.params import GenerationRequest, SamplingParams, UnsupportedParams, check_params
+from ovtrio.scheduler.params import (
+    GenerationRequest,
+    OutputConstraint,
+    SamplingParams,
+    TaggedRegion,
+    UnsupportedParams,
+    check_params,
+)
 from ovtrio.scheduler.scheduler import RequestStream, Scheduler, SchedulerStats
 
 __all__ = [
@@ -10,10 +19,12 @@ __all__ = [
     "Failed",
     "GenerationRequest",
     "Message",
+    "OutputConstraint",
     "RequestStream",
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",
+    "TaggedRegion",
     "UnsupportedParams",
     "check_params",
 ]

@@ -1,5 +1,10 @@
-"""What the scheduler needs to run one request, and the one place that turns it into an
-OpenVINO GenAI GenerationConfig."""
+"""What the scheduler needs to run one request, and the one place where it becomes
+engine input: an OpenVINO GenAI GenerationConfig (with its StructuredOutputConfig).
+
+Everything here is already checked by the caller (the API layer validates request
+fields and output formats); check_params lets the engine itself refuse a combination
+before any request is made.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,23 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from ovtrio.constraints import OutputConstraint, to_engine_config
+
+@dataclass(frozen=True)
+class TaggedRegion:
+    begin: str
+    schema: str  # JSON text
+    end: str
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """A shape the output must have, enforced by the engine's constrained decoding
+    (XGrammar): a JSON schema, or structural tags (free text in which regions that
+    start with a trigger must match a schema)."""
+
+    json_schema: str | None = None  # JSON text
+    tags: tuple[TaggedRegion, ...] = ()
+    triggers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,8 +138,29 @@ def to_generation_config(
     return config
 
 
+def to_engine_config(constraint: OutputConstraint) -> Any:
+    """The engine's StructuredOutputConfig for `constraint`."""
+    import openvino_genai
+
+    if constraint.json_schema is not None:
+        return openvino_genai.StructuredOutputConfig(json_schema=constraint.json_schema)
+    tags = openvino_genai.StructuralTagsConfig(
+        structural_tags=[
+            openvino_genai.StructuralTagItem(begin=t.begin, schema=t.schema, end=t.end) for t in constraint.tags
+        ],
+        triggers=list(constraint.triggers),
+    )
+    return openvino_genai.StructuredOutputConfig(structural_tags_config=tags)
+
+
 class UnsupportedParams(ValueError):
-    """The engine refuses this combination of settings; the message says which check."""
+    """The engine refuses this request's settings: a combination its checks reject, or
+    an output constraint it cannot compile. The message says why; `param` names the
+    request field at fault when the caller knows it."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def check_params(params: SamplingParams) -> None:
@@ -131,5 +173,5 @@ def check_params(params: SamplingParams) -> None:
     except Exception as exc:  # the engine raises RuntimeError("Check 'x' failed at file:line ...")
         text = str(exc)
         if "Check '" in text:
-            text = "the engine requires " + text.split("Check '", 1)[1].split("'", 1)[0]
+            text = "it requires " + text.split("Check '", 1)[1].split("'", 1)[0]
         raise UnsupportedParams(text.splitlines()[0]) from None

@@ -67,7 +67,7 @@ class Vocabulary:
 
 
 def _from_gguf(path: Path) -> Vocabulary | None:
-    from ovtrio.gguf_header import read_gguf_header
+    from ovtrio.model.gguf import read_gguf_header
 
     header = read_gguf_header(path, keep_arrays=frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type"}))
     if header.metadata.get("tokenizer.ggml.model") != "gpt2":

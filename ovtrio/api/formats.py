@@ -1,6 +1,6 @@
-"""Constraints on the shape of the output, enforced by the engine's constrained decoding
-(XGrammar inside OpenVINO GenAI): a JSON schema, or structural tags (free text in which
-tagged regions must match a schema).
+"""Output formats a request asks for, checked and read into the scheduler's
+OutputConstraint: chat's `response_format`, the Responses API's `text.format`, and the
+JSON array a forced `tool_choice` holds the model to.
 
 The engine compiles a constraint inside its first step, and a constraint it cannot
 compile fails that whole step, every request in it. So everything is checked here first:
@@ -8,9 +8,8 @@ the schema against JSON Schema's meta-schema, and every `$ref` resolved within t
 document (XGrammar follows local references only). Raw regex and EBNF grammars are not
 offered to clients for the same reason: nothing short of compiling them can check them.
 
-This module reads the request forms (chat's `response_format`, the Responses API's
-`text.format`) into one `OutputConstraint` and checks them, so every endpoint shares
-the same rules and messages.
+Every endpoint reads its formats here, so they share the same rules and messages;
+scheduler/params.py turns the result into the engine's configuration.
 """
 
 from __future__ import annotations
@@ -18,10 +17,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
-
 from urllib.parse import unquote
 
 import jsonschema
+
+from ovtrio.scheduler import OutputConstraint, TaggedRegion
+
+# A forced "required" choice may make several calls (parallel_tool_calls); a small model
+# left unbounded can keep adding them, so the array is capped.
+MAX_PARALLEL_CALLS = 4
 
 
 class ConstraintError(ValueError):
@@ -33,17 +37,10 @@ class ConstraintError(ValueError):
 
 
 @dataclass(frozen=True)
-class TaggedRegion:
-    begin: str
-    schema: str  # JSON text
-    end: str
-
-
-@dataclass(frozen=True)
-class OutputConstraint:
-    json_schema: str | None = None  # JSON text
-    tags: tuple[TaggedRegion, ...] = ()
-    triggers: tuple[str, ...] = ()
+class FunctionTool:
+    name: str
+    description: str | None
+    parameters: dict[str, Any] | None
 
 
 ANY_JSON_OBJECT = json.dumps({"type": "object"})
@@ -155,16 +152,35 @@ def from_text_format(value: Any, param: str = "text.format") -> OutputConstraint
     return from_response_format(value, param)
 
 
-def to_engine_config(constraint: OutputConstraint) -> Any:
-    """The engine's StructuredOutputConfig for `constraint`."""
-    import openvino_genai
+def forced_call_constraint(
+    tools: list[FunctionTool], *, only: str | None = None, parallel: bool = True, param: str = "tools"
+) -> OutputConstraint:
+    """The constraint for calling `only` (a named tool_choice), or any of `tools`."""
+    variants = []
+    for i, tool in enumerate(tools):
+        if only is not None and tool.name != only:
+            continue
+        parameters = tool.parameters or {"type": "object", "properties": {}}
+        arguments = json.loads(checked_schema(parameters, f"{param}[{i}].function.parameters"))
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"name": {"type": "string", "enum": [tool.name]}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    if not variants:
+        raise ConstraintError("tool_choice names no tool that was sent.", "tool_choice")
+    most = 1 if only is not None or not parallel else MAX_PARALLEL_CALLS
+    call = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema = {"type": "array", "items": call, "minItems": 1, "maxItems": most}
+    return OutputConstraint(json_schema=json.dumps(schema))
 
-    if constraint.json_schema is not None:
-        return openvino_genai.StructuredOutputConfig(json_schema=constraint.json_schema)
-    tags = openvino_genai.StructuralTagsConfig(
-        structural_tags=[
-            openvino_genai.StructuralTagItem(begin=t.begin, schema=t.schema, end=t.end) for t in constraint.tags
-        ],
-        triggers=list(constraint.triggers),
-    )
-    return openvino_genai.StructuredOutputConfig(structural_tags_config=tags)
+
+def from_responses_format(value: Any) -> OutputConstraint | None:
+    """The Responses API's format: `text.format` (flat), or chat's `response_format`
+    nesting, which OVMS accepts there too."""
+    if isinstance(value, dict) and "json_schema" in value:
+        return from_response_format(value)
+    return from_text_format(value, "text.format")

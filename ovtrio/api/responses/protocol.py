@@ -3,7 +3,7 @@ pydantic, and its translation into the chat pieces the server already has."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -57,6 +57,8 @@ class TextOptions(_Body):
 
 
 class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
+    prompt_field: ClassVar[str] = "input"
+
     input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -85,6 +87,9 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         return self.max_output_tokens, "max_output_tokens"
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs
 
     def items(self) -> list[InputItem]:
         if isinstance(self.input, str):

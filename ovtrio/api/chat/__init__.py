@@ -1,0 +1,1 @@
+"""Chat completions: POST /v3/chat/completions (and /v1)."""

@@ -1,0 +1,1 @@
+"""Text completions: POST /v3/completions (and /v1)."""

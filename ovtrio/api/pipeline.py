@@ -1,0 +1,157 @@
+"""The request pipeline every generation endpoint shares.
+
+A handler takes its validated body and the ready model (`accept`), builds its prompt, then
+`generation_request` checks the sampling settings against the model's limits: all
+before the client is answered 200. The request then runs in the scheduler, and its
+messages pass through an OutputStage into a writer: `unary_outcome` aggregates them for
+one JSON body, `event_stream` streams them as server-sent events (`respond` picks
+one for chat and completions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, Protocol, TypeVar
+
+from pydantic import ValidationError
+from quart import Response, request
+
+from ovtrio.api.chunks import Envelope
+from ovtrio.api.context import ready_model
+from ovtrio.api.errors import APIError, api_error, from_validation_error, model_not_found
+from ovtrio.api.protocol import SamplingFields
+from ovtrio.api.sampling import sampling_params
+from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
+from ovtrio.ids import new_id
+from ovtrio.output import Outcome, OutputEvent, OutputStage, ResultCollector
+from ovtrio.scheduler import Failed, GenerationRequest, OutputConstraint, RequestStream, Scheduler, UnsupportedParams
+from ovtrio.service import ServingModel
+
+Body = TypeVar("Body", bound=SamplingFields)
+
+
+class Writer(Protocol):
+    """Writes one response's bodies (chunks or events) from its output events."""
+
+    def opening(self) -> list[dict[str, Any]]: ...
+
+    def write(self, events: list[OutputEvent]) -> list[dict[str, Any]]: ...
+
+
+async def parse_body(model_type: type[Body]) -> Body:
+    raw = await request.get_data(as_text=False)
+    try:
+        return model_type.model_validate_json(raw)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+async def accept(model_type: type[Body]) -> tuple[Body, ServingModel]:
+    """The request's body, validated, and the ready model it names."""
+    body = await parse_body(model_type)
+    model = ready_model()
+    check_model(model, body)
+    return body, model
+
+
+def check_model(model: ServingModel, body: SamplingFields) -> None:
+    if body.model != model.name:
+        raise model_not_found(body.model)
+
+
+def generation_request(
+    model: ServingModel,
+    body: SamplingFields,
+    prompts: list[list[int]],
+    *,
+    constraint: OutputConstraint | None = None,
+    keep_special_token_ids: frozenset[int] = frozenset(),
+) -> GenerationRequest:
+    """The scheduler's request: checked sampling settings plus the tokenized prompts."""
+    longest = max(len(p) for p in prompts)
+    params = sampling_params(body, longest, model.sequence_limit, model.defaults, constraint)
+    if keep_special_token_ids:
+        params = replace(params, keep_special_token_ids=keep_special_token_ids)
+    return GenerationRequest(prompts, params)
+
+
+@contextmanager
+def submitted(scheduler: Scheduler, generation: GenerationRequest) -> Iterator[RequestStream]:
+    """`scheduler.submit`, naming the request field at fault when the engine refuses the
+    request as it is added (an output constraint it cannot compile)."""
+    entered = False
+    try:
+        with scheduler.submit(generation) as stream:
+            entered = True
+            yield stream
+    except UnsupportedParams as exc:
+        if entered or exc.param is not None:
+            raise
+        param = "response_format" if generation.params.constraint is not None else None
+        raise UnsupportedParams(str(exc), param) from None
+
+
+async def written(stream: RequestStream, stage: OutputStage, writer: Writer) -> AsyncIterator[list[dict[str, Any]]]:
+    """The writer's bodies for one request, in batches as the engine produces them."""
+    if opening := writer.opening():
+        yield opening
+    while messages := await stream.receive_available():
+        if bodies := writer.write(stage.feed(messages)):
+            yield bodies
+
+
+def event_stream(
+    model: ServingModel,
+    generation: GenerationRequest,
+    stage: OutputStage,
+    writer: Writer,
+    frame: Callable[[dict[str, Any]], bytes] = data_frame,
+) -> Response:
+    """The writer's bodies as server-sent events, each made by `frame`: data-only for
+    chat and completion chunks, named for Responses events."""
+
+    async def frames(stream: RequestStream) -> AsyncIterator[bytes]:
+        async for bodies in written(stream, stage, writer):
+            yield joined(frame, bodies)
+        yield DONE
+
+    return sse_response(EventStream(submitted(model.scheduler, generation), frames))
+
+
+async def unary_outcome(model: ServingModel, generation: GenerationRequest, stage: OutputStage, choices: int) -> Outcome:
+    """Run the request to its end and aggregate its events."""
+    collector = ResultCollector(choices)
+    with submitted(model.scheduler, generation) as stream:
+        while messages := await stream.receive_available():
+            ended = collector.add(stage.feed(messages))
+            if isinstance(ended, Failed):
+                raise api_error(ended)
+            if ended is not None:
+                return ended
+    raise APIError(500, "the request ended without a result", code="engine_error")
+
+
+def envelope(id_prefix: str, model: ServingModel, body: SamplingFields) -> Envelope:
+    """What every chunk of the response shares; the last streamed one may carry usage."""
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    return Envelope(new_id(id_prefix), model.name, model.system_fingerprint, include_usage)
+
+
+class ChunkWriter(Writer, Protocol):
+    def completion(self, outcome: Outcome) -> dict[str, Any]: ...
+
+
+async def respond(
+    model: ServingModel,
+    body: SamplingFields,
+    generation: GenerationRequest,
+    stage: OutputStage,
+    writer: ChunkWriter,
+    choices: int,
+) -> Any:
+    """Chat and completions: the stream of chunks, or the unary body."""
+    if body.stream:
+        return event_stream(model, generation, stage, writer)
+    return writer.completion(await unary_outcome(model, generation, stage, choices))

@@ -1,0 +1,75 @@
+"""POST /v1/responses and /v3/responses, unary and streamed, and the stored responses
+(GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items).
+
+A response runs through the chat pipeline (chat template, tools, structured output,
+reasoning and tool-call parsing); its output events are then laid out as a Response
+object (body.py) or streamed as `response.*` events (events.py).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from quart import Blueprint
+
+from ovtrio.api.context import response_store
+from ovtrio.api.pipeline import accept, event_stream, unary_outcome
+from ovtrio.api.responses.body import unary_response
+from ovtrio.api.responses.events import ResponseEvents
+from ovtrio.api.responses.prepare import not_found, prepare, store_response
+from ovtrio.api.responses.protocol import ResponsesRequest
+from ovtrio.api.responses.store import StoredResponse
+from ovtrio.api.sse import named_frame
+
+blueprint = Blueprint("responses", __name__)
+
+
+@blueprint.post("/v3/responses")
+@blueprint.post("/v1/responses")
+async def create_response() -> Any:
+    body, model = await accept(ResponsesRequest)
+    store = response_store()
+    ready = prepare(model, body, store)
+    keep = partial(store_response, store, ready) if body.store else None
+    if body.stream:
+        return event_stream(model, ready.generation, ready.stage, ResponseEvents(ready.envelope, keep), named_frame)
+    outcome = await unary_outcome(model, ready.generation, ready.stage, body.n)
+    response = unary_response(ready.envelope, outcome, body.logprobs)
+    if keep:
+        keep(response)
+    return response
+
+
+def _stored(response_id: str) -> StoredResponse:
+    entry = response_store().get(response_id)
+    if entry is None:
+        raise not_found(response_id)
+    return entry
+
+
+@blueprint.get("/v3/responses/<response_id>")
+@blueprint.get("/v1/responses/<response_id>")
+async def retrieve_response(response_id: str) -> Any:
+    return _stored(response_id).response
+
+
+@blueprint.delete("/v3/responses/<response_id>")
+@blueprint.delete("/v1/responses/<response_id>")
+async def delete_response(response_id: str) -> Any:
+    if not response_store().delete(response_id):
+        raise not_found(response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@blueprint.get("/v3/responses/<response_id>/input_items")
+@blueprint.get("/v1/responses/<response_id>/input_items")
+async def list_input_items(response_id: str) -> Any:
+    items = _stored(response_id).input_items
+    return {
+        "object": "list",
+        "data": items,
+        "first_id": items[0]["id"] if items else None,
+        "last_id": items[-1]["id"] if items else None,
+        "has_more": False,
+    }

@@ -1,0 +1,76 @@
+"""Server-sent events: where written bodies become bytes on a stream.
+
+Chat and completion chunks go out as data-only events ending with `data: [DONE]`;
+Responses events as named events (`event: response.created`), also ending with
+`data: [DONE]`. EventStream is the response body of either.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from quart import Response
+
+from ovtrio.scheduler import RequestStream
+
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE = b"data: [DONE]\n\n"
+
+
+def _json(body: dict[str, Any]) -> str:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+def data_frame(body: dict[str, Any]) -> bytes:
+    """A data-only event: one chat or completion chunk (or an error body)."""
+    return b"data: " + _json(body).encode() + b"\n\n"
+
+
+def named_frame(event: dict[str, Any]) -> bytes:
+    """A named event: one `response.*` event, named by its type."""
+    return f"event: {event['type']}\ndata: {_json(event)}\n\n".encode()
+
+
+Frames = Callable[[RequestStream], AsyncIterator[bytes]]
+
+
+class EventStream:
+    """The SSE body of one streamed request.
+
+    The request is submitted when this object is made, inside the handler, so that
+    anything the engine refuses is still an ordinary HTTP error rather than a failure
+    after the 200. Quart closes the body (`aclose`) however the response ends,
+    including when the client disconnects and the sending task is cancelled; closing
+    leaves the submission, and the scheduler cancels the engine request.
+    """
+
+    def __init__(self, submission: AbstractContextManager[RequestStream], frames: Frames) -> None:
+        self._submission = submission
+        self._events = frames(submission.__enter__())
+        self._closed = False
+
+    def __aiter__(self) -> "EventStream":
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._events.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._submission.__exit__(None, None, None)
+
+
+def sse_response(body: EventStream) -> Response:
+    return Response(body, mimetype="text/event-stream", headers=HEADERS)
+
+
+def joined(frame: Callable[[dict[str, Any]], bytes], bodies: list[dict[str, Any]]) -> bytes:
+    return b"".join(frame(body) for body in bodies)

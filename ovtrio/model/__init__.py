@@ -1,0 +1,18 @@
+"""The model: finding and checking it (source.py, gguf.py), loading it into the engine
+(loading.py), and everything that knows its tokenizer: the byte-level vocabulary
+(vocabulary.py), prompt building (prompts.py), the formats its chat template teaches
+(chat_format.py), and the limits and defaults requests get (limits.py)."""
+
+from ovtrio.model.loading import LoadedModel, load_model, warm_up
+from ovtrio.model.source import EMBEDDED_NAME, ModelLoadError, ModelSource, embedded_model_path, resolve_model
+
+__all__ = [
+    "EMBEDDED_NAME",
+    "LoadedModel",
+    "ModelLoadError",
+    "ModelSource",
+    "embedded_model_path",
+    "load_model",
+    "resolve_model",
+    "warm_up",
+]

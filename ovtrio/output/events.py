@@ -1,0 +1,99 @@
+"""The typed events of a request's output, as every writer reads them.
+
+A choice's events come in the order the text was generated: reasoning, content and
+tool-call events, then one ChoiceFinished. The request ends with the scheduler's own
+Completed (token usage) or Failed, passed through unchanged.
+
+Events are made for every chunk of every stream, between engine steps, so they are
+plain slotted dataclasses: frozen ones take twice as long to build. Nobody changes one
+once made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ovtrio.scheduler import Completed, Failed
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One generated token and its log-probability. `token` is the bytes it added to the
+    choice's text (none for a special token the text leaves out); `text` is the text it
+    added: empty for a token that ends inside a UTF-8 character, whose character the
+    token completing it carries. So a choice's entries join to exactly its text."""
+
+    token: bytes
+    logprob: float
+    text: str
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """New content text of choice `choice`. `logprobs`, when they were asked for, covers
+    every token generated since the previous TextDelta (those that became reasoning or
+    tool calls included), so it may come with empty text."""
+
+    choice: int
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(slots=True)
+class ReasoningDelta:
+    """New reasoning text (what a thinking model wrote inside <think>…</think>)."""
+
+    choice: int
+    text: str
+
+
+@dataclass(slots=True)
+class ToolCallStarted:
+    """A tool call begins: its name is complete and its arguments have begun. `call` is
+    its position among the choice's calls."""
+
+    choice: int
+    call: int
+    id: str
+    name: str
+
+
+@dataclass(slots=True)
+class ToolCallArguments:
+    """The next fragment of a call's arguments, as the raw JSON text the model wrote."""
+
+    choice: int
+    call: int
+    fragment: str
+
+
+@dataclass(slots=True)
+class ToolCallDone:
+    """A call is complete; `arguments` is all its fragments joined."""
+
+    choice: int
+    call: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True)
+class ChoiceFinished:
+    """The choice's last event. `reason` is OpenAI's finish_reason: "stop", "length", or
+    "tool_calls" when the choice made calls and was not cut short."""
+
+    choice: int
+    reason: str
+
+
+OutputEvent = (
+    TextDelta
+    | ReasoningDelta
+    | ToolCallStarted
+    | ToolCallArguments
+    | ToolCallDone
+    | ChoiceFinished
+    | Completed
+    | Failed
+)

@@ -1,0 +1,285 @@
+"""Tool calls out of generated text, read incrementally: the model writes its calls in a
+model-specific format (Hermes `<tool_call>` tags, Llama 3 bare JSON, Mistral
+`[TOOL_CALLS]`, the `{"tool_calls": [...]}` reply of OpenVINO GenAI's tool polyfill),
+and the API answers with OpenAI tool calls.
+
+One reader per format serves both a unary response (`parse`, the whole text) and a
+stream (`feed` each piece, then `finish`); `parse` is `feed` + `finish`, so the two
+cannot disagree. Pieces may be split anywhere, even inside a tag or an escape sequence,
+and the result does not depend on where.
+
+How text becomes calls:
+
+* Text that might be the start of a marker (a trailing "<tool_c") is held back until
+  the next piece tells. Content outside calls passes through unchanged, except that a
+  whitespace-only stretch bordering a call (the newline between two calls, or after the
+  last one) is dropped: it only separates calls, and would otherwise turn into a
+  message.content of "\\n" next to the tool calls.
+* A call is announced (a delta with its id and name) once its name is complete and its
+  arguments value has begun. From then on the arguments are streamed as they arrive, as
+  the raw JSON text the model wrote (trimmed at both ends), so the streamed fragments
+  add up to the unary `arguments` byte for byte. Where the value ends is found by
+  bracket matching that respects strings and escapes; nothing is re-serialised.
+* A call that turns out malformed before it was announced (no JSON object after the
+  marker, no name, a name that is not a string) is not a call: its raw text is given back
+  as content, as generated. An announced call cannot be taken back from a stream, so it
+  stays a call in both modes: if generation stops inside it (max_tokens), its arguments
+  are the text written so far, which is what OpenAI does too (finish_reason "length").
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ovtrio.ids import new_call_id
+from ovtrio.parsing.json_scan import CallObject, JsonValue, skip_space
+
+
+@dataclass
+class ToolCallDelta:
+    """One piece of an OpenAI streaming tool call."""
+
+    index: int  # position of the call in this message (0, 1, ... for parallel calls)
+    id: str | None  # set on the first delta of a call only
+    name: str | None  # set on the first delta of a call only
+    arguments: str  # a fragment of the arguments JSON text ("" allowed on the first delta)
+
+
+@dataclass
+class ParsedDelta:
+    """What one piece of generated text adds to the message."""
+
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # complete JSON text, as the model wrote it
+
+
+def partial_tag_at_end(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper beginning of `tag`. Those
+    characters must be held back: the next piece may complete the tag."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:size]):
+            return size
+    return 0
+
+
+@dataclass
+class _PendingCall:
+    """A call being read. `raw` is all its text so far, marker included, given back as
+    content if it turns out not to be a call. `index` is set once announced."""
+
+    raw: str
+    index: int | None = None
+    id: str | None = None
+    name: str | None = None
+    sent: int = 0  # characters of the arguments text already streamed
+
+
+State = Callable[[bool], bool]
+
+
+class ToolCallParser:
+    """Base reader: the buffer, content output, call announcement and streaming.
+
+    A format is a set of states: methods taking `final` (no more text will come) that
+    read from `self._buf` and return True to run the next state at once, or False when
+    they need more text (or, at the end, when everything is read).
+    """
+
+    args_keys: tuple[str, ...] = ("arguments", "parameters")
+    requires_args = False  # a call object without an arguments key is a call with {}
+    # Tags the format writes. Where the tokenizer makes them special tokens, the server
+    # keeps those tokens in the decoded text, which otherwise skips special tokens.
+    MARKERS: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._buf = ""  # text received and not yet read
+        self._state: State = self._initial_state()
+        self._then: State = self._state  # where to go once the pending call is closed
+        self._fallback: State = self._state  # ... or given back as content
+        self._content: list[str] = []  # output since the last feed/finish returned
+        self._deltas: list[ToolCallDelta] = []
+        self._calls: list[ToolCall] = []
+        self._call: _PendingCall | None = None
+        self._object: CallObject | None = None
+        self._held_space = ""  # whitespace at the start of a content stretch
+        self._stretch_has_text = False
+
+    # Public interface
+
+    def feed(self, text: str) -> ParsedDelta:
+        """The next piece of generated text, split anywhere."""
+        self._buf += text
+        self._run(final=False)
+        return self._take()
+
+    def finish(self) -> ParsedDelta:
+        """End of generation: resolve what was held back."""
+        self._run(final=True)
+        if not self._calls:  # no call to separate from: the whitespace is content
+            self._content.append(self._held_space)
+        self._held_space = ""
+        return self._take()
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """All calls completed so far, in order."""
+        return list(self._calls)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """The whole text at once, for unary responses: (content, calls)."""
+        first, last = self.feed(text), self.finish()
+        return first.content + last.content, self.calls
+
+    # For subclasses
+
+    def _initial_state(self) -> State:
+        raise NotImplementedError
+
+    def _new_id(self) -> str:
+        return new_call_id()
+
+    def _run(self, final: bool) -> None:
+        while self._state(final):
+            pass
+
+    def _take(self) -> ParsedDelta:
+        delta = ParsedDelta("".join(self._content), self._deltas)
+        self._content, self._deltas = [], []
+        return delta
+
+    # Content
+
+    def _emit_content(self, text: str) -> None:
+        """Content as generated, except a stretch's leading whitespace waits: if a call
+        or the end comes before any text, that whitespace only separated calls."""
+        if self._stretch_has_text:
+            self._content.append(text)
+            return
+        self._held_space += text
+        if self._held_space.strip():
+            self._content.append(self._held_space)
+            self._held_space, self._stretch_has_text = "", True
+
+    def _pass_content_until(self, marker: str, final: bool) -> bool:
+        """Content state for formats whose calls begin with `marker`: emit the text
+        before it (holding back a possible partial marker) and open a call at it."""
+        at = self._buf.find(marker)
+        if at < 0:
+            keep = 0 if final else partial_tag_at_end(self._buf, marker)
+            self._emit_content(self._buf[: len(self._buf) - keep])
+            self._buf = self._buf[len(self._buf) - keep :]
+            return False
+        self._emit_content(self._buf[:at])
+        self._buf = self._buf[at + len(marker) :]
+        self._open_call(marker)
+        return True
+
+    # Calls
+
+    def _open_call(self, marker: str) -> None:
+        """A call may start here; whitespace-only content just before it separated it."""
+        self._call = _PendingCall(raw=self._held_space + marker)
+        self._held_space, self._stretch_has_text = "", False
+
+    def _take_into_call(self, count: int) -> None:
+        """Move `count` characters of the buffer into the pending call's raw text."""
+        self._call.raw += self._buf[:count]
+        self._buf = self._buf[count:]
+
+    def _take_space_into_call(self) -> None:
+        self._take_into_call(skip_space(self._buf))
+
+    def _stream_call(self, name: str | None, args: JsonValue | None) -> None:
+        """Announce the pending call once its name is complete and its arguments have
+        begun, then stream whatever arguments text is new."""
+        call = self._call
+        if call.index is None:
+            if name is None or args is None:
+                return
+            self._announce(name)
+        if args is not None:
+            self._send_arguments(args.text[call.sent : args.trimmed_len])
+
+    def _announce(self, name: str) -> None:
+        call = self._call
+        call.index, call.id, call.name = len(self._calls), self._new_id(), name
+        self._deltas.append(ToolCallDelta(call.index, call.id, name, ""))
+
+    def _send_arguments(self, piece: str) -> None:
+        """Stream arguments text, merged into this output's last delta of the same call."""
+        if not piece:
+            return
+        call = self._call
+        call.sent += len(piece)
+        if self._deltas and self._deltas[-1].index == call.index:
+            self._deltas[-1].arguments += piece
+        else:
+            self._deltas.append(ToolCallDelta(call.index, None, None, piece))
+
+    def _close_call(self, name: str, args: JsonValue | None) -> None:
+        """The pending call is complete (or cut short after it was announced)."""
+        if self._call.index is None:
+            self._announce(name)
+        arguments = args.trimmed if args is not None else "{}"
+        self._send_arguments(arguments[self._call.sent :])
+        self._calls.append(ToolCall(self._call.id, self._call.name, arguments))
+        self._call = None
+
+    def _give_back_call(self) -> None:
+        """Not a call after all: its raw text is content, as generated."""
+        raw, self._call = self._call.raw, None
+        self._emit_content(raw)
+
+    def _drop_call(self) -> None:
+        """An empty call list ("[TOOL_CALLS][]"): nothing to keep, nothing to show."""
+        self._call = None
+
+    # States shared by the formats
+
+    def _plain(self, final: bool) -> bool:
+        """Content to the end (for formats that decide once, at the start)."""
+        self._emit_content(self._buf)
+        self._buf = ""
+        return False
+
+    def _before_object(self, final: bool) -> bool:
+        """After a call marker: only whitespace may come before the object's "{"."""
+        self._take_space_into_call()
+        if not self._buf and not final:
+            return False
+        if self._buf.startswith("{"):
+            self._object = CallObject(self.args_keys)
+            self._state = self._in_object
+        else:
+            self._give_back_call()
+            self._state = self._fallback
+        return True
+
+    def _in_object(self, final: bool) -> bool:
+        """Inside a call object: stream it, and decide at its end whether it was a call."""
+        obj = self._object
+        self._take_into_call(obj.consume(self._buf))
+        self._stream_call(obj.name, obj.args)
+        if not (obj.done or obj.failed or final):
+            return False
+        complete = obj.done and obj.name is not None and (obj.args is not None or not self.requires_args)
+        if self._call.index is not None or complete:
+            self._close_call(obj.name, obj.args)
+            self._state = self._then
+        else:
+            self._give_back_call()
+            self._state = self._fallback
+        self._object = None
+        return True
+
+
+# --- The formats ------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""The scheduler's failure paths, which the real engine cannot be made to take on demand:
+a step that raises, a request the engine drops (IGNORED: the KV cache ran out), and
+shutdown with requests in flight. Pure logic against a small fake pipeline; everything
+is observed through the scheduler's public side (submit, run, stats, the messages a
+request receives)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import openvino_genai
+import pytest
+import trio
+
+from ovtrio.model.vocabulary import Vocabulary
+from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, SamplingParams, Scheduler
+
+Status = openvino_genai.GenerationStatus
+Reason = openvino_genai.GenerationFinishReason
+
+# Token 1 is "a"; a prompt of token 2 is one the fake engine drops as out of memory.
+VOCABULARY = Vocabulary([b"</s>", b"a", b"b"], frozenset({0}))
+DROPPED_PROMPT = [2]
+
+
+@dataclass
+class FakeOutput:
+    generated_ids: list[int]
+    generated_log_probs: list[float]
+    score: float
+    finish_reason: Any
+
+
+@dataclass
+class FakeHandle:
+    """One engine request: a token "a" per step until max_new_tokens."""
+
+    left: int
+    dropped: bool
+    status: Any = Status.RUNNING
+    cancelled: bool = False
+    unread: list[int] = field(default_factory=list)
+
+    def can_read(self) -> bool:
+        return bool(self.unread)
+
+    def read(self) -> dict[int, FakeOutput]:
+        reason = Reason.LENGTH if self.status == Status.FINISHED else Reason.NONE
+        output = FakeOutput(self.unread, [0.0] * len(self.unread), 0.0, reason)
+        self.unread = []
+        return {0: output}
+
+    def get_status(self) -> Any:
+        return self.status
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.status = Status.CANCEL
+
+
+class FakePipeline:
+    def __init__(self) -> None:
+        self.handles: list[FakeHandle] = []
+        self.failing_steps = 0
+
+    def get_config(self) -> Any:
+        return SimpleNamespace(stop_token_ids={0})
+
+    def add_request(self, request_id: int, prompt: Any, config: Any) -> FakeHandle:
+        handle = FakeHandle(config.max_new_tokens, prompt.data[0].tolist() == DROPPED_PROMPT)
+        self.handles.append(handle)
+        return handle
+
+    def _running(self) -> list[FakeHandle]:
+        return [h for h in self.handles if h.status == Status.RUNNING]
+
+    def has_non_finished_requests(self) -> bool:
+        return bool(self._running())
+
+    def step(self) -> None:
+        if self.failing_steps:
+            self.failing_steps -= 1
+            raise RuntimeError("boom")
+        for handle in self._running():
+            if handle.dropped:
+                handle.status = Status.IGNORED
+                continue
+            handle.unread.append(1)
+            handle.left -= 1
+            if handle.left == 0:
+                handle.status = Status.FINISHED
+
+    def get_metrics(self) -> Any:
+        return SimpleNamespace(requests=len(self._running()), scheduled_requests=0, cache_usage=0.0)
+
+
+def request(max_new_tokens: int, prompt: list[int] = [1]) -> GenerationRequest:
+    return GenerationRequest([prompt], SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
+
+
+async def received(scheduler: Scheduler, generation: GenerationRequest) -> list[Any]:
+    """Every message of one request, to the end of its channel."""
+    messages: list[Any] = []
+    with scheduler.submit(generation) as stream:
+        while batch := await stream.receive_available():
+            messages += batch
+    return messages
+
+
+@pytest.fixture
+async def engine(nursery):
+    pipeline = FakePipeline()
+    scheduler = Scheduler(pipeline, None, VOCABULARY)
+    scope = trio.CancelScope()
+
+    async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await scheduler.run(task_status=task_status)
+
+    await nursery.start(run)
+    return SimpleNamespace(pipeline=pipeline, scheduler=scheduler, stop=scope.cancel)
+
+
+async def test_a_request_runs_to_completion(engine):
+    messages = await received(engine.scheduler, request(3))
+    deltas = [m for m in messages if isinstance(m, Delta)]
+    assert "".join(d.text for d in deltas) == "aaa"
+    assert deltas[-1].finish_reason == "length"
+    assert messages[-1] == Completed(prompt_tokens=1, completion_tokens=3)
+
+
+async def test_a_failed_step_fails_its_batch_and_the_loop_goes_on(engine):
+    engine.pipeline.failing_steps = 1
+    messages = await received(engine.scheduler, request(4))
+    assert isinstance(messages[-1], Failed)
+    assert messages[-1].code == "engine_error" and "boom" in messages[-1].message
+    assert engine.pipeline.handles[0].cancelled
+    # The next request is served as if nothing happened.
+    after = await received(engine.scheduler, request(2))
+    assert after[-1] == Completed(prompt_tokens=1, completion_tokens=2)
+    assert engine.scheduler.stats().running == 0
+
+
+async def test_a_request_the_engine_drops_fails_alone(engine):
+    results: dict[str, list[Any]] = {}
+
+    async def run(name: str, generation: GenerationRequest) -> None:
+        results[name] = await received(engine.scheduler, generation)
+
+    async with trio.open_nursery() as requests:
+        requests.start_soon(run, "kept", request(5))
+        requests.start_soon(run, "dropped", request(5, DROPPED_PROMPT))
+    assert results["dropped"] == [Failed(results["dropped"][-1].message, "out_of_memory")]
+    assert "KV cache" in results["dropped"][-1].message
+    assert results["kept"][-1] == Completed(prompt_tokens=1, completion_tokens=5)
+    assert engine.scheduler.stats().running == 0
+
+
+async def test_shutdown_fails_the_requests_in_flight(engine):
+    with engine.scheduler.submit(request(1000)) as stream:
+        first = await stream.receive_available()
+        assert isinstance(first[0], Delta)
+        engine.stop()
+        rest: list[Any] = []
+        while batch := await stream.receive_available():
+            rest += batch
+    assert rest[-1] == Failed("server is shutting down", "engine_error")
+    assert engine.pipeline.handles[0].cancelled
+    assert engine.scheduler.stats().running == 0
+    with pytest.raises(RuntimeError):
+        with engine.scheduler.submit(request(1)):
+            pass
+
+
+async def test_a_consumer_that_leaves_cancels_its_engine_request(engine):
+    with engine.scheduler.submit(request(1000)) as stream:
+        assert await stream.receive_available()
+    assert engine.pipeline.handles[0].cancelled
+    assert engine.scheduler.stats().running == 0
+    # The engine is not stepped for it any more: a new request still completes.
+    assert (await received(engine.scheduler, request(1)))[-1] == Completed(prompt_tokens=1, completion_tokens=1)
