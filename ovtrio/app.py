@@ -3,7 +3,6 @@ from OVTRIO_* environment variables; `ovtrio serve` builds the same app from fla
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -13,14 +12,15 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from ovtrio.api import context, health, metrics, models, tokenize
+from ovtrio import closing
+from ovtrio.api import auth, context, health, metrics, models, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
-from ovtrio.api.errors import APIError, api_error
+from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.config import Settings, settings_from_env
+from ovtrio.config import Settings, api_keys, settings_from_env
 from ovtrio.model import ModelLoadError
 from ovtrio.service import ModelService
 
@@ -37,13 +37,10 @@ def configure_logging(level: str) -> None:
     logger.setLevel(level.upper())
 
 
-def error_response(error: APIError) -> Response:
-    return Response(json.dumps(error.body(), ensure_ascii=False), status=error.status, mimetype="application/json")
-
-
 def create_app(settings: Settings | None = None) -> QuartTrio:
     settings = settings or settings_from_env()
     configure_logging(settings.log_level)
+    closing.apply()
     app = QuartTrio("ovtrio")
     # Streams may run for minutes: no response timeout; request bodies are small.
     app.config["RESPONSE_TIMEOUT"] = None
@@ -52,6 +49,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     service = ModelService(settings)
     store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)
     context.attach(app, service, store, metrics.registry_for(service))
+    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
 

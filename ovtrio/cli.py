@@ -3,22 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import sys
 from typing import Any
 
 import trio
 
 from ovtrio import __version__
-from ovtrio.config import ENV_PREFIX, Settings, SettingsError, settings_from_env
+from ovtrio.config import ENV_PREFIX, Settings, SettingsError, api_keys, is_list_setting, settings_from_env
 from ovtrio.model import ModelLoadError, resolve_model
+
+log = logging.getLogger("ovtrio")
+
+# Connections the kernel queues before the server accepts them. Hypercorn's default
+# (100) resets connections in a burst of clients arriving at once; the kernel caps the
+# value at net.core.somaxconn (4096 on current Linux).
+LISTEN_BACKLOG = 4096
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {field.default}]"
+        default = field.get_default(call_default_factory=True)
+        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {default or 'none'}]"
         if field.annotation is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif is_list_setting(name):
+            parser.add_argument(flag, dest=name, action="append", default=None, help=help_text)
         else:
             parser.add_argument(flag, dest=name, default=None, help=help_text)
 
@@ -48,6 +60,13 @@ async def serve(settings: Settings) -> int:
     config.errorlog = "-"
     config.loglevel = "WARNING"
     config.keep_alive_timeout = 75
+    config.backlog = LISTEN_BACKLOG
+    if not api_keys(settings) and not is_loopback(settings.host):
+        log.warning(
+            "listening on %s without an API key: anyone who can reach it can use the model"
+            " (set --api-key, OVTRIO_API_KEY or --api-key-file)",
+            settings.host,
+        )
 
     failed = False
 
@@ -60,12 +79,23 @@ async def serve(settings: Settings) -> int:
     return 1 if failed else 0
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     try:
         settings = settings_from_env(**overrides)
         resolve_model(settings)  # fail fast, before binding the port
+        api_keys(settings)
     except (SettingsError, ModelLoadError) as exc:
         print(f"ovtrio: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -8,6 +8,7 @@ upper case with the OVTRIO_ prefix, the command-line flag is the name with dashe
 from __future__ import annotations
 
 import os
+import typing
 from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, Field, ValidationError
@@ -67,6 +68,15 @@ class Settings(BaseModel):
     response_store_path: str | None = Field(
         None, description="SQLite file that keeps stored responses across restarts (default: memory only)"
     )
+    api_key: list[str] = Field(
+        default_factory=list,
+        description="key clients must send as 'Authorization: Bearer <key>' (repeat the flag for several; the"
+        " environment variable holds one)",
+    )
+    api_key_file: str | None = Field(
+        None, description="file of accepted API keys, one a line (blank lines and # comments skipped)"
+    )
+    protect_metrics: bool = Field(False, description="require an API key for /metrics too")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
     log_level: str = Field("info", description="debug, info, warning or error")
@@ -83,7 +93,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None, **overrides: Any
     for name in Settings.model_fields:
         raw = environ.get(ENV_PREFIX + name.upper())
         if raw is not None and raw != "":
-            values[name] = raw
+            values[name] = [raw] if is_list_setting(name) else raw
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return Settings.model_validate(values)
@@ -93,3 +103,25 @@ def settings_from_env(environ: Mapping[str, str] | None = None, **overrides: Any
         raise SettingsError(
             f"invalid setting {name} ({ENV_PREFIX}{name.upper()} / --{name.replace('_', '-')}): {first['msg']}"
         ) from None
+
+
+def is_list_setting(name: str) -> bool:
+    """A setting that takes several values: a repeatable flag, one value in its variable."""
+    return typing.get_origin(Settings.model_fields[name].annotation) is list
+
+
+def api_keys(settings: Settings) -> tuple[str, ...]:
+    """Every accepted key: the api_key values, then the lines of api_key_file."""
+    keys = [key for key in settings.api_key if key]
+    if settings.api_key_file:
+        try:
+            with open(settings.api_key_file, encoding="utf-8") as file:
+                lines = [line.strip() for line in file]
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise SettingsError(f"cannot read API key file {settings.api_key_file}: {reason}") from None
+        from_file = [line for line in lines if line and not line.startswith("#")]
+        if not from_file:
+            raise SettingsError(f"API key file {settings.api_key_file} holds no keys")
+        keys.extend(from_file)
+    return tuple(keys)

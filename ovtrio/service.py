@@ -91,7 +91,7 @@ class ModelService:
             name=source.name,
             system_fingerprint=system_fingerprint(source.path, self.settings.device),
             scheduler=scheduler,
-            prompts=PromptBuilder(model.tokenizer, source.vocab_size, model.vocabulary),
+            prompts=PromptBuilder(model.tokenizer, source.vocab_size, model.vocabulary, cut_at=source.context_length),
             sequence_limit=limit,
             defaults=server_defaults(source, self.settings),
             tool_parser=tool_parser_for(self.settings, template),

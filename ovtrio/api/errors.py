@@ -9,11 +9,13 @@ no client ever sees an HTML page or a traceback.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
 
 from pydantic import ValidationError
+from quart import Response
 from werkzeug.exceptions import HTTPException
 
 from ovtrio.api.formats import ConstraintError
@@ -58,6 +60,11 @@ class APIError(Exception):
         if stream_id is not None:
             event["stream_id"] = stream_id
         return event
+
+
+def error_response(error: APIError) -> Response:
+    """An APIError as an HTTP response."""
+    return Response(json.dumps(error.body(), ensure_ascii=False), status=error.status, mimetype="application/json")
 
 
 # What a request can be refused for, before or as it reaches the engine.

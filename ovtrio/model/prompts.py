@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ovtrio.model.pieces import word_pieces
 from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.parsing import THINK_OPEN
 
@@ -32,10 +33,19 @@ class ChatPrompt:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer: Any, vocab_size: int | None = None, vocabulary: Vocabulary | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int | None = None,
+        vocabulary: Vocabulary | None = None,
+        cut_at: int | None = None,
+    ) -> None:
+        """`cut_at`: the length at which the tokenizer may cut its output (the model's
+        context length); a text that comes back that long is counted again in pieces."""
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._vocabulary = vocabulary
+        self._cut_at = cut_at
 
     def encode_completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """A string, a list of strings, a list of token ids, or a list of those lists."""
@@ -150,5 +160,16 @@ class PromptBuilder:
         return list(ids)
 
     def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        ids = self._tokenize(text, add_special_tokens)
+        if self._cut_at is None or len(ids) < self._cut_at:
+            return ids
+        # Perhaps cut short by the tokenizer (see ovtrio.model.pieces): tokenize in pieces
+        # small enough to stay under the cut even at several tokens per character.
+        ids = []
+        for i, piece in enumerate(word_pieces(text, max(1, self._cut_at // 4))):
+            ids.extend(self._tokenize(piece, add_special_tokens and i == 0))
+        return ids
+
+    def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         encoded = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return encoded.input_ids.data[0].tolist()

@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 from pydantic import ValidationError
+from pydantic_core import from_json
 from quart import Blueprint, websocket
 
 from ovtrio.api.context import ready_model, response_store
@@ -56,7 +57,10 @@ async def responses_socket() -> None:
         nursery.start_soon(_write, receive)
         while True:
             frame = await websocket.receive()
-            request = _read_frame(frame)
+            try:
+                request = _read_frame(frame)
+            except Exception as error:  # whatever a frame does, the socket stays usable
+                request = api_error(error)
             if isinstance(request, APIError):
                 await send.send(request.event())
                 continue
@@ -91,7 +95,9 @@ def _read_frame(frame: str | bytes) -> APIError | tuple[Any, ResponsesRequest]:
     if len(frame) > MAX_FRAME_BYTES:
         return APIError(400, f"Frames may be at most {MAX_FRAME_BYTES} bytes.", code="frame_too_large")
     try:
-        message = json.loads(frame)
+        # pydantic's parser, as for HTTP bodies: nesting beyond its depth limit is a
+        # ValueError here, where json.loads would raise RecursionError.
+        message = from_json(frame)
     except ValueError:
         return APIError(400, "The frame is not valid JSON.", code="invalid_json")
     if not isinstance(message, dict):
