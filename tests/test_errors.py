@@ -4,6 +4,7 @@ never an HTML page or a 5xx, and the server keeps serving afterwards."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import openai
@@ -120,6 +121,23 @@ def test_streaming_request_errors_are_plain_json(server):
 def test_context_error_message_gives_the_numbers(server):
     error = assert_error(post(server.base_url, CHAT, chat_body(max_tokens=100000)), 400, param="max_tokens")
     assert "8192" in error["message"] and "100000" in error["message"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    (COMPLETIONS, completion_body("hello world " * 50_000, max_tokens=1), "prompt"),
+    (CHAT, chat_body("hello world " * 50_000, max_tokens=1), "messages"),
+])
+def test_an_over_long_prompt_error_states_its_real_length(server, path, body, param):
+    """The tokenizer cuts its output at the context length; the error must not."""
+    prompt = body.get("prompt") or body["messages"][0]["content"]
+    counted = post(server.base_url, "/tokenize", {"model": MODEL, "prompt": prompt}).json()["count"]
+    assert counted > 100_000  # 2 tokens per "hello world ", plus any special tokens
+    error = assert_error(post(server.base_url, path, body), 400, param=param, code="context_length_exceeded")
+    stated = int(re.search(r"the prompt is (\d+) tokens", error["message"]).group(1))
+    if path == COMPLETIONS:
+        assert stated == counted, error["message"]
+    else:  # the chat template adds its own tokens around the message
+        assert stated > 100_000, error["message"]
 
 
 @pytest.mark.parametrize(

@@ -117,6 +117,10 @@ async def test_bad_frames_get_error_events_and_the_socket_stays_usable(server):
             (json.dumps({"type": "response.create", "model": MODEL, "input": "x", "previous_response_id": "resp_x"}),
              "previous_response_id"),
             ("x" * (5 * 1024 * 1024), None),
+            # Nesting far beyond any parser's depth: refused like the same HTTP body.
+            ('{"type": "response.create", "input": ' + "[" * 10_000 + "]" * 10_000 + "}", None),
+            ("[" * 10_000, None),
+            (b"\xff\xfe not UTF-8", None),
         ]:
             await ws.send_message(frame)
             with trio.fail_after(30):

@@ -1,0 +1,153 @@
+"""Connections that should close do close: after a response to `Connection: close` or
+to an HTTP/1.0 request, the client reads EOF and the server keeps no socket open, under
+`ovtrio serve` and under `hypercorn -k trio ovtrio.app:app` (see ovtrio/closing.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import MODEL, free_port
+
+# Bounds that only keep a broken server from hanging the test; nothing is timed.
+HANG_GUARD = 60
+
+REQUESTS = {
+    "close": b"GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n",
+    "http/1.0": b"GET /health HTTP/1.0\r\nHost: test\r\n\r\n",
+}
+
+
+def completion_request(version: str) -> bytes:
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
+    close = b"Connection: close\r\n" if version == "HTTP/1.1" else b""
+    return (
+        f"POST /v1/completions {version}\r\nHost: test\r\nContent-Type: application/json\r\n".encode()
+        + close
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
+def exchange(port: int, request: bytes) -> bytes:
+    """Send one request and read until the server closes; the whole reply."""
+    with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
+        sock.sendall(request)
+        reply = b""
+        while chunk := sock.recv(65536):  # a socket timeout here means no EOF came
+            reply += chunk
+    return reply
+
+
+def status(reply: bytes) -> bytes:
+    return reply.split(b"\r\n", 1)[0].split()[1]
+
+
+def complete(reply: bytes) -> bool:
+    """Whether `reply` holds a whole response with a Content-Length body."""
+    head, separator, body = reply.partition(b"\r\n\r\n")
+    if not separator:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    raise AssertionError(f"no Content-Length in {head!r}")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def settled_fds(pid: int, baseline: int) -> int:
+    """The process's open descriptors once they are back to `baseline` (or the guard ends)."""
+    deadline = time.monotonic() + HANG_GUARD
+    count = open_fds(pid)
+    while count > baseline and time.monotonic() < deadline:
+        time.sleep(0.1)
+        count = open_fds(pid)
+    return count
+
+
+def check_closing(port: int, pid: int, rounds: int) -> None:
+    httpx.get(f"http://127.0.0.1:{port}/health", timeout=HANG_GUARD)  # any lazy setup done
+    baseline = open_fds(pid)
+    for _ in range(rounds):
+        for request in REQUESTS.values():
+            reply = exchange(port, request)
+            assert status(reply) == b"200", reply[:100]
+    for version in ("HTTP/1.1", "HTTP/1.0"):
+        reply = exchange(port, completion_request(version))
+        assert status(reply) == b"200", reply[:300]
+        assert b'"text_completion"' in reply
+    assert settled_fds(pid, baseline) <= baseline
+
+
+def test_closing_requests_get_eof_and_leave_no_descriptor(server):
+    port = int(server.base_url.rsplit(":", 1)[1])
+    check_closing(port, server.process.pid, rounds=100)  # 200 requests, half of them HTTP/1.0
+
+
+def test_keep_alive_connections_stay_open(server):
+    port = int(server.base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
+        for _ in range(3):
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+            reply = b""
+            while not complete(reply):
+                chunk = sock.recv(65536)
+                assert chunk, f"the server closed a keep-alive connection after {reply!r}"
+                reply += chunk
+            assert status(reply) == b"200", reply
+
+
+def worker_pid(pid: int) -> int:
+    """Hypercorn's CLI serves from one spawned worker process: its pid."""
+    deadline = time.monotonic() + HANG_GUARD
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.1)
+    raise AssertionError("hypercorn started no worker")
+
+
+@pytest.fixture(scope="module")
+def hypercorn_port(tmp_path_factory):
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("hypercorn") / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", "ovtrio.app:app"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OVTRIO_ENABLE_PREFIX_CACHING": "false"},
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        yield port, worker_pid(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def test_closing_requests_get_eof_under_the_hypercorn_command(hypercorn_port):
+    port, pid = hypercorn_port
+    check_closing(port, pid, rounds=20)
