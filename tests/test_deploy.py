@@ -1,0 +1,88 @@
+"""The manifests in deploy/ parse, and say what the server does: probe paths that are
+its health routes, the port it listens on by default, a grace period that covers the
+preStop pause and the drain, and an InferencePool that selects the Deployment's pods
+on the port they serve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from ovtrio.config import Settings
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+# How long ovtrio lets in-flight requests finish after SIGTERM (its drain timeout).
+DRAIN_SECONDS = 30
+DEFAULT_PORT = Settings.model_fields["port"].default
+
+
+def documents() -> dict[str, dict]:
+    found: dict[str, dict] = {}
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            assert {"apiVersion", "kind", "metadata"} <= set(document), path
+            found[document["kind"]] = document
+    return found
+
+
+MANIFESTS = documents()
+
+
+def container() -> dict:
+    return MANIFESTS["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def port_number(name_or_number: str | int) -> int:
+    if isinstance(name_or_number, int):
+        return name_or_number
+    (port,) = [p for p in container()["ports"] if p["name"] == name_or_number]
+    return port["containerPort"]
+
+
+def test_every_manifest_is_there():
+    assert set(MANIFESTS) == {"Deployment", "Service", "InferencePool", "HTTPRoute"}
+    assert MANIFESTS["InferencePool"]["apiVersion"] == "inference.networking.k8s.io/v1"
+
+
+def test_the_container_listens_where_the_server_does():
+    args = container()["args"]
+    assert args[0] == "serve"
+    assert int(args[args.index("--port") + 1]) == DEFAULT_PORT == port_number("http")
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("probe, path", [
+    ("startupProbe", "/health"), ("livenessProbe", "/health"), ("readinessProbe", "/health/ready"),
+])
+def test_probes_use_the_health_routes(server, probe, path):
+    check = container()[probe]["httpGet"]
+    assert check["path"] == path and port_number(check["port"]) == DEFAULT_PORT
+    response = httpx.get(server.base_url + check["path"], timeout=30)  # the route answers as a probe wants
+    assert response.status_code == 200, response.text
+
+
+def test_the_grace_period_covers_the_pause_and_the_drain():
+    pod = MANIFESTS["Deployment"]["spec"]["template"]["spec"]
+    pause = container()["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] > pause + DRAIN_SECONDS
+
+
+def test_service_and_pool_select_the_deployments_pods():
+    labels = MANIFESTS["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert MANIFESTS["Deployment"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    service = MANIFESTS["Service"]["spec"]
+    assert service["selector"].items() <= labels.items()
+    assert [port_number(p["targetPort"]) for p in service["ports"]] == [DEFAULT_PORT]
+    pool = MANIFESTS["InferencePool"]["spec"]
+    assert pool["selector"]["matchLabels"].items() <= labels.items()
+    assert [p["number"] for p in pool["targetPorts"]] == [DEFAULT_PORT]
+    assert pool["endpointPickerRef"]["name"] and pool["endpointPickerRef"]["port"]["number"]
+
+
+def test_the_route_sends_traffic_to_the_pool():
+    backends = [ref for rule in MANIFESTS["HTTPRoute"]["spec"]["rules"] for ref in rule["backendRefs"]]
+    assert backends == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                         "name": MANIFESTS["InferencePool"]["metadata"]["name"]}]
