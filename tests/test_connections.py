@@ -151,3 +151,19 @@ def hypercorn_port(tmp_path_factory):
 def test_closing_requests_get_eof_under_the_hypercorn_command(hypercorn_port):
     port, pid = hypercorn_port
     check_closing(port, pid, rounds=20)
+
+
+def test_the_fix_leaves_other_hypercorn_code_alone(monkeypatch):
+    """A Hypercorn whose method differs (fixed, or reworked) is not patched, and says so."""
+    from hypercorn.trio.tcp_server import TCPServer
+
+    from ovtrio import closing
+
+    said: list[str] = []
+    monkeypatch.setattr(closing, "_applied", False)
+    monkeypatch.setattr(closing, "PATCHED_SOURCE_SHA256", "0" * 64)
+    monkeypatch.setattr(closing.log, "info", lambda message, *args: said.append(message % args))
+    before = TCPServer.protocol_send
+    assert closing.apply() is False
+    assert TCPServer.protocol_send is before
+    assert len(said) == 1 and "leaving it unpatched" in said[0]
