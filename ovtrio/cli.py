@@ -26,7 +26,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         default = field.get_default(call_default_factory=True)
-        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {default or 'none'}]"
+        shown = "none" if default is None or default == [] else default
+        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {shown}]"
         if field.annotation is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif is_list_setting(name):
