@@ -21,6 +21,7 @@ from ovtrio.config import Settings
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_model, resolve_model
 from ovtrio.response_store import ResponseStore
 from ovtrio.scheduler import Scheduler
+from ovtrio.scheduler.engine_step import choose_step
 from ovtrio.tool_parsers import PARSERS, ToolCallParser, guess_parser
 
 log = logging.getLogger("ovtrio")
@@ -115,6 +116,7 @@ class ModelService:
         try:
             model = await trio.to_thread.run_sync(load_model, source, self.settings)
             kv_capacity = await trio.to_thread.run_sync(_warm_up, model)
+            step = await trio.to_thread.run_sync(choose_step, model.pipeline, self.settings.gil_free_step)
         except ModelLoadError as exc:
             self.failure = str(exc)
             log.error("%s", exc)
@@ -136,7 +138,7 @@ class ModelService:
             self.settings.max_tokens_limit,
         )
         self.scheduler = Scheduler(
-            model.pipeline, model.tokenizer, model.vocabulary, stream_interval=self.settings.stream_interval
+            model.pipeline, model.tokenizer, model.vocabulary, stream_interval=self.settings.stream_interval, step=step
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(self.scheduler.run)

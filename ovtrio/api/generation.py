@@ -67,7 +67,7 @@ async def respond(
     assert service.scheduler is not None
     try:
         if body.stream:
-            events = EventStream(service.scheduler, generation, formatter, render)
+            events = await EventStream(service.scheduler, generation, formatter, render).open()
             return Response(events, mimetype="text/event-stream", headers=SSE_HEADERS)
         return await unary_body(service.scheduler, generation, formatter)
     except UnsupportedParams as exc:  # refused by the engine when the request was added

@@ -29,7 +29,7 @@ def engine_failure(failed: Failed) -> APIError:
 
 async def unary_body(scheduler: Scheduler, request: GenerationRequest, formatter: Formatter) -> dict[str, Any]:
     outputs = [ChoiceOutput() for _ in range(formatter.choices)]
-    with scheduler.submit(request) as stream:
+    async with scheduler.submit(request) as stream:
         while messages := await stream.receive_available():
             for message in messages:
                 if isinstance(message, Delta):
@@ -60,9 +60,8 @@ class _Pending:
 class EventStream:
     """The SSE body of one streamed request.
 
-    The request is submitted when this object is made, inside the handler, so that
-    anything the engine refuses is still an ordinary HTTP error rather than a failure
-    after the 200. Quart closes the body (`aclose`) however the response ends,
+    The request is submitted by `open()`, inside the handler, so that anything the
+    engine refuses is still an ordinary HTTP error rather than a failure after the 200. Quart closes the body (`aclose`) however the response ends,
     including when the client disconnects and the sending task is cancelled; closing
     leaves the submission, and the scheduler cancels the engine request.
     """
@@ -77,24 +76,32 @@ class EventStream:
         """`render` turns the request's messages into SSE frames: by default chat or
         completion chunks; the Responses API passes its event writer."""
         self._submission = scheduler.submit(request)
-        stream = self._submission.__enter__()
-        self._events = (render or _sse_events)(stream, formatter)
+        self._render = render or _sse_events
+        self._formatter = formatter
+        self._events: AsyncIterator[bytes] | None = None
         self._closed = False
+
+    async def open(self) -> "EventStream":
+        """Submit the request; returns once the engine has it (or raises its refusal)."""
+        stream = await self._submission.__aenter__()
+        self._events = self._render(stream, self._formatter)
+        return self
 
     def __aiter__(self) -> "EventStream":
         return self
 
     async def __anext__(self) -> bytes:
+        assert self._events is not None, "EventStream.open() first"
         return await self._events.__anext__()
 
     async def aclose(self) -> None:
-        if self._closed:
+        if self._closed or self._events is None:
             return
         self._closed = True
         try:
-            await self._events.aclose()
+            await self._events.aclose()  # type: ignore[attr-defined]
         finally:
-            self._submission.__exit__(None, None, None)
+            await self._submission.__aexit__(None, None, None)
 
 
 async def _sse_events(stream: RequestStream, formatter: Formatter) -> AsyncIterator[bytes]:

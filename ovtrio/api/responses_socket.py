@@ -142,7 +142,7 @@ async def _run(
     async with send:
         assert service.scheduler is not None
         try:
-            with service.scheduler.submit(generation) as stream:
+            async with service.scheduler.submit(generation) as stream:
                 async for events in response_events(ready.envelope, keep, stream, ready.formatter):
                     for event in events:
                         if stream_id is not None:

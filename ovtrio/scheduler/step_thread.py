@@ -1,0 +1,99 @@
+"""Engine steps run in a worker thread; the trio task that owns the engine awaits them.
+
+Why a thread: an engine step is CPU work of 10 ms to seconds. Run on the trio thread it
+stops the event loop for that long (no /health, no SSE writes, no new connections).
+In a worker thread, with a step that releases the GIL (engine_step.py), the loop keeps
+serving while the engine computes.
+
+Why this and not `trio.to_thread.run_sync`: the scheduler wants to *start* a step, do
+its own work while the step runs (hand the previous step's tokens to their streams), and
+only then wait. `start()` hands the step to a thread at once; `wait()` awaits its end.
+One step at a time: the engine has one owner, and `start()` refuses a second step.
+
+The hand-off when the step releases the GIL: `start()` blocks the trio thread until the
+worker has entered the step (microseconds: the worker needs the GIL only to make the
+call, which then releases it). Without that, the worker would wait for the GIL until the
+trio thread gave it up, up to the interpreter's switch interval (5 ms) later, and the
+engine would sit idle meanwhile. A step that holds the GIL (the binding's) gets no such
+hand-off: the trio thread finishes what it is doing first, then the step takes the GIL
+and the loop pauses until it ends, as it did when the loop stepped the engine inline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import trio
+
+from ovtrio.scheduler.engine_step import EngineStep
+
+
+class StepThread:
+    def __init__(self, step: EngineStep) -> None:
+        self._step = step
+        self._done = trio.Event()
+        self._done.set()
+        self._result: Any = None
+        self._in_flight = False
+        self.last_seconds = 0.0
+        self.started = 0  # steps started, in flight or done
+
+    @property
+    def releases_gil(self) -> bool:
+        return self._step.releases_gil
+
+    @property
+    def in_flight(self) -> bool:
+        """True from start() until the step has finished (seen from the trio thread)."""
+        return self._in_flight
+
+    def start(self) -> None:
+        """Begin one engine step in a worker thread. Call from the trio thread."""
+        if self._in_flight:
+            raise RuntimeError("an engine step is already in flight")
+        token = trio.lowlevel.current_trio_token()
+        entered = threading.Event() if self._step.releases_gil else None
+        self._in_flight = True
+        self._done = trio.Event()
+        self.started += 1
+        run = self._step.run
+
+        def step() -> None:
+            if entered is not None:
+                entered.set()
+            began = time.perf_counter()
+            try:
+                run()
+            finally:
+                self.last_seconds = time.perf_counter() - began
+
+        def deliver(result: Any) -> None:  # in the worker thread, result an outcome.Outcome
+            try:
+                token.run_sync_soon(self._finish, result)
+            except trio.RunFinishedError:  # the event loop is gone: nobody waits any more
+                pass
+
+        trio.lowlevel.start_thread_soon(step, deliver, name="ovtrio engine step")
+        if entered is not None:
+            entered.wait()
+
+    def _finish(self, result: Any) -> None:
+        self._result = result
+        self._in_flight = False
+        self._done.set()
+
+    async def wait(self) -> None:
+        """Wait for the step in flight; raise what it raised.
+
+        Not cancellable while the step runs: the engine must not be left mid-step (and
+        the pipeline torn down under the worker) when the server shuts down. A pending
+        cancellation is raised once the step is over.
+        """
+        with trio.CancelScope(shield=True):
+            await self._done.wait()
+        result, self._result = self._result, None
+        if result is not None:
+            result.unwrap()
+        await trio.lowlevel.checkpoint_if_cancelled()
