@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -44,14 +44,17 @@ class PreparedResponse:
     previous: list[ChatMessage]
 
 
-def prepare(
+async def prepare(
     service: ModelService, body: ResponsesRequest, *stores: ResponseStore
 ) -> PreparedResponse:
     """Resolve previous_response_id (in `stores`, first match) and build the prompt."""
     check_model(service, body)
     previous: list[ChatMessage] = []
     if body.previous_response_id is not None:
-        earlier = next((e for store in stores if (e := store.get(body.previous_response_id))), None)
+        earlier = None
+        for store in stores:
+            if (earlier := await store.get(body.previous_response_id)) is not None:
+                break
         if earlier is None:
             raise not_found(body.previous_response_id, "previous_response_id")
         previous = [ChatMessage.model_validate(m) for m in earlier.conversation]
@@ -67,7 +70,7 @@ def prepare(
 async def create_response() -> Any:
     body: ResponsesRequest = await parse_body(ResponsesRequest)
     service = ready_service()
-    ready = prepare(service, body, service.responses)
+    ready = await prepare(service, body, service.responses)
     keep = partial(store_response, service.responses, ready) if body.store else None
     if body.stream:
         render = partial(_sse, ready.envelope, keep)
@@ -77,12 +80,12 @@ async def create_response() -> Any:
     output = [item for choice in chat["choices"] for item in output_items(choice)]
     response = ready.envelope("incomplete" if incomplete else "completed", output, chat["usage"], incomplete, None)
     if keep:
-        keep(response)
+        await keep(response)
     return response
 
 
 async def response_events(
-    envelope: Any, keep: Callable[[dict[str, Any]], None] | None, stream: RequestStream, formatter: Formatter
+    envelope: Any, keep: Callable[[dict[str, Any]], Awaitable[None]] | None, stream: RequestStream, formatter: Formatter
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """The `response.*` events of one request, in batches as the engine produces them;
     `keep` gets the final response object."""
@@ -91,27 +94,27 @@ async def response_events(
     while messages := await stream.receive_available():
         events = [event for chunk in chunk_bodies(formatter, messages) for event in writer.on_chunk(chunk)]
         if events and keep and events[-1]["type"] in ("response.completed", "response.incomplete"):
-            keep(events[-1]["response"])
+            await keep(events[-1]["response"])
         if events:
             yield events
 
 
 async def _sse(
-    envelope: Any, keep: Callable[[dict[str, Any]], None] | None, stream: RequestStream, formatter: Formatter
+    envelope: Any, keep: Callable[[dict[str, Any]], Awaitable[None]] | None, stream: RequestStream, formatter: Formatter
 ) -> AsyncIterator[bytes]:
     async for events in response_events(envelope, keep, stream, formatter):
         yield b"".join(sse(event) for event in events)
     yield DONE_EVENT
 
 
-def store_response(store: ResponseStore, ready: PreparedResponse, response: dict[str, Any]) -> None:
+async def store_response(store: ResponseStore, ready: PreparedResponse, response: dict[str, Any]) -> None:
     body, previous = ready.body, ready.previous
     current = body.input_messages()
     conversation = [m.model_dump(exclude_none=True) for m in [*previous, *current]] + _output_messages(response["output"])
     items = [
         {"id": item.id or _new_id("msg"), **item.model_dump(exclude_none=True, exclude={"id"})} for item in body.items()
     ]
-    store.put(StoredResponse(response, items, conversation))
+    await store.put(StoredResponse(response, items, conversation))
 
 
 def _output_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -133,9 +136,9 @@ def not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"No response found with id '{response_id}'.", param=param, code="response_not_found")
 
 
-def _stored(response_id: str) -> StoredResponse:
+async def _stored(response_id: str) -> StoredResponse:
     service: ModelService = current_app.config["OVTRIO_SERVICE"]
-    entry = service.responses.get(response_id)
+    entry = await service.responses.get(response_id)
     if entry is None:
         raise not_found(response_id)
     return entry
@@ -144,14 +147,14 @@ def _stored(response_id: str) -> StoredResponse:
 @blueprint.get("/v3/responses/<response_id>")
 @blueprint.get("/v1/responses/<response_id>")
 async def retrieve_response(response_id: str) -> Any:
-    return _stored(response_id).response
+    return (await _stored(response_id)).response
 
 
 @blueprint.delete("/v3/responses/<response_id>")
 @blueprint.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Any:
     service: ModelService = current_app.config["OVTRIO_SERVICE"]
-    if not service.responses.delete(response_id):
+    if not await service.responses.delete(response_id):
         raise not_found(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
@@ -159,7 +162,7 @@ async def delete_response(response_id: str) -> Any:
 @blueprint.get("/v3/responses/<response_id>/input_items")
 @blueprint.get("/v1/responses/<response_id>/input_items")
 async def list_input_items(response_id: str) -> Any:
-    items = _stored(response_id).input_items
+    items = (await _stored(response_id)).input_items
     return {
         "object": "list",
         "data": items,

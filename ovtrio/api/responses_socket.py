@@ -80,7 +80,7 @@ async def responses_socket() -> None:
                 await send.send(error_event(busy, stream_id))
                 continue
             try:
-                runnable = _runnable(service, body, local)
+                runnable = await _runnable(service, body, local)
             except APIError as error:
                 await send.send(error_event(error, stream_id))
                 continue
@@ -118,9 +118,9 @@ def _read_frame(frame: str | bytes) -> APIError | tuple[Any, ResponsesRequest]:
         return error
 
 
-def _runnable(service: ModelService, body: ResponsesRequest, local: ResponseStore) -> Any:
+async def _runnable(service: ModelService, body: ResponsesRequest, local: ResponseStore) -> Any:
     ready_service()
-    ready = prepare(service, body, local, service.responses)
+    ready = await prepare(service, body, local, service.responses)
     return ready, generation_request(service, body, [ready.prompt_ids], ready.markers)
 
 
@@ -134,10 +134,10 @@ async def _run(
 ) -> None:
     ready, generation = runnable
 
-    def keep(response: dict[str, Any]) -> None:
-        store_response(local, ready, response)
+    async def keep(response: dict[str, Any]) -> None:
+        await store_response(local, ready, response)
         if ready.body.store:
-            store_response(service.responses, ready, response)
+            await store_response(service.responses, ready, response)
 
     async with send:
         assert service.scheduler is not None

@@ -150,8 +150,9 @@ class SchedulerStats:
     steps: int
     step_seconds: float
     generated_tokens: int
-    steps_started: int
-    step_in_flight: bool
+    steps_started: int  # engine steps entered, empty ones included
+    step_in_flight: bool  # the engine is inside a step right now
+    step_releases_gil: bool
 
 
 class RequestStream:
@@ -530,7 +531,8 @@ class Scheduler:
             steps=self._steps,
             step_seconds=self._step_seconds,
             generated_tokens=self._generated_tokens,
-            steps_started=self._stepper.started,
-            step_in_flight=self._stepper.in_flight,
+            steps_started=self._stepper.entered,
+            step_in_flight=self._stepper.inside_step,
+            step_releases_gil=self._stepper.releases_gil,
         )
 

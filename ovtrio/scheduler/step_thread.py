@@ -36,38 +36,43 @@ class StepThread:
         self._done = trio.Event()
         self._done.set()
         self._result: Any = None
-        self._in_flight = False
+        self._pending = False
         self.last_seconds = 0.0
-        self.started = 0  # steps started, in flight or done
+        # Written by the worker thread around the engine call itself, so they say where
+        # the engine is, not where the loop task is. With a step that holds the GIL no
+        # other thread ever sees them differ.
+        self.entered = 0
+        self.finished = 0
 
     @property
     def releases_gil(self) -> bool:
         return self._step.releases_gil
 
     @property
-    def in_flight(self) -> bool:
-        """True from start() until the step has finished (seen from the trio thread)."""
-        return self._in_flight
+    def inside_step(self) -> bool:
+        """True while the worker thread is inside the engine's step."""
+        return self.entered != self.finished
 
     def start(self) -> None:
         """Begin one engine step in a worker thread. Call from the trio thread."""
-        if self._in_flight:
+        if self._pending:
             raise RuntimeError("an engine step is already in flight")
         token = trio.lowlevel.current_trio_token()
-        entered = threading.Event() if self._step.releases_gil else None
-        self._in_flight = True
+        handed_over = threading.Event() if self._step.releases_gil else None
+        self._pending = True
         self._done = trio.Event()
-        self.started += 1
         run = self._step.run
 
         def step() -> None:
-            if entered is not None:
-                entered.set()
+            self.entered += 1
+            if handed_over is not None:
+                handed_over.set()
             began = time.perf_counter()
             try:
                 run()
             finally:
                 self.last_seconds = time.perf_counter() - began
+                self.finished += 1
 
         def deliver(result: Any) -> None:  # in the worker thread, result an outcome.Outcome
             try:
@@ -76,12 +81,12 @@ class StepThread:
                 pass
 
         trio.lowlevel.start_thread_soon(step, deliver, name="ovtrio engine step")
-        if entered is not None:
-            entered.wait()
+        if handed_over is not None:
+            handed_over.wait()
 
     def _finish(self, result: Any) -> None:
         self._result = result
-        self._in_flight = False
+        self._pending = False
         self._done.set()
 
     async def wait(self) -> None:
