@@ -83,3 +83,23 @@ async def test_a_step_that_holds_the_gil_also_runs_in_the_thread():
     stepper.start()
     await stepper.wait()
     assert calls and calls[0] != threading.main_thread().name
+
+
+async def test_a_step_that_holds_the_gil_waits_until_the_loop_is_idle():
+    """Every ready task runs before a step that will pause the event loop begins."""
+    order: list[str] = []
+    stepper = StepThread(EngineStep(lambda: order.append("step"), False, "binding"))
+
+    async def busy(name: str) -> None:
+        for _ in range(5):
+            await trio.lowlevel.checkpoint()
+        order.append(name)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(busy, "first")
+        nursery.start_soon(busy, "second")
+        await trio.lowlevel.checkpoint()  # both tasks are running now
+        stepper.start(when_idle=True)
+        await stepper.wait()
+    stepper.close()
+    assert sorted(order[:2]) == ["first", "second"] and order[2] == "step"

@@ -12,9 +12,10 @@ nothing: the loop pauses during each step, as it did when it stepped inline.
 The order, with a GIL-free step: step N ends; the loop reads every handle, adds the
 requests submitted meanwhile and starts step N+1; while N+1 runs it detokenizes step N's
 tokens and sends each request its delta, and the handlers format and write their chunks.
-With a step that holds the GIL, the deltas go out first and step N+1 starts after them,
-so they are not held back a whole step. Either way the hand-off is explicit: the loop
-awaits the step, and every consumer runs while it does.
+With a step that holds the GIL, the deltas go out first, and step N+1 starts when the
+event loop has nothing left to run (every consumer has written its chunk, every request
+that arrived meanwhile has been read; step_thread.py), since it pauses the loop until it
+ends. Either way the hand-off is explicit: the loop task starts the step and awaits it.
 
 Engine calls and threads. The loop task calls the engine only between steps, except
 where this list says otherwise:
@@ -364,7 +365,7 @@ class Scheduler:
                     self._deliver(outputs)
                 else:
                     self._deliver(outputs)
-                    self._stepper.start()
+                    self._stepper.start(when_idle=True)
                 outputs = []
                 try:
                     await self._stepper.wait()
@@ -380,6 +381,7 @@ class Scheduler:
                 self._read_engine_state()
         finally:
             self._running = False
+            self._stepper.close()
             self._fail_all("server is shutting down")
 
     def _read_engine_state(self) -> None:

@@ -14,9 +14,14 @@ The hand-off when the step releases the GIL: `start()` blocks the trio thread un
 worker has entered the step (microseconds: the worker needs the GIL only to make the
 call, which then releases it). Without that, the worker would wait for the GIL until the
 trio thread gave it up, up to the interpreter's switch interval (5 ms) later, and the
-engine would sit idle meanwhile. A step that holds the GIL (the binding's) gets no such
-hand-off: the trio thread finishes what it is doing first, then the step takes the GIL
-and the loop pauses until it ends, as it did when the loop stepped the engine inline.
+engine would sit idle meanwhile.
+
+A step that holds the GIL (the binding's) pauses the event loop until it ends, so it
+should start only once the loop has nothing left to do: every handler has written its
+chunk and read what arrived. `start(when_idle=True)` waits for exactly that moment: a
+trio instrument sees the run loop about to block waiting for I/O with no task ready
+(`before_io_wait` with a timeout), and starts the step there. This is where trio itself
+decides it is idle, so nothing is polled or guessed.
 """
 
 from __future__ import annotations
@@ -30,9 +35,22 @@ import trio
 from ovtrio.scheduler.engine_step import EngineStep
 
 
+class _WhenIdle(trio.abc.Instrument):
+    """Runs one queued callable when the run loop is about to wait for I/O, idle."""
+
+    def __init__(self) -> None:
+        self.queued: Any = None
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self.queued is not None and timeout > 0:
+            launch, self.queued = self.queued, None
+            launch()
+
+
 class StepThread:
     def __init__(self, step: EngineStep) -> None:
         self._step = step
+        self._when_idle: _WhenIdle | None = None
         self._done = trio.Event()
         self._done.set()
         self._result: Any = None
@@ -53,14 +71,35 @@ class StepThread:
         """True while the worker thread is inside the engine's step."""
         return self.entered != self.finished
 
-    def start(self) -> None:
-        """Begin one engine step in a worker thread. Call from the trio thread."""
+    def start(self, when_idle: bool = False) -> None:
+        """Begin one engine step in a worker thread. Call from the trio thread.
+
+        With `when_idle`, the step begins once the event loop has no task ready to run
+        (for a step that holds the GIL); otherwise at once.
+        """
         if self._pending:
             raise RuntimeError("an engine step is already in flight")
-        token = trio.lowlevel.current_trio_token()
-        handed_over = threading.Event() if self._step.releases_gil else None
+        if when_idle:
+            if self._when_idle is None:
+                self._when_idle = _WhenIdle()
+                trio.lowlevel.add_instrument(self._when_idle)
+            self._pending = True
+            self._done = trio.Event()
+            self._when_idle.queued = self._launch
+            return
         self._pending = True
         self._done = trio.Event()
+        self._launch()
+
+    def close(self) -> None:
+        """Remove the idle instrument, if start(when_idle=True) installed one."""
+        if self._when_idle is not None:
+            trio.lowlevel.remove_instrument(self._when_idle)
+            self._when_idle = None
+
+    def _launch(self) -> None:
+        token = trio.lowlevel.current_trio_token()
+        handed_over = threading.Event() if self._step.releases_gil else None
         run = self._step.run
 
         def step() -> None:
