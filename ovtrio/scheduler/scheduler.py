@@ -261,19 +261,23 @@ class Scheduler:
         finally:
             self._abort(request_id)
 
-    def _admit(self) -> None:
-        """Add the requests submitted since the last step (between steps only)."""
+    def _admit(self) -> bool:
+        """Add the requests submitted since the last step (between steps only); True if
+        the engine got any."""
         admissions, self._admissions = self._admissions, []
+        added = False
         for admission in admissions:
             active = admission.active
             if active.request_id in self._active:  # else its handler left while it waited
                 try:
                     for prompt_ids in admission.request.prompts:
                         self._add_engine_requests(active, prompt_ids, admission.request.params)
+                        added = True
                 except UnsupportedParams as exc:
                     admission.error = exc
                     self._abort(active.request_id)
             admission.added.set()
+        return added
 
     def _add_engine_requests(self, active: _ActiveRequest, prompt_ids: list[int], params: SamplingParams) -> None:
         import openvino as ov
@@ -351,14 +355,17 @@ class Scheduler:
         outputs: list[_Output] = []
         try:
             while True:
-                self._admit()
-                working = bool(self._active) or self._engine_unfinished
-                if not working and not release_due:
-                    await self._work.wait()
-                    self._work = trio.Event()
-                    continue
-                # The engine releases finished and cancelled requests (and their KV
-                # blocks) only inside a step: after work, one more step, empty if need be.
+                working = self._admit() or self._engine_unfinished
+                if not working:
+                    # Nothing for the engine to do: the last tokens go out now.
+                    self._deliver(outputs)
+                    outputs = []
+                    if not release_due:
+                        await self._work.wait()
+                        self._work = trio.Event()
+                        continue
+                # The engine releases finished and cancelled requests (and stops counting
+                # them in its metrics) only inside a step: after work, one more, empty one.
                 release_due = working
                 if self._stepper.releases_gil:
                     self._stepper.start()
@@ -371,7 +378,7 @@ class Scheduler:
                     await self._stepper.wait()
                 except Exception as exc:  # an engine fault: fail this batch, keep serving
                     log.exception("engine step failed")
-                    self._fail_all(f"engine error: {exc}".splitlines()[0])
+                    self._fail_all(f"engine error: {exc}".splitlines()[0], waiting=False)
                     self._read_engine_state()
                     continue
                 if working:
@@ -389,15 +396,19 @@ class Scheduler:
         self._engine_unfinished = bool(self._pipeline.has_non_finished_requests())
         self._engine_metrics = self._pipeline.get_metrics()
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, *, waiting: bool = True) -> None:
+        """Fail every request in the engine, and with `waiting` those not yet added."""
         for request_id in list(self._active):
             active = self._active[request_id]
+            if not active.parts and not waiting:
+                continue  # submitted during the failed step: it runs in the next one
             self._send(active, Failed(message, "engine_error"))
             self._abort(request_id)
-        # Waiting submitters find their request failed (its channel holds the reason).
-        admissions, self._admissions = self._admissions, []
-        for admission in admissions:
-            admission.added.set()
+        if waiting:
+            # Waiting submitters find their request failed (its channel holds the reason).
+            admissions, self._admissions = self._admissions, []
+            for admission in admissions:
+                admission.added.set()
 
     def _send(self, active: _ActiveRequest, message: Message) -> bool:
         try:
@@ -508,11 +519,13 @@ class Scheduler:
         """Engine steps between deltas to consumers.
 
         Each delta costs its consumer an HTTP write (about 0.1 ms through Quart,
-        Hypercorn and h11), paid between steps while the engine waits. With many
-        streams that adds up to over 10% of the engine's time, so by default deltas
-        are merged over two steps from 12 streams on and three from 24 on: tokens then
-        reach a reader every 40-90 ms instead of every 20-30 ms, and the engine keeps
-        its throughput. A configured interval overrides this.
+        Hypercorn and h11). With a step that holds the GIL that is paid between steps
+        while the engine waits; with a GIL-free step it runs beside the engine but takes
+        CPU from the engine's own threads on a small machine. With many streams that
+        adds up to over 10% of the engine's time, so by default deltas are merged over
+        two steps from 12 streams on and three from 24 on: tokens then reach a reader
+        every 40-90 ms instead of every 20-30 ms, and the engine keeps its throughput.
+        A configured interval overrides this.
         """
         if self._configured_interval:
             return self._configured_interval
