@@ -61,9 +61,10 @@ class EventStream:
     """The SSE body of one streamed request.
 
     The request is submitted by `open()`, inside the handler, so that anything the
-    engine refuses is still an ordinary HTTP error rather than a failure after the 200. Quart closes the body (`aclose`) however the response ends,
-    including when the client disconnects and the sending task is cancelled; closing
-    leaves the submission, and the scheduler cancels the engine request.
+    engine refuses is still an ordinary HTTP error rather than a failure after the 200.
+    Quart closes the body (`aclose`) however the response ends, including when the
+    client disconnects and the sending task is cancelled; closing leaves the
+    submission, and the scheduler cancels the engine request.
     """
 
     def __init__(
