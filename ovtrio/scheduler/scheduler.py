@@ -1,13 +1,45 @@
-"""The continuous-batching loop: one trio task owns the engine and steps it.
+"""The continuous-batching loop: one trio task owns the engine; steps run in a thread.
 
-Why the engine is stepped on the trio thread itself: `ContinuousBatchingPipeline.step()`
-holds the GIL for the whole step, so running it in a worker thread would freeze the
-event loop just the same, and add a thread hand-off per step plus GIL convoys (the
-worker keeps the GIL for up to the switch interval after each step). Stepping inline
-makes the order explicit instead: step, hand every request its delta, then let every
-consumer task run until all are blocked again (they format and write their chunks),
-then step again. The Python work between steps is the server's whole overhead; bench/
-measures it against the raw engine.
+Why a worker thread: an engine step takes 10-150 ms on the embedded 135M model and
+seconds for a prefill chunk of a 1B-class model on a small CPU. Stepped on the trio
+thread, it stops the event loop for that long: /health, new connections and every
+stream's writes wait for the step. So the loop task hands each step to a worker thread
+(step_thread.py) and awaits it, and the step releases the GIL (engine_step.py), so the
+event loop keeps serving while the engine computes. With a step that holds the GIL (the
+binding's, when the GIL-free route is off or fails its checks), the thread changes
+nothing: the loop pauses during each step, as it did when it stepped inline.
+
+The order, with a GIL-free step: step N ends; the loop reads every handle, adds the
+requests submitted meanwhile and starts step N+1; while N+1 runs it detokenizes step N's
+tokens and sends each request its delta, and the handlers format and write their chunks.
+With a step that holds the GIL, the deltas go out first, and step N+1 starts when the
+event loop has nothing left to run (every consumer has written its chunk, every request
+that arrived meanwhile has been read; step_thread.py), since it pauses the loop until it
+ends. Either way the hand-off is explicit: the loop task starts the step and awaits it.
+
+Engine calls and threads. The loop task calls the engine only between steps, except
+where this list says otherwise:
+
+- `step()`: in the worker thread, one at a time.
+- `add_request()`: between steps, by the loop (`submit()` queues the request and waits
+  until it is added). Not safe during a step: with prefix caching on, it restores the
+  prompt's cached KV blocks into the scheduler's block tables outside any lock the step
+  takes (the engine's mutex there only orders concurrent add_request calls), racing the
+  step's own block allocation.
+- `has_non_finished_requests()`, `get_metrics()`: between steps, by the loop; both read
+  state the step writes without a lock. `stats()` returns the values read after the last
+  step, so a /metrics scrape never touches the engine.
+- a handle's `can_read()`, `read()`, `get_status()`: between steps, by the loop. They are
+  thread-safe (a mutex per request), but read together with a step in flight, a request
+  could be seen FINISHED before its last tokens were read.
+- a handle's `cancel()`, and dropping a handle (which stops its request): at any time,
+  from any task (a client leaving, a stop string). They set the request's status under
+  its mutex; the step acts on it at its end and frees the KV blocks (the loop runs one
+  more, empty, step when nothing else is left).
+- the tokenizer (`encode`, `decode`, `apply_chat_template`): at any time, from handlers
+  and from the loop's detokenizer. The tokenizer takes a separate inference request from
+  its own pool for each call, and the engine's use of it (stop strings) does the same;
+  the chat template is rendered from a string set once at load.
 
 The scheduler knows nothing of HTTP: requests come in as token ids plus
 SamplingParams, and go out as typed messages (messages.py) on a per-request channel.
@@ -18,18 +50,18 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import trio
-import trio.testing
 
+from ovtrio.scheduler.engine_step import EngineStep
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.params import GenerationRequest, SamplingParams, UnsupportedParams, to_generation_config
+from ovtrio.scheduler.step_thread import StepThread
 from ovtrio.scheduler.text_output import (
     Detokenizer,
     IncrementalDetokenizer,
@@ -95,6 +127,21 @@ class _ActiveRequest:
     sent_first_token: bool = False
 
 
+@dataclass(eq=False)
+class _Admission:
+    """A submitted request waiting for the loop to add it to the engine between steps."""
+
+    active: _ActiveRequest
+    request: GenerationRequest
+    added: trio.Event = field(default_factory=trio.Event)
+    error: UnsupportedParams | None = None
+
+
+# What one step produced for one sequence: its request, engine request, new ids, their
+# log-probabilities, and the finish reason if it ended.
+_Output = tuple[_ActiveRequest, _EngineRequest, _Sequence, list[int], list[float], "str | None"]
+
+
 @dataclass(frozen=True)
 class SchedulerStats:
     running: int
@@ -104,6 +151,9 @@ class SchedulerStats:
     steps: int
     step_seconds: float
     generated_tokens: int
+    steps_started: int  # engine steps entered, empty ones included
+    step_in_flight: bool  # the engine is inside a step right now
+    step_releases_gil: bool
 
 
 class RequestStream:
@@ -132,10 +182,19 @@ class RequestStream:
 
 
 class Scheduler:
-    def __init__(self, pipeline: Any, tokenizer: Any, vocabulary: Any = None, stream_interval: int = 0) -> None:
+    def __init__(
+        self,
+        pipeline: Any,
+        tokenizer: Any,
+        vocabulary: Any = None,
+        stream_interval: int = 0,
+        step: EngineStep | None = None,
+    ) -> None:
         """`vocabulary` (ovtrio.vocabulary.Vocabulary), when given, detokenizes in Python
         instead of calling the engine's detokenizer every step. `stream_interval` is the
-        number of steps between deltas (0: chosen by load, see _stream_interval)."""
+        number of steps between deltas (0: chosen by load, see _stream_interval).
+        `step` is how to step the engine (engine_step.choose_step); by default the
+        binding's `pipeline.step()`."""
         self._configured_interval = stream_interval
         self._holding: set[_Sequence] = set()
         self._pipeline = pipeline
@@ -152,48 +211,73 @@ class Scheduler:
             ),
         }
         self._active: dict[int, _ActiveRequest] = {}
+        self._admissions: list[_Admission] = []
         self._ids = itertools.count(1)
         self._work = trio.Event()
+        self._stepper = StepThread(
+            step or EngineStep(pipeline.step, releases_gil=False, description="the binding's step()")
+        )
         self._steps = 0
         self._step_seconds = 0.0
         self._generated_tokens = 0
         self._running = False
+        # Engine state read by the loop between steps (see the module docstring).
+        self._engine_unfinished = False
+        self._engine_metrics: Any = None
 
     # ---- submission side (called from request handlers) --------------------------------
 
-    @contextmanager
-    def submit(self, request: GenerationRequest) -> Iterator[RequestStream]:
-        """Queue `request`; the stream is valid inside the with-block.
+    @asynccontextmanager
+    async def submit(self, request: GenerationRequest) -> AsyncIterator[RequestStream]:
+        """Queue `request`; the stream is valid inside the async with-block.
 
-        Leaving the block (normally, by an error, or by cancellation when the client
-        goes away) cancels the engine request if it is still running, so no request
-        outlives its handler.
+        Entering waits until the loop has added the request to the engine, between two
+        steps, so that anything the engine refuses (UnsupportedParams) is raised here,
+        before a handler answers 200. Leaving the block (normally, by an error, or by
+        cancellation when the client goes away) cancels the engine request if it is
+        still running, so no request outlives its handler.
         """
         if not self._running:
             raise RuntimeError("scheduler is not running")
         request_id = next(self._ids)
         send, receive = trio.open_memory_channel[Message](math.inf)
-        params = request.params
         active = _ActiveRequest(
             request_id=request_id,
             send=send,
             prompt_tokens=sum(len(p) for p in request.prompts),
-            logprobs=params.logprobs,
+            logprobs=request.params.logprobs,
         )
         # Register the output state before the engine can produce anything for it.
         self._active[request_id] = active
-        try:
-            for prompt_ids in request.prompts:
-                self._add_engine_requests(active, prompt_ids, params)
-        except BaseException:
-            self._abort(request_id)
-            raise
+        admission = _Admission(active, request)
+        self._admissions.append(admission)
         self._work.set()
         try:
+            await admission.added.wait()
+            if admission.error is not None:
+                raise admission.error
             with receive:
                 yield RequestStream(request_id, receive)
         finally:
             self._abort(request_id)
+
+    def _admit(self) -> bool:
+        """Add the requests submitted since the last step (between steps only); True if
+        the engine got any."""
+        admissions, self._admissions = self._admissions, []
+        added = False
+        for admission in admissions:
+            active = admission.active
+            if active.request_id in self._active:  # else its handler left while it waited
+                try:
+                    for prompt_ids in admission.request.prompts:
+                        self._add_engine_requests(active, prompt_ids, admission.request.params)
+                        added = True
+                except UnsupportedParams as exc:
+                    admission.error = exc
+                    self._abort(active.request_id)
+            admission.added.set()
+        return added
 
     def _add_engine_requests(self, active: _ActiveRequest, prompt_ids: list[int], params: SamplingParams) -> None:
         import openvino as ov
@@ -261,47 +345,70 @@ class Scheduler:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Step the engine while there is work; sleep (no CPU) while there is none."""
+        self._read_engine_state()
         self._running = True
         task_status.started()
         # True so the first idle pass runs one empty step: the engine may hold requests
         # that finished before the loop started (the service's warm-up generation), which
         # it releases, and stops counting in its metrics, only inside a step.
-        stepped_since_idle = True
+        release_due = True
+        outputs: list[_Output] = []
         try:
             while True:
-                if not self._active and not self._pipeline.has_non_finished_requests():
-                    if stepped_since_idle:
-                        # The engine releases finished and cancelled requests (and their
-                        # KV blocks) only inside a step; one empty step costs ~0.1 ms.
-                        stepped_since_idle = False
-                        self._pipeline.step()
+                working = self._admit() or self._engine_unfinished
+                if not working:
+                    # Nothing for the engine to do: the last tokens go out now.
+                    self._deliver(outputs)
+                    outputs = []
+                    if not release_due:
+                        await self._work.wait()
+                        self._work = trio.Event()
                         continue
-                    await self._work.wait()
-                    self._work = trio.Event()
-                    continue
-                stepped_since_idle = True
-                started = time.perf_counter()
+                # The engine releases finished and cancelled requests (and stops counting
+                # them in its metrics) only inside a step: after work, one more, empty one.
+                release_due = working
+                if self._stepper.releases_gil:
+                    self._stepper.start()
+                    self._deliver(outputs)
+                else:
+                    self._deliver(outputs)
+                    self._stepper.start(when_idle=True)
+                outputs = []
                 try:
-                    self._pipeline.step()
+                    await self._stepper.wait()
                 except Exception as exc:  # an engine fault: fail this batch, keep serving
                     log.exception("engine step failed")
-                    self._fail_all(f"engine error: {exc}".splitlines()[0])
+                    self._fail_all(f"engine error: {exc}".splitlines()[0], waiting=False)
+                    self._read_engine_state()
                     continue
-                self._steps += 1
-                self._step_seconds += time.perf_counter() - started
-                self._collect_outputs()
-                # Let every consumer write what it was just handed before the next step
-                # freezes the event loop again.
-                await trio.testing.wait_all_tasks_blocked()
+                if working:
+                    self._steps += 1
+                    self._step_seconds += self._stepper.last_seconds
+                outputs = self._read_outputs()
+                self._read_engine_state()
         finally:
             self._running = False
+            self._stepper.close()
             self._fail_all("server is shutting down")
 
-    def _fail_all(self, message: str) -> None:
+    def _read_engine_state(self) -> None:
+        """What the loop and stats() need from the engine, read while no step runs."""
+        self._engine_unfinished = bool(self._pipeline.has_non_finished_requests())
+        self._engine_metrics = self._pipeline.get_metrics()
+
+    def _fail_all(self, message: str, *, waiting: bool = True) -> None:
+        """Fail every request in the engine, and with `waiting` those not yet added."""
         for request_id in list(self._active):
             active = self._active[request_id]
+            if not active.parts and not waiting:
+                continue  # submitted during the failed step: it runs in the next one
             self._send(active, Failed(message, "engine_error"))
             self._abort(request_id)
+        if waiting:
+            # Waiting submitters find their request failed (its channel holds the reason).
+            admissions, self._admissions = self._admissions, []
+            for admission in admissions:
+                admission.added.set()
 
     def _send(self, active: _ActiveRequest, message: Message) -> bool:
         try:
@@ -310,9 +417,9 @@ class Scheduler:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
 
-    def _collect_outputs(self) -> None:
-        """Read every handle once, detokenize all new ids in one batch, send deltas."""
-        fresh: list[tuple[_ActiveRequest, _EngineRequest, _Sequence, list[int], list[float], str | None]] = []
+    def _read_outputs(self) -> list[_Output]:
+        """Read every handle once (between steps); requests the engine failed get Failed."""
+        fresh: list[_Output] = []
         for active in list(self._active.values()):
             failed = None
             for part in active.parts:
@@ -341,9 +448,16 @@ class Scheduler:
             if failed is not None:
                 self._send(active, failed)
                 self._abort(active.request_id)
+        return fresh
+
+    def _deliver(self, fresh: list[_Output]) -> None:
+        """Detokenize all new ids in one batch and send each request its delta.
+
+        With a GIL-free step this runs while the next step is in flight: the handle
+        calls it makes (`cancel()` when a stop string ends a request) are safe then.
+        """
         if not fresh:
             return
-
         detokenizers = []
         for _, _, sequence, ids, _, _ in fresh:
             sequence.detokenizer.append(ids)
@@ -405,11 +519,13 @@ class Scheduler:
         """Engine steps between deltas to consumers.
 
         Each delta costs its consumer an HTTP write (about 0.1 ms through Quart,
-        Hypercorn and h11), paid between steps while the engine waits. With many
-        streams that adds up to over 10% of the engine's time, so by default deltas
-        are merged over two steps from 12 streams on and three from 24 on: tokens then
-        reach a reader every 40-90 ms instead of every 20-30 ms, and the engine keeps
-        its throughput. A configured interval overrides this.
+        Hypercorn and h11). With a step that holds the GIL that is paid between steps
+        while the engine waits; with a GIL-free step it runs beside the engine but takes
+        CPU from the engine's own threads on a small machine. With many streams that
+        adds up to over 10% of the engine's time, so by default deltas are merged over
+        two steps from 12 streams on and three from 24 on: tokens then reach a reader
+        every 40-90 ms instead of every 20-30 ms, and the engine keeps its throughput.
+        A configured interval overrides this.
         """
         if self._configured_interval:
             return self._configured_interval
@@ -418,7 +534,10 @@ class Scheduler:
     # ---- observation --------------------------------------------------------------------
 
     def stats(self) -> SchedulerStats:
-        metrics = self._pipeline.get_metrics()
+        """Counters, and the engine's metrics as read after the last step (no engine call)."""
+        metrics = self._engine_metrics
+        if metrics is None:
+            metrics = self._pipeline.get_metrics()  # before run() started: no step can run
         return SchedulerStats(
             running=len(self._active),
             engine_requests=int(metrics.requests),
@@ -427,5 +546,8 @@ class Scheduler:
             steps=self._steps,
             step_seconds=self._step_seconds,
             generated_tokens=self._generated_tokens,
+            steps_started=self._stepper.entered,
+            step_in_flight=self._stepper.inside_step,
+            step_releases_gil=self._stepper.releases_gil,
         )
 
