@@ -231,7 +231,7 @@ async def server_figures(
     port = free_port()
     launched = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning", *args.server_arg],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -297,6 +297,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="requests each client sends per turn")
     parser.add_argument("--turns", type=int, default=5, help="engine/server turns per concurrency")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeat), e.g. --server-arg=--no-gil-free-step"
+    )
     args = parser.parse_args()
     if 1 not in args.concurrency:
         args.concurrency = [1, *args.concurrency]
@@ -322,6 +325,8 @@ def main() -> None:
         )
     print("(ITL: gap between streamed chunks; TPOT: time per output token after the first;"
           " in step: share of the server's wall time spent inside the engine's step())")
+    if args.server_arg:
+        print(f"server flags: {' '.join(args.server_arg)}")
     print(f"engine TTFT (prefill step of a lone request): {misc['engine_ttft_ms']:.1f} ms")
     print(f"server idle RSS: {misc['idle_rss_mb']:.0f} MB; idle CPU: {misc['idle_cpu_percent']:.1f}%;"
           f" process start to first token: {misc['start_to_first_token_s']:.2f} s")

@@ -63,6 +63,11 @@ class Settings(BaseModel):
         ge=0,
         description="engine steps between streamed chunks (0: 1, or 2-3 when 12+ streams share the engine)",
     )
+    gil_free_step: bool = Field(
+        True,
+        description="step the engine without holding the GIL, so the server answers while a step runs"
+        " (falls back to the binding's step() if the check at startup fails)",
+    )
     response_store_size: int = Field(1000, ge=0, description="stored responses kept for retrieval and chaining")
     response_store_ttl: float = Field(3600.0, gt=0, description="seconds a stored response is kept")
     response_store_path: str | None = Field(

@@ -24,6 +24,7 @@ from ovtrio.model.limits import SequenceLimit, ServerDefaults, sequence_limit, s
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import Scheduler
+from ovtrio.scheduler.engine_step import choose_step
 
 log = logging.getLogger("ovtrio")
 
@@ -77,6 +78,7 @@ class ModelService:
         try:
             model = await trio.to_thread.run_sync(load_model, source, self.settings)
             kv_capacity = await trio.to_thread.run_sync(warm_up, model)
+            step = await trio.to_thread.run_sync(choose_step, model.pipeline, self.settings.gil_free_step)
         except ModelLoadError as exc:
             self.failure = str(exc)
             log.error("%s", exc)
@@ -86,7 +88,9 @@ class ModelService:
         if limit.tokens < source.context_length:
             log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
         template = model.tokenizer.chat_template or ""
-        scheduler = Scheduler(model.pipeline, model.tokenizer, model.vocabulary, stream_interval=self.settings.stream_interval)
+        scheduler = Scheduler(
+            model.pipeline, model.tokenizer, model.vocabulary, stream_interval=self.settings.stream_interval, step=step
+        )
         self.serving = ServingModel(
             name=source.name,
             system_fingerprint=system_fingerprint(source.path, self.settings.device),

@@ -84,15 +84,30 @@ def test_the_store_keeps_only_the_newest(small_store_server):
         assert [sdk.responses.retrieve(i).id for i in ids[1:]] == ids[1:]
 
 
-def test_store_expires_by_age():
+async def test_store_expires_by_age():
     """Pure logic: entries older than the age limit are gone."""
     from ovtrio.api.responses.store import ResponseStore, StoredResponse
 
     store = ResponseStore(max_entries=10, max_age_seconds=60)
     old = StoredResponse({"id": "resp_old"}, [], [], stored_at=1.0)
-    store.put(old)
-    store.put(StoredResponse({"id": "resp_new"}, [], []))
-    assert store.get("resp_old") is None and store.get("resp_new") is not None
+    await store.put(old)
+    await store.put(StoredResponse({"id": "resp_new"}, [], []))
+    assert await store.get("resp_old") is None and await store.get("resp_new") is not None
+
+
+async def test_sqlite_store_answers_from_the_file(tmp_path):
+    """Pure logic: the file holds what memory no longer does, and deletes reach it."""
+    from ovtrio.api.responses.store import ResponseStore, StoredResponse
+
+    path = str(tmp_path / "responses.sqlite")
+    first = ResponseStore(max_entries=10, max_age_seconds=60, path=path)
+    await first.put(StoredResponse({"id": "resp_kept"}, [], [{"role": "user", "content": "Hi"}]))
+    second = ResponseStore(max_entries=10, max_age_seconds=60, path=path)
+    kept = await second.get("resp_kept")
+    assert kept is not None and kept.conversation == [{"role": "user", "content": "Hi"}]
+    assert await second.delete("resp_kept")
+    third = ResponseStore(max_entries=10, max_age_seconds=60, path=path)
+    assert await third.get("resp_kept") is None
 
 
 def test_sqlite_store_survives_a_restart(tmp_path):

@@ -103,7 +103,7 @@ def request(max_new_tokens: int, prompt: list[int] = [1]) -> GenerationRequest:
 async def received(scheduler: Scheduler, generation: GenerationRequest) -> list[Any]:
     """Every message of one request, to the end of its channel."""
     messages: list[Any] = []
-    with scheduler.submit(generation) as stream:
+    async with scheduler.submit(generation) as stream:
         while batch := await stream.receive_available():
             messages += batch
     return messages
@@ -120,6 +120,10 @@ async def engine(nursery):
             await scheduler.run(task_status=task_status)
 
     await nursery.start(run)
+    # The loop's first, empty step (it releases what the engine finished before the
+    # loop began) runs in a worker thread: let it end before a test arranges a fault.
+    while scheduler.stats().steps_started == 0 or scheduler.stats().step_in_flight:
+        await trio.sleep(0.005)
     return SimpleNamespace(pipeline=pipeline, scheduler=scheduler, stop=scope.cancel)
 
 
@@ -159,7 +163,7 @@ async def test_a_request_the_engine_drops_fails_alone(engine):
 
 
 async def test_shutdown_fails_the_requests_in_flight(engine):
-    with engine.scheduler.submit(request(1000)) as stream:
+    async with engine.scheduler.submit(request(1000)) as stream:
         first = await stream.receive_available()
         assert isinstance(first[0], Delta)
         engine.stop()
@@ -170,12 +174,12 @@ async def test_shutdown_fails_the_requests_in_flight(engine):
     assert engine.pipeline.handles[0].cancelled
     assert engine.scheduler.stats().running == 0
     with pytest.raises(RuntimeError):
-        with engine.scheduler.submit(request(1)):
+        async with engine.scheduler.submit(request(1)):
             pass
 
 
 async def test_a_consumer_that_leaves_cancels_its_engine_request(engine):
-    with engine.scheduler.submit(request(1000)) as stream:
+    async with engine.scheduler.submit(request(1000)) as stream:
         assert await stream.receive_available()
     assert engine.pipeline.handles[0].cancelled
     assert engine.scheduler.stats().running == 0

@@ -38,6 +38,19 @@ class SchedulerCollector(Collector):
             "ovtrio_engine_step_seconds", "Time spent inside engine steps", value=stats.step_seconds
         )
         yield CounterMetricFamily("ovtrio_generated_tokens", "Tokens generated", value=stats.generated_tokens)
+        yield CounterMetricFamily(
+            "ovtrio_engine_steps_started", "Engine steps entered, empty ones included", value=stats.steps_started
+        )
+        yield GaugeMetricFamily(
+            "ovtrio_engine_step_in_flight",
+            "1 while the engine is inside a step (seen only when steps release the GIL)",
+            value=int(stats.step_in_flight),
+        )
+        yield GaugeMetricFamily(
+            "ovtrio_engine_step_releases_gil",
+            "1 if engine steps run without the GIL, so the server answers during them",
+            value=int(stats.step_releases_gil),
+        )
 
 
 def registry_for(service: ModelService) -> CollectorRegistry:

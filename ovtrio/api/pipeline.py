@@ -10,8 +10,8 @@ one for chat and completions).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
@@ -77,13 +77,13 @@ def generation_request(
     return GenerationRequest(prompts, params)
 
 
-@contextmanager
-def submitted(scheduler: Scheduler, generation: GenerationRequest) -> Iterator[RequestStream]:
+@asynccontextmanager
+async def submitted(scheduler: Scheduler, generation: GenerationRequest) -> AsyncIterator[RequestStream]:
     """`scheduler.submit`, naming the request field at fault when the engine refuses the
     request as it is added (an output constraint it cannot compile)."""
     entered = False
     try:
-        with scheduler.submit(generation) as stream:
+        async with scheduler.submit(generation) as stream:
             entered = True
             yield stream
     except UnsupportedParams as exc:
@@ -102,28 +102,33 @@ async def written(stream: RequestStream, stage: OutputStage, writer: Writer) -> 
             yield bodies
 
 
-def event_stream(
+async def event_stream(
     model: ServingModel,
     generation: GenerationRequest,
     stage: OutputStage,
     writer: Writer,
     frame: Callable[[dict[str, Any]], bytes] = data_frame,
+    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> Response:
     """The writer's bodies as server-sent events, each made by `frame`: data-only for
-    chat and completion chunks, named for Responses events."""
+    chat and completion chunks, named for Responses events. `settle`, if given, is
+    awaited before each batch goes out (the Responses API stores a completed response
+    before the client hears that it ended)."""
 
     async def frames(stream: RequestStream) -> AsyncIterator[bytes]:
         async for bodies in written(stream, stage, writer):
+            if settle is not None:
+                await settle()
             yield joined(frame, bodies)
         yield DONE
 
-    return sse_response(EventStream(submitted(model.scheduler, generation), frames))
+    return sse_response(await EventStream(submitted(model.scheduler, generation), frames).open())
 
 
 async def unary_outcome(model: ServingModel, generation: GenerationRequest, stage: OutputStage, choices: int) -> Outcome:
     """Run the request to its end and aggregate its events."""
     collector = ResultCollector(choices)
-    with submitted(model.scheduler, generation) as stream:
+    async with submitted(model.scheduler, generation) as stream:
         while messages := await stream.receive_available():
             ended = collector.add(stage.feed(messages))
             if isinstance(ended, Failed):
@@ -153,5 +158,5 @@ async def respond(
 ) -> Any:
     """Chat and completions: the stream of chunks, or the unary body."""
     if body.stream:
-        return event_stream(model, generation, stage, writer)
+        return await event_stream(model, generation, stage, writer)
     return writer.completion(await unary_outcome(model, generation, stage, choices))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from quart import Response
@@ -40,32 +40,39 @@ Frames = Callable[[RequestStream], AsyncIterator[bytes]]
 class EventStream:
     """The SSE body of one streamed request.
 
-    The request is submitted when this object is made, inside the handler, so that
-    anything the engine refuses is still an ordinary HTTP error rather than a failure
-    after the 200. Quart closes the body (`aclose`) however the response ends,
-    including when the client disconnects and the sending task is cancelled; closing
-    leaves the submission, and the scheduler cancels the engine request.
+    The request is submitted by `open()`, inside the handler, so that anything the
+    engine refuses is still an ordinary HTTP error rather than a failure after the 200.
+    Quart closes the body (`aclose`) however the response ends, including when the
+    client disconnects and the sending task is cancelled; closing leaves the
+    submission, and the scheduler cancels the engine request.
     """
 
-    def __init__(self, submission: AbstractContextManager[RequestStream], frames: Frames) -> None:
+    def __init__(self, submission: AbstractAsyncContextManager[RequestStream], frames: Frames) -> None:
         self._submission = submission
-        self._events = frames(submission.__enter__())
+        self._frames = frames
+        self._events: AsyncIterator[bytes] | None = None
         self._closed = False
+
+    async def open(self) -> "EventStream":
+        """Submit the request; returns once the engine has it (or raises its refusal)."""
+        self._events = self._frames(await self._submission.__aenter__())
+        return self
 
     def __aiter__(self) -> "EventStream":
         return self
 
     async def __anext__(self) -> bytes:
+        assert self._events is not None, "EventStream.open() first"
         return await self._events.__anext__()
 
     async def aclose(self) -> None:
-        if self._closed:
+        if self._closed or self._events is None:
             return
         self._closed = True
         try:
             await self._events.aclose()  # type: ignore[attr-defined]
         finally:
-            self._submission.__exit__(None, None, None)
+            await self._submission.__aexit__(None, None, None)
 
 
 def sse_response(body: EventStream) -> Response:

@@ -1,6 +1,7 @@
 """The engine side: requests in as token ids and SamplingParams (params.py, the one place
 they become GenerationConfig), typed messages out (messages.py), text decoded and cut at
-stop strings on the way (text_output.py). Knows nothing of HTTP."""
+stop strings on the way (text_output.py). The loop is scheduler.py, what it keeps for each
+request requests.py, and its output side delivery.py. Knows nothing of HTTP."""
 
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.params import (
@@ -11,7 +12,8 @@ from ovtrio.scheduler.params import (
     UnsupportedParams,
     check_params,
 )
-from ovtrio.scheduler.scheduler import RequestStream, Scheduler, SchedulerStats
+from ovtrio.scheduler.requests import RequestStream
+from ovtrio.scheduler.scheduler import Scheduler, SchedulerStats
 
 __all__ = [
     "Completed",

@@ -45,12 +45,12 @@ Envelope = Callable[..., dict[str, Any]]
 
 class ResponseEvents:
     """One streamed response. `envelope(status, output, usage, incomplete, error)` makes
-    the response object the created/completed events carry; `keep`, if given, gets the
-    final response object (to store it)."""
+    the response object the created/completed events carry; `final` is that object once
+    the response completed (for the caller to store)."""
 
-    def __init__(self, envelope: Envelope, keep: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, envelope: Envelope) -> None:
         self._envelope = envelope
-        self._keep = keep
+        self.final: dict[str, Any] | None = None
         self._sequence = 0
         self._output: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being written
@@ -176,8 +176,7 @@ class ResponseEvents:
         status = "incomplete" if incomplete else "completed"
         response = self._envelope(status, self._output, usage, incomplete, None)
         events.append(self._event(f"response.{status}", response=response))
-        if self._keep is not None:
-            self._keep(response)
+        self.final = response
         return events
 
     def _fail(self, failed: Failed) -> list[dict[str, Any]]:

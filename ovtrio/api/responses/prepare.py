@@ -40,13 +40,16 @@ def not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"No response found with id '{response_id}'.", param=param, code="response_not_found")
 
 
-def prepare(model: ServingModel, body: ResponsesRequest, *stores: ResponseStore) -> PreparedResponse:
+async def prepare(model: ServingModel, body: ResponsesRequest, *stores: ResponseStore) -> PreparedResponse:
     """Resolve previous_response_id (in `stores`, first match), build the prompt and
     check the request; raises what the client is to be told. The model name is
     checked by the caller."""
     previous: list[ChatMessage] = []
     if body.previous_response_id is not None:
-        earlier = next((e for store in stores if (e := store.get(body.previous_response_id))), None)
+        earlier = None
+        for store in stores:
+            if (earlier := await store.get(body.previous_response_id)) is not None:
+                break
         if earlier is None:
             raise not_found(body.previous_response_id, "previous_response_id")
         previous = [ChatMessage.model_validate(m) for m in earlier.conversation]
@@ -58,14 +61,14 @@ def prepare(model: ServingModel, body: ResponsesRequest, *stores: ResponseStore)
     return PreparedResponse(body, envelope, generation, stage, previous)
 
 
-def store_response(store: ResponseStore, ready: PreparedResponse, response: dict[str, Any]) -> None:
+async def store_response(store: ResponseStore, ready: PreparedResponse, response: dict[str, Any]) -> None:
     body, previous = ready.body, ready.previous
     current = body.input_messages()
     conversation = [m.model_dump(exclude_none=True) for m in [*previous, *current]] + _output_messages(response["output"])
     items = [
         {"id": item.id or new_id("msg_"), **item.model_dump(exclude_none=True, exclude={"id"})} for item in body.items()
     ]
-    store.put(StoredResponse(response, items, conversation))
+    await store.put(StoredResponse(response, items, conversation))
 
 
 def _output_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,7 +8,6 @@ object (body.py) or streamed as `response.*` events (events.py).
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from quart import Blueprint
@@ -30,19 +29,26 @@ blueprint = Blueprint("responses", __name__)
 async def create_response() -> Any:
     body, model = await accept(ResponsesRequest)
     store = response_store()
-    ready = prepare(model, body, store)
-    keep = partial(store_response, store, ready) if body.store else None
+    ready = await prepare(model, body, store)
     if body.stream:
-        return event_stream(model, ready.generation, ready.stage, ResponseEvents(ready.envelope, keep), named_frame)
+        writer = ResponseEvents(ready.envelope)
+        stored: list[dict[str, Any]] = []
+
+        async def keep() -> None:
+            if body.store and writer.final is not None and not stored:
+                stored.append(writer.final)
+                await store_response(store, ready, writer.final)
+
+        return await event_stream(model, ready.generation, ready.stage, writer, named_frame, settle=keep)
     outcome = await unary_outcome(model, ready.generation, ready.stage, body.n)
     response = unary_response(ready.envelope, outcome, body.logprobs)
-    if keep:
-        keep(response)
+    if body.store:
+        await store_response(store, ready, response)
     return response
 
 
-def _stored(response_id: str) -> StoredResponse:
-    entry = response_store().get(response_id)
+async def _stored(response_id: str) -> StoredResponse:
+    entry = await response_store().get(response_id)
     if entry is None:
         raise not_found(response_id)
     return entry
@@ -51,13 +57,13 @@ def _stored(response_id: str) -> StoredResponse:
 @blueprint.get("/v3/responses/<response_id>")
 @blueprint.get("/v1/responses/<response_id>")
 async def retrieve_response(response_id: str) -> Any:
-    return _stored(response_id).response
+    return (await _stored(response_id)).response
 
 
 @blueprint.delete("/v3/responses/<response_id>")
 @blueprint.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Any:
-    if not response_store().delete(response_id):
+    if not await response_store().delete(response_id):
         raise not_found(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
@@ -65,7 +71,7 @@ async def delete_response(response_id: str) -> Any:
 @blueprint.get("/v3/responses/<response_id>/input_items")
 @blueprint.get("/v1/responses/<response_id>/input_items")
 async def list_input_items(response_id: str) -> Any:
-    items = _stored(response_id).input_items
+    items = (await _stored(response_id)).input_items
     return {
         "object": "list",
         "data": items,

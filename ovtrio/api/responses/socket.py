@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -74,7 +74,7 @@ async def responses_socket() -> None:
             try:
                 model = ready_model()
                 check_model(model, body)
-                ready = prepare(model, body, local, response_store())
+                ready = await prepare(model, body, local, response_store())
             except REQUEST_ERRORS as error:
                 await send.send(api_error(error).event(stream_id))
                 continue
@@ -114,25 +114,29 @@ def _read_frame(frame: str | bytes) -> APIError | tuple[Any, ResponsesRequest]:
         return api_error(error)
 
 
-def _keep(ready: PreparedResponse, local: ResponseStore, shared: ResponseStore, response: dict[str, Any]) -> None:
+async def _keep(ready: PreparedResponse, local: ResponseStore, shared: ResponseStore, response: dict[str, Any]) -> None:
     """Every response stays on the socket for chaining; stored ones also server-wide."""
-    store_response(local, ready, response)
+    await store_response(local, ready, response)
     if ready.body.store:
-        store_response(shared, ready, response)
+        await store_response(shared, ready, response)
 
 
 async def _run(
     scheduler: Scheduler,
     ready: PreparedResponse,
-    keep: Callable[[dict[str, Any]], None],
+    keep: Callable[[dict[str, Any]], Awaitable[None]],
     stream_id: Any,
     send: trio.MemorySendChannel[dict[str, Any]],
     done: Callable[[], None],
 ) -> None:
     async with send:
         try:
-            with submitted(scheduler, ready.generation) as stream:
-                async for events in written(stream, ready.stage, ResponseEvents(ready.envelope, keep)):
+            async with submitted(scheduler, ready.generation) as stream:
+                writer, stored = ResponseEvents(ready.envelope), False
+                async for events in written(stream, ready.stage, writer):
+                    if writer.final is not None and not stored:  # stored before the client hears it ended
+                        stored = True
+                        await keep(writer.final)
                     for event in events:
                         if stream_id is not None:
                             event["stream_id"] = stream_id

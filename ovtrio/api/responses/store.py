@@ -1,6 +1,11 @@
 """Stored responses: what GET /v1/responses/{id} returns and what previous_response_id
 continues from. Bounded by count and age; kept in memory, and also in an SQLite file
-when one is configured, so they survive a restart."""
+when one is configured, so they survive a restart.
+
+The SQLite file's reads and writes run in a worker thread, one at a time (the
+connection is shared), so a slow disk or a long fsync never pauses the event loop;
+lookups find recent responses in memory first without leaving the loop's thread.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import trio
 
 
 @dataclass
@@ -29,6 +36,8 @@ class ResponseStore:
         self.max_entries = max_entries
         self.max_age_seconds = max_age_seconds
         self._db: sqlite3.Connection | None = None
+        # One SQLite call at a time: the connection is shared by the worker threads.
+        self._db_limiter = trio.CapacityLimiter(1)
         if path:
             self._db = sqlite3.connect(Path(path).expanduser(), isolation_level=None, check_same_thread=False)
             self._db.execute(
@@ -36,43 +45,63 @@ class ResponseStore:
             )
             self._db.execute("CREATE INDEX IF NOT EXISTS responses_age ON responses (stored_at)")
 
-    def put(self, entry: StoredResponse) -> None:
+    async def put(self, entry: StoredResponse) -> None:
         response_id = entry.response["id"]
         self._entries[response_id] = entry
         self._entries.move_to_end(response_id)
+        self._expire_in_memory()
         if self._db is not None:
-            self._db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?)",
-                (response_id, entry.stored_at, json.dumps(asdict(entry))),
-            )
-        self._expire()
+            row = (response_id, entry.stored_at, json.dumps(asdict(entry)))
+            await self._in_thread(self._db_put, row)
 
-    def get(self, response_id: str) -> StoredResponse | None:
-        self._expire()
+    async def get(self, response_id: str) -> StoredResponse | None:
+        self._expire_in_memory()
         entry = self._entries.get(response_id)
         if entry is None and self._db is not None:
-            row = self._db.execute("SELECT entry FROM responses WHERE id = ?", (response_id,)).fetchone()
-            entry = StoredResponse(**json.loads(row[0])) if row else None
+            entry = await self._in_thread(self._db_get, response_id)
         return entry
 
-    def delete(self, response_id: str) -> bool:
+    async def delete(self, response_id: str) -> bool:
         found = self._entries.pop(response_id, None) is not None
         if self._db is not None:
-            found = self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0 or found
+            found = await self._in_thread(self._db_delete, response_id) or found
         return found
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _expire(self) -> None:
+    def _expire_in_memory(self) -> None:
         oldest_allowed = time.time() - self.max_age_seconds
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
         while self._entries and next(iter(self._entries.values())).stored_at < oldest_allowed:
             self._entries.popitem(last=False)
-        if self._db is not None:
-            self._db.execute("DELETE FROM responses WHERE stored_at < ?", (oldest_allowed,))
-            self._db.execute(
-                "DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY stored_at DESC LIMIT ?)",
-                (self.max_entries,),
-            )
+
+    async def _in_thread(self, function: Any, *args: Any) -> Any:
+        return await trio.to_thread.run_sync(function, *args, limiter=self._db_limiter)
+
+    # ---- SQLite, in the worker thread ---------------------------------------------------
+
+    def _db_put(self, row: tuple[str, float, str]) -> None:
+        assert self._db is not None
+        self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?)", row)
+        self._db_expire()
+
+    def _db_get(self, response_id: str) -> StoredResponse | None:
+        assert self._db is not None
+        self._db_expire()
+        row = self._db.execute("SELECT entry FROM responses WHERE id = ?", (response_id,)).fetchone()
+        return StoredResponse(**json.loads(row[0])) if row else None
+
+    def _db_delete(self, response_id: str) -> bool:
+        assert self._db is not None
+        return self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+
+    def _db_expire(self) -> None:
+        assert self._db is not None
+        oldest_allowed = time.time() - self.max_age_seconds
+        self._db.execute("DELETE FROM responses WHERE stored_at < ?", (oldest_allowed,))
+        self._db.execute(
+            "DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY stored_at DESC LIMIT ?)",
+            (self.max_entries,),
+        )

@@ -1,0 +1,113 @@
+"""What the scheduler keeps for each request, from submission to its last message, and
+the consumer's end of it (RequestStream).
+
+An ovtrio request (ActiveRequest) becomes one or more engine requests (EngineRequest:
+one per prompt and sibling, or one beam search) that produce its choices (Sequence).
+Until the loop has added it to the engine between two steps, it waits as an Admission.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ovtrio.scheduler.messages import Message
+from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams
+from ovtrio.scheduler.text_output import Detokenizer, StopMatcher
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One choice: its text decoder, its stop strings, and what it holds back until the
+    next delta (see delivery.py)."""
+
+    index: int
+    detokenizer: Detokenizer
+    stops: StopMatcher
+    finish_reason: str | None = None
+    generated: int = 0
+    held_text: str = ""
+    held_ids: list[int] = field(default_factory=list)
+    held_logprobs: list[float] | None = None
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One engine request of an ovtrio request, and the choices it produces: one, or
+    the n best beams of a beam search (which the engine reports only at the end)."""
+
+    handle: Any  # openvino_genai.GenerationHandle; dropping it cancels the engine request
+    sequences: list[Sequence]
+    beam_search: bool = False
+    done: bool = False
+
+
+@dataclass(eq=False)
+class ActiveRequest:
+    """An ovtrio request from submission until its channel closes."""
+
+    request_id: int
+    channel: trio.MemorySendChannel[Message]
+    prompt_tokens: int
+    logprobs: bool
+    parts: list[EngineRequest] = field(default_factory=list)
+    sequences: list[Sequence] = field(default_factory=list)
+    sent_first_token: bool = False
+
+    def send(self, message: Message) -> bool:
+        """Queue `message` for the consumer; False if it has left."""
+        try:
+            self.channel.send_nowait(message)
+            return True
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+
+    def close(self) -> None:
+        """Cancel what still runs in the engine and end the consumer's stream.
+
+        A handle's `cancel()` is safe at any time, during a step too (scheduler.py).
+        """
+        # Frees the KV cache at the next step; the handle's destructor would too, but
+        # saying so is clearer than relying on reference counting.
+        for part in self.parts:
+            if not part.done:
+                part.handle.cancel()
+            part.handle = None
+        self.channel.close()
+
+
+@dataclass(eq=False)
+class Admission:
+    """A submitted request waiting for the loop to add it to the engine between steps."""
+
+    active: ActiveRequest
+    request: GenerationRequest
+    added: trio.Event = field(default_factory=trio.Event)
+    error: UnsupportedParams | None = None
+
+
+class RequestStream:
+    """The consumer's end of one request: messages in arrival order.
+
+    `receive_available()` waits for at least one message and returns all that are
+    queued, so a consumer that fell behind catches up in one go instead of writing one
+    chunk per engine step.
+    """
+
+    def __init__(self, request_id: int, receive: trio.MemoryReceiveChannel[Message]) -> None:
+        self.request_id = request_id
+        self._receive = receive
+
+    async def receive_available(self) -> list[Message]:
+        """Wait for the next messages; [] once the request is over (channel closed)."""
+        try:
+            messages = [await self._receive.receive()]
+        except trio.EndOfChannel:
+            return []
+        while True:
+            try:
+                messages.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return messages
