@@ -2,7 +2,7 @@
 they become GenerationConfig), typed messages out (messages.py), text decoded and cut at
 stop strings on the way (text_output.py). Knows nothing of HTTP."""
 
-from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
+from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
 from ovtrio.scheduler.params import (
     GenerationRequest,
     OutputConstraint,
@@ -20,6 +20,7 @@ __all__ = [
     "GenerationRequest",
     "Message",
     "OutputConstraint",
+    "Prompt",
     "RequestStream",
     "SamplingParams",
     "Scheduler",

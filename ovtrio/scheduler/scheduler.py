@@ -28,6 +28,7 @@ import numpy as np
 import trio
 import trio.testing
 
+from ovtrio.scheduler.echo import EchoedPrompt, PromptNotScored
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.params import GenerationRequest, SamplingParams, UnsupportedParams, to_generation_config
 from ovtrio.scheduler.text_output import (
@@ -71,6 +72,7 @@ class _Sequence:
     held_text: str = ""
     held_ids: list[int] = field(default_factory=list)
     held_logprobs: list[float] | None = None
+    echo: EchoedPrompt | None = None  # the prompt still to split off the output's front
 
 
 @dataclass(eq=False)
@@ -178,7 +180,7 @@ class Scheduler:
             request_id=request_id,
             send=send,
             prompt_tokens=sum(len(p) for p in request.prompts),
-            logprobs=params.logprobs,
+            logprobs=params.logprobs or params.prompt_logprobs,
         )
         # Register the output state before the engine can produce anything for it.
         self._active[request_id] = active
@@ -206,6 +208,7 @@ class Scheduler:
                     len(active.sequences) + i,
                     self._detokenizer(prompt_ids, params),
                     StopMatcher(params.stop, params.include_stop_str_in_output),
+                    echo=EchoedPrompt(len(active.sequences) + i, prompt_ids) if params.prompt_logprobs else None,
                 )
                 for i in range(count)
             ]
@@ -329,8 +332,16 @@ class Scheduler:
                         reason = self._reasons.get(output.finish_reason)
                         ids = list(output.generated_ids)
                         logprobs = list(output.generated_log_probs) if active.logprobs else []
+                        if sequence.echo is not None:
+                            try:
+                                ids, logprobs = self._split_prompt(active, sequence, ids, logprobs)
+                            except PromptNotScored as exc:
+                                failed = Failed(str(exc), "prompt_logprobs_unavailable")
+                                break
                         fresh.append((active, part, sequence, ids, logprobs, reason))
                         read_any = True
+                if failed is not None:
+                    break
                 status = handle.get_status()
                 if status in self._failed_statuses:
                     failed = Failed(*self._failed_statuses[status])
@@ -388,6 +399,17 @@ class Scheduler:
                 for sequence in active.sequences:
                     if sequence in self._holding:
                         self._release(active, sequence)
+
+    def _split_prompt(
+        self, active: _ActiveRequest, sequence: _Sequence, ids: list[int], logprobs: list[float]
+    ) -> tuple[list[int], list[float]]:
+        """Send the scored prompt once it has arrived; what follows it is generated."""
+        assert sequence.echo is not None
+        ids, logprobs, prompt = sequence.echo.take(ids, logprobs)
+        if prompt is not None:
+            sequence.echo = None
+            self._send(active, prompt)
+        return ids, logprobs
 
     def _release(self, active: _ActiveRequest, sequence: _Sequence) -> bool:
         """Send what `sequence` holds; False (and the request aborted) if its consumer left."""
