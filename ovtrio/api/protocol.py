@@ -182,6 +182,7 @@ class CompletionRequest(SamplingFields):
             raise invalid(
                 "Only each prompt token's own log-probability is available: prompt_logprobs must be 0 or 1.",
                 "prompt_logprobs",
+                "unsupported_parameter",
             )
         if self.max_tokens == 0 and not self.echo:
             raise invalid(
