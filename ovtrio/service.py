@@ -41,6 +41,8 @@ class ServingModel:
     defaults: ServerDefaults
     tool_parser: type[ToolCallParser] | None  # None: the model's tool calls are not read
     reasoning: bool  # replies start with <think> reasoning
+    # The engine reuses cached prompt blocks, and then cannot score those prompt tokens.
+    prefix_caching: bool
 
 
 def system_fingerprint(path: Path | None, device: str) -> str:
@@ -100,6 +102,7 @@ class ModelService:
             defaults=server_defaults(source, self.settings),
             tool_parser=tool_parser_for(self.settings, template),
             reasoning=thinks(self.settings, template),
+            prefix_caching=self.settings.enable_prefix_caching,
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(scheduler.run)

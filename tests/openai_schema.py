@@ -59,9 +59,23 @@ def _apply_override(schemas: dict[str, Any], path: str, value: Any) -> None:
     node[last] = value
 
 
+# The schema types a completion's token_logprobs as numbers and top_logprobs as objects,
+# yet OpenAI's legacy API (and vLLM) send null for the first token of an echoed prompt,
+# which has no context to be scored in; so does ovtrio.
+_LOGPROBS = "CreateCompletionResponse/properties/choices/items/properties/logprobs/anyOf/0/properties"
+_NULLABLE_FIRST_PROMPT_TOKEN = (
+    (f"{_LOGPROBS}/token_logprobs/items", json.dumps({"type": ["number", "null"]})),
+    (
+        f"{_LOGPROBS}/top_logprobs/items",
+        json.dumps({"anyOf": [{"type": "object", "additionalProperties": {"type": "number"}}, {"type": "null"}]}),
+    ),
+)
+
+
 def validate(body: Any, schema_name: str) -> None:
     """Raise jsonschema.ValidationError if `body` does not match the named schema."""
-    _validator(schema_name).validate(body)
+    overrides = _NULLABLE_FIRST_PROMPT_TOKEN if schema_name == "CreateCompletionResponse" else ()
+    _validator(schema_name, overrides).validate(body)
 
 
 # Completion stream chunks reuse the unary schema, whose finish_reason may not be null;
@@ -81,4 +95,4 @@ _NULLABLE_COMPLETION_FINISH = (
 
 
 def validate_completion_chunk(body: Any) -> None:
-    _validator("CreateCompletionResponse", _NULLABLE_COMPLETION_FINISH).validate(body)
+    _validator("CreateCompletionResponse", _NULLABLE_COMPLETION_FINISH + _NULLABLE_FIRST_PROMPT_TOKEN).validate(body)

@@ -113,8 +113,10 @@ class ChoiceStream:
     index: int
     text: str = ""
     finish_reason: str | None = None
-    # Completions with echo: the prompt text sent first (also the start of `text`).
+    # Completions with echo: the prompt text sent first (also the start of `text`), and
+    # with logprobs its tokens' scores, which come in the same chunk.
     echo: str = ""
+    echo_logprobs: Any = None
     # (text, logprobs object or None) of every text chunk of this choice, in order.
     pieces: list[tuple[str, Any]] = field(default_factory=list)
 
@@ -202,7 +204,8 @@ def check_completion_choices(
     echo: list[str | None] | None = None,
 ) -> ChoicesResult:
     """A completion stream of `count` choices: with `echo`, first one chunk per choice
-    (indices in order) carrying its prompt (echo[i], or any non-empty text for None);
+    (indices in order) carrying its prompt (echo[i], or any non-empty text for None) and,
+    when logprobs were asked for, the prompt's scores;
     then text chunks of any choice, each choice closed by exactly one chunk with text ""
     and its finish reason and nothing after it, then [the usage chunk]."""
     _check_envelope(chunks, "text_completion", "cmpl-")
@@ -214,11 +217,12 @@ def check_completion_choices(
         assert len(echo) == count
         for i, chunk in enumerate(content[:count]):
             choice = _one_choice(chunk, i)
-            assert choice["finish_reason"] is None and choice["logprobs"] is None, chunk
+            assert choice["finish_reason"] is None, chunk
             assert isinstance(choice["text"], str) and choice["text"], chunk
             if echo[i] is not None:
                 assert choice["text"] == echo[i], (echo[i], chunk)
             states[i].echo = states[i].text = choice["text"]
+            states[i].echo_logprobs = choice["logprobs"]
         content = content[count:]
     for chunk in content:
         choice = _one_choice(chunk)

@@ -198,10 +198,16 @@ def test_completion_logprobs_absent_is_null(server):
 
 
 def test_completion_logprobs_with_echo_count_offsets_from_the_prompt(server):
+    """With echo the entries cover the prompt (the first token's logprob null), then the
+    completion, whose offsets continue after the prompt."""
     result = complete(server.base_url, prompt=COUNT, logprobs=1, echo=True, **GREEDY)
     logprobs = result.body["choices"][0]["logprobs"]
     assert result.text.startswith(COUNT)
-    check_completion_logprobs(logprobs, result.text[len(COUNT) :], len(COUNT))
+    prompt_tokens = result.usage["prompt_tokens"]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert "".join(logprobs["tokens"][:prompt_tokens]) == COUNT
+    completion = {key: values[prompt_tokens:] for key, values in logprobs.items()}
+    check_completion_logprobs(completion, result.text[len(COUNT) :], len(COUNT))
 
 
 def test_completion_logprobs_per_choice(server):
@@ -218,6 +224,10 @@ def test_completion_logprobs_stream(server, echo):
     streamed = complete_stream(server.base_url, stream_options={"include_usage": True}, **params)
     (choice,) = streamed.choices
     assert streamed.texts == [unary.text]
+    expected = unary.body["choices"][0]["logprobs"]
+    if echo:  # the prompt's scores came with the echoed prompt; the rest is the completion's
+        assert choice.echo_logprobs == {key: values[: len(choice.echo_logprobs["tokens"])] for key, values in expected.items()}
+        expected = {key: values[len(choice.echo_logprobs["tokens"]) :] for key, values in expected.items()}
     tokens, offsets, token_logprobs = [], [], []
     for text, logprobs in choice.pieces:
         assert logprobs is not None
@@ -233,7 +243,7 @@ def test_completion_logprobs_stream(server, echo):
         "text_offset": offsets,
     }
     check_completion_logprobs(merged, choice.text[len(choice.echo) :], len(COUNT) if echo else 0)
-    assert merged == unary.body["choices"][0]["logprobs"]
+    assert merged == expected
 
 
 # ---- chat logprobs ---------------------------------------------------------------------------

@@ -112,6 +112,12 @@ def test_forced_function_call(server):
     assert body["tools"][0]["name"] == "get_weather" and body["tool_choice"] == "required"
 
 
+def test_tool_choice_is_reported_as_sent_or_openais_default(server):
+    assert create(server, input="Hi", max_output_tokens=1)["tool_choice"] == "auto"
+    assert create(server, input="Hi", tools=[WEATHER_TOOL], max_output_tokens=1)["tool_choice"] == "auto"
+    assert create(server, input="Hi", tools=[WEATHER_TOOL], tool_choice="none", max_output_tokens=1)["tool_choice"] == "none"
+
+
 def test_function_call_history_is_accepted(server):
     history = [
         {"role": "user", "content": "Weather in Paris?"},

@@ -302,7 +302,7 @@ REFUSED = [
     (CHAT, {"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),
     (CHAT, {"function_call": "auto"}, "function_call"),
     (CHAT, {"function_call": {"name": "f"}}, "function_call"),
-    (COMPLETIONS, {"prompt_logprobs": 1}, "prompt_logprobs"),
+    (COMPLETIONS, {"prompt_logprobs": 2}, "prompt_logprobs"),
     (CHAT, {"prompt_logprobs": 0}, "prompt_logprobs"),
 ]
 

@@ -69,6 +69,8 @@ class SamplingFields(_Body):
 
     # The field that holds the prompt, named when the prompt is too long.
     prompt_field: ClassVar[str] = "prompt"
+    # Fields of UNSUPPORTED that this endpoint does serve.
+    served_fields: ClassVar[frozenset[str]] = frozenset()
 
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -99,7 +101,7 @@ class SamplingFields(_Body):
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
             for name, why in UNSUPPORTED.items():
-                if data.get(name) not in (None, {}, [], ""):
+                if name not in cls.served_fields and data.get(name) not in (None, {}, [], ""):
                     raise invalid(f"{why} by this server.", name, "unsupported_parameter")
         return data
 
@@ -130,6 +132,10 @@ class SamplingFields(_Body):
         """Whether the chosen tokens' log-probabilities were asked for."""
         return False
 
+    def scores_prompt(self) -> bool:
+        """Whether the engine must score the prompt (return its tokens' log-probabilities)."""
+        return False
+
     def beam_width(self) -> int:
         return self.best_of or 1
 
@@ -146,18 +152,43 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class CompletionRequest(SamplingFields):
+    served_fields: ClassVar[frozenset[str]] = frozenset({"prompt_logprobs"})
+
     prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    # 0 with echo scores the prompt and generates nothing (OpenAI's legacy scoring).
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    # vLLM's: each prompt token's log-probability, in the choice's `prompt_logprobs`.
+    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None  # 0 asks for them too: the chosen token only
+
+    def echoes_logprobs(self) -> bool:
+        """Echo with logprobs: the logprobs cover the prompt's tokens, then the completion's."""
+        return self.echo and self.logprobs is not None
+
+    def scores_prompt(self) -> bool:
+        return self.echoes_logprobs() or self.prompt_logprobs is not None or self.max_tokens == 0
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> "CompletionRequest":
         if self.logprobs is not None and self.logprobs > 1:
             raise invalid(
                 "Only the chosen token's log-probability is available: logprobs must be 0 or 1.", "logprobs"
+            )
+        if self.prompt_logprobs is not None and self.prompt_logprobs > 1:
+            raise invalid(
+                "Only each prompt token's own log-probability is available: prompt_logprobs must be 0 or 1.",
+                "prompt_logprobs",
+                "unsupported_parameter",
+            )
+        if self.max_tokens == 0 and not self.echo:
+            raise invalid(
+                "Invalid value for 'max_tokens': 0 generates nothing, which is only useful with echo=true"
+                " (to score the prompt); it must be at least 1.",
+                "max_tokens",
             )
         return self
 

@@ -95,6 +95,7 @@ def sampling_params(
         min_new_tokens=body.min_tokens,
         skip_special_tokens=body.skip_special_tokens,
         logprobs=body.wants_logprobs(),
+        prompt_logprobs=body.scores_prompt(),
         constraint=constraint,
     )
     check_params(params)  # UnsupportedParams: the engine refuses the combination

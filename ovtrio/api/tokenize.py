@@ -1,6 +1,8 @@
 """POST /tokenize and /detokenize (vLLM's shapes, also under /v1 and /v3): the served
 model's own tokenizer and chat template, as the generation endpoints use them, for
-clients that count or build prompts themselves."""
+clients that count or build prompts themselves. GET /tokenizer_info describes the
+tokenizer as lm-evaluation-harness's remote tokenizer reads it (its special tokens and
+chat template; it then tokenizes through /tokenize)."""
 
 from __future__ import annotations
 
@@ -76,3 +78,16 @@ async def detokenize() -> Any:
     body = await parse_body(DetokenizeRequest)
     model = _served(body.model)
     return {"prompt": model.prompts.decode(model.prompts.checked_ids(body.tokens, "tokens"))}
+
+
+@blueprint.get("/tokenizer_info")
+@blueprint.get("/v1/tokenizer_info")
+@blueprint.get("/v3/tokenizer_info")
+async def tokenizer_info() -> Any:
+    model = ready_model()
+    return {
+        "tokenizer_class": "openvino_genai.Tokenizer",
+        "model": model.name,
+        "model_max_length": model.sequence_limit.tokens,
+        **model.prompts.special_tokens(),
+    }

@@ -122,6 +122,18 @@ class PromptBuilder:
                 found.add(ids[0])
         return frozenset(found)
 
+    def special_tokens(self) -> dict[str, Any]:
+        """The tokenizer's BOS, EOS and padding tokens (text and id; None where it has
+        none) and its chat template, as a remote tokenizer client reads them."""
+        info: dict[str, Any] = {}
+        for name in ("bos", "eos", "pad"):
+            text = getattr(self._tokenizer, f"get_{name}_token")()
+            token_id = getattr(self._tokenizer, f"get_{name}_token_id")()
+            info[f"{name}_token"] = text or None
+            info[f"{name}_token_id"] = token_id if text and token_id >= 0 else None
+        info["chat_template"] = self._tokenizer.chat_template or None
+        return info
+
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)
 

@@ -13,6 +13,7 @@ response is their aggregate (results.py).
 from ovtrio.output.events import (
     ChoiceFinished,
     OutputEvent,
+    PromptScored,
     ReasoningDelta,
     TextDelta,
     TokenLogprob,
@@ -29,6 +30,7 @@ __all__ = [
     "Outcome",
     "OutputEvent",
     "OutputStage",
+    "PromptScored",
     "ReasoningDelta",
     "ResultCollector",
     "TextDelta",

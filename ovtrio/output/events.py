@@ -18,14 +18,17 @@ from ovtrio.scheduler import Completed, Failed
 
 @dataclass(slots=True)
 class TokenLogprob:
-    """One generated token and its log-probability. `token` is the bytes it added to the
-    choice's text (none for a special token the text leaves out); `text` is the text it
-    added: empty for a token that ends inside a UTF-8 character, whose character the
-    token completing it carries. So a choice's entries join to exactly its text."""
+    """One generated (or prompt) token and its log-probability. `token` is the bytes it
+    added to the choice's text (none for a special token the text leaves out); `text` is
+    the text it added: empty for a token that ends inside a UTF-8 character, whose
+    character the token completing it carries. So a choice's entries join to exactly its
+    text. A prompt's first token has no log-probability (None): nothing precedes it.
+    `token_id` is the vocabulary id (vLLM's prompt_logprobs are keyed by it)."""
 
     token: bytes
-    logprob: float
+    logprob: float | None
     text: str
+    token_id: int = -1
 
 
 @dataclass(slots=True)
@@ -37,6 +40,15 @@ class TextDelta:
     choice: int
     text: str
     logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(slots=True)
+class PromptScored:
+    """The prompt of choice `choice`, one entry per prompt token, before any of its
+    generated text (only when the prompt's log-probabilities were asked for)."""
+
+    choice: int
+    logprobs: list[TokenLogprob]
 
 
 @dataclass(slots=True)
@@ -88,7 +100,8 @@ class ChoiceFinished:
 
 
 OutputEvent = (
-    TextDelta
+    PromptScored
+    | TextDelta
     | ReasoningDelta
     | ToolCallStarted
     | ToolCallArguments

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ovtrio.output.events import (
     ChoiceFinished,
     OutputEvent,
+    PromptScored,
     ReasoningDelta,
     TextDelta,
     TokenLogprob,
@@ -26,6 +27,7 @@ class ChoiceResult:
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # when asked for: every generated token
+    prompt_logprobs: list[TokenLogprob] | None = None  # when asked for: every prompt token
     finish_reason: str = "stop"
 
 
@@ -51,6 +53,8 @@ class ResultCollector:
                 result.text += event.text
                 if event.logprobs is not None:
                     result.logprobs = (result.logprobs or []) + event.logprobs
+            elif isinstance(event, PromptScored):
+                self.choices[event.choice].prompt_logprobs = event.logprobs
             elif isinstance(event, ReasoningDelta):
                 self.choices[event.choice].reasoning += event.text
             elif isinstance(event, ToolCallDone):

@@ -3,7 +3,7 @@ they become GenerationConfig), typed messages out (messages.py), text decoded an
 stop strings on the way (text_output.py). The loop is scheduler.py, what it keeps for each
 request requests.py, and its output side delivery.py. Knows nothing of HTTP."""
 
-from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
+from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
 from ovtrio.scheduler.params import (
     GenerationRequest,
     OutputConstraint,
@@ -22,6 +22,7 @@ __all__ = [
     "GenerationRequest",
     "Message",
     "OutputConstraint",
+    "Prompt",
     "RequestStream",
     "SamplingParams",
     "Scheduler",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ovtrio.scheduler.echo import EchoedPrompt, PromptNotScored
 from ovtrio.scheduler.messages import Completed, Delta, Failed
 from ovtrio.scheduler.params import SamplingParams
 from ovtrio.scheduler.requests import ActiveRequest, EngineRequest, Sequence
@@ -78,6 +79,7 @@ class Delivery:
             index,
             self._detokenizer(prompt_ids, params),
             StopMatcher(params.stop, params.include_stop_str_in_output),
+            echo=EchoedPrompt(index, prompt_ids) if params.prompt_logprobs else None,
         )
 
     def _detokenizer(self, prompt_ids: list[int], params: SamplingParams) -> Detokenizer:
@@ -114,8 +116,16 @@ class Delivery:
                         reason = self._reasons.get(output.finish_reason)
                         ids = list(output.generated_ids)
                         logprobs = list(output.generated_log_probs) if active.logprobs else []
+                        if sequence.echo is not None:
+                            try:
+                                ids, logprobs = _split_prompt(active, sequence, ids, logprobs)
+                            except PromptNotScored as exc:
+                                failed = Failed(str(exc), "prompt_logprobs_unavailable")
+                                break
                         fresh.append((active, part, sequence, ids, logprobs, reason))
                         read_any = True
+                if failed is not None:
+                    break
                 status = handle.get_status()
                 if status in self._failed_statuses:
                     failed = Failed(*self._failed_statuses[status])
@@ -209,3 +219,15 @@ class Delivery:
         if self._configured_interval:
             return self._configured_interval
         return min(3, 1 + len(self._active) // 12)
+
+
+def _split_prompt(
+    active: ActiveRequest, sequence: Sequence, ids: list[int], logprobs: list[float]
+) -> tuple[list[int], list[float]]:
+    """Send the scored prompt once it has arrived; what follows it is generated."""
+    assert sequence.echo is not None
+    ids, logprobs, prompt = sequence.echo.take(ids, logprobs)
+    if prompt is not None:
+        sequence.echo = None
+        active.send(prompt)
+    return ids, logprobs

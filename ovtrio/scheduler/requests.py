@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from ovtrio.scheduler.echo import EchoedPrompt
 from ovtrio.scheduler.messages import Message
 from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams
 from ovtrio.scheduler.text_output import Detokenizer, StopMatcher
@@ -31,6 +32,7 @@ class Sequence:
     held_text: str = ""
     held_ids: list[int] = field(default_factory=list)
     held_logprobs: list[float] | None = None
+    echo: EchoedPrompt | None = None  # the scored prompt still to split off the output's front
 
 
 @dataclass(eq=False)

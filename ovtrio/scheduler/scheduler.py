@@ -145,7 +145,7 @@ class Scheduler:
             request_id=request_id,
             channel=send,
             prompt_tokens=sum(len(p) for p in request.prompts),
-            logprobs=request.params.logprobs,
+            logprobs=request.params.logprobs or request.params.prompt_logprobs,
         )
         # Register the output state before the engine can produce anything for it.
         self._active[request_id] = active

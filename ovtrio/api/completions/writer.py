@@ -6,23 +6,50 @@ from __future__ import annotations
 from typing import Any
 
 from ovtrio.api.chunks import Envelope
-from ovtrio.output import ChoiceFinished, Outcome, OutputEvent, TextDelta, TokenLogprob
+from ovtrio.output import ChoiceFinished, Outcome, OutputEvent, PromptScored, TextDelta, TokenLogprob
 from ovtrio.scheduler import Completed, Failed
 
 OBJECT = "text_completion"
 
 
+def prompt_logprobs_body(entries: list[TokenLogprob]) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token, {token id: {logprob, rank, decoded_token}};
+    None for the first token. The engine reports no rank."""
+    return [
+        None
+        if entry.logprob is None
+        else {str(entry.token_id): {"logprob": entry.logprob, "rank": None, "decoded_token": entry.text}}
+        for entry in entries
+    ]
+
+
 class CompletionWriter:
-    """`echo` is the text of each prompt (choice i belongs to prompt i // n)."""
+    """`echo` is the text of each prompt (choice i belongs to prompt i // n).
+
+    When the engine scores the prompt (`scored`), each choice's echo goes out with its
+    scores, in the choice's first chunk: with `echo` and `logprobs` the logprobs cover the
+    prompt's tokens (the first one's null, as in OpenAI's legacy API) and then the
+    completion's; `prompt_logprobs` adds vLLM's field of that name.
+    """
 
     def __init__(
-        self, envelope: Envelope, *, choices: int, n: int = 1, echo: list[str] | None = None, logprobs: bool = False
+        self,
+        envelope: Envelope,
+        *,
+        choices: int,
+        n: int = 1,
+        echo: list[str] | None = None,
+        logprobs: bool = False,
+        prompt_logprobs: bool = False,
+        scored: bool = False,
     ) -> None:
         self.envelope = envelope
         self.choices = choices
         self.n = n
         self.echo = echo
         self.logprobs = logprobs
+        self.prompt_logprobs = prompt_logprobs
+        self.scored = scored
         self._offsets: dict[int, int] = {}  # text offset of each choice's next token
 
     def _echo_text(self, index: int) -> str:
@@ -35,24 +62,20 @@ class CompletionWriter:
         if logprobs is None:
             return None
         offset = self._offsets.get(index, len(self._echo_text(index)))
-        tokens, offsets = [], []
-        for entry in logprobs:
-            token = entry.text
-            tokens.append(token)
-            offsets.append(offset)
-            offset += len(token)
-        self._offsets[index] = offset
-        values = [entry.logprob for entry in logprobs]
-        return {
-            "tokens": tokens,
-            "token_logprobs": values,
-            # The engine reports the chosen token only; it stands as its own top entry.
-            "top_logprobs": [{token: logprob} for token, logprob in zip(tokens, values)],
-            "text_offset": offsets,
-        }
+        body = _legacy_logprobs(logprobs, offset)
+        self._offsets[index] = offset + sum(len(entry.text) for entry in logprobs)
+        return body
+
+    def _echoed(self, event: PromptScored) -> dict[str, Any]:
+        """A choice's first chunk when the prompt was scored: its echo and the scores."""
+        logprobs = _legacy_logprobs(event.logprobs, 0) if self.echo and self.logprobs else None
+        choice = self._choice(event.choice, self._echo_text(event.choice), logprobs, None)
+        if self.prompt_logprobs:
+            choice["prompt_logprobs"] = prompt_logprobs_body(event.logprobs)
+        return choice
 
     def opening(self) -> list[dict[str, Any]]:
-        if not self.echo:
+        if not self.echo or self.scored:
             return []
         return [self.envelope.wrap(OBJECT, [self._choice(i, self._echo_text(i), None, None)]) for i in range(self.choices)]
 
@@ -62,6 +85,8 @@ class CompletionWriter:
             if isinstance(event, TextDelta):
                 choice = self._choice(event.choice, event.text, self._logprobs(event.choice, event.logprobs), None)
                 chunks.append(self.envelope.wrap(OBJECT, [choice]))
+            elif isinstance(event, PromptScored):
+                chunks.append(self.envelope.wrap(OBJECT, [self._echoed(event)]))
             elif isinstance(event, ChoiceFinished):
                 chunks.append(self.envelope.wrap(OBJECT, [self._choice(event.choice, "", None, event.reason)]))
             elif isinstance(event, (Completed, Failed)):
@@ -69,13 +94,32 @@ class CompletionWriter:
         return chunks
 
     def completion(self, outcome: Outcome) -> dict[str, Any]:
-        choices = [
-            self._choice(
-                i,
-                self._echo_text(i) + result.text,
-                self._logprobs(i, result.logprobs or []) if self.logprobs else None,
-                result.finish_reason,
-            )
-            for i, result in enumerate(outcome.choices)
-        ]
+        choices = []
+        for i, result in enumerate(outcome.choices):
+            entries = result.logprobs or []
+            if self.echo and self.scored:
+                entries = (result.prompt_logprobs or []) + entries
+            logprobs = _legacy_logprobs(entries, 0 if self.scored else len(self._echo_text(i))) if self.logprobs else None
+            choice = self._choice(i, self._echo_text(i) + result.text, logprobs, result.finish_reason)
+            if self.prompt_logprobs:
+                choice["prompt_logprobs"] = prompt_logprobs_body(result.prompt_logprobs or [])
+            choices.append(choice)
         return self.envelope.unary(OBJECT, choices, outcome.usage)
+
+
+def _legacy_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    """OpenAI's legacy logprobs object for `entries`, the first starting at `offset` in the
+    choice's text. The engine reports the chosen token only; it stands as its own top
+    entry (null where the token has no log-probability: a prompt's first)."""
+    tokens, offsets = [], []
+    for entry in entries:
+        tokens.append(entry.text)
+        offsets.append(offset)
+        offset += len(entry.text)
+    values = [entry.logprob for entry in entries]
+    return {
+        "tokens": tokens,
+        "token_logprobs": values,
+        "top_logprobs": [None if value is None else {token: value} for token, value in zip(tokens, values)],
+        "text_offset": offsets,
+    }

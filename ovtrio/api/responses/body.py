@@ -60,9 +60,11 @@ def unary_response(envelope: Any, outcome: Outcome, logprobs: bool) -> dict[str,
 
 
 def _tool_choice(body: ResponsesRequest) -> Any:
+    """As OpenAI reports it: "auto" unless the request chose otherwise, with or without
+    tools (without tools there is nothing to call, whatever it says)."""
     if isinstance(body.tool_choice, NamedToolChoice):
         return {"type": "function", "name": body.tool_choice.function_name()}
-    return body.effective_tool_choice()
+    return body.tool_choice or "auto"
 
 
 def _tools(body: ResponsesRequest) -> list[dict[str, Any]]:
