@@ -112,6 +112,37 @@ def stop_server(server: RunningServer) -> None:
         server.process.kill()
 
 
+@contextmanager
+def hypercorn_app(tmp_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`hypercorn -k trio ovtrio.app:app` on a free port, configured by the environment
+    (`env` added to it), once it is ready; its base URL and process. Stopped after."""
+    port = free_port()
+    log_path = tmp_dir / f"hypercorn-{port}.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", "ovtrio.app:app"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            try:
+                if httpx.get(base_url + "/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        yield base_url, process
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     running = start_server(tmp_path_factory.mktemp("server"))

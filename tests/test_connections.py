@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import MODEL, free_port
+from conftest import MODEL, hypercorn_app
 
 # Bounds that only keep a broken server from hanging the test; nothing is timed.
 HANG_GUARD = 60
@@ -122,30 +120,9 @@ def worker_pid(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def hypercorn_port(tmp_path_factory):
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("hypercorn") / "server.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", "ovtrio.app:app"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "OVTRIO_ENABLE_PREFIX_CACHING": "false"},
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        yield port, worker_pid(process.pid)
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+    env = {"OVTRIO_ENABLE_PREFIX_CACHING": "false"}
+    with hypercorn_app(tmp_path_factory.mktemp("hypercorn"), env) as (base_url, process):
+        yield int(base_url.rsplit(":", 1)[1]), worker_pid(process.pid)
 
 
 def test_closing_requests_get_eof_under_the_hypercorn_command(hypercorn_port):

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import free_port
+from conftest import free_port, hypercorn_app
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -134,31 +134,9 @@ def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
 @pytest.fixture(scope="module")
 def hypercorn_server(tmp_path_factory):
     """The app as `hypercorn -k trio ovtrio.app:app` serves it, configured by environment."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("hypercorn") / "server.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", "ovtrio.app:app"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "OVTRIO_SERVED_MODEL_NAME": "tiny-chat", "OVTRIO_MAX_NUM_SEQS": "8"},
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            try:
-                if httpx.get(base + "/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+    env = {"OVTRIO_SERVED_MODEL_NAME": "tiny-chat", "OVTRIO_MAX_NUM_SEQS": "8"}
+    with hypercorn_app(tmp_path_factory.mktemp("hypercorn"), env) as (base_url, _):
+        yield base_url
 
 
 def test_hypercorn_entry_point_serves_with_environment_settings(hypercorn_server):
@@ -166,10 +144,11 @@ def test_hypercorn_entry_point_serves_with_environment_settings(hypercorn_server
     assert [m["id"] for m in models["data"]] == ["tiny-chat"]
     with openai.OpenAI(base_url=hypercorn_server + "/v3", api_key="unused", max_retries=0) as sdk:
         reply = sdk.chat.completions.create(
-            model="tiny-chat", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0
+            model="tiny-chat", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0,
+            extra_body={"ignore_eos": True},
         )
         assert reply.model == "tiny-chat"
-        assert reply.choices[0].message.content
+        assert reply.usage.completion_tokens == 8
         with pytest.raises(openai.NotFoundError):
             sdk.chat.completions.create(
                 model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hello"}], max_tokens=4
