@@ -8,21 +8,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from quart import Blueprint
 
 from ovtrio.api.context import ready_model
 from ovtrio.api.conversation import template_messages
 from ovtrio.api.errors import invalid, model_not_found
 from ovtrio.api.pipeline import parse_body
-from ovtrio.api.protocol import ChatMessage
+from ovtrio.api.protocol import ChatMessage, _Body
 from ovtrio.service import ServingModel
 
 blueprint = Blueprint("tokenize", __name__)
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
 
 
 class TokenizeRequest(_Body):

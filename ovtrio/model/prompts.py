@@ -54,8 +54,8 @@ class PromptBuilder:
         if all(isinstance(item, str) for item in prompt):
             return [self.encode_text(text) for text in prompt]  # type: ignore[arg-type]
         if all(isinstance(item, int) for item in prompt):
-            return [self._checked_ids(prompt, "prompt")]  # type: ignore[arg-type]
-        return [self._checked_ids(ids, f"prompt[{i}]") for i, ids in enumerate(prompt)]  # type: ignore[arg-type]
+            return [self.checked_ids(prompt, "prompt")]  # type: ignore[arg-type]
+        return [self.checked_ids(ids, f"prompt[{i}]") for i, ids in enumerate(prompt)]  # type: ignore[arg-type]
 
     def prompt_texts(self, prompt: str | list[Any], encoded: list[list[int]]) -> list[str]:
         """The text of each prompt, for echo: as sent, or decoded when sent as token ids."""
@@ -68,10 +68,6 @@ class PromptBuilder:
     def encode_raw(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Any text, as the tokenizer splits it (empty text gives no ids)."""
         return self._encode(text, add_special_tokens=add_special_tokens)
-
-    def checked_ids(self, ids: list[int], param: str) -> list[int]:
-        """Token ids a client sent, each checked against the vocabulary."""
-        return self._checked_ids(ids, param)
 
     def encode_text(self, text: str) -> list[int]:
         """A completions prompt: tokenized with the model's special tokens (e.g. BOS)."""
@@ -160,7 +156,8 @@ class PromptBuilder:
 
         return output_bytes
 
-    def _checked_ids(self, ids: list[int], param: str) -> list[int]:
+    def checked_ids(self, ids: list[int], param: str) -> list[int]:
+        """Token ids a client sent, each checked against the vocabulary."""
         if self._vocab_size is not None:
             for i, token_id in enumerate(ids):
                 if token_id >= self._vocab_size:
