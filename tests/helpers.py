@@ -163,14 +163,16 @@ def assert_error(
     return error
 
 
-def pick_stop_word(text: str, length: int = 4) -> tuple[str, int]:
+def pick_stop_word(text: str, length: int = 4, after: int | None = None) -> tuple[str, int]:
     """A piece of `text` to use as a stop string, and where it first occurs in `text`.
 
-    Taken from after the first third of the text (so that stopping there cuts the
-    output short), without leading or trailing blanks; generation stops at its first
-    occurrence, which may be earlier, so the index comes from str.find on the whole text.
+    Taken from position `after` on (by default after the first third of the text, so
+    that stopping there cuts the output short), before the text's last character,
+    without leading or trailing blanks; generation stops at its first occurrence, which
+    may be earlier, so the index comes from str.find on the whole text.
     """
-    for start in range(len(text) // 3, len(text) - length):
+    start_at = len(text) // 3 if after is None else after
+    for start in range(start_at, len(text) - length):
         word = text[start : start + length]
         if word.strip() == word and word.strip():
             return word, text.find(word)

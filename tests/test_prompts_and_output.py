@@ -12,6 +12,7 @@ from helpers import (
     COMPLETION_PATHS,
     ENDS_BY_ITSELF,
     assert_error,
+    pick_stop_word,
     chat,
     chat_stream,
     complete,
@@ -383,16 +384,6 @@ def stop_cut(tokens: list[str], stops: list[str], include: bool) -> tuple[str, i
     raise AssertionError(f"none of {stops} is in {text!r}")
 
 
-def piece(text: str, length: int, after: int = 0) -> str:
-    """The first `length` characters of `text` from `after` on that are not blank at
-    either end (a usable stop string)."""
-    for start in range(after, len(text) - length + 1):
-        candidate = text[start : start + length]
-        if candidate.strip() == candidate:
-            return candidate
-    raise AssertionError(f"no stop string of {length} characters in {text!r}")
-
-
 @pytest.fixture(scope="module")
 def count_tokens(server) -> list[str]:
     """The greedy continuation of COUNT, token by token (each token's text)."""
@@ -405,13 +396,13 @@ def count_tokens(server) -> list[str]:
 def stops_for(case: str, tokens: list[str]) -> list[str]:
     """Stop strings taken from the text before its last token (so a stop cuts it short)."""
     text = "".join(tokens[:-1])
-    one = piece(text, 1, len(text) // 3)
+    one = pick_stop_word(text, 1)[0]
     if case == "one":
         return [one]
     if case == "four":  # two that never occur around two that do
-        return ["zq\x00", piece(text, 2, len(text) // 2), "\x00qz", one]
+        return ["zq\x00", pick_stop_word(text, 2, len(text) // 2)[0], "\x00qz", one]
     assert case == "overlapping"  # a stop string and its own tail
-    two = piece(text, 2, len(text) // 3)
+    two = pick_stop_word(text, 2)[0]
     return [two, two[1:]]
 
 
@@ -461,7 +452,7 @@ def counting_entries(client) -> list:
 def test_stop_strings_on_chat_through_the_sdk(client, counting_entries):
     tokens = [entry.token for entry in counting_entries]
     text = "".join(tokens[:-1])
-    stop = piece(text, 1, len(text) // 3)
+    stop = pick_stop_word(text, 1)[0]
     params = {"model": MODEL, "messages": COUNTING, "temperature": 0, "max_tokens": 24, "extra_body": {"ignore_eos": True}}
     stopped = client.chat.completions.create(**params, stop=[stop])
     assert stopped.choices[0].message.content == stop_cut(tokens, [stop], False)[0]
