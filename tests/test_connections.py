@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import MODEL, hypercorn_app
+from conftest import HYPERCORN_MODEL, MODEL
 
 # Bounds that only keep a broken server from hanging the test; nothing is timed.
 HANG_GUARD = 60
@@ -24,8 +24,8 @@ REQUESTS = {
 }
 
 
-def completion_request(version: str) -> bytes:
-    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
+def completion_request(version: str, model: str) -> bytes:
+    body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 2}).encode()
     close = b"Connection: close\r\n" if version == "HTTP/1.1" else b""
     return (
         f"POST /v1/completions {version}\r\nHost: test\r\nContent-Type: application/json\r\n".encode()
@@ -75,7 +75,7 @@ def settled_fds(pid: int, baseline: int) -> int:
     return count
 
 
-def check_closing(port: int, pid: int, rounds: int) -> None:
+def check_closing(port: int, pid: int, rounds: int, model: str = MODEL) -> None:
     httpx.get(f"http://127.0.0.1:{port}/health", timeout=HANG_GUARD)  # any lazy setup done
     baseline = open_fds(pid)
     for _ in range(rounds):
@@ -83,7 +83,7 @@ def check_closing(port: int, pid: int, rounds: int) -> None:
             reply = exchange(port, request)
             assert status(reply) == b"200", reply[:100]
     for version in ("HTTP/1.1", "HTTP/1.0"):
-        reply = exchange(port, completion_request(version))
+        reply = exchange(port, completion_request(version, model))
         assert status(reply) == b"200", reply[:300]
         assert b'"text_completion"' in reply
     assert settled_fds(pid, baseline) <= baseline
@@ -118,16 +118,9 @@ def worker_pid(pid: int) -> int:
     raise AssertionError("hypercorn started no worker")
 
 
-@pytest.fixture(scope="module")
-def hypercorn_port(tmp_path_factory):
-    env = {"OVTRIO_ENABLE_PREFIX_CACHING": "false"}
-    with hypercorn_app(tmp_path_factory.mktemp("hypercorn"), env) as (base_url, process):
-        yield int(base_url.rsplit(":", 1)[1]), worker_pid(process.pid)
-
-
-def test_closing_requests_get_eof_under_the_hypercorn_command(hypercorn_port):
-    port, pid = hypercorn_port
-    check_closing(port, pid, rounds=20)
+def test_closing_requests_get_eof_under_the_hypercorn_command(hypercorn_server):
+    port = int(hypercorn_server.base_url.rsplit(":", 1)[1])
+    check_closing(port, worker_pid(hypercorn_server.process.pid), rounds=20, model=HYPERCORN_MODEL)
 
 
 def test_the_fix_leaves_other_hypercorn_code_alone(monkeypatch):
