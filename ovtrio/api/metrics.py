@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from quart import Blueprint, Quart, Response, request
@@ -105,7 +105,7 @@ class SchedulerCollector(Collector):
         )
 
 
-def registry_for(service: ModelService, metrics: ServerMetrics) -> Any:
+def registry_for(service: ModelService, metrics: ServerMetrics) -> CollectorRegistry:
     """The app's registry: what `metrics` records, and the scheduler's numbers."""
     metrics.registry.register(SchedulerCollector(service))
     return metrics.registry
