@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from server_pool import ServerPool, registered, server_fixture
 
@@ -46,13 +47,23 @@ class RunningServer:
     def v1(self) -> str:
         return self.base_url + "/v1"
 
-    def metric(self, name: str) -> float:
-        """Current value of a Prometheus gauge/counter from /metrics."""
-        text = httpx.get(self.base_url + "/metrics", timeout=10).text
-        for line in text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        raise KeyError(name)
+    def metric(self, name: str, **labels: str) -> float:
+        """Current value of one sample on /metrics (see sample_value)."""
+        return sample_value(httpx.get(self.base_url + "/metrics", timeout=10).text, name, **labels)
+
+
+def sample_value(exposition: str, name: str, **labels: str) -> float:
+    """The value of the one sample named `name` (as exposed: `..._total`, `..._sum`,
+    `..._bucket`) whose labels include `labels`, in a Prometheus text exposition."""
+    found = [
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]
+    if len(found) != 1:
+        raise KeyError(f"{name}{labels}: {len(found)} samples")
+    return found[0]
 
 
 # Test servers run without the prefix cache. With it, a prompt whose first blocks come
