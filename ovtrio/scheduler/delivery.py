@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
 from ovtrio.scheduler.echo import EchoedPrompt, PromptNotScored
 from ovtrio.scheduler.messages import Completed, Delta, Failed
 from ovtrio.scheduler.params import SamplingParams
@@ -98,9 +100,13 @@ class Delivery:
         self._holding.difference_update(sequences)
 
     def read_outputs(self) -> list[StepOutput]:
-        """Read every handle once (between steps); requests the engine failed get Failed."""
+        """Read what every handle holds (between steps); requests the engine failed get
+        Failed. A paused request's handles are left alone: its tokens wait there, as
+        ids, until its consumer catches up."""
         fresh: list[StepOutput] = []
         for active in list(self._active.values()):
+            if active.paused_at is not None:
+                continue
             failed = None
             for part in active.parts:
                 if part.done:
@@ -108,14 +114,11 @@ class Delivery:
                 handle = part.handle
                 read_any = False
                 if handle.can_read():
-                    outputs = handle.read().values()
-                    if part.beam_search:
-                        # Beam ids are arbitrary; choices are numbered best first.
-                        outputs = sorted(outputs, key=lambda output: output.score, reverse=True)
-                    for sequence, output in zip(part.sequences, outputs):
-                        reason = self._reasons.get(output.finish_reason)
-                        ids = list(output.generated_ids)
-                        logprobs = list(output.generated_log_probs) if active.logprobs else []
+                    outputs = _read_all(handle, part.beam_search)
+                    for sequence, (ids, logprobs, finish_reason) in zip(part.sequences, outputs):
+                        reason = self._reasons.get(finish_reason)
+                        if not active.logprobs:
+                            logprobs = []
                         if sequence.echo is not None:
                             try:
                                 ids, logprobs = _split_prompt(active, sequence, ids, logprobs)
@@ -158,7 +161,9 @@ class Delivery:
             if active.request_id not in self._active or sequence.finish_reason is not None:
                 continue
             first = not active.sent_first_token
-            active.sent_first_token = True
+            if first:
+                active.sent_first_token = True
+                active.first_token_at = trio.current_time()
             sequence.generated += len(ids)
             self.generated_tokens += len(ids)
             text, matched = sequence.stops.feed(text)
@@ -219,6 +224,29 @@ class Delivery:
         if self._configured_interval:
             return self._configured_interval
         return min(3, 1 + len(self._active) // 12)
+
+
+def _read_all(handle: Any, beam_search: bool) -> list[tuple[list[int], list[float], Any]]:
+    """Everything a handle holds, per output: ids, log-probabilities, finish reason.
+
+    The engine queues one output per step in the handle and `read()` takes one, so a
+    handle left unread (a paused request) holds many; they are joined here. Call only
+    when `can_read()` (`read()` would wait, holding the GIL).
+    """
+    joined: list[tuple[list[int], list[float], Any]] = []
+    while handle.can_read():
+        outputs = list(handle.read().values())
+        if beam_search:
+            # Beam ids are arbitrary; choices are numbered best first.
+            outputs.sort(key=lambda output: output.score, reverse=True)
+        for i, output in enumerate(outputs):
+            if i == len(joined):
+                joined.append(([], [], None))
+            ids, logprobs, _ = joined[i]
+            ids.extend(output.generated_ids)
+            logprobs.extend(output.generated_log_probs)
+            joined[i] = (ids, logprobs, output.finish_reason)
+    return joined
 
 
 def _split_prompt(

@@ -8,13 +8,14 @@ Until the loop has added it to the engine between two steps, it waits as an Admi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from ovtrio.scheduler.echo import EchoedPrompt
-from ovtrio.scheduler.messages import Message
+from ovtrio.scheduler.messages import Completed, Failed, Message
 from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams
 from ovtrio.scheduler.text_output import Detokenizer, StopMatcher
 
@@ -54,17 +55,38 @@ class ActiveRequest:
     channel: trio.MemorySendChannel[Message]
     prompt_tokens: int
     logprobs: bool
+    weight: int = 1  # engine sequences it runs: choices per prompt (or beams) x prompts
+    # Undelivered messages at which the request pauses (see admission.py).
+    pause_at: int = 128
     parts: list[EngineRequest] = field(default_factory=list)
     sequences: list[Sequence] = field(default_factory=list)
     sent_first_token: bool = False
+    # trio.current_time() of its submission, addition to the engine and first token.
+    submitted_at: float = 0.0
+    added_at: float | None = None
+    first_token_at: float | None = None
+    # Set while its consumer lags: its handles are not read (Delivery.read_outputs).
+    paused_at: float | None = None
+    outcome: str = "cancelled"  # until it completes or fails
 
     def send(self, message: Message) -> bool:
-        """Queue `message` for the consumer; False if it has left."""
+        """Queue `message` for the consumer; False if it has left. Pauses the request
+        when its consumer has left `pause_at` messages unread."""
         try:
             self.channel.send_nowait(message)
-            return True
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
+        if isinstance(message, Completed):
+            self.outcome = "completed"
+        elif isinstance(message, Failed):
+            self.outcome = message.code
+        elif self.paused_at is None and self.undelivered() >= self.pause_at:
+            self.paused_at = trio.current_time()
+        return True
+
+    def undelivered(self) -> int:
+        """Messages sent that the consumer has not received yet."""
+        return self.channel.statistics().current_buffer_used
 
     def close(self) -> None:
         """Cancel what still runs in the engine and end the consumer's stream.
@@ -98,9 +120,17 @@ class RequestStream:
     chunk per engine step.
     """
 
-    def __init__(self, request_id: int, receive: trio.MemoryReceiveChannel[Message]) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        receive: trio.MemoryReceiveChannel[Message],
+        received: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`received` is called after each batch is taken (the scheduler resumes a
+        paused request once its consumer has caught up)."""
         self.request_id = request_id
         self._receive = receive
+        self._received = received
 
     async def receive_available(self) -> list[Message]:
         """Wait for the next messages; [] once the request is over (channel closed)."""
@@ -112,4 +142,5 @@ class RequestStream:
             try:
                 messages.append(self._receive.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
+                self._received()
                 return messages
