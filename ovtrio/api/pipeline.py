@@ -98,6 +98,9 @@ def generation_request(
 ) -> GenerationRequest:
     """The scheduler's request: checked size and sampling settings plus the tokenized prompts."""
     check_request_size(model, body, len(prompts))
+    longest = max(len(p) for p in prompts)
+    # A prompt beyond the context is refused as such first (context_length_exceeded).
+    params = sampling_params(body, longest, model.sequence_limit, model.defaults, constraint)
     total = sum(len(p) for p in prompts)
     if total > model.caps.prompt_tokens:
         raise invalid(
@@ -106,8 +109,6 @@ def generation_request(
             body.prompt_field,
             "too_many_prompt_tokens",
         )
-    longest = max(len(p) for p in prompts)
-    params = sampling_params(body, longest, model.sequence_limit, model.defaults, constraint)
     if keep_special_token_ids:
         params = replace(params, keep_special_token_ids=keep_special_token_ids)
     return GenerationRequest(prompts, params)
