@@ -58,6 +58,38 @@ class Settings(BaseModel):
     max_tokens_limit: int | None = Field(
         None, ge=1, description="default and cap for max_tokens (OVMS's max_tokens_limit)"
     )
+    max_running_sequences: int | None = Field(
+        None,
+        ge=1,
+        description="sequences (each choice of each prompt) in the engine at once; further requests wait in"
+        " a queue (default: max_num_seqs, or fewer when the KV cache cannot hold 1024 tokens for each)",
+    )
+    max_queued_requests: int | None = Field(
+        None,
+        ge=0,
+        description="requests waiting for room in the engine; beyond them requests get 429 with Retry-After"
+        " (default: twice max_running_sequences)",
+    )
+    max_prompts_per_request: int = Field(64, ge=1, description="most prompts in one completions request")
+    max_choices_per_request: int | None = Field(
+        None,
+        ge=1,
+        description="most choices in one request, n x prompts (default: 64, or max_running_sequences if lower)",
+    )
+    max_prompt_tokens_per_request: int | None = Field(
+        None,
+        ge=1,
+        description="most prompt tokens in one request, all its prompts together (default: what the KV cache holds)",
+    )
+    slow_reader_buffer: int = Field(
+        128,
+        ge=1,
+        description="messages a request may have waiting for a client that does not read before it is paused"
+        " (its tokens then wait in the engine)",
+    )
+    slow_reader_timeout: float = Field(
+        30.0, gt=0, description="seconds a paused request waits for its client to read before it is cancelled"
+    )
     stream_interval: int = Field(
         0,
         ge=0,

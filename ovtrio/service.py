@@ -21,10 +21,18 @@ from ovtrio import __version__
 from ovtrio.config import Settings
 from ovtrio.model import ModelLoadError, ModelSource, load_model, resolve_model, warm_up
 from ovtrio.model.chat_format import thinks, tool_parser_for
-from ovtrio.model.limits import SequenceLimit, ServerDefaults, sequence_limit, server_defaults
+from ovtrio.model.limits import (
+    RequestCaps,
+    SequenceLimit,
+    ServerDefaults,
+    request_caps,
+    sequence_limit,
+    server_defaults,
+    work_limits,
+)
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.parsing import ToolCallParser
-from ovtrio.scheduler import RequestObserver, Scheduler
+from ovtrio.scheduler import AdmissionLimits, RequestObserver, Scheduler
 from ovtrio.scheduler.engine_step import choose_step
 
 log = logging.getLogger("ovtrio")
@@ -39,6 +47,7 @@ class ServingModel:
     scheduler: Scheduler
     prompts: PromptBuilder
     sequence_limit: SequenceLimit
+    caps: RequestCaps
     defaults: ServerDefaults
     tool_parser: type[ToolCallParser] | None  # None: the model's tool calls are not read
     reasoning: bool  # replies start with <think> reasoning
@@ -98,12 +107,31 @@ class ModelService:
         if limit.tokens < source.context_length:
             log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
         template = model.tokenizer.chat_template or ""
+        work = work_limits(self.settings, kv_capacity)
+        caps = request_caps(self.settings, source, kv_capacity, work)
+        limits = AdmissionLimits(
+            max_running_sequences=work.running_sequences,
+            max_queued_requests=work.queued_requests,
+            slow_reader_buffer=self.settings.slow_reader_buffer,
+            slow_reader_timeout=self.settings.slow_reader_timeout,
+        )
+        log.info(
+            "admission: %d sequences running and %d requests waiting at most (KV cache %d tokens);"
+            " per request at most %d prompts, %d choices, %d prompt tokens",
+            work.running_sequences,
+            work.queued_requests,
+            kv_capacity,
+            caps.prompts,
+            caps.choices,
+            caps.prompt_tokens,
+        )
         scheduler = Scheduler(
             model.pipeline,
             model.tokenizer,
             model.vocabulary,
             stream_interval=self.settings.stream_interval,
             step=step,
+            limits=limits,
             observer=self._observer(source.name, source.context_length) if self._observer else None,
         )
         self.serving = ServingModel(
@@ -112,6 +140,7 @@ class ModelService:
             scheduler=scheduler,
             prompts=PromptBuilder(model.tokenizer, source.vocab_size, model.vocabulary, cut_at=source.context_length),
             sequence_limit=limit,
+            caps=caps,
             defaults=server_defaults(source, self.settings),
             tool_parser=tool_parser_for(self.settings, template),
             reasoning=thinks(self.settings, template),

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from conftest import HYPERCORN_MODEL, MODEL
 

@@ -4,7 +4,6 @@ would otherwise drop it, and possibly others, halfway); the requests around it f
 from __future__ import annotations
 
 import httpx
-import pytest
 import trio
 
 from conftest import MODEL

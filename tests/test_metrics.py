@@ -204,11 +204,11 @@ def test_running_waiting_and_kv_cache_while_a_request_runs_and_after_it_leaves(s
     assert rose(before, after, "vllm:e2e_request_latency_seconds_count") == 0
 
 
-def test_waiting_counts_requests_not_yet_added_and_those_the_engine_did_not_schedule():
-    assert waiting_requests(admitting=0, engine_requests=0, engine_scheduled=0) == 0
-    assert waiting_requests(admitting=2, engine_requests=5, engine_scheduled=3) == 4
+def test_waiting_counts_queued_requests_and_those_the_engine_did_not_schedule():
+    assert waiting_requests(queued=0, engine_requests=0, engine_scheduled=0) == 0
+    assert waiting_requests(queued=2, engine_requests=5, engine_scheduled=3) == 4
     # The last step may have scheduled requests that finished in it.
-    assert waiting_requests(admitting=1, engine_requests=0, engine_scheduled=2) == 1
+    assert waiting_requests(queued=1, engine_requests=0, engine_scheduled=2) == 1
 
 
 def test_http_responses_by_route_and_status(server):

@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 
 from ovtrio.api.formats import ConstraintError
 from ovtrio.model.prompts import PromptError
-from ovtrio.scheduler import Failed, UnsupportedParams
+from ovtrio.scheduler import Failed, Overloaded, UnsupportedParams
 
 log = logging.getLogger("ovtrio")
 
@@ -36,6 +36,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -43,6 +44,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type or _default_type(status)
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         """The HTTP response body, also sent as an SSE chunk when a stream fails."""
@@ -64,11 +66,16 @@ class APIError(Exception):
 
 def error_response(error: APIError) -> Response:
     """An APIError as an HTTP response."""
-    return Response(json.dumps(error.body(), ensure_ascii=False), status=error.status, mimetype="application/json")
+    return Response(
+        json.dumps(error.body(), ensure_ascii=False),
+        status=error.status,
+        mimetype="application/json",
+        headers=error.headers,
+    )
 
 
 # What a request can be refused for, before or as it reaches the engine.
-REQUEST_ERRORS = (APIError, ValidationError, PromptError, ConstraintError, UnsupportedParams)
+REQUEST_ERRORS = (APIError, ValidationError, PromptError, ConstraintError, UnsupportedParams, Overloaded)
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
@@ -83,9 +90,13 @@ def api_error(error: BaseException | Failed) -> APIError:
         return invalid(str(error), error.param)
     if isinstance(error, UnsupportedParams):
         return invalid(f"The engine cannot run this request: {error}", error.param)
+    if isinstance(error, Overloaded):
+        return overloaded(str(error), error.retry_after)
     if isinstance(error, Failed):
         if error.code == "out_of_memory":
             return APIError(503, error.message, code="out_of_memory")
+        if error.code == "slow_reader_timeout":
+            return APIError(408, error.message, code=error.code)
         return APIError(500, error.message, code=error.code)
     if isinstance(error, HTTPException):
         status = error.code or 500
@@ -104,6 +115,14 @@ def _default_type(status: int) -> str:
     if status >= 500:
         return "server_error"
     return "invalid_request_error"
+
+
+def overloaded(message: str, retry_after: int) -> APIError:
+    """A 429 as OpenAI words a rate limit (type "requests", code "rate_limit_exceeded"),
+    with a Retry-After header in seconds."""
+    return APIError(
+        429, message, type="requests", code="rate_limit_exceeded", headers={"Retry-After": str(retry_after)}
+    )
 
 
 def invalid(message: str, param: str | None, code: str = "invalid_value") -> APIError:

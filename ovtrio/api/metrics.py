@@ -37,7 +37,21 @@ class SchedulerCollector(Collector):
         if serving is None:
             return
         stats = serving.scheduler.stats()
-        yield GaugeMetricFamily("ovtrio_requests_running", "Requests the scheduler is serving", value=stats.running)
+        yield GaugeMetricFamily("ovtrio_requests_running", "Requests in the engine", value=stats.running)
+        yield GaugeMetricFamily(
+            "ovtrio_requests_waiting", "Requests queued for room in the engine", value=stats.queued
+        )
+        yield GaugeMetricFamily(
+            "ovtrio_requests_paused", "Running requests paused because their client is not reading", value=stats.paused
+        )
+        yield CounterMetricFamily(
+            "ovtrio_requests_rejected", "Requests refused with 429 because the server was full", value=stats.rejected
+        )
+        yield CounterMetricFamily(
+            "ovtrio_slow_readers_cancelled",
+            "Requests cancelled because their client stopped reading",
+            value=stats.slow_readers_cancelled,
+        )
         yield GaugeMetricFamily(
             "ovtrio_engine_requests", "Unfinished requests inside the engine", value=stats.engine_requests
         )

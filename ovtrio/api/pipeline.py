@@ -1,8 +1,9 @@
 """The request pipeline every generation endpoint shares.
 
-A handler takes its validated body and the ready model (`accept`), builds its prompt, then
-`generation_request` checks the sampling settings against the model's limits: all
-before the client is answered 200. The request then runs in the scheduler, and its
+A handler takes its validated body and the ready model (`accept`, which also refuses the
+request with a 429 when the scheduler is full, before anything is tokenized), builds its
+prompt, then `generation_request` checks the request's size and the sampling settings
+against the model's limits: all before the client is answered 200. The request then runs in the scheduler, and its
 messages pass through an OutputStage into a writer: `unary_outcome` aggregates them for
 one JSON body, `event_stream` streams them as server-sent events (`respond` picks
 one for chat and completions).
@@ -20,7 +21,7 @@ from quart import Response, request
 
 from ovtrio.api.chunks import Envelope
 from ovtrio.api.context import ready_model
-from ovtrio.api.errors import APIError, api_error, from_validation_error, model_not_found
+from ovtrio.api.errors import APIError, api_error, from_validation_error, invalid, model_not_found
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
@@ -49,11 +50,37 @@ async def parse_body(model_type: type[Body]) -> Body:
 
 
 async def accept(model_type: type[Body]) -> tuple[Body, ServingModel]:
-    """The request's body, validated, and the ready model it names."""
+    """The request's body, validated, and the ready model it names, which has room for it
+    (Overloaded otherwise: a 429)."""
     body = await parse_body(model_type)
     model = ready_model()
     check_model(model, body)
+    model.scheduler.check_capacity()
     return body, model
+
+
+def check_request_size(model: ServingModel, body: SamplingFields, prompts: int) -> None:
+    """Refuse a request of more prompts, or more choices (n x prompts), than the server
+    allows one request: checked before the prompts are tokenized."""
+    caps = model.caps
+    if prompts > caps.prompts:
+        raise invalid(
+            f"Invalid value for 'prompt': this server takes at most {caps.prompts} prompts in one request,"
+            f" and this one has {prompts}.",
+            "prompt",
+            "too_many_prompts",
+        )
+    choices = prompts * max(body.n, body.beam_width())
+    if choices > caps.choices:
+        what = f"{prompts} prompts x n={body.n}" if prompts > 1 else f"n={body.n}"
+        if body.beam_width() > body.n:
+            what += f" (best_of={body.beam_width()})"
+        raise invalid(
+            f"Invalid value for 'n': this server runs at most {caps.choices} choices (n x prompts) for one"
+            f" request, and this one asks for {choices} ({what}).",
+            "n",
+            "too_many_choices",
+        )
 
 
 def check_model(model: ServingModel, body: SamplingFields) -> None:
@@ -69,9 +96,19 @@ def generation_request(
     constraint: OutputConstraint | None = None,
     keep_special_token_ids: frozenset[int] = frozenset(),
 ) -> GenerationRequest:
-    """The scheduler's request: checked sampling settings plus the tokenized prompts."""
+    """The scheduler's request: checked size and sampling settings plus the tokenized prompts."""
+    check_request_size(model, body, len(prompts))
     longest = max(len(p) for p in prompts)
+    # A prompt beyond the context is refused as such first (context_length_exceeded).
     params = sampling_params(body, longest, model.sequence_limit, model.defaults, constraint)
+    total = sum(len(p) for p in prompts)
+    if total > model.caps.prompt_tokens:
+        raise invalid(
+            f"Invalid value for '{body.prompt_field}': this server takes at most {model.caps.prompt_tokens} prompt"
+            f" tokens in one request, and this one has {total}.",
+            body.prompt_field,
+            "too_many_prompt_tokens",
+        )
     if keep_special_token_ids:
         params = replace(params, keep_special_token_ids=keep_special_token_ids)
     return GenerationRequest(prompts, params)

@@ -1,5 +1,6 @@
-"""What a request may ask of this model: the longest sequence it can hold, and the
-server's defaults for what a request leaves unset."""
+"""What a request may ask of this model: the longest sequence it can hold, how much one
+request may cost, how much work the server takes on at once, and the server's defaults
+for what a request leaves unset."""
 
 from __future__ import annotations
 
@@ -46,3 +47,56 @@ def server_defaults(source: ModelSource, settings: Settings) -> ServerDefaults:
     return ServerDefaults(
         {name: source.generation_defaults.get(name) for name in GENERATION_DEFAULTS}, settings.max_tokens_limit
     )
+
+
+# KV cache tokens set aside for each running sequence when the running limit is left to
+# the server: a chat turn of a few hundred prompt tokens and a reply, with room to spare,
+# so that the cache holds every running sequence without the engine preempting any.
+TOKENS_PER_RUNNING_SEQUENCE = 1024
+# Waiting requests per running sequence, by default: a request taken on waits for at most
+# about two rounds of the running ones before it starts.
+QUEUE_PER_RUNNING = 2
+# Choices (n x prompts) one request may have, by default: an lm-evaluation-harness batch
+# or n = 16 for four prompts; a list of 1,000 prompts cost 490 MB before there was a cap.
+DEFAULT_MAX_CHOICES = 64
+
+
+@dataclass(frozen=True)
+class RequestCaps:
+    """The most one request may ask for: prompts (completions), choices (n x prompts)
+    and prompt tokens (all prompts together)."""
+
+    prompts: int
+    choices: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class WorkLimits:
+    """How much the server takes on at once: sequences in the engine, requests waiting."""
+
+    running_sequences: int
+    queued_requests: int
+
+
+def work_limits(settings: Settings, kv_capacity: int) -> WorkLimits:
+    """The configured limits, or defaults from the engine's max_num_seqs and the KV cache
+    (`kv_capacity` tokens; 0 when unknown)."""
+    running = settings.max_running_sequences
+    if running is None:
+        running = settings.max_num_seqs
+        if kv_capacity > 0:
+            running = max(1, min(running, kv_capacity // TOKENS_PER_RUNNING_SEQUENCE))
+    queued = settings.max_queued_requests
+    if queued is None:
+        queued = QUEUE_PER_RUNNING * running
+    return WorkLimits(running, queued)
+
+
+def request_caps(settings: Settings, source: ModelSource, kv_capacity: int, limits: WorkLimits) -> RequestCaps:
+    choices = settings.max_choices_per_request or min(DEFAULT_MAX_CHOICES, limits.running_sequences)
+    prompt_tokens = settings.max_prompt_tokens_per_request
+    if prompt_tokens is None:
+        # More than the cache holds could never be in the engine together.
+        prompt_tokens = kv_capacity if kv_capacity > 0 else settings.max_prompts_per_request * source.context_length
+    return RequestCaps(settings.max_prompts_per_request, choices, prompt_tokens)

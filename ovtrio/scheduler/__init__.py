@@ -4,6 +4,7 @@ stop strings on the way (text_output.py). The loop is scheduler.py, what it keep
 request requests.py, and its output side delivery.py; what it reports of each request's
 life goes to a RequestObserver (observer.py). Knows nothing of HTTP or of metrics formats."""
 
+from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import (
@@ -18,6 +19,7 @@ from ovtrio.scheduler.requests import RequestStream
 from ovtrio.scheduler.scheduler import Scheduler, SchedulerStats, waiting_requests
 
 __all__ = [
+    "AdmissionLimits",
     "Completed",
     "Delta",
     "Failed",
@@ -25,6 +27,7 @@ __all__ = [
     "Message",
     "NoObserver",
     "OutputConstraint",
+    "Overloaded",
     "Prompt",
     "RequestObserver",
     "RequestStream",

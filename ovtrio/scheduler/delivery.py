@@ -113,10 +113,14 @@ class Delivery:
         self._holding.difference_update(sequences)
 
     def read_outputs(self) -> list[StepOutput]:
-        """Read every handle once (between steps); requests the engine failed get Failed."""
+        """Read what every handle holds (between steps); requests the engine failed get
+        Failed. A paused request's handles are left alone: its tokens wait there, as
+        ids, until its consumer catches up."""
         self._read_at = time.monotonic()
         fresh: list[StepOutput] = []
         for active in list(self._active.values()):
+            if active.paused_at is not None:
+                continue
             failed = None
             for part in active.parts:
                 if part.done:
@@ -124,14 +128,11 @@ class Delivery:
                 handle = part.handle
                 read_any = False
                 if handle.can_read():
-                    outputs = handle.read().values()
-                    if part.beam_search:
-                        # Beam ids are arbitrary; choices are numbered best first.
-                        outputs = sorted(outputs, key=lambda output: output.score, reverse=True)
-                    for sequence, output in zip(part.sequences, outputs):
-                        reason = self._reasons.get(output.finish_reason)
-                        ids = list(output.generated_ids)
-                        logprobs = list(output.generated_log_probs) if active.logprobs else []
+                    outputs = _read_all(handle, part.beam_search)
+                    for sequence, (ids, logprobs, finish_reason) in zip(part.sequences, outputs):
+                        reason = self._reasons.get(finish_reason)
+                        if not active.logprobs:
+                            logprobs = []
                         if sequence.echo is not None:
                             try:
                                 ids, logprobs = _split_prompt(active, sequence, ids, logprobs)
@@ -255,6 +256,29 @@ class Delivery:
         if self._configured_interval:
             return self._configured_interval
         return min(3, 1 + len(self._active) // 12)
+
+
+def _read_all(handle: Any, beam_search: bool) -> list[tuple[list[int], list[float], Any]]:
+    """Everything a handle holds, per output: ids, log-probabilities, finish reason.
+
+    The engine queues one output per step in the handle and `read()` takes one, so a
+    handle left unread (a paused request) holds many; they are joined here. Call only
+    when `can_read()` (`read()` would wait, holding the GIL).
+    """
+    joined: list[tuple[list[int], list[float], Any]] = []
+    while handle.can_read():
+        outputs = list(handle.read().values())
+        if beam_search:
+            # Beam ids are arbitrary; choices are numbered best first.
+            outputs.sort(key=lambda output: output.score, reverse=True)
+        for i, output in enumerate(outputs):
+            if i == len(joined):
+                joined.append(([], [], None))
+            ids, logprobs, _ = joined[i]
+            ids.extend(output.generated_ids)
+            logprobs.extend(output.generated_log_probs)
+            joined[i] = (ids, logprobs, output.finish_reason)
+    return joined
 
 
 def _split_prompt(

@@ -8,6 +8,7 @@ Until the loop has added it to the engine between two steps, it waits as an Admi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,18 +59,31 @@ class ActiveRequest:
     channel: trio.MemorySendChannel[Message]
     prompt_tokens: int
     logprobs: bool
-    submitted_at: float  # time.monotonic() when submitted
+    weight: int = 1  # engine sequences it runs: choices per prompt (or beams) x prompts
+    # Undelivered messages at which the request pauses (see admission.py).
+    pause_at: int = 128
     parts: list[EngineRequest] = field(default_factory=list)
     sequences: list[Sequence] = field(default_factory=list)
     sent_first_token: bool = False
+    submitted_at: float = 0.0  # time.monotonic() when submitted
+    # trio.current_time() since its consumer lags: its handles are not read
+    # (Delivery.read_outputs) until it catches up.
+    paused_at: float | None = None
 
     def send(self, message: Message) -> bool:
-        """Queue `message` for the consumer; False if it has left."""
+        """Queue `message` for the consumer; False if it has left. Pauses the request
+        when its consumer has left `pause_at` messages unread."""
         try:
             self.channel.send_nowait(message)
-            return True
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
+        if self.paused_at is None and self.undelivered() >= self.pause_at:
+            self.paused_at = trio.current_time()
+        return True
+
+    def undelivered(self) -> int:
+        """Messages sent that the consumer has not received yet."""
+        return self.channel.statistics().current_buffer_used
 
     def close(self) -> None:
         """Cancel what still runs in the engine and end the consumer's stream.
@@ -110,9 +124,17 @@ class RequestStream:
     chunk per engine step.
     """
 
-    def __init__(self, request_id: int, receive: trio.MemoryReceiveChannel[Message]) -> None:
+    def __init__(
+        self,
+        request_id: int,
+        receive: trio.MemoryReceiveChannel[Message],
+        received: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`received` is called after each batch is taken (the scheduler resumes a
+        paused request once its consumer has caught up)."""
         self.request_id = request_id
         self._receive = receive
+        self._received = received
 
     async def receive_available(self) -> list[Message]:
         """Wait for the next messages; [] once the request is over (channel closed)."""
@@ -124,4 +146,5 @@ class RequestStream:
             try:
                 messages.append(self._receive.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
+                self._received()
                 return messages

@@ -22,7 +22,8 @@ where this list says otherwise:
 
 - `step()`: in the worker thread, one at a time.
 - `add_request()`: between steps, by the loop (`submit()` queues the request and waits
-  until it is added). Not safe during a step: with prefix caching on, it restores the
+  until it is added, which is when the running sequences leave room for it; see
+  admission.py). Not safe during a step: with prefix caching on, it restores the
   prompt's cached KV blocks into the scheduler's block tables outside any lock the step
   takes (the engine's mutex there only orders concurrent add_request calls), racing the
   step's own block allocation.
@@ -30,12 +31,13 @@ where this list says otherwise:
   state the step writes without a lock. `stats()` returns the values read after the last
   step, so a /metrics scrape never touches the engine.
 - a handle's `can_read()`, `read()`, `get_status()`: between steps, by the loop
-  (Delivery.read_outputs, delivery.py). They are thread-safe (a mutex per request), but
+  (Delivery.read_outputs, delivery.py), for every request but the paused ones (a slow
+  reader's tokens wait in its handle). They are thread-safe (a mutex per request), but
   read together with a step in flight, a request could be seen FINISHED before its last
   tokens were read.
 - a handle's `cancel()`, and dropping a handle (which stops its request): at any time,
   from any task (a client leaving: ActiveRequest.close, requests.py; a stop string:
-  Delivery.deliver, delivery.py). They set the request's status under its mutex; the
+  Delivery.deliver, delivery.py; a slow reader's timeout: the loop, between steps). They set the request's status under its mutex; the
   step acts on it at its end and frees the KV blocks (the loop runs one more, empty,
   step when nothing else is left).
 - the tokenizer (`encode`, `decode`, `apply_chat_template`): at any time, from handlers
@@ -45,9 +47,10 @@ where this list says otherwise:
 
 The scheduler knows nothing of HTTP: requests come in as token ids plus
 SamplingParams, and go out as typed messages (messages.py) on a per-request channel.
-This module has submission, admission, the loop and its stats; what is kept for each
-request is in requests.py, and the output side (reading handles after a step, text,
-stop strings, deltas) in delivery.py.
+This module has submission, admission, the loop and its stats; the limits it admits
+by and what it tells observers are in admission.py, what is kept for each request in
+requests.py, and the output side (reading handles after a step, text, stop strings,
+deltas) in delivery.py.
 """
 
 from __future__ import annotations
@@ -59,11 +62,13 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import trio
 
+from ovtrio.scheduler.admission import AdmissionLimits, Overloaded, RetryHint
 from ovtrio.scheduler.delivery import Delivery, StepOutput
 from ovtrio.scheduler.engine_step import EngineStep
 from ovtrio.scheduler.messages import Failed, Message
@@ -82,16 +87,21 @@ def _first_line(exc: Exception) -> str:
     return text.split(": ", 1)[-1] if text.startswith("[") else text
 
 
-def waiting_requests(admitting: int, engine_requests: int, engine_scheduled: int) -> int:
-    """Engine requests that wait for the engine: those submitted but not yet added to it
-    (`admitting`, added between two steps), and those it holds but did not schedule in
-    its last step (its metrics' requests - scheduled_requests)."""
-    return admitting + max(0, engine_requests - engine_scheduled)
+def waiting_requests(queued: int, engine_requests: int, engine_scheduled: int) -> int:
+    """Engine requests that wait for the engine: those of requests queued for room in it
+    (`queued`, added between two steps), and those it holds but did not schedule in its
+    last step (its metrics' requests - scheduled_requests)."""
+    return queued + max(0, engine_requests - engine_scheduled)
 
 
 @dataclass(frozen=True)
 class SchedulerStats:
-    running: int  # ovtrio requests, from submission until their channel closes
+    running: int  # requests in the engine
+    queued: int  # requests queued for room in the engine
+    running_sequences: int  # engine sequences of the running requests
+    paused: int  # running requests whose consumer lags (see admission.py)
+    rejected: int  # requests refused with Overloaded, ever
+    slow_readers_cancelled: int  # requests cancelled because their consumer stopped reading, ever
     engine_requests: int
     engine_scheduled: int
     waiting: int  # engine requests not in the last step (waiting_requests)
@@ -113,19 +123,27 @@ class Scheduler:
         vocabulary: Any = None,
         stream_interval: int = 0,
         step: EngineStep | None = None,
+        limits: AdmissionLimits = AdmissionLimits(),
         observer: RequestObserver | None = None,
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step. `stream_interval`
         is the number of steps between deltas (0: chosen by load, see
         Delivery._stream_interval). `step` is how to step the engine (engine_step.choose_step); by default the
-        binding's `pipeline.step()`. `observer` hears each request's timings and end
-        (observer.py)."""
+        binding's `pipeline.step()`. `limits`: how much work it takes on (admission.py).
+        `observer` hears each request's timings and end (observer.py)."""
         self._pipeline = pipeline
         self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
+        self._limits = limits
+        # Requests in the engine, and those waiting for room there (in arrival order).
         self._active: dict[int, ActiveRequest] = {}
-        self._admissions: list[Admission] = []
+        self._queued: dict[int, Admission] = {}
+        self._running_sequences = 0
         self._observer = observer or NoObserver()
+        self._retry_hint = RetryHint()
+        self._rejected = 0
+        self._slow_readers_cancelled = 0
+        self._prompt_tokens = 0
         self._delivery = Delivery(tokenizer, vocabulary, stream_interval, self._active, self._abort, self._observer)
         self._ids = itertools.count(1)
         self._work = trio.Event()
@@ -134,7 +152,6 @@ class Scheduler:
         )
         self._steps = 0
         self._step_seconds = 0.0
-        self._prompt_tokens = 0
         self._running = False
         # Engine state read by the loop between steps (see the module docstring).
         self._engine_unfinished = False
@@ -142,61 +159,89 @@ class Scheduler:
 
     # ---- submission side (called from request handlers) --------------------------------
 
+    def check_capacity(self) -> None:
+        """Raise Overloaded if a request submitted now would be refused: the queue is
+        full beyond what the engine can take at its next step. Handlers call it before
+        they tokenize; submit() checks again."""
+        free = max(0, self._limits.max_running_sequences - self._running_sequences)
+        if len(self._queued) >= self._limits.max_queued_requests + free:
+            self._rejected += 1
+            raise Overloaded(
+                f"The server is overloaded: {self._running_sequences} sequences are running and"
+                f" {len(self._queued)} requests are waiting. Please retry after a short wait.",
+                self._retry_hint.seconds(),
+            )
+
     @asynccontextmanager
     async def submit(self, request: GenerationRequest) -> AsyncIterator[RequestStream]:
         """Queue `request`; the stream is valid inside the async with-block.
 
-        Entering waits until the loop has added the request to the engine, between two
-        steps, so that anything the engine refuses (UnsupportedParams) is raised here,
-        before a handler answers 200. Leaving the block (normally, by an error, or by
-        cancellation when the client goes away) cancels the engine request if it is
-        still running, so no request outlives its handler.
+        Raises Overloaded at once if the queue is full (check_capacity). Entering waits
+        until the loop has added the request to the engine, between two steps, once the
+        running sequences leave room for it, so that anything the engine refuses
+        (UnsupportedParams) is raised here, before a handler answers 200. Leaving the
+        block (normally, by an error, or by cancellation when the client goes away)
+        cancels the engine request if it is still running, or takes it out of the
+        queue, so no request outlives its handler.
         """
         if not self._running:
             raise RuntimeError("scheduler is not running")
+        self.check_capacity()
         request_id = next(self._ids)
+        # Unbounded, so the loop never waits for a consumer; a consumer that lags has
+        # its request paused at slow_reader_buffer messages instead (admission.py).
         send, receive = trio.open_memory_channel[Message](math.inf)
+        params = request.params
         active = ActiveRequest(
             request_id=request_id,
             channel=send,
             prompt_tokens=sum(len(p) for p in request.prompts),
-            logprobs=request.params.logprobs or request.params.prompt_logprobs,
+            logprobs=params.logprobs or params.prompt_logprobs,
+            weight=len(request.prompts) * max(params.n, params.best_of),  # beams count too
+            pause_at=self._limits.slow_reader_buffer,
             submitted_at=time.monotonic(),
         )
-        # Register the output state before the engine can produce anything for it.
-        self._active[request_id] = active
         admission = Admission(active, request)
-        self._admissions.append(admission)
+        self._queued[request_id] = admission
         self._work.set()
         try:
             await admission.added.wait()
             if admission.error is not None:
                 raise admission.error
             with receive:
-                yield RequestStream(request_id, receive)
+                yield RequestStream(request_id, receive, partial(self._received, active))
         finally:
             self._abort(request_id)
 
     def _admit(self) -> bool:
-        """Add the requests submitted since the last step (between steps only); True if
-        the engine got any."""
-        admissions, self._admissions = self._admissions, []
+        """Add waiting requests, oldest first, while the running sequences leave room
+        (between steps only); True if the engine got any. A request larger than the
+        whole limit runs when nothing else does."""
         added = False
         now = time.monotonic()
-        for admission in admissions:
+        while self._queued:
+            request_id, admission = next(iter(self._queued.items()))
             active = admission.active
-            if active.request_id in self._active:  # else its handler left while it waited
-                try:
-                    for prompt_ids in admission.request.prompts:
-                        self._add_engine_requests(active, prompt_ids, admission.request.params)
-                        added = True
-                except UnsupportedParams as exc:
-                    admission.error = exc
-                    self._abort(active.request_id, None)
-                else:
-                    self._prompt_tokens += active.prompt_tokens
-                    for _ in active.sequences:
-                        self._observer.queued(now - active.submitted_at)
+            limit = self._limits.max_running_sequences
+            if self._running_sequences and self._running_sequences + active.weight > limit:
+                break
+            # Register the output state before the engine can produce anything for it.
+            del self._queued[request_id]
+            self._active[request_id] = active
+            self._running_sequences += active.weight
+            waited = now - active.submitted_at
+            self._retry_hint.observe(waited)
+            try:
+                for prompt_ids in admission.request.prompts:
+                    self._add_engine_requests(active, prompt_ids, admission.request.params)
+                    added = True
+            except UnsupportedParams as exc:
+                admission.error = exc
+                self._abort(request_id, None)
+            else:
+                self._prompt_tokens += active.prompt_tokens
+                for _ in active.sequences:
+                    self._observer.queued(waited)
             admission.added.set()
         return added
 
@@ -234,18 +279,70 @@ class Scheduler:
         )
 
     def _abort(self, request_id: int, outcome: str | None = "abort") -> None:
-        """End a request; its choices still unfinished are reported as ended with
-        `outcome` ("abort": its consumer left, "error": the engine failed it), unless
-        it never reached the engine (or `outcome` is None: the engine refused it)."""
+        """End a request, running or waiting: cancel its engine requests and close its
+        channel. Its choices still unfinished are reported to the observer as ended with
+        `outcome` ("abort": its consumer left, "error": the engine failed it), unless it
+        never reached the engine (or `outcome` is None: the engine refused it)."""
         active = self._active.pop(request_id, None)
-        if active is None:
-            return
-        if outcome is not None and active.parts:
-            for sequence in active.sequences:
-                if sequence.finish_reason is None:
-                    self._observer.ended(outcome)
-        self._delivery.forget(active.sequences)
+        if active is not None:
+            self._running_sequences -= active.weight
+            if outcome is not None and active.parts:
+                for sequence in active.sequences:
+                    if sequence.finish_reason is None:
+                        self._observer.ended(outcome)
+            self._delivery.forget(active.sequences)
+        else:
+            admission = self._queued.pop(request_id, None)
+            if admission is None:
+                return
+            active = admission.active
         active.close()
+
+    # ---- slow readers -------------------------------------------------------------------
+
+    def _received(self, active: ActiveRequest) -> None:
+        """A consumer took its messages: wake the loop if that resumes its request."""
+        if active.paused_at is not None and self._caught_up(active):
+            self._work.set()
+
+    def _caught_up(self, active: ActiveRequest) -> bool:
+        return active.undelivered() <= active.pause_at // 2
+
+    def _resume_or_expire_paused(self) -> bool:
+        """Resume the paused requests whose consumers have caught up, and cancel those
+        paused for longer than the timeout (between steps); True if any resumed."""
+        resumed = False
+        now = trio.current_time()
+        for active in list(self._active.values()):
+            if active.paused_at is None:
+                continue
+            if self._caught_up(active):
+                active.paused_at = None
+                resumed = True
+            elif now - active.paused_at >= self._limits.slow_reader_timeout:
+                generated = sum(s.generated for s in active.sequences)
+                log.warning(
+                    "request %d cancelled: its client read nothing for %.0f s (%d messages waiting for it,"
+                    " %d tokens generated)",
+                    active.request_id,
+                    now - active.paused_at,
+                    active.undelivered(),
+                    generated,
+                )
+                self._slow_readers_cancelled += 1
+                active.send(
+                    Failed(
+                        f"The client did not read the stream for {self._limits.slow_reader_timeout:g} s;"
+                        " the request was cancelled.",
+                        "slow_reader_timeout",
+                    )
+                )
+                self._abort(active.request_id)
+        return resumed
+
+    def _next_pause_deadline(self) -> float:
+        paused = [a.paused_at for a in self._active.values() if a.paused_at is not None]
+        return min(paused) + self._limits.slow_reader_timeout if paused else math.inf
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -261,13 +358,17 @@ class Scheduler:
         outputs: list[StepOutput] = []
         try:
             while True:
+                if self._resume_or_expire_paused():
+                    # What a resumed request's handles hold (no step is in flight here).
+                    outputs += self._delivery.read_outputs()
                 working = self._admit() or self._engine_unfinished
                 if not working:
                     # Nothing for the engine to do: the last tokens go out now.
                     self._delivery.deliver(outputs, self._steps)
                     outputs = []
                     if not release_due:
-                        await self._work.wait()
+                        with trio.move_on_at(self._next_pause_deadline()):
+                            await self._work.wait()
                         self._work = trio.Event()
                         continue
                 # The engine releases finished and cancelled requests (and stops counting
@@ -303,17 +404,16 @@ class Scheduler:
         self._engine_metrics = self._pipeline.get_metrics()
 
     def _fail_all(self, message: str, *, waiting: bool = True) -> None:
-        """Fail every request in the engine, and with `waiting` those not yet added."""
+        """Fail every request in the engine, and with `waiting` those not yet added
+        (otherwise they run from the next step on)."""
         for request_id in list(self._active):
-            active = self._active[request_id]
-            if not active.parts and not waiting:
-                continue  # submitted during the failed step: it runs in the next one
-            active.send(Failed(message, "engine_error"))
+            self._active[request_id].send(Failed(message, "engine_error"))
             self._abort(request_id, "error")
         if waiting:
             # Waiting submitters find their request failed (its channel holds the reason).
-            admissions, self._admissions = self._admissions, []
-            for admission in admissions:
+            for request_id, admission in list(self._queued.items()):
+                admission.active.send(Failed(message, "engine_error"))
+                self._abort(request_id)
                 admission.added.set()
 
     # ---- observation --------------------------------------------------------------------
@@ -325,12 +425,17 @@ class Scheduler:
             metrics = self._pipeline.get_metrics()  # before run() started: no step can run
         engine_requests = int(metrics.requests)
         engine_scheduled = int(metrics.scheduled_requests)
-        admitting = sum(admission.engine_requests for admission in self._admissions)
+        queued_engine_requests = sum(admission.engine_requests for admission in self._queued.values())
         return SchedulerStats(
             running=len(self._active),
+            queued=len(self._queued),
+            running_sequences=self._running_sequences,
+            paused=sum(1 for a in self._active.values() if a.paused_at is not None),
+            rejected=self._rejected,
+            slow_readers_cancelled=self._slow_readers_cancelled,
             engine_requests=engine_requests,
             engine_scheduled=engine_scheduled,
-            waiting=waiting_requests(admitting, engine_requests, engine_scheduled),
+            waiting=waiting_requests(queued_engine_requests, engine_requests, engine_scheduled),
             kv_cache_usage=float(metrics.cache_usage),
             steps=self._steps,
             step_seconds=self._step_seconds,

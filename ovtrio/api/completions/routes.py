@@ -8,7 +8,7 @@ from quart import Blueprint
 
 from ovtrio.api.completions.writer import CompletionWriter
 from ovtrio.api.errors import APIError, invalid
-from ovtrio.api.pipeline import accept, envelope, generation_request, respond
+from ovtrio.api.pipeline import accept, check_request_size, envelope, generation_request, respond
 from ovtrio.api.protocol import CompletionRequest
 from ovtrio.output import OutputStage
 
@@ -19,6 +19,7 @@ blueprint = Blueprint("completions", __name__)
 @blueprint.post("/v1/completions")
 async def create_completion() -> Any:
     body, model = await accept(CompletionRequest)
+    check_request_size(model, body, _prompt_count(body.prompt))
     prompts = model.prompts.encode_completion_prompts(body.prompt)
     echo = model.prompts.prompt_texts(body.prompt, prompts) if body.echo else None
     scored = body.scores_prompt()
@@ -41,6 +42,13 @@ async def create_completion() -> Any:
         scored=scored,
     )
     return await respond(model, body, generation, stage, writer, choices)
+
+
+def _prompt_count(prompt: str | list[Any]) -> int:
+    """How many prompts `prompt` holds: a string or one list of token ids is one."""
+    if isinstance(prompt, str) or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
 
 
 def _prompt_scoring_needs_fresh_prefill(body: CompletionRequest) -> APIError:

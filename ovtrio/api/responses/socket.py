@@ -4,7 +4,8 @@ The client sends JSON text frames {"type": "response.create", ...fields of POST
 /v1/responses}; every response streams back as the same `response.*` events as over
 SSE, as text frames. Several responses may run at once on one socket: a `stream_id` on
 response.create is carried on every event of that response. Anything wrong with a
-frame is an `error` event, and the socket stays usable.
+frame is an `error` event, and the socket stays usable; so is a server too busy to take
+a response on (code `rate_limit_exceeded`, the WebSocket form of HTTP's 429).
 
 Each response is a task of the connection's nursery, so closing the socket cancels
 every one of them, and with them their engine requests. Responses are also kept in a
@@ -74,6 +75,7 @@ async def responses_socket() -> None:
             try:
                 model = ready_model()
                 check_model(model, body)
+                model.scheduler.check_capacity()
                 ready = await prepare(model, body, local, response_store())
             except REQUEST_ERRORS as error:
                 await send.send(api_error(error).event(stream_id))
@@ -141,7 +143,7 @@ async def _run(
                         if stream_id is not None:
                             event["stream_id"] = stream_id
                         await send.send(event)
-        except REQUEST_ERRORS as error:  # refused by the engine as the request was added
+        except REQUEST_ERRORS as error:  # refused as the request was submitted (overloaded) or added
             await send.send(api_error(error).event(stream_id))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the socket is gone; leaving the with-block cancelled the engine request

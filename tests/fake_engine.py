@@ -1,0 +1,155 @@
+"""A small fake of OpenVINO GenAI's continuous-batching pipeline, for the scheduler's
+pure-logic tests: each engine request makes a token "a" per step until max_new_tokens,
+and its handle queues one output per step, as the real one does (`read()` takes one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import openvino_genai
+import trio
+
+from ovtrio.model.vocabulary import Vocabulary
+from ovtrio.scheduler import AdmissionLimits, GenerationRequest, SamplingParams, Scheduler
+
+Status = openvino_genai.GenerationStatus
+Reason = openvino_genai.GenerationFinishReason
+
+# Token 1 is "a"; a prompt of token 2 is one the fake engine drops as out of memory.
+VOCABULARY = Vocabulary([b"</s>", b"a", b"b"], frozenset({0}))
+DROPPED_PROMPT = [2]
+
+
+@dataclass
+class FakeOutput:
+    generated_ids: list[int]
+    generated_log_probs: list[float]
+    score: float
+    finish_reason: Any
+
+
+@dataclass
+class FakeHandle:
+    """One engine request: a token "a" per step until max_new_tokens."""
+
+    left: int
+    dropped: bool
+    status: Any = Status.RUNNING
+    cancelled: bool = False
+    unread: list[FakeOutput] = field(default_factory=list)  # one per step
+
+    def can_read(self) -> bool:
+        return bool(self.unread)
+
+    def read(self) -> dict[int, FakeOutput]:
+        return {0: self.unread.pop(0)}
+
+    def get_status(self) -> Any:
+        return self.status
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.status = Status.CANCEL
+
+
+class FakePipeline:
+    def __init__(self) -> None:
+        self.handles: list[FakeHandle] = []
+        self.failing_steps = 0
+
+    def get_config(self) -> Any:
+        return SimpleNamespace(stop_token_ids={0})
+
+    def add_request(self, request_id: int, prompt: Any, config: Any) -> FakeHandle:
+        handle = FakeHandle(config.max_new_tokens, prompt.data[0].tolist() == DROPPED_PROMPT)
+        self.handles.append(handle)
+        return handle
+
+    def _running(self) -> list[FakeHandle]:
+        return [h for h in self.handles if h.status == Status.RUNNING]
+
+    def has_non_finished_requests(self) -> bool:
+        return bool(self._running())
+
+    def step(self) -> None:
+        if self.failing_steps:
+            self.failing_steps -= 1
+            raise RuntimeError("boom")
+        for handle in self._running():
+            if handle.dropped:
+                handle.status = Status.IGNORED
+                continue
+            handle.left -= 1
+            if handle.left == 0:
+                handle.status = Status.FINISHED
+            reason = Reason.LENGTH if handle.left == 0 else Reason.NONE
+            handle.unread.append(FakeOutput([1], [0.0], 0.0, reason))
+
+    def get_metrics(self) -> Any:
+        return SimpleNamespace(requests=len(self._running()), scheduled_requests=0, cache_usage=0.0)
+
+
+def request(max_new_tokens: int, prompt: list[int] = [1], **params: Any) -> GenerationRequest:
+    return GenerationRequest([prompt], SamplingParams(max_new_tokens=max_new_tokens, **{"temperature": 0.0, **params}))
+
+
+async def received(scheduler: Scheduler, generation: GenerationRequest) -> list[Any]:
+    """Every message of one request, to the end of its channel."""
+    messages: list[Any] = []
+    async with scheduler.submit(generation) as stream:
+        while batch := await stream.receive_available():
+            messages += batch
+    return messages
+
+
+class Observed:
+    """What the scheduler reported to its RequestObserver: queue and first-token times
+    per choice, and each choice's end ("length 1+3": reason, prompt + generated tokens;
+    or "abort", "error")."""
+
+    def __init__(self) -> None:
+        self.queued_seconds: list[float] = []
+        self.first_token_seconds: list[float] = []
+        self.ends: list[str] = []
+
+    @property
+    def first_tokens(self) -> int:
+        return len(self.first_token_seconds)
+
+    def queued(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.queued_seconds.append(seconds)
+
+    def first_token(self, seconds: float) -> None:
+        self.first_token_seconds.append(seconds)
+
+    def inter_token(self, seconds: float) -> None:
+        assert seconds >= 0
+
+    def finished(self, reason, prompt_tokens, generation_tokens, e2e, time_per_output_token) -> None:
+        self.ends.append(f"{reason} {prompt_tokens}+{generation_tokens}")
+
+    def ended(self, reason: str) -> None:
+        self.ends.append(reason)
+
+
+async def start_scheduler(nursery: trio.Nursery, limits: AdmissionLimits = AdmissionLimits()) -> SimpleNamespace:
+    """A scheduler over a FakePipeline, running in `nursery`: its pipeline, the scheduler,
+    what it told its observer (`observed`), and `stop()`, which cancels its loop."""
+    pipeline = FakePipeline()
+    observed = Observed()
+    scheduler = Scheduler(pipeline, None, VOCABULARY, limits=limits, observer=observed)
+    scope = trio.CancelScope()
+
+    async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await scheduler.run(task_status=task_status)
+
+    await nursery.start(run)
+    # The loop's first, empty step (it releases what the engine finished before the
+    # loop began) runs in a worker thread: let it end before a test arranges a fault.
+    while scheduler.stats().steps_started == 0 or scheduler.stats().step_in_flight:
+        await trio.sleep(0.005)
+    return SimpleNamespace(pipeline=pipeline, scheduler=scheduler, stop=scope.cancel, observed=observed)
