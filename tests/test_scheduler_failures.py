@@ -170,7 +170,7 @@ async def test_shutdown_fails_the_requests_in_flight(engine):
         rest: list[Any] = []
         while batch := await stream.receive_available():
             rest += batch
-    assert rest[-1] == Failed("server is shutting down", "engine_error")
+    assert rest[-1] == Failed("server is shutting down", "shutting_down")
     assert engine.pipeline.handles[0].cancelled
     assert engine.scheduler.stats().running == 0
     with pytest.raises(RuntimeError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from quart import Quart, current_app
 
-from ovtrio.api.errors import APIError
+from ovtrio.api.errors import APIError, shutting_down
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.service import ModelService, ServingModel
 
@@ -28,7 +28,10 @@ def model_service() -> ModelService:
 
 
 def ready_model() -> ServingModel:
-    """The loaded model and its scheduler; a 503 while the model is still loading."""
+    """The loaded model and its scheduler; a 503 while the model is still loading, and
+    once the server has begun to shut down."""
+    if model_service().shutdown.draining.is_set():
+        raise shutting_down()
     serving = model_service().serving
     if serving is None or not model_service().ready.is_set():
         raise APIError(503, "The model is still loading; retry shortly.", code="model_loading")

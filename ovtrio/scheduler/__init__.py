@@ -13,7 +13,7 @@ from ovtrio.scheduler.params import (
     check_params,
 )
 from ovtrio.scheduler.requests import RequestStream
-from ovtrio.scheduler.scheduler import Scheduler, SchedulerStats
+from ovtrio.scheduler.scheduler import SHUTTING_DOWN, NotAccepting, Scheduler, SchedulerStats
 
 __all__ = [
     "Completed",
@@ -21,9 +21,11 @@ __all__ = [
     "Failed",
     "GenerationRequest",
     "Message",
+    "NotAccepting",
     "OutputConstraint",
     "Prompt",
     "RequestStream",
+    "SHUTTING_DOWN",
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",

@@ -48,6 +48,12 @@ SamplingParams, and go out as typed messages (messages.py) on a per-request chan
 This module has submission, admission, the loop and its stats; what is kept for each
 request is in requests.py, and the output side (reading handles after a step, text,
 stop strings, deltas) in delivery.py.
+
+Shutdown comes in two moves, so that the server can let running requests finish: `drain()`
+stops admission (submit raises NotAccepting) while the loop keeps stepping what it has,
+and `idle()` returns once nothing is in flight; `fail_all()` ends whatever is left (each
+request gets a Failed, its engine request is cancelled). Cancelling `run()` does the
+latter by itself.
 """
 
 from __future__ import annotations
@@ -78,6 +84,14 @@ def _first_line(exc: Exception) -> str:
     # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
     text = lines[0] if lines else type(exc).__name__
     return text.split(": ", 1)[-1] if text.startswith("[") else text
+
+
+class NotAccepting(RuntimeError):
+    """The scheduler takes no new requests: it is draining or not running."""
+
+
+# Failed.code of the requests ended because the server is shutting down.
+SHUTTING_DOWN = "shutting_down"
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,9 @@ class Scheduler:
         self._steps = 0
         self._step_seconds = 0.0
         self._running = False
+        self._accepting = True
+        # Set whenever the last request in flight leaves; a fresh one per wait (idle()).
+        self._emptied = trio.Event()
         # Engine state read by the loop between steps (see the module docstring).
         self._engine_unfinished = False
         self._engine_metrics: Any = None
@@ -135,10 +152,13 @@ class Scheduler:
         steps, so that anything the engine refuses (UnsupportedParams) is raised here,
         before a handler answers 200. Leaving the block (normally, by an error, or by
         cancellation when the client goes away) cancels the engine request if it is
-        still running, so no request outlives its handler.
+        still running, so no request outlives its handler. Raises NotAccepting once the
+        scheduler drains or stops.
         """
         if not self._running:
-            raise RuntimeError("scheduler is not running")
+            raise NotAccepting("the scheduler is not running")
+        if not self._accepting:
+            raise NotAccepting("the scheduler is draining")
         request_id = next(self._ids)
         send, receive = trio.open_memory_channel[Message](math.inf)
         active = ActiveRequest(
@@ -218,6 +238,25 @@ class Scheduler:
             return
         self._delivery.forget(active.sequences)
         active.close()
+        if not self._active:
+            self._emptied.set()
+
+    # ---- draining -----------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Take no new requests (submit raises NotAccepting); those in flight run on."""
+        self._accepting = False
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet over (their consumers may still be reading)."""
+        return len(self._active)
+
+    async def idle(self) -> None:
+        """Return once no request is in flight. With drain() first, that lasts."""
+        while self._active:
+            self._emptied = trio.Event()
+            await self._emptied.wait()
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -256,7 +295,7 @@ class Scheduler:
                     await self._stepper.wait()
                 except Exception as exc:  # an engine fault: fail this batch, keep serving
                     log.exception("engine step failed")
-                    self._fail_all(f"engine error: {exc}".splitlines()[0], waiting=False)
+                    self.fail_all(f"engine error: {exc}".splitlines()[0], "engine_error", waiting=False)
                     self._read_engine_state()
                     continue
                 if working:
@@ -267,26 +306,31 @@ class Scheduler:
         finally:
             self._running = False
             self._stepper.close()
-            self._fail_all("server is shutting down")
+            self.fail_all("server is shutting down", SHUTTING_DOWN)
 
     def _read_engine_state(self) -> None:
         """What the loop and stats() need from the engine, read while no step runs."""
         self._engine_unfinished = bool(self._pipeline.has_non_finished_requests())
         self._engine_metrics = self._pipeline.get_metrics()
 
-    def _fail_all(self, message: str, *, waiting: bool = True) -> None:
-        """Fail every request in the engine, and with `waiting` those not yet added."""
+    def fail_all(self, message: str, code: str = SHUTTING_DOWN, *, waiting: bool = True) -> int:
+        """Fail every request in the engine, and with `waiting` those not yet added:
+        each gets Failed(message, code) and its engine request is cancelled. Returns how
+        many were failed. Safe at any time, a step in flight included (requests.py)."""
+        failed = 0
         for request_id in list(self._active):
             active = self._active[request_id]
             if not active.parts and not waiting:
                 continue  # submitted during the failed step: it runs in the next one
-            active.send(Failed(message, "engine_error"))
+            active.send(Failed(message, code))
             self._abort(request_id)
+            failed += 1
         if waiting:
             # Waiting submitters find their request failed (its channel holds the reason).
             admissions, self._admissions = self._admissions, []
             for admission in admissions:
                 admission.added.set()
+        return failed
 
     # ---- observation --------------------------------------------------------------------
 
