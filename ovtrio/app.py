@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
         # drain is over by then (the launcher ran it while still listening); under a bare
         # `hypercorn` this is the first the app hears of the shutdown, and the drain finds
         # nothing left in flight. Either way nothing can reach the engine any more.
-        await service.drain("server stopping")
+        await service.drain("hypercorn stopping")
         await service.close()
 
     @app.errorhandler(HTTPException)

@@ -113,14 +113,18 @@ def stop_server(server: RunningServer) -> None:
 
 
 @contextmanager
-def hypercorn_app(tmp_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
+def hypercorn_app(
+    tmp_dir: Path, env: dict[str, str], *args: str
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """`hypercorn -k trio ovtrio.app:app` on a free port, configured by the environment
-    (`env` added to it), once it is ready; its base URL and process. Stopped after."""
+    (`env` added to it) and hypercorn flags `args`, once it is ready; its base URL and
+    process. Stopped after with SIGTERM, which it must survive cleanly: exit code 0 and
+    the engine released."""
     port = free_port()
     log_path = tmp_dir / f"hypercorn-{port}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", "ovtrio.app:app"],
+            [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", *args, "ovtrio.app:app"],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},
@@ -141,6 +145,8 @@ def hypercorn_app(tmp_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, sub
     finally:
         process.terminate()
         process.wait(timeout=20)
+    # Only when the block succeeded: a failure there is the one to report.
+    assert process.returncode == 0 and "engine released" in log_path.read_text(), log_path.read_text()
 
 
 @pytest.fixture(scope="session")
