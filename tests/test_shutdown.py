@@ -26,7 +26,7 @@ from sse import MODEL, parse_sse
 
 # Tokens a request asks for when it should finish within the default drain (30 s) but
 # still be running when the signal comes; and one that cannot finish in a short drain.
-FINISHES = 64
+FINISHES = 96
 NEVER_FINISHES = 3000
 SHUTTING_DOWN = "server_shutting_down"
 # Only keeps a broken server from hanging the test; nothing is timed against it.
@@ -156,9 +156,14 @@ async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tmp_p
                     await traffic.all_running()
                     server.process.send_signal(signal.SIGTERM)
 
-                    # At once: not ready, still alive, new work refused with a reason.
+                    # As soon as the signal is handled: not ready, still alive, new work
+                    # refused with a reason.
                     ready = await http.get("/health/ready")
+                    while ready.status_code == 200:  # the signal is on its way
+                        await trio.sleep(0.01)
+                        ready = await http.get("/health/ready")
                     assert ready.status_code == 503 and ready.json() == {"status": "draining"}
+                    await send_frame(response_create(2, stream_id="late"))
                     live = await http.get("/health")
                     assert live.status_code == 200
                     for path, body in (
@@ -169,7 +174,6 @@ async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tmp_p
                         refused = await http.post(path, json=body)
                         assert_error(refused, 503, param=None, code=SHUTTING_DOWN, type="server_error")
                         assert int(refused.headers["Retry-After"]) >= 0
-                    await send_frame(response_create(2, stream_id="late"))
             assert await exit_code(server.process) == 0
     finally:
         if server.process.poll() is None:

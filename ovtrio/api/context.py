@@ -28,14 +28,19 @@ def model_service() -> ModelService:
 
 
 def ready_model() -> ServingModel:
-    """The loaded model and its scheduler; a 503 while the model is still loading, and
-    once the server has begun to shut down."""
-    if model_service().shutdown.draining.is_set():
-        raise shutting_down()
+    """The loaded model and its scheduler; a 503 while the model is still loading."""
     serving = model_service().serving
     if serving is None or not model_service().ready.is_set():
         raise APIError(503, "The model is still loading; retry shortly.", code="model_loading")
     return serving
+
+
+def generation_model() -> ServingModel:
+    """The ready model for a new generation request; also a 503 once the server has begun
+    to shut down (ovtrio/shutdown.py): those in flight may finish, new ones go elsewhere."""
+    if model_service().shutdown.draining.is_set():
+        raise shutting_down()
+    return ready_model()
 
 
 def response_store() -> ResponseStore:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from quart import Response, request
 
 from ovtrio.api.chunks import Envelope
-from ovtrio.api.context import ready_model
+from ovtrio.api.context import generation_model
 from ovtrio.api.errors import APIError, api_error, from_validation_error, model_not_found
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
@@ -51,7 +51,7 @@ async def parse_body(model_type: type[Body]) -> Body:
 async def accept(model_type: type[Body]) -> tuple[Body, ServingModel]:
     """The request's body, validated, and the ready model it names."""
     body = await parse_body(model_type)
-    model = ready_model()
+    model = generation_model()
     check_model(model, body)
     return body, model
 

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 from quart import Blueprint, websocket
 
-from ovtrio.api.context import model_service, ready_model, response_store
+from ovtrio.api.context import generation_model, model_service, response_store
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
 from ovtrio.api.pipeline import check_model, submitted, written
 from ovtrio.api.responses.events import ResponseEvents
@@ -98,7 +98,7 @@ async def _serve_frames(responses: trio.Nursery, send: trio.MemorySendChannel[di
             await send.send(busy.event(stream_id))
             continue
         try:
-            model = ready_model()
+            model = generation_model()
             check_model(model, body)
             ready = await prepare(model, body, local, response_store())
         except REQUEST_ERRORS as error:
