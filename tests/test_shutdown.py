@@ -22,6 +22,7 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 
 from conftest import RunningServer, start_server
 from helpers import assert_error, chat_body, completion_body
+from openai_schema import validate
 from sse import MODEL, parse_sse
 
 # Tokens a request asks for when it should finish within the default drain (30 s) but
@@ -244,6 +245,8 @@ async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(tmp
     assert socket_events[-1] == 1001
     assert socket_events[-3]["type"] == "response.failed"
     assert socket_events[-2]["type"] == "error" and socket_events[-2]["code"] == SHUTTING_DOWN
+    for event in (events[-1], *socket_events[-3:-1]):
+        validate(event, "ResponseStreamEvent")
 
     assert_phases(server, 4, "drain timed out after")
     assert any("cut 4 requests" in line for line in log_lines(server))
