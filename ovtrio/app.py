@@ -21,6 +21,7 @@ from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.config import Settings, api_keys, settings_from_env
+from ovtrio.metrics import ServerMetrics
 from ovtrio.model import ModelLoadError
 from ovtrio.service import ModelService
 
@@ -46,9 +47,11 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = 32 * 1024 * 1024
-    service = ModelService(settings)
+    server_metrics = ServerMetrics()
+    service = ModelService(settings, observer=server_metrics.for_model)
     store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)
-    context.attach(app, service, store, metrics.registry_for(service))
+    context.attach(app, service, store, metrics.registry_for(service, server_metrics))
+    metrics.install(app, server_metrics)
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)

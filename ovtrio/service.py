@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ovtrio.model.chat_format import thinks, tool_parser_for
 from ovtrio.model.limits import SequenceLimit, ServerDefaults, sequence_limit, server_defaults
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.parsing import ToolCallParser
-from ovtrio.scheduler import Scheduler
+from ovtrio.scheduler import RequestObserver, Scheduler
 from ovtrio.scheduler.engine_step import choose_step
 from ovtrio.shutdown import Shutdown
 
@@ -51,9 +52,16 @@ def system_fingerprint(path: Path | None, device: str) -> str:
     return "fp_" + digest.hexdigest()[:10]
 
 
+# Makes the observer of a model's requests from its served name and context length.
+ObserverFactory = Callable[[str, int], RequestObserver]
+
+
 class ModelService:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, observer: ObserverFactory | None = None) -> None:
+        """`observer`, when given, makes what the scheduler reports each request's
+        timings and end to (the metrics), once the model is known."""
         self.settings = settings
+        self._observer = observer
         self.source: ModelSource | None = None
         self.serving: ServingModel | None = None  # set when ready
         self.ready = trio.Event()
@@ -120,7 +128,12 @@ class ModelService:
             log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
         template = model.tokenizer.chat_template or ""
         scheduler = Scheduler(
-            model.pipeline, model.tokenizer, model.vocabulary, stream_interval=self.settings.stream_interval, step=step
+            model.pipeline,
+            model.tokenizer,
+            model.vocabulary,
+            stream_interval=self.settings.stream_interval,
+            step=step,
+            observer=self._observer(source.name, source.context_length) if self._observer else None,
         )
         self.serving = ServingModel(
             name=source.name,

@@ -1,7 +1,9 @@
-"""A real ovtrio server on a free loopback port, serving the embedded model.
+"""Real ovtrio servers on free loopback ports, serving the embedded model.
 
-One server process is started for the whole session with `python -m ovtrio serve`
-(the same entry point users run) and shared by every test.
+One server process (`server`) is started for the whole session with `python -m ovtrio
+serve` (the same entry point users run) and shared by most tests; servers with other
+settings are declared with server_pool.server_fixture, and all of them start together
+as soon as the tests are collected (server_pool.py).
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from server_pool import ServerPool, registered, server_fixture
 
 MODEL = "SmolLM2-135M-Instruct"
 SPEC_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "openai-openapi.json"
@@ -40,13 +47,23 @@ class RunningServer:
     def v1(self) -> str:
         return self.base_url + "/v1"
 
-    def metric(self, name: str) -> float:
-        """Current value of a Prometheus gauge/counter from /metrics."""
-        text = httpx.get(self.base_url + "/metrics", timeout=10).text
-        for line in text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        raise KeyError(name)
+    def metric(self, name: str, **labels: str) -> float:
+        """Current value of one sample on /metrics (see sample_value)."""
+        return sample_value(httpx.get(self.base_url + "/metrics", timeout=10).text, name, **labels)
+
+
+def sample_value(exposition: str, name: str, **labels: str) -> float:
+    """The value of the one sample named `name` (as exposed: `..._total`, `..._sum`,
+    `..._bucket`) whose labels include `labels`, in a Prometheus text exposition."""
+    found = [
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    ]
+    if len(found) != 1:
+        raise KeyError(f"{name}{labels}: {len(found)} samples")
+    return found[0]
 
 
 # Test servers run without the prefix cache. With it, a prompt whose first blocks come
@@ -59,32 +76,45 @@ class RunningServer:
 EXACT_REPEATS = ("--no-enable-prefix-caching",)
 
 
-def start_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -> RunningServer:
+def launch_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None, hypercorn: bool = False) -> RunningServer:
+    """Start a server on a free port without waiting for it: `ovtrio serve` with the
+    test servers' flags and `args`, or (`hypercorn`) `hypercorn -k trio ovtrio.app:app`,
+    configured by the environment alone. `env` is added to the environment."""
     port = free_port()
+    if hypercorn:
+        command = [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", "ovtrio.app:app"]
+    else:
+        command = [
+            sys.executable, "-m", "ovtrio", "serve", "--host", "127.0.0.1", "--port", str(port), *EXACT_REPEATS, *args,
+        ]
     log_path = tmp_dir / f"server-{port}.log"
-    log = open(log_path, "w")
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "ovtrio", "serve", "--host", "127.0.0.1", "--port", str(port),
-            *EXACT_REPEATS, *args,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return RunningServer(f"http://127.0.0.1:{port}", process, log_path)
+
+
+# Servers load side by side (server_pool.py): on 2 cores a dozen take a minute or more.
+READY_WITHIN = 300
+
+
+def wait_until_ready(server: RunningServer) -> RunningServer:
+    """`server` once /health/ready says so; an error with its log if it exits or never does."""
+    deadline = time.monotonic() + READY_WITHIN
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}: {log_path.read_text()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}: {server.log_path.read_text()}")
         try:
-            if httpx.get(base_url + "/health/ready", timeout=2).status_code == 200:
-                return RunningServer(base_url, process, log_path)
+            if httpx.get(server.base_url + "/health/ready", timeout=2).status_code == 200:
+                return server
         except httpx.TransportError:
             pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"server did not become ready: {log_path.read_text()}")
+        time.sleep(0.1)
+    server.process.kill()
+    raise RuntimeError(f"server did not become ready: {server.log_path.read_text()}")
+
+
+def start_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -> RunningServer:
+    return wait_until_ready(launch_server(tmp_dir, *args, env=env))
 
 
 @contextmanager
@@ -97,13 +127,6 @@ def running_server(tmp_dir: Path, *args: str) -> Iterator[RunningServer]:
         stop_server(server)
 
 
-def start_server_with_template(tmp_dir: Path, template: str, *args: str) -> RunningServer:
-    """A server given `template` (Jinja text) as its --chat-template."""
-    path = tmp_dir / "chat_template.jinja"
-    path.write_text(template)
-    return start_server(tmp_dir, "--chat-template", str(path), *args)
-
-
 def stop_server(server: RunningServer) -> None:
     server.process.terminate()
     try:
@@ -113,47 +136,150 @@ def stop_server(server: RunningServer) -> None:
 
 
 @contextmanager
-def hypercorn_app(
-    tmp_dir: Path, env: dict[str, str], *args: str
-) -> Iterator[tuple[str, subprocess.Popen]]:
+def hypercorn_app(tmp_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
     """`hypercorn -k trio ovtrio.app:app` on a free port, configured by the environment
-    (`env` added to it) and hypercorn flags `args`, once it is ready; its base URL and
-    process. Stopped after with SIGTERM, which it must survive cleanly: exit code 0 and
-    the engine released."""
+    (`env` added to it), once it is ready; its base URL and process. Stopped after."""
+    server = wait_until_ready(launch_server(tmp_dir, env=env, hypercorn=True))
+    try:
+        yield server.base_url, server.process
+    finally:
+        stop_server(server)
+
+
+# The model name the hypercorn-launched server is configured to serve (by environment).
+HYPERCORN_MODEL = "tiny-chat"
+
+
+# The app as `hypercorn -k trio ovtrio.app:app` serves it, configured by environment
+# variables only, with the prefix cache on (the default, unlike the other test servers).
+# Shared by the tests that need this entry point or the prefix cache. Its `process` is
+# hypercorn's launcher, which serves from one worker child.
+hypercorn_server = server_fixture(
+    "hypercorn_server", env={"OVTRIO_SERVED_MODEL_NAME": HYPERCORN_MODEL, "OVTRIO_MAX_NUM_SEQS": "8"}, hypercorn=True
+)
+
+
+@dataclass
+class LoadingServer:
+    """A server whose model load waits for the test (see held_loading)."""
+
+    base_url: str
+    process: subprocess.Popen
+    template_pipe: Path
+
+    def release(self, template: str) -> None:
+        """Let loading go on: hand the loader its chat template."""
+        with open(self.template_pipe, "w") as pipe:  # blocks until the loader opens the pipe
+            pipe.write(template)
+
+
+@contextmanager
+def held_loading(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[LoadingServer]:
+    """`ovtrio serve` listening, its model load held at a known point until release().
+
+    The chat template is read while the model loads, and here it is a pipe that stays
+    empty until the test writes it: the loading state is observed, not raced, and a test
+    that needs only what answers before the model (probes, keys) never pays for a load.
+    """
+    template_pipe = tmp_dir / "template.jinja"
+    os.mkfifo(template_pipe)
     port = free_port()
-    log_path = tmp_dir / f"hypercorn-{port}.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", *args, "ovtrio.app:app"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-        )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--chat-template", str(template_pipe), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     base_url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
+            assert time.monotonic() < deadline and process.poll() is None, "the server did not start listening"
             try:
-                if httpx.get(base_url + "/health/ready", timeout=2).status_code == 200:
-                    break
+                httpx.get(base_url + "/health", timeout=5)
+                break
             except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        yield base_url, process
+                time.sleep(0.05)
+        yield LoadingServer(base_url, process, template_pipe)
     finally:
-        process.terminate()
+        # A loader still blocked on the pipe would hold a graceful stop: kill.
+        process.kill()
         process.wait(timeout=20)
-    # Only when the block succeeded: a failure there is the one to report.
-    assert process.returncode == 0 and "engine released" in log_path.read_text(), log_path.read_text()
+
+
+# The server most tests share: the embedded model, the test servers' flags only.
+server = server_fixture("server")
+
+# A server run the other way on two independent settings: the binding's engine step
+# (which holds the GIL) instead of the GIL-free one, and deltas merged over
+# ALTERNATE_STREAM_INTERVAL engine steps. One server serves the tests of both.
+ALTERNATE_STREAM_INTERVAL = 4
+alternate_server = server_fixture(
+    "alternate_server", "--no-gil-free-step", "--stream-interval", str(ALTERNATE_STREAM_INTERVAL)
+)
+
+
+def _load_embedded_pipeline() -> Any:
+    from ovtrio.config import Settings
+    from ovtrio.model import load_model, resolve_model
+
+    settings = Settings(enable_prefix_caching=False, cache_size=1, max_num_batched_tokens=2048)
+    return load_model(resolve_model(settings), settings).pipeline
+
+
+_POOL: ServerPool | None = None
+_PIPELINE: Future | None = None
+_LOADER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedded-pipeline")
+
+
+def _pool() -> ServerPool:
+    global _POOL
+    if _POOL is None:
+        _POOL = ServerPool(
+            lambda folder, spec: launch_server(folder, *spec.args, env=dict(spec.env), hypercorn=spec.hypercorn),
+            wait_until_ready,
+            stop_server,
+        )
+    return _POOL
+
+
+def _pipeline() -> Future:
+    global _PIPELINE
+    if _PIPELINE is None:
+        _PIPELINE = _LOADER.submit(_load_embedded_pipeline)
+    return _PIPELINE
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start every server the collected tests use, and the in-process pipeline, at once
+    (server_pool.py says why): the shared server first, the rest in the order of use."""
+    used: dict[str, None] = {}
+    for item in session.items:
+        used.update(dict.fromkeys(getattr(item, "fixturenames", ())))
+    wanted = [name for name in ("server", *used) if name in used and name in registered()]
+    _pool().start(wanted)
+    if "embedded_pipeline" in used:
+        _pipeline()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _POOL is not None:
+        _POOL.close()
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(tmp_path_factory.mktemp("server"))
-    yield running
-    stop_server(running)
+def server_pool() -> ServerPool:
+    return _pool()
+
+
+@pytest.fixture(scope="session")
+def embedded_pipeline() -> Any:
+    """The embedded model in an in-process ContinuousBatchingPipeline, for tests of what
+    sits right on the engine (the GIL-free step, detokenizers); loaded in a thread while
+    the first tests run. Without prefix caching a prompt computes the same logits every
+    time it is run, so two runs of one greedy request are comparable token for token; a
+    2048-token step lets a long prompt be prefilled in one step."""
+    return _pipeline().result()
 
 
 @pytest.fixture(scope="session")

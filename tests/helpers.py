@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+from conftest import sample_value
 from openai_schema import validate
 from sse import (
     MODEL,
@@ -179,12 +180,9 @@ def pick_stop_word(text: str, length: int = 4, after: int | None = None) -> tupl
     raise AssertionError(f"no usable stop string in {text!r} (ask for more tokens)")
 
 
-def metric_value(text: str, name: str) -> float:
+def metric_value(text: str, name: str, **labels: str) -> float:
     """One sample's value from a Prometheus text exposition."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(name)
+    return sample_value(text, name, **labels)
 
 
 # A chat request that ends with the model's own end-of-sequence token, on any CPU: the

@@ -16,7 +16,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from conftest import MODEL, free_port, running_server, start_server, stop_server
+from conftest import MODEL, free_port, held_loading
+from server_pool import server_fixture
 from helpers import assert_error
 
 FLAG_KEYS = ("first-key", "second-key")
@@ -36,15 +37,14 @@ API_ROUTES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def keyed_server(tmp_path_factory):
-    """Keys from two flags and a key file (with a comment), /metrics protected."""
-    tmp = tmp_path_factory.mktemp("keys")
-    key_file = tmp / "keys.txt"
-    key_file.write_text("# operators' keys\n\n" + "\n".join(FILE_KEYS) + "\n")
-    args = [arg for key in FLAG_KEYS for arg in ("--api-key", key)]
-    with running_server(tmp, *args, "--api-key-file", str(key_file), "--protect-metrics") as server:
-        yield server
+# Keys from two flags and a key file (with a comment), /metrics protected.
+keyed_server = server_fixture(
+    "keyed_server",
+    *(arg for key in FLAG_KEYS for arg in ("--api-key", key)),
+    "--api-key-file", "{keys.txt}",
+    "--protect-metrics",
+    files={"keys.txt": "# operators' keys\n\n" + "\n".join(FILE_KEYS) + "\n"},
+)
 
 
 def call(server, method: str, path: str, body, key: str | None = None) -> httpx.Response:
@@ -117,14 +117,12 @@ async def test_the_websocket_handshake_needs_a_key(keyed_server):
 
 
 def test_a_key_from_the_environment_leaves_metrics_open(tmp_path):
-    server = start_server(tmp_path, env={"OVTRIO_API_KEY": "env-key"})
-    try:
-        assert httpx.get(server.v1 + "/models", timeout=30).status_code == 401
-        keyed = httpx.get(server.v1 + "/models", headers={"Authorization": "Bearer env-key"}, timeout=30)
+    # Keys are checked before anything reaches the model: its load is held (never paid).
+    with held_loading(tmp_path, env={"OVTRIO_API_KEY": "env-key"}) as loading:
+        assert httpx.get(loading.base_url + "/v1/models", timeout=30).status_code == 401
+        keyed = httpx.get(loading.base_url + "/v1/models", headers={"Authorization": "Bearer env-key"}, timeout=30)
         assert keyed.status_code == 200
-        assert httpx.get(server.base_url + "/metrics", timeout=30).status_code == 200
-    finally:
-        stop_server(server)
+        assert httpx.get(loading.base_url + "/metrics", timeout=30).status_code == 200
 
 
 def serve_briefly(*args: str, until: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import MODEL, hypercorn_app
+from conftest import HYPERCORN_MODEL, MODEL
 
 # Bounds that only keep a broken server from hanging the test; nothing is timed.
 HANG_GUARD = 60
@@ -25,8 +25,8 @@ REQUESTS = {
 }
 
 
-def completion_request(version: str) -> bytes:
-    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
+def completion_request(version: str, model: str) -> bytes:
+    body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 2}).encode()
     close = b"Connection: close\r\n" if version == "HTTP/1.1" else b""
     return (
         f"POST /v1/completions {version}\r\nHost: test\r\nContent-Type: application/json\r\n".encode()
@@ -76,7 +76,7 @@ def settled_fds(pid: int, baseline: int) -> int:
     return count
 
 
-def check_closing(port: int, pid: int, rounds: int) -> None:
+def check_closing(port: int, pid: int, rounds: int, model: str = MODEL) -> None:
     httpx.get(f"http://127.0.0.1:{port}/health", timeout=HANG_GUARD)  # any lazy setup done
     baseline = open_fds(pid)
     for _ in range(rounds):
@@ -84,7 +84,7 @@ def check_closing(port: int, pid: int, rounds: int) -> None:
             reply = exchange(port, request)
             assert status(reply) == b"200", reply[:100]
     for version in ("HTTP/1.1", "HTTP/1.0"):
-        reply = exchange(port, completion_request(version))
+        reply = exchange(port, completion_request(version, model))
         assert status(reply) == b"200", reply[:300]
         assert b'"text_completion"' in reply
     assert settled_fds(pid, baseline) <= baseline
@@ -119,29 +119,16 @@ def worker_pid(pid: int) -> int:
     raise AssertionError("hypercorn started no worker")
 
 
-# Hypercorn's --keep-alive for the hypercorn-launched server: short, so that a test can
-# see an idle connection closed.
-KEEP_ALIVE_SECONDS = 1
+def test_closing_requests_get_eof_under_the_hypercorn_command(hypercorn_server):
+    port = int(hypercorn_server.base_url.rsplit(":", 1)[1])
+    check_closing(port, worker_pid(hypercorn_server.process.pid), rounds=20, model=HYPERCORN_MODEL)
 
 
-@pytest.fixture(scope="module")
-def hypercorn_port(tmp_path_factory):
-    env = {"OVTRIO_ENABLE_PREFIX_CACHING": "false"}
-    flags = ("--keep-alive", str(KEEP_ALIVE_SECONDS))
-    with hypercorn_app(tmp_path_factory.mktemp("hypercorn"), env, *flags) as (base_url, process):
-        yield int(base_url.rsplit(":", 1)[1]), worker_pid(process.pid)
-
-
-def test_closing_requests_get_eof_under_the_hypercorn_command(hypercorn_port):
-    port, pid = hypercorn_port
-    check_closing(port, pid, rounds=20)
-
-
-def test_idle_keep_alive_connections_close_at_the_keep_alive_timeout(hypercorn_port):
+def test_idle_keep_alive_connections_close_at_the_keep_alive_timeout(hypercorn_server):
     """The idle timer starts after each response (the same fix): an idle keep-alive
-    connection is closed by the server, here after Hypercorn's --keep-alive of 1 s (and
-    at once on shutdown, which the same timer waits for)."""
-    port, _ = hypercorn_port
+    connection is closed by the server, here after Hypercorn's default keep-alive
+    timeout of 5 s (and at once on shutdown, which the same timer waits for)."""
+    port = int(hypercorn_server.base_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
         reply = b""

@@ -7,17 +7,15 @@ import httpx
 import pytest
 import trio
 
-from conftest import MODEL, running_server
+from conftest import MODEL
+from server_pool import server_fixture
 from openai_schema import validate
 
 # 8 blocks of 32 tokens: room for a few short requests, never for a 700-token prompt.
 KV_BLOCKS = "8"
 
 
-@pytest.fixture(scope="module")
-def small_cache_server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("small-cache"), "--num-kv-blocks", KV_BLOCKS) as server:
-        yield server
+small_cache_server = server_fixture("small_cache_server", "--num-kv-blocks", KV_BLOCKS)
 
 
 async def test_request_too_big_for_the_kv_cache_fails_alone(small_cache_server):

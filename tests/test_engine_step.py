@@ -10,19 +10,13 @@ import threading
 import numpy as np
 import pytest
 
-from ovtrio.config import Settings
-from ovtrio.model import load_model, resolve_model
 from ovtrio.scheduler.engine_step import choose_step, gil_free_step
 
 
-@pytest.fixture(scope="module")
-def pipeline():
-    # Without prefix caching a prompt computes the same logits every time it is run, so
-    # two runs of one greedy request are comparable token for token. A 2048-token step
-    # lets a long prompt be prefilled in one step.
-    settings = Settings(enable_prefix_caching=False, cache_size=1, max_num_batched_tokens=2048)
-    model = load_model(resolve_model(settings), settings)
-    yield model.pipeline
+@pytest.fixture
+def pipeline(embedded_pipeline):
+    assert not embedded_pipeline.has_non_finished_requests()
+    return embedded_pipeline
 
 
 def greedy_ids(pipeline, step, prompt: list[int], tokens: int = 12) -> list[int]:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import running_server
+from conftest import HYPERCORN_MODEL
 from helpers import assert_error, post
 from openai_schema import validate, validate_completion_chunk
 from sse import MODEL, stream_post
@@ -238,17 +238,18 @@ def test_tokenizer_info_serves_a_remote_tokenizer(server):
     assert "{%" in info["chat_template"]
 
 
-def test_prompt_scoring_is_refused_while_prefix_caching_is_on(tmp_path):
+def test_prompt_scoring_is_refused_while_prefix_caching_is_on(hypercorn_server):
     """The engine does not score prompt tokens whose KV blocks it takes from the prefix
-    cache, and has no per-request way to skip the cache: a clear 400, not partial scores."""
-    with running_server(tmp_path, "--enable-prefix-caching") as cached:
-        for body, param in [
-            ({"echo": True, "logprobs": 1, "max_tokens": 1}, "echo"),
-            ({"prompt_logprobs": 0, "max_tokens": 1}, "prompt_logprobs"),
-            ({"echo": True, "max_tokens": 0}, "max_tokens"),
-        ]:
-            reply = post(cached.base_url, "/v1/completions", {"model": MODEL, "prompt": "Hi there", **body})
-            assert "--no-enable-prefix-caching" in assert_error(reply, 400, param=param)["message"]
-        # echo alone still works there
-        reply = post(cached.base_url, "/v1/completions", {"model": MODEL, "prompt": "Hi", "echo": True, "max_tokens": 1})
-        assert reply.status_code == 200 and reply.json()["choices"][0]["text"].startswith("Hi")
+    cache, and has no per-request way to skip the cache: a clear 400, not partial scores.
+    (The hypercorn-launched server runs with the prefix cache on, the default.)"""
+    base = hypercorn_server.base_url
+    for body, param in [
+        ({"echo": True, "logprobs": 1, "max_tokens": 1}, "echo"),
+        ({"prompt_logprobs": 0, "max_tokens": 1}, "prompt_logprobs"),
+        ({"echo": True, "max_tokens": 0}, "max_tokens"),
+    ]:
+        reply = post(base, "/v1/completions", {"model": HYPERCORN_MODEL, "prompt": "Hi there", **body})
+        assert "--no-enable-prefix-caching" in assert_error(reply, 400, param=param)["message"]
+    # echo alone still works there
+    reply = post(base, "/v1/completions", {"model": HYPERCORN_MODEL, "prompt": "Hi", "echo": True, "max_tokens": 1})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["text"].startswith("Hi")

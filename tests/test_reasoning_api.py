@@ -15,6 +15,7 @@ from openai_schema import validate
 from ovtrio.output import OutputStage
 from ovtrio.parsing import HermesToolParser, ReasoningSplitter
 from ovtrio.scheduler import Completed
+from server_pool import server_fixture
 from sse import stream_post
 from vocab import embedded_vocabulary
 
@@ -28,13 +29,7 @@ QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
 BOOLEAN = ENDS_BY_ITSELF["response_format"]
 
 
-@pytest.fixture(scope="module")
-def thinking_server(tmp_path_factory):
-    from conftest import start_server_with_template, stop_server
-
-    server = start_server_with_template(tmp_path_factory.mktemp("thinking"), THINKING_TEMPLATE)
-    yield server
-    stop_server(server)
+thinking_server = server_fixture("thinking_server", "--chat-template", "{template.jinja}", files={"template.jinja": THINKING_TEMPLATE})
 
 
 def ask(server, **fields) -> dict:

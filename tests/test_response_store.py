@@ -9,6 +9,7 @@ import pytest
 
 from helpers import post
 from openai_schema import validate
+from server_pool import server_fixture
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -68,12 +69,10 @@ def test_unknown_previous_response_is_a_404_naming_it(server):
     assert reply.json()["error"]["param"] == "previous_response_id"
 
 
-@pytest.fixture(scope="module")
-def small_store_server(tmp_path_factory):
-    from conftest import running_server
-
-    with running_server(tmp_path_factory.mktemp("store"), "--response-store-size", "2") as server:
-        yield server
+STORE_FILE = "responses.sqlite"  # in the server's folder
+small_store_server = server_fixture(
+    "small_store_server", "--response-store-size", "2", "--response-store-path", "{folder}/" + STORE_FILE
+)
 
 
 def test_the_store_keeps_only_the_newest(small_store_server):
@@ -110,14 +109,17 @@ async def test_sqlite_store_answers_from_the_file(tmp_path):
     assert await third.get("resp_kept") is None
 
 
-def test_sqlite_store_survives_a_restart(tmp_path):
-    from conftest import running_server
+def test_sqlite_store_survives_a_restart(server_pool, small_store_server):
+    """Last in the module: it stops the module's server (a restart is the point), and a
+    new one on the same file answers for what the first stored."""
+    from conftest import running_server, stop_server
 
-    path = str(tmp_path / "responses.sqlite")
-    with running_server(tmp_path, "--response-store-path", path) as first:
-        with openai.OpenAI(base_url=first.v1, api_key="unused", max_retries=0) as sdk:
-            kept = ask(sdk, input="My name is Ada.")
-    with running_server(tmp_path, "--response-store-path", path) as second:
+    with openai.OpenAI(base_url=small_store_server.v1, api_key="unused", max_retries=0) as sdk:
+        kept = ask(sdk, input="My name is Ada.")
+    stop_server(server_pool.take("small_store_server"))
+    assert small_store_server.process.returncode is not None
+    folder = small_store_server.log_path.parent
+    with running_server(folder, "--response-store-path", str(folder / STORE_FILE)) as second:
         with openai.OpenAI(base_url=second.v1, api_key="unused", max_retries=0) as sdk:
             assert sdk.responses.retrieve(kept.id).output_text == kept.output_text
             follow = ask(sdk, input="What is my name?", previous_response_id=kept.id)

@@ -111,10 +111,34 @@ async def received(scheduler: Scheduler, generation: GenerationRequest) -> list[
     return messages
 
 
+class Observed:
+    """What the scheduler reported to its RequestObserver: each choice's end."""
+
+    def __init__(self) -> None:
+        self.ends: list[str] = []
+        self.first_tokens = 0
+
+    def queued(self, seconds: float) -> None:
+        assert seconds >= 0
+
+    def first_token(self, seconds: float) -> None:
+        self.first_tokens += 1
+
+    def inter_token(self, seconds: float) -> None:
+        assert seconds >= 0
+
+    def finished(self, reason, prompt_tokens, generation_tokens, e2e, time_per_output_token) -> None:
+        self.ends.append(f"{reason} {prompt_tokens}+{generation_tokens}")
+
+    def ended(self, reason: str) -> None:
+        self.ends.append(reason)
+
+
 @pytest.fixture
 async def engine(nursery):
     pipeline = FakePipeline()
-    scheduler = Scheduler(pipeline, None, VOCABULARY)
+    observed = Observed()
+    scheduler = Scheduler(pipeline, None, VOCABULARY, observer=observed)
     scope = trio.CancelScope()
 
     async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -126,7 +150,7 @@ async def engine(nursery):
     # loop began) runs in a worker thread: let it end before a test arranges a fault.
     while scheduler.stats().steps_started == 0 or scheduler.stats().step_in_flight:
         await trio.sleep(0.005)
-    return SimpleNamespace(pipeline=pipeline, scheduler=scheduler, stop=scope.cancel)
+    return SimpleNamespace(pipeline=pipeline, scheduler=scheduler, stop=scope.cancel, observed=observed)
 
 
 async def test_a_request_runs_to_completion(engine):
@@ -135,6 +159,7 @@ async def test_a_request_runs_to_completion(engine):
     assert "".join(d.text for d in deltas) == "aaa"
     assert deltas[-1].finish_reason == "length"
     assert messages[-1] == Completed(prompt_tokens=1, completion_tokens=3)
+    assert engine.observed.ends == ["length 1+3"]
 
 
 async def test_a_failed_step_fails_its_batch_and_the_loop_goes_on(engine):
@@ -147,6 +172,7 @@ async def test_a_failed_step_fails_its_batch_and_the_loop_goes_on(engine):
     after = await received(engine.scheduler, request(2))
     assert after[-1] == Completed(prompt_tokens=1, completion_tokens=2)
     assert engine.scheduler.stats().running == 0
+    assert engine.observed.ends == ["error", "length 1+2"]
 
 
 async def test_a_request_the_engine_drops_fails_alone(engine):
@@ -162,6 +188,7 @@ async def test_a_request_the_engine_drops_fails_alone(engine):
     assert "KV cache" in results["dropped"][-1].message
     assert results["kept"][-1] == Completed(prompt_tokens=1, completion_tokens=5)
     assert engine.scheduler.stats().running == 0
+    assert sorted(engine.observed.ends) == ["error", "length 1+5"]
 
 
 async def test_shutdown_fails_the_requests_in_flight(engine):
@@ -173,6 +200,7 @@ async def test_shutdown_fails_the_requests_in_flight(engine):
         while batch := await stream.receive_available():
             rest += batch
     assert rest[-1] == Failed("server is shutting down", "shutting_down")
+    assert engine.observed.ends == ["error"]
     assert engine.pipeline.handles[0].cancelled
     assert engine.scheduler.stats().running == 0
     with pytest.raises(RuntimeError):
@@ -185,6 +213,7 @@ async def test_a_consumer_that_leaves_cancels_its_engine_request(engine):
         assert await stream.receive_available()
     assert engine.pipeline.handles[0].cancelled
     assert engine.scheduler.stats().running == 0
+    assert engine.observed.ends == ["abort"] and engine.observed.first_tokens == 1
     # The engine is not stepped for it any more: a new request still completes.
     assert (await received(engine.scheduler, request(1)))[-1] == Completed(prompt_tokens=1, completion_tokens=1)
 

@@ -3,9 +3,10 @@ requests are refused with a 503 that says why, the requests in flight (SSE, unar
 WebSocket) run to their end within the drain timeout or are cut with an error event
 after it, and the process exits 0 with one log line per phase.
 
-Two servers, one per outcome of the drain: every request finishes, or none can.
-Requests are kept running by asking for many tokens with ignore_eos; nothing here
-depends on what the model writes.
+Two servers, one per outcome of the drain: every request finishes, or none can. Each
+test takes its server out of the pool, since stopping it is the point. Requests are
+kept running by asking for many tokens with ignore_eos; nothing here depends on what
+the model writes.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import httpx
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from conftest import RunningServer, start_server
+from conftest import RunningServer
 from helpers import assert_error, chat_body, completion_body
 from openai_schema import validate
+from server_pool import server_fixture
 from sse import MODEL, parse_sse
 
 # Tokens a request asks for when it should finish within the default drain (30 s) but
@@ -32,6 +34,9 @@ NEVER_FINISHES = 3000
 SHUTTING_DOWN = "server_shutting_down"
 # Only keeps a broken server from hanging the test; nothing is timed against it.
 HANG_GUARD = 90
+
+draining_server = server_fixture("draining_server")
+short_drain_server = server_fixture("short_drain_server", "--drain-timeout", "1")
 
 
 def ws_url(server: RunningServer) -> str:
@@ -143,8 +148,8 @@ def assert_phases(server: RunningServer, draining: int, outcome: str) -> None:
     assert None not in found and found == sorted(found), "\n".join(lines)
 
 
-async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tmp_path):
-    server = start_server(tmp_path)
+async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(server_pool, draining_server):
+    server = server_pool.take("draining_server")
     try:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=HANG_GUARD) as http:
             with trio.fail_after(HANG_GUARD):
@@ -202,8 +207,8 @@ async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(tmp_p
     assert_phases(server, 3, "drained in")
 
 
-async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(tmp_path):
-    server = start_server(tmp_path, "--drain-timeout", "1")
+async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(server_pool, short_drain_server):
+    server = server_pool.take("short_drain_server")
     try:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=HANG_GUARD) as http:
             with trio.fail_after(HANG_GUARD):

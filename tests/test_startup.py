@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import free_port, hypercorn_app
+from conftest import HYPERCORN_MODEL, free_port, held_loading
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -86,28 +86,10 @@ def test_hypercorn_entry_point_refuses_missing_model_in_one_line(tmp_path):
 
 
 def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
-    """Loading is held at a known point, so the loading state is observed, not raced:
-    the chat template is read while the model loads, and here it is a pipe that stays
-    empty until the test has seen what it needs."""
-    template_pipe = tmp_path / "template.jinja"
-    os.mkfifo(template_pipe)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--chat-template", str(template_pipe)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert time.monotonic() < deadline and process.poll() is None, "the server did not start listening"
-            try:
-                reply = httpx.get(base + "/health/ready", timeout=5)
-                break
-            except httpx.TransportError:
-                time.sleep(0.05)
+    with held_loading(tmp_path) as loading:
+        base = loading.base_url
         for _ in range(3):  # while loading, however often it is asked
+            reply = httpx.get(base + "/health/ready", timeout=5)
             assert reply.status_code == 503 and reply.json()["status"] == "loading", reply.text
             # Liveness holds while loading; generation is refused with OpenAI's error shape.
             assert httpx.get(base + "/health", timeout=5).status_code == 200
@@ -117,37 +99,25 @@ def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
                 timeout=5,
             )
             assert early.status_code == 503 and early.json()["error"]["code"] == "model_loading", early.text
-            reply = httpx.get(base + "/health/ready", timeout=5)
-        with open(template_pipe, "w") as pipe:  # blocks until the loader opens the pipe
-            pipe.write((Path(__file__).parent / "data" / "plain_template.jinja").read_text())
+        loading.release((Path(__file__).parent / "data" / "plain_template.jinja").read_text())
+        deadline = time.monotonic() + 120
         while (reply := httpx.get(base + "/health/ready", timeout=5)).status_code == 503:
-            assert time.monotonic() < deadline and process.poll() is None, "the model did not finish loading"
+            assert time.monotonic() < deadline and loading.process.poll() is None, "the model did not finish loading"
             time.sleep(0.05)
         assert reply.status_code == 200 and reply.json()["status"] == "ready"
         late = httpx.post(base + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1})
         assert late.status_code == 200, late.text
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-
-
-@pytest.fixture(scope="module")
-def hypercorn_server(tmp_path_factory):
-    """The app as `hypercorn -k trio ovtrio.app:app` serves it, configured by environment."""
-    env = {"OVTRIO_SERVED_MODEL_NAME": "tiny-chat", "OVTRIO_MAX_NUM_SEQS": "8"}
-    with hypercorn_app(tmp_path_factory.mktemp("hypercorn"), env) as (base_url, _):
-        yield base_url
 
 
 def test_hypercorn_entry_point_serves_with_environment_settings(hypercorn_server):
-    models = httpx.get(hypercorn_server + "/v1/models").json()
-    assert [m["id"] for m in models["data"]] == ["tiny-chat"]
-    with openai.OpenAI(base_url=hypercorn_server + "/v3", api_key="unused", max_retries=0) as sdk:
+    models = httpx.get(hypercorn_server.base_url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [HYPERCORN_MODEL]
+    with openai.OpenAI(base_url=hypercorn_server.base_url + "/v3", api_key="unused", max_retries=0) as sdk:
         reply = sdk.chat.completions.create(
-            model="tiny-chat", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0,
+            model=HYPERCORN_MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0,
             extra_body={"ignore_eos": True},
         )
-        assert reply.model == "tiny-chat"
+        assert reply.model == HYPERCORN_MODEL
         assert reply.usage.completion_tokens == 8
         with pytest.raises(openai.NotFoundError):
             sdk.chat.completions.create(

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 
-from conftest import MODEL, running_server
+from conftest import MODEL
 from helpers import chat, metric_value
 from test_concurrency import wait_for_metric
 
@@ -70,14 +70,8 @@ async def test_health_is_answered_while_an_engine_step_runs(server):
     pytest.fail(f"no /health answer fell inside an engine step in {ATTEMPTS} long prefills")
 
 
-@pytest.fixture(scope="module")
-def binding_step_server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("binding-step"), "--no-gil-free-step") as server:
-        yield server
-
-
-def test_the_setting_forces_the_bindings_step(binding_step_server):
-    server = binding_step_server
+def test_the_setting_forces_the_bindings_step(alternate_server):
+    server = alternate_server
     assert server.metric("ovtrio_engine_step_releases_gil") == 0
     assert "GIL-free stepping is turned off" in server.log_path.read_text()
     result = chat(server.base_url, content="Hi", max_tokens=8, temperature=0, ignore_eos=True)
@@ -86,8 +80,8 @@ def test_the_setting_forces_the_bindings_step(binding_step_server):
     assert server.metric("ovtrio_engine_requests") == 0
 
 
-def test_a_client_leaving_frees_the_engine_with_the_bindings_step(binding_step_server):
-    server = binding_step_server
+def test_a_client_leaving_frees_the_engine_with_the_bindings_step(alternate_server):
+    server = alternate_server
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Count to a thousand."}],

@@ -54,11 +54,8 @@ def test_no_stops_passes_everything_through():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    import openvino_genai
-
-    path = embedded_model_path()
-    return openvino_genai.ContinuousBatchingPipeline(str(path), openvino_genai.SchedulerConfig(), "CPU").get_tokenizer()
+def tokenizer(embedded_pipeline):
+    return embedded_pipeline.get_tokenizer()
 
 
 @pytest.fixture(scope="module")

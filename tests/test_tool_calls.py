@@ -11,6 +11,7 @@ import pytest
 
 from helpers import chat_body, post
 from openai_schema import validate
+from server_pool import server_fixture
 from sse import stream_post
 
 WEATHER = {
@@ -160,15 +161,11 @@ PLAIN_TEMPLATE = (
 )
 
 
-@pytest.fixture(scope="module")
-def plain_template_server(tmp_path_factory):
-    """A server whose --chat-template knows nothing of tools (and has no default system
-    prompt): the engine's template polyfill still shows the tools to the model."""
-    from conftest import start_server_with_template, stop_server
-
-    server = start_server_with_template(tmp_path_factory.mktemp("template"), PLAIN_TEMPLATE)
-    yield server
-    stop_server(server)
+# A server whose --chat-template knows nothing of tools (and has no default system
+# prompt): the engine's template polyfill still shows the tools to the model.
+plain_template_server = server_fixture(
+    "plain_template_server", "--chat-template", "{template.jinja}", files={"template.jinja": PLAIN_TEMPLATE}
+)
 
 
 def test_chat_template_override_is_used(server, plain_template_server):

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from conftest import RunningServer, start_server, stop_server
+from server_pool import server_fixture
 from helpers import (
     CHAT_PATHS,
     COMPLETION_PATHS,
@@ -373,11 +372,7 @@ def test_several_prompts_are_limited_by_the_longest(server):
 # ---- --max-tokens-limit -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    running = start_server(tmp_path_factory.mktemp("capped"), "--max-tokens-limit", "7")
-    yield running
-    stop_server(running)
+capped = server_fixture("capped", "--max-tokens-limit", "7")
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])

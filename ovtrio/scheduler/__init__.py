@@ -1,9 +1,11 @@
 """The engine side: requests in as token ids and SamplingParams (params.py, the one place
 they become GenerationConfig), typed messages out (messages.py), text decoded and cut at
 stop strings on the way (text_output.py). The loop is scheduler.py, what it keeps for each
-request requests.py, and its output side delivery.py. Knows nothing of HTTP."""
+request requests.py, and its output side delivery.py; what it reports of each request's
+life goes to a RequestObserver (observer.py). Knows nothing of HTTP or of metrics formats."""
 
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
+from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import (
     GenerationRequest,
     OutputConstraint,
@@ -13,7 +15,7 @@ from ovtrio.scheduler.params import (
     check_params,
 )
 from ovtrio.scheduler.requests import RequestStream
-from ovtrio.scheduler.scheduler import SHUTTING_DOWN, NotAccepting, Scheduler, SchedulerStats
+from ovtrio.scheduler.scheduler import SHUTTING_DOWN, NotAccepting, Scheduler, SchedulerStats, waiting_requests
 
 __all__ = [
     "Completed",
@@ -21,9 +23,11 @@ __all__ = [
     "Failed",
     "GenerationRequest",
     "Message",
+    "NoObserver",
     "NotAccepting",
     "OutputConstraint",
     "Prompt",
+    "RequestObserver",
     "RequestStream",
     "SHUTTING_DOWN",
     "SamplingParams",
@@ -32,4 +36,5 @@ __all__ = [
     "TaggedRegion",
     "UnsupportedParams",
     "check_params",
+    "waiting_requests",
 ]

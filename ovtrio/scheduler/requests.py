@@ -27,8 +27,12 @@ class Sequence:
     index: int
     detokenizer: Detokenizer
     stops: StopMatcher
+    prompt_tokens: int = 0
     finish_reason: str | None = None
     generated: int = 0
+    # When its first and its latest tokens were read off the engine (time.monotonic()).
+    first_token_at: float | None = None
+    last_token_at: float | None = None
     held_text: str = ""
     held_ids: list[int] = field(default_factory=list)
     held_logprobs: list[float] | None = None
@@ -54,6 +58,7 @@ class ActiveRequest:
     channel: trio.MemorySendChannel[Message]
     prompt_tokens: int
     logprobs: bool
+    submitted_at: float  # time.monotonic() when submitted
     parts: list[EngineRequest] = field(default_factory=list)
     sequences: list[Sequence] = field(default_factory=list)
     sent_first_token: bool = False
@@ -88,6 +93,13 @@ class Admission:
     request: GenerationRequest
     added: trio.Event = field(default_factory=trio.Event)
     error: UnsupportedParams | None = None
+
+    @property
+    def engine_requests(self) -> int:
+        """How many engine requests it will become: one per prompt and sibling, or one
+        beam search per prompt."""
+        params = self.request.params
+        return len(self.request.prompts) * (1 if params.beam_search else params.n)
 
 
 class RequestStream:

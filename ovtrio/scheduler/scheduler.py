@@ -61,6 +61,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ import trio
 from ovtrio.scheduler.delivery import Delivery, StepOutput
 from ovtrio.scheduler.engine_step import EngineStep
 from ovtrio.scheduler.messages import Failed, Message
+from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import GenerationRequest, SamplingParams, UnsupportedParams, to_generation_config
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, RequestStream, Sequence
 from ovtrio.scheduler.step_thread import StepThread
@@ -94,14 +96,23 @@ class NotAccepting(RuntimeError):
 SHUTTING_DOWN = "shutting_down"
 
 
+def waiting_requests(admitting: int, engine_requests: int, engine_scheduled: int) -> int:
+    """Engine requests that wait for the engine: those submitted but not yet added to it
+    (`admitting`, added between two steps), and those it holds but did not schedule in
+    its last step (its metrics' requests - scheduled_requests)."""
+    return admitting + max(0, engine_requests - engine_scheduled)
+
+
 @dataclass(frozen=True)
 class SchedulerStats:
-    running: int
+    running: int  # ovtrio requests, from submission until their channel closes
     engine_requests: int
     engine_scheduled: int
-    kv_cache_usage: float
+    waiting: int  # engine requests not in the last step (waiting_requests)
+    kv_cache_usage: float  # percent
     steps: int
     step_seconds: float
+    prompt_tokens: int  # of the requests added to the engine
     generated_tokens: int
     steps_started: int  # engine steps entered, empty ones included
     step_in_flight: bool  # the engine is inside a step right now
@@ -116,17 +127,20 @@ class Scheduler:
         vocabulary: Any = None,
         stream_interval: int = 0,
         step: EngineStep | None = None,
+        observer: RequestObserver | None = None,
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step. `stream_interval`
         is the number of steps between deltas (0: chosen by load, see
         Delivery._stream_interval). `step` is how to step the engine (engine_step.choose_step); by default the
-        binding's `pipeline.step()`."""
+        binding's `pipeline.step()`. `observer` hears each request's timings and end
+        (observer.py)."""
         self._pipeline = pipeline
         self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
         self._active: dict[int, ActiveRequest] = {}
         self._admissions: list[Admission] = []
-        self._delivery = Delivery(tokenizer, vocabulary, stream_interval, self._active, self._abort)
+        self._observer = observer or NoObserver()
+        self._delivery = Delivery(tokenizer, vocabulary, stream_interval, self._active, self._abort, self._observer)
         self._ids = itertools.count(1)
         self._work = trio.Event()
         self._stepper = StepThread(
@@ -134,6 +148,7 @@ class Scheduler:
         )
         self._steps = 0
         self._step_seconds = 0.0
+        self._prompt_tokens = 0
         self._running = False
         self._accepting = True
         # Set whenever the last request in flight leaves; a fresh one per wait (idle()).
@@ -166,6 +181,7 @@ class Scheduler:
             channel=send,
             prompt_tokens=sum(len(p) for p in request.prompts),
             logprobs=request.params.logprobs or request.params.prompt_logprobs,
+            submitted_at=time.monotonic(),
         )
         # Register the output state before the engine can produce anything for it.
         self._active[request_id] = active
@@ -186,6 +202,7 @@ class Scheduler:
         the engine got any."""
         admissions, self._admissions = self._admissions, []
         added = False
+        now = time.monotonic()
         for admission in admissions:
             active = admission.active
             if active.request_id in self._active:  # else its handler left while it waited
@@ -195,7 +212,11 @@ class Scheduler:
                         added = True
                 except UnsupportedParams as exc:
                     admission.error = exc
-                    self._abort(active.request_id)
+                    self._abort(active.request_id, None)
+                else:
+                    self._prompt_tokens += active.prompt_tokens
+                    for _ in active.sequences:
+                        self._observer.queued(now - active.submitted_at)
             admission.added.set()
         return added
 
@@ -232,10 +253,17 @@ class Scheduler:
             params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids
         )
 
-    def _abort(self, request_id: int) -> None:
+    def _abort(self, request_id: int, outcome: str | None = "abort") -> None:
+        """End a request; its choices still unfinished are reported as ended with
+        `outcome` ("abort": its consumer left, "error": the engine failed it), unless
+        it never reached the engine (or `outcome` is None: the engine refused it)."""
         active = self._active.pop(request_id, None)
         if active is None:
             return
+        if outcome is not None and active.parts:
+            for sequence in active.sequences:
+                if sequence.finish_reason is None:
+                    self._observer.ended(outcome)
         self._delivery.forget(active.sequences)
         active.close()
         if not self._active:
@@ -323,7 +351,7 @@ class Scheduler:
             if not active.parts and not waiting:
                 continue  # submitted during the failed step: it runs in the next one
             active.send(Failed(message, code))
-            self._abort(request_id)
+            self._abort(request_id, "error")
             failed += 1
         if waiting:
             # Waiting submitters find their request failed (its channel holds the reason).
@@ -339,13 +367,18 @@ class Scheduler:
         metrics = self._engine_metrics
         if metrics is None:
             metrics = self._pipeline.get_metrics()  # before run() started: no step can run
+        engine_requests = int(metrics.requests)
+        engine_scheduled = int(metrics.scheduled_requests)
+        admitting = sum(admission.engine_requests for admission in self._admissions)
         return SchedulerStats(
             running=len(self._active),
-            engine_requests=int(metrics.requests),
-            engine_scheduled=int(metrics.scheduled_requests),
+            engine_requests=engine_requests,
+            engine_scheduled=engine_scheduled,
+            waiting=waiting_requests(admitting, engine_requests, engine_scheduled),
             kv_cache_usage=float(metrics.cache_usage),
             steps=self._steps,
             step_seconds=self._step_seconds,
+            prompt_tokens=self._prompt_tokens,
             generated_tokens=self._delivery.generated_tokens,
             steps_started=self._stepper.entered,
             step_in_flight=self._stepper.inside_step,

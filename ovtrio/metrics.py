@@ -1,0 +1,142 @@
+"""The server's Prometheus metrics that are recorded as things happen: request
+histograms and finish counts (fed by the scheduler through its RequestObserver), and
+HTTP responses by route and status (fed by the API layer). Gauges and totals read off
+the scheduler at scrape time are in ovtrio/api/metrics.py, in the same registry.
+
+Names, types, labels and bucket boundaries are vLLM's (vllm/v1/metrics/loggers.py), so
+the Gateway API Inference Extension's endpoint picker and dashboards made for vLLM read
+ovtrio as they read vLLM: every series has the labels `model_name` (the served model
+name) and `engine` ("0": one engine per process). The metrics live in a registry of
+their own per app (not prometheus_client's global one), so several apps can live in one
+process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+LABELS = ("model_name", "engine")
+ENGINE = "0"
+
+# vLLM's FinishReason values, all shown from the start (at 0) as vLLM does.
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+TOKEN_LATENCY_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+def one_two_five_buckets(limit: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count buckets, up to the
+    model's context length)."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > limit:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+class ModelMetrics:
+    """The request metrics of one served model: a RequestObserver for its scheduler.
+
+    Holds the labelled children, so an observation is one `observe()` or `inc()` on a
+    prometheus_client object (about 1.7 us), with no label lookup.
+    """
+
+    def __init__(self, registry: CollectorRegistry, model_name: str, context_length: int) -> None:
+        labels = (model_name, ENGINE)
+
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...] | list[int]) -> Histogram:
+            family = Histogram(name, documentation, LABELS, buckets=buckets, registry=registry)
+            return family.labels(*labels)
+
+        token_counts = one_two_five_buckets(context_length)
+        self._queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self._time_to_first_token = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS
+        )
+        self._inter_token = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOKEN_LATENCY_BUCKETS
+        )
+        self._time_per_output_token = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self._e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
+        )
+        self._prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_counts
+        )
+        self._generation_tokens = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", token_counts
+        )
+        success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            (*LABELS, "finished_reason"),
+            registry=registry,
+        )
+        self._success = {reason: success.labels(*labels, reason) for reason in FINISH_REASONS}
+
+    def queued(self, seconds: float) -> None:
+        self._queue.observe(seconds)
+
+    def first_token(self, seconds: float) -> None:
+        self._time_to_first_token.observe(seconds)
+
+    def inter_token(self, seconds: float) -> None:
+        self._inter_token.observe(seconds)
+
+    def finished(
+        self, reason: str, prompt_tokens: int, generation_tokens: int, e2e: float, time_per_output_token: float
+    ) -> None:
+        self._success[reason].inc()
+        self._e2e.observe(e2e)
+        self._prompt_tokens.observe(prompt_tokens)
+        self._generation_tokens.observe(generation_tokens)
+        self._time_per_output_token.observe(time_per_output_token)
+
+    def ended(self, reason: str) -> None:
+        self._success[reason].inc()
+
+
+class ServerMetrics:
+    """The app's registry and the metrics recorded into it as things happen."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._responses = Counter(
+            "ovtrio_http_responses",
+            "HTTP responses by method, route (the matched route pattern, 'unmatched' for "
+            "none) and status code; a stream counts once, with the status it started with",
+            ("method", "route", "status"),
+            registry=self.registry,
+        )
+        self.model: ModelMetrics | None = None
+
+    def for_model(self, model_name: str, context_length: int) -> ModelMetrics:
+        """The observer of the model's scheduler; made once, when the model is loaded."""
+        if self.model is None:
+            self.model = ModelMetrics(self.registry, model_name, context_length)
+        return self.model
+
+    def response(self, method: str, route: str, status: int) -> None:
+        self._responses.labels(method, route, str(status)).inc()

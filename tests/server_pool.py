@@ -1,0 +1,114 @@
+"""Test servers with their own settings, all started as soon as the tests are collected.
+
+Loading the model takes 6-8 s, and about one core of the two: started one after the
+other, as each module reached its own server, the loads were a third of the suite's
+time. Started together when collection ends (only those the collected tests use), they
+load side by side and while the first tests run, and a module finds its server ready or
+nearly so.
+
+A module declares its server with `server_fixture(name, *flags, ...)` at import time
+(collection), which registers the settings and returns the fixture of that name. The
+pool owns every server it started and stops them when the session ends; a test that
+must stop its server itself (a restart, a shutdown) takes it out of the pool with
+`take()`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How to start one server: `ovtrio serve` flags (or, with `hypercorn`, the app under
+    `hypercorn -k trio` configured only by `env`), extra environment, and files written
+    into the server's folder first. In a flag, `{folder}` becomes the server's folder
+    and `{name}` the path of the file `name`."""
+
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
+    hypercorn: bool = False
+
+
+_SPECS: dict[str, ServerSpec] = {}
+
+
+def server_fixture(
+    name: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    files: Mapping[str, str] | None = None,
+    hypercorn: bool = False,
+) -> Callable[..., Any]:
+    """Register a server's settings under `name`, and return the fixture `name` that
+    hands the test that server (started early by the pool, ready when handed over)."""
+    spec = ServerSpec(tuple(args), dict(env or {}), dict(files or {}), hypercorn)
+    if _SPECS.setdefault(name, spec) != spec:
+        raise ValueError(f"two different servers are both called {name}")
+
+    @pytest.fixture(scope="session", name=name)
+    def the_server(server_pool: "ServerPool") -> Any:
+        return server_pool.get(name)
+
+    return the_server
+
+
+class ServerPool:
+    def __init__(self, starter: Callable[[Path, ServerSpec], Any], ready: Callable[[Any], Any], stop: Callable[[Any], None]) -> None:
+        """`starter(folder, spec)` launches a server without waiting for it; `ready(launched)`
+        waits until it serves and returns what tests use; `stop(server)` stops either."""
+        self._starter = starter
+        self._ready = ready
+        self._stop = stop
+        self._root = Path(tempfile.mkdtemp(prefix="ovtrio-servers-"))
+        self._launched: dict[str, Any] = {}
+        self._serving: dict[str, Any] = {}
+
+    def start(self, names: Iterable[str]) -> None:
+        """Launch the registered servers among `names`, in that order, without waiting."""
+        for name in names:
+            spec = _SPECS.get(name)
+            if spec is None or name in self._launched or name in self._serving:
+                continue
+            folder = self._root / name
+            folder.mkdir()
+            paths = {"folder": str(folder)}
+            for file, text in spec.files.items():
+                paths[file] = str(folder / file)
+                Path(paths[file]).write_text(text)
+            args = tuple(_fill(arg, paths) for arg in spec.args)
+            self._launched[name] = self._starter(folder, ServerSpec(args, spec.env, {}, spec.hypercorn))
+
+    def get(self, name: str) -> Any:
+        """The server `name`, once it serves (launched now if it was not yet)."""
+        if name not in self._serving:
+            self.start([name])
+            self._serving[name] = self._ready(self._launched.pop(name))
+        return self._serving[name]
+
+    def take(self, name: str) -> Any:
+        """The server `name`, which the caller now stops (the pool will not)."""
+        return self._serving.pop(name) if name in self._serving else self._ready(self._launched.pop(name))
+
+    def close(self) -> None:
+        for server in [*self._serving.values(), *self._launched.values()]:
+            self._stop(server)
+        self._serving.clear()
+        self._launched.clear()
+
+
+def _fill(arg: str, paths: Mapping[str, str]) -> str:
+    for name, path in paths.items():
+        arg = arg.replace("{" + name + "}", path)
+    return arg
+
+
+def registered() -> list[str]:
+    return list(_SPECS)
