@@ -68,6 +68,15 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
             os._exit(2)
         await app.nursery.start(service.run)
 
+    @app.after_serving
+    async def release_model() -> None:
+        # Hypercorn runs this once every connection has ended. Under `ovtrio serve` the
+        # drain is over by then (the launcher ran it while still listening); under a bare
+        # `hypercorn` this is the first the app hears of the shutdown, and the drain finds
+        # nothing left in flight. Either way nothing can reach the engine any more.
+        await service.drain("hypercorn stopping")
+        await service.close()
+
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
         response = error_response(api_error(error))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import signal
 import sys
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import trio
@@ -20,6 +22,14 @@ log = logging.getLogger("ovtrio")
 # (100) resets connections in a burst of clients arriving at once; the kernel caps the
 # value at net.core.somaxconn (4096 on current Linux).
 LISTEN_BACKLOG = 4096
+
+# How long Hypercorn lets connections run on once the shutdown trigger returns, before it
+# cancels them. The trigger returns only after the drain, which has ended every request
+# by then (finished or cut with an error), so this covers writing their last bytes and
+# closing; Hypercorn's default (3 s) is the same idea, with a little more room here.
+FLUSH_SECONDS = 5
+
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -62,22 +72,63 @@ async def serve(settings: Settings) -> int:
     config.loglevel = "WARNING"
     config.keep_alive_timeout = 75
     config.backlog = LISTEN_BACKLOG
+    config.graceful_timeout = FLUSH_SECONDS
     if not api_keys(settings) and not is_loopback(settings.host):
         log.warning(
             "listening on %s without an API key: anyone who can reach it can use the model"
             " (set --api-key, OVTRIO_API_KEY or --api-key-file)",
             settings.host,
         )
-
     failed = False
 
-    async def shutdown_trigger() -> None:
-        nonlocal failed
-        await service.failed.wait()
-        failed = True
+    # Installed before Hypercorn starts, so a signal that comes while the model loads waits
+    # here for the trigger instead of killing the process (SIGTERM) or raising
+    # KeyboardInterrupt (SIGINT) in whatever task runs.
+    with trio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
 
-    await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger)
-    return 1 if failed else 0
+        async def shutdown_trigger() -> None:
+            """Returns, and so has Hypercorn stop listening and wind down, once the model
+            failed to load or a signal came and the drain that follows it is over."""
+            nonlocal failed
+            received = await _signal_or_failure(signals, service.failed)
+            if received is None:
+                failed = True
+                return
+            async with trio.open_nursery() as draining:
+                draining.start_soon(_hurry_on_next_signal, signals, service.shutdown.hurry)
+                await service.drain(received)
+                draining.cancel_scope.cancel()
+
+        await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger)
+    code = 1 if failed else 0
+    log.info("exiting with code %d", code)
+    return code
+
+
+async def _signal_or_failure(signals: AsyncIterator[int], failed: trio.Event) -> str | None:
+    """The name of the first shutdown signal, or None if `failed` is set first."""
+    received: str | None = None
+    async with trio.open_nursery() as waiting:
+
+        async def on_failure() -> None:
+            await failed.wait()
+            waiting.cancel_scope.cancel()
+
+        waiting.start_soon(on_failure)
+        async for number in signals:
+            received = signal.Signals(number).name
+            waiting.cancel_scope.cancel()
+            break
+    return received
+
+
+async def _hurry_on_next_signal(signals: AsyncIterator[int], hurry: Callable[[], None]) -> None:
+    """A second signal during the drain (a second Ctrl-C) ends it at once: what still runs
+    is cut with an error, and the server exits."""
+    async for _ in signals:
+        log.warning("second signal: ending the drain now")
+        hurry()
+        return
 
 
 def is_loopback(host: str) -> bool:

@@ -1,4 +1,5 @@
-"""Make Hypercorn's trio worker close connections that are meant to close.
+"""Make Hypercorn's trio worker close connections that are meant to close: after
+`Connection: close`, and idle keep-alive connections at their timeout or a shutdown.
 
 After a response sent with `Connection: close` (or to an HTTP/1.0 client), Hypercorn's
 h11 protocol emits `Closed`, and `TCPServer.protocol_send` answers it with
@@ -9,11 +10,19 @@ timer is not restarted on that path either, so `keep_alive_timeout` never fires:
 socket and its file descriptor stay open until the client closes. (The `RawData`
 branch of the same method is shielded; the `Closed` branch is not.)
 
-`apply()` replaces `protocol_send` with one that closes the stream in a shielded cancel
-scope, and leaves every other event to the original. It only patches the exact code it
-was written for (Hypercorn 0.18.0's method, identified by a hash of its source): any
-other version is left alone, with a log line, so a fixed or reworked Hypercorn is never
-patched blindly.
+The keep-alive path has the same flaw. After a response on a connection that stays
+open, the protocol emits `Updated(idle=True)` from that same cancelled task, and
+`protocol_send` answers it by starting the idle timer (`idle_task.restart`, a
+`nursery.start`), which the pending cancellation kills at once. An idle keep-alive
+connection then has no timer: `keep_alive_timeout` never closes it, and neither does a
+shutdown (the timer is what waits for the worker's `terminated` event), so every idle
+client connection holds the server's exit until Hypercorn's graceful timeout.
+
+`apply()` replaces `protocol_send` with one that handles those two events in a shielded
+cancel scope, and leaves every other event to the original. It only patches the exact
+code it was written for (Hypercorn 0.18.0's method, identified by a hash of its source):
+any other version is left alone, with a log line, so a fixed or reworked Hypercorn is
+never patched blindly.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ def apply() -> bool:
     global _applied
     if _applied:
         return True
-    from hypercorn.events import Closed
+    from hypercorn.events import Closed, Updated
     from hypercorn.trio.tcp_server import TCPServer
 
     original = TCPServer.protocol_send
@@ -59,6 +68,10 @@ def apply() -> bool:
             with trio.CancelScope(shield=True):
                 await self._close()
             await self.protocol.handle(Closed())
+        elif isinstance(event, Updated) and event.idle:
+            # Starting the idle timer is one nursery.start: it ends at once, shielded.
+            with trio.CancelScope(shield=True):
+                await original(self, event)
         else:
             await original(self, event)
 

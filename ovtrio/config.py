@@ -116,6 +116,12 @@ class Settings(BaseModel):
     protect_metrics: bool = Field(False, description="require an API key for /metrics too")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
+    drain_timeout: float = Field(
+        30.0,
+        ge=0,
+        description="seconds requests in flight may run on after SIGTERM or SIGINT before they are ended with an"
+        " error (new ones are refused meanwhile)",
+    )
     log_level: str = Field("info", description="debug, info, warning or error")
 
 

@@ -34,6 +34,7 @@ from ovtrio.model.prompts import PromptBuilder
 from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import AdmissionLimits, RequestObserver, Scheduler
 from ovtrio.scheduler.engine_step import choose_step
+from ovtrio.shutdown import Shutdown
 
 log = logging.getLogger("ovtrio")
 
@@ -75,6 +76,10 @@ class ModelService:
         self.ready = trio.Event()
         self.failed = trio.Event()
         self.failure: str | None = None
+        self.shutdown = Shutdown(settings.drain_timeout)
+        self._running = trio.CancelScope()
+        self._stopped = trio.Event()
+        self._started = False
         self.started_at = time.time()
         # Where clients reach the server, when the launcher knows it (`ovtrio serve`
         # does; under a bare `hypercorn` the address is in hypercorn's own log line).
@@ -90,9 +95,33 @@ class ModelService:
         self.source = resolve_model(self.settings)
         return self.source
 
+    async def drain(self, cause: str) -> None:
+        """Let the requests in flight finish, up to the drain timeout (ovtrio/shutdown.py);
+        `cause` (what asked for the shutdown) goes in the log."""
+        await self.shutdown.drain(self.serving.scheduler if self.serving else None, cause)
+
+    async def close(self) -> None:
+        """Stop the scheduler and let the engine go; for the app's lifespan shutdown, once
+        no handler can reach the engine. Waits for a step in flight to end first."""
+        self._running.cancel()
+        if self._started:
+            await self._stopped.wait()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         source = self.source or self.check()
+        self._started = True
         task_status.started()
+        try:
+            with self._running:
+                await self._serve(source)
+        finally:
+            released = self.serving is not None
+            self.serving = None  # the last reference outside the handlers: the pipeline goes
+            self._stopped.set()
+            if released:
+                log.info("engine released")
+
+    async def _serve(self, source: ModelSource) -> None:
         log.info("loading %s (%s) on %s", source.path, source.kind, self.settings.device)
         try:
             model = await trio.to_thread.run_sync(load_model, source, self.settings)

@@ -1,6 +1,7 @@
 """Connections that should close do close: after a response to `Connection: close` or
 to an HTTP/1.0 request, the client reads EOF and the server keeps no socket open, under
-`ovtrio serve` and under `hypercorn -k trio ovtrio.app:app` (see ovtrio/closing.py)."""
+`ovtrio serve` and under `hypercorn -k trio ovtrio.app:app`; an idle keep-alive
+connection is closed at the keep-alive timeout (see ovtrio/closing.py)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,20 @@ def worker_pid(pid: int) -> int:
 def test_closing_requests_get_eof_under_the_hypercorn_command(hypercorn_server):
     port = int(hypercorn_server.base_url.rsplit(":", 1)[1])
     check_closing(port, worker_pid(hypercorn_server.process.pid), rounds=20, model=HYPERCORN_MODEL)
+
+
+def test_idle_keep_alive_connections_close_at_the_keep_alive_timeout(hypercorn_server):
+    """The idle timer starts after each response (the same fix): an idle keep-alive
+    connection is closed by the server, here after Hypercorn's default keep-alive
+    timeout of 5 s (and at once on shutdown, which the same timer waits for)."""
+    port = int(hypercorn_server.base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        reply = b""
+        while not complete(reply):
+            reply += sock.recv(65536)
+        assert status(reply) == b"200", reply
+        assert sock.recv(65536) == b""  # a socket timeout here means the server kept it open
 
 
 def test_the_fix_leaves_other_hypercorn_code_alone(monkeypatch):

@@ -15,7 +15,7 @@ from ovtrio.config import Settings
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 # How long ovtrio lets in-flight requests finish after SIGTERM (its drain timeout).
-DRAIN_SECONDS = 30
+DRAIN_SECONDS = Settings.model_fields["drain_timeout"].default
 DEFAULT_PORT = Settings.model_fields["port"].default
 
 
@@ -67,7 +67,16 @@ def test_probes_use_the_health_routes(server, probe, path):
 def test_the_grace_period_covers_the_pause_and_the_drain():
     pod = MANIFESTS["Deployment"]["spec"]["template"]["spec"]
     pause = container()["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert pod["terminationGracePeriodSeconds"] > pause + DRAIN_SECONDS
+    assert pod["terminationGracePeriodSeconds"] > pause + drain_timeout()
+
+
+def drain_timeout() -> float:
+    """The drain the container runs with: its flag or variable, else the default."""
+    args = container()["args"]
+    if "--drain-timeout" in args:
+        return float(args[args.index("--drain-timeout") + 1])
+    env = {e["name"]: e.get("value") for e in container().get("env", [])}
+    return float(env.get("OVTRIO_DRAIN_TIMEOUT") or DRAIN_SECONDS)
 
 
 def test_service_and_pool_select_the_deployments_pods():

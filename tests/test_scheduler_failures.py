@@ -1,6 +1,6 @@
 """The scheduler's failure paths, which the real engine cannot be made to take on demand:
 a step that raises, a request the engine drops (IGNORED: the KV cache ran out), and
-shutdown with requests in flight. Pure logic against a small fake pipeline; everything
+shutdown with requests in flight (drained, cut, or both). Pure logic against a small fake pipeline; everything
 is observed through the scheduler's public side (submit, run, stats, the messages a
 request receives)."""
 
@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from fake_engine import DROPPED_PROMPT, received, request, start_scheduler
-from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest
+from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, NotAccepting
+from ovtrio.shutdown import Shutdown
 
 
 @pytest.fixture
@@ -66,7 +68,7 @@ async def test_shutdown_fails_the_requests_in_flight(engine):
         rest: list[Any] = []
         while batch := await stream.receive_available():
             rest += batch
-    assert rest[-1] == Failed("server is shutting down", "engine_error")
+    assert rest[-1] == Failed("server is shutting down", "shutting_down")
     assert engine.observed.ends == ["error"]
     assert engine.pipeline.handles[0].cancelled
     assert engine.scheduler.stats().running == 0
@@ -83,3 +85,60 @@ async def test_a_consumer_that_leaves_cancels_its_engine_request(engine):
     assert engine.observed.ends == ["abort"] and engine.observed.first_tokens == 1
     # The engine is not stepped for it any more: a new request still completes.
     assert (await received(engine.scheduler, request(1)))[-1] == Completed(prompt_tokens=1, completion_tokens=1)
+
+
+async def test_a_draining_scheduler_refuses_new_requests_and_finishes_those_in_flight(engine):
+    async with engine.scheduler.submit(request(20)) as stream:
+        engine.scheduler.drain()
+        with pytest.raises(NotAccepting):
+            async with engine.scheduler.submit(request(1)):
+                pass
+        assert engine.scheduler.in_flight == 1
+        messages: list[Any] = []
+        while batch := await stream.receive_available():
+            messages += batch
+    assert messages[-1] == Completed(prompt_tokens=1, completion_tokens=20)
+    with trio.fail_after(5):
+        await engine.scheduler.idle()
+    assert engine.scheduler.in_flight == 0
+
+
+async def test_fail_all_ends_what_still_runs_with_the_reason_given(engine):
+    async with engine.scheduler.submit(request(1000)) as stream:
+        assert await stream.receive_available()
+        assert engine.scheduler.fail_all("stopping") == 1
+        rest: list[Any] = []
+        while batch := await stream.receive_available():
+            rest += batch
+    assert rest[-1] == Failed("stopping", "shutting_down")
+    assert engine.pipeline.handles[0].cancelled
+    assert engine.scheduler.in_flight == 0
+
+
+async def test_the_drain_waits_for_short_requests_and_cuts_long_ones(engine):
+    """ovtrio/shutdown.py against the scheduler: what ends within the timeout ends
+    normally, the rest is failed when it passes (or when hurried), and the state says
+    draining from the start and drained at the end."""
+    results: dict[str, list[Any]] = {}
+
+    async def run(name: str, tokens: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with engine.scheduler.submit(request(tokens)) as stream:
+            task_status.started()
+            results[name] = []
+            while batch := await stream.receive_available():
+                results[name] += batch
+
+    shutdown = Shutdown(drain_timeout=60)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run, "short", 5)
+        await nursery.start(run, "long", 100_000)
+        nursery.start_soon(shutdown.drain, engine.scheduler, "test")
+        await trio.testing.wait_all_tasks_blocked()
+        assert shutdown.draining.is_set() and not shutdown.drained.is_set()
+        while "short" not in results or not isinstance(results["short"][-1], Completed):
+            await trio.sleep(0.01)
+        shutdown.hurry()  # a second signal: no need to wait the 60 s
+        with trio.fail_after(5):
+            await shutdown.drained.wait()
+    assert results["long"][-1] == Failed("the server is shutting down", "shutting_down")
+    assert engine.scheduler.in_flight == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from quart import Quart, current_app
 
-from ovtrio.api.errors import APIError
+from ovtrio.api.errors import APIError, shutting_down
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.service import ModelService, ServingModel
 
@@ -33,6 +33,14 @@ def ready_model() -> ServingModel:
     if serving is None or not model_service().ready.is_set():
         raise APIError(503, "The model is still loading; retry shortly.", code="model_loading")
     return serving
+
+
+def generation_model() -> ServingModel:
+    """The ready model for a new generation request; also a 503 once the server has begun
+    to shut down (ovtrio/shutdown.py): those in flight may finish, new ones go elsewhere."""
+    if model_service().shutdown.draining.is_set():
+        raise shutting_down()
+    return ready_model()
 
 
 def response_store() -> ResponseStore:

@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 
 from ovtrio.api.formats import ConstraintError
 from ovtrio.model.prompts import PromptError
-from ovtrio.scheduler import Failed, Overloaded, UnsupportedParams
+from ovtrio.scheduler import SHUTTING_DOWN, Failed, NotAccepting, Overloaded, UnsupportedParams
 
 log = logging.getLogger("ovtrio")
 
@@ -36,7 +36,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str | None = None,
-        headers: dict[str, str] | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -44,7 +44,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type or _default_type(status)
-        self.headers = headers or {}
+        self.retry_after = retry_after  # seconds, sent as the Retry-After header
 
     def body(self) -> dict[str, Any]:
         """The HTTP response body, also sent as an SSE chunk when a stream fails."""
@@ -66,16 +66,18 @@ class APIError(Exception):
 
 def error_response(error: APIError) -> Response:
     """An APIError as an HTTP response."""
-    return Response(
-        json.dumps(error.body(), ensure_ascii=False),
-        status=error.status,
-        mimetype="application/json",
-        headers=error.headers,
-    )
+    response = Response(json.dumps(error.body(), ensure_ascii=False), status=error.status, mimetype="application/json")
+    if error.retry_after is not None:
+        response.headers["Retry-After"] = str(error.retry_after)
+    return response
 
 
 # What a request can be refused for, before or as it reaches the engine.
-REQUEST_ERRORS = (APIError, ValidationError, PromptError, ConstraintError, UnsupportedParams, Overloaded)
+REQUEST_ERRORS = (APIError, ValidationError, PromptError, ConstraintError, UnsupportedParams, NotAccepting, Overloaded)
+
+# A client refused or cut off by a shutdown may retry at once: behind a load balancer
+# the retry reaches another replica (this one's readiness already says 503).
+SHUTDOWN_RETRY_AFTER = 1
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
@@ -90,9 +92,13 @@ def api_error(error: BaseException | Failed) -> APIError:
         return invalid(str(error), error.param)
     if isinstance(error, UnsupportedParams):
         return invalid(f"The engine cannot run this request: {error}", error.param)
+    if isinstance(error, NotAccepting):
+        return shutting_down()
     if isinstance(error, Overloaded):
         return overloaded(str(error), error.retry_after)
     if isinstance(error, Failed):
+        if error.code == SHUTTING_DOWN:
+            return shutting_down(cut=True)
         if error.code == "out_of_memory":
             return APIError(503, error.message, code="out_of_memory")
         if error.code == "slow_reader_timeout":
@@ -120,13 +126,21 @@ def _default_type(status: int) -> str:
 def overloaded(message: str, retry_after: int) -> APIError:
     """A 429 as OpenAI words a rate limit (type "requests", code "rate_limit_exceeded"),
     with a Retry-After header in seconds."""
-    return APIError(
-        429, message, type="requests", code="rate_limit_exceeded", headers={"Retry-After": str(retry_after)}
-    )
+    return APIError(429, message, type="requests", code="rate_limit_exceeded", retry_after=retry_after)
 
 
 def invalid(message: str, param: str | None, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def shutting_down(*, cut: bool = False) -> APIError:
+    """A request refused because the server is draining, or `cut` off when the drain ended."""
+    message = (
+        "The server shut down before this request finished; retry it."
+        if cut
+        else "The server is shutting down and takes no new requests; retry shortly."
+    )
+    return APIError(503, message, code="server_shutting_down", retry_after=SHUTDOWN_RETRY_AFTER)
 
 
 def model_not_found(name: str) -> APIError:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from quart import Response, request
 
 from ovtrio.api.chunks import Envelope
-from ovtrio.api.context import ready_model
+from ovtrio.api.context import generation_model
 from ovtrio.api.errors import APIError, api_error, from_validation_error, invalid, model_not_found
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
@@ -53,7 +53,7 @@ async def accept(model_type: type[Body]) -> tuple[Body, ServingModel]:
     """The request's body, validated, and the ready model it names, which has room for it
     (Overloaded otherwise: a 429)."""
     body = await parse_body(model_type)
-    model = ready_model()
+    model = generation_model()
     check_model(model, body)
     model.scheduler.check_capacity()
     return body, model

@@ -16,7 +16,7 @@ from ovtrio.scheduler.params import (
     check_params,
 )
 from ovtrio.scheduler.requests import RequestStream
-from ovtrio.scheduler.scheduler import Scheduler, SchedulerStats, waiting_requests
+from ovtrio.scheduler.scheduler import SHUTTING_DOWN, NotAccepting, Scheduler, SchedulerStats, waiting_requests
 
 __all__ = [
     "AdmissionLimits",
@@ -26,11 +26,13 @@ __all__ = [
     "GenerationRequest",
     "Message",
     "NoObserver",
+    "NotAccepting",
     "OutputConstraint",
     "Overloaded",
     "Prompt",
     "RequestObserver",
     "RequestStream",
+    "SHUTTING_DOWN",
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",

@@ -44,7 +44,8 @@ class Completed:
 @dataclass(frozen=True, slots=True)
 class Failed:
     """The engine could not finish the request. `code` is machine-readable:
-    "out_of_memory" (KV cache cannot hold it) or "engine_error"."""
+    "out_of_memory" (KV cache cannot hold it), "engine_error", or "shutting_down" (the
+    server stopped before the request ended)."""
 
     message: str
     code: str

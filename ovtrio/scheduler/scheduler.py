@@ -51,6 +51,12 @@ This module has submission, admission, the loop and its stats; the limits it adm
 by and what it tells observers are in admission.py, what is kept for each request in
 requests.py, and the output side (reading handles after a step, text, stop strings,
 deltas) in delivery.py.
+
+Shutdown comes in two moves, so that the server can let running requests finish: `drain()`
+stops admission (submit raises NotAccepting) while the loop keeps stepping what it has,
+and `idle()` returns once nothing is in flight; `fail_all()` ends whatever is left (each
+request gets a Failed, its engine request is cancelled). Cancelling `run()` does the
+latter by itself.
 """
 
 from __future__ import annotations
@@ -85,6 +91,14 @@ def _first_line(exc: Exception) -> str:
     # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
     text = lines[0] if lines else type(exc).__name__
     return text.split(": ", 1)[-1] if text.startswith("[") else text
+
+
+class NotAccepting(RuntimeError):
+    """The scheduler takes no new requests: it is draining or not running."""
+
+
+# Failed.code of the requests ended because the server is shutting down.
+SHUTTING_DOWN = "shutting_down"
 
 
 def waiting_requests(queued: int, engine_requests: int, engine_scheduled: int) -> int:
@@ -153,6 +167,9 @@ class Scheduler:
         self._steps = 0
         self._step_seconds = 0.0
         self._running = False
+        self._accepting = True
+        # Set whenever the last request in flight leaves; a fresh one per wait (idle()).
+        self._emptied = trio.Event()
         # Engine state read by the loop between steps (see the module docstring).
         self._engine_unfinished = False
         self._engine_metrics: Any = None
@@ -182,10 +199,13 @@ class Scheduler:
         (UnsupportedParams) is raised here, before a handler answers 200. Leaving the
         block (normally, by an error, or by cancellation when the client goes away)
         cancels the engine request if it is still running, or takes it out of the
-        queue, so no request outlives its handler.
+        queue, so no request outlives its handler. Raises NotAccepting once the
+        scheduler drains or stops.
         """
         if not self._running:
-            raise RuntimeError("scheduler is not running")
+            raise NotAccepting("the scheduler is not running")
+        if not self._accepting:
+            raise NotAccepting("the scheduler is draining")
         self.check_capacity()
         request_id = next(self._ids)
         # Unbounded, so the loop never waits for a consumer; a consumer that lags has
@@ -297,6 +317,26 @@ class Scheduler:
                 return
             active = admission.active
         active.close()
+        if not self.in_flight:
+            self._emptied.set()
+
+    # ---- draining -----------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Take no new requests (submit raises NotAccepting); those in flight run on."""
+        self._accepting = False
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet over, queued ones included (their consumers may
+        still be reading)."""
+        return len(self._active) + len(self._queued)
+
+    async def idle(self) -> None:
+        """Return once no request is in flight. With drain() first, that lasts."""
+        while self.in_flight:
+            self._emptied = trio.Event()
+            await self._emptied.wait()
 
     # ---- slow readers -------------------------------------------------------------------
 
@@ -385,7 +425,7 @@ class Scheduler:
                     await self._stepper.wait()
                 except Exception as exc:  # an engine fault: fail this batch, keep serving
                     log.exception("engine step failed")
-                    self._fail_all(f"engine error: {exc}".splitlines()[0], waiting=False)
+                    self.fail_all(f"engine error: {exc}".splitlines()[0], "engine_error", waiting=False)
                     self._read_engine_state()
                     continue
                 if working:
@@ -396,25 +436,31 @@ class Scheduler:
         finally:
             self._running = False
             self._stepper.close()
-            self._fail_all("server is shutting down")
+            self.fail_all("server is shutting down", SHUTTING_DOWN)
 
     def _read_engine_state(self) -> None:
         """What the loop and stats() need from the engine, read while no step runs."""
         self._engine_unfinished = bool(self._pipeline.has_non_finished_requests())
         self._engine_metrics = self._pipeline.get_metrics()
 
-    def _fail_all(self, message: str, *, waiting: bool = True) -> None:
+    def fail_all(self, message: str, code: str = SHUTTING_DOWN, *, waiting: bool = True) -> int:
         """Fail every request in the engine, and with `waiting` those not yet added
-        (otherwise they run from the next step on)."""
+        (otherwise they run from the next step on): each gets Failed(message, code) and
+        its engine request is cancelled. Returns how many were failed. Safe at any time,
+        a step in flight included (requests.py)."""
+        failed = 0
         for request_id in list(self._active):
-            self._active[request_id].send(Failed(message, "engine_error"))
+            self._active[request_id].send(Failed(message, code))
             self._abort(request_id, "error")
+            failed += 1
         if waiting:
             # Waiting submitters find their request failed (its channel holds the reason).
             for request_id, admission in list(self._queued.items()):
-                admission.active.send(Failed(message, "engine_error"))
+                admission.active.send(Failed(message, code))
                 self._abort(request_id)
                 admission.added.set()
+                failed += 1
+        return failed
 
     # ---- observation --------------------------------------------------------------------
 

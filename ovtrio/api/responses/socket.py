@@ -13,6 +13,11 @@ store that lives as long as the connection, so previous_response_id chains work 
 store=false too. Events go through one bounded channel to the single writer: a slow
 reader holds back the responses (their deltas wait, merged, in the scheduler) instead
 of growing a buffer here.
+
+When the server shuts down (ovtrio/shutdown.py), response.create frames are refused
+with an `error` event while the running responses go on; once the drain is over (they
+finished, or were cut with `response.failed`), the socket sends an `error` event with
+code server_shutting_down and closes with 1001 (going away).
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 from quart import Blueprint, websocket
 
-from ovtrio.api.context import ready_model, response_store
-from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error
+from ovtrio.api.context import generation_model, model_service, response_store
+from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
 from ovtrio.api.pipeline import check_model, submitted, written
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_response
@@ -51,40 +56,61 @@ MAX_IN_FLIGHT = 16
 @blueprint.websocket("/v1/responses")
 async def responses_socket() -> None:
     await websocket.accept()
-    local = ResponseStore(CONNECTION_RESPONSES, math.inf)
     send, receive = trio.open_memory_channel[dict[str, Any]](OUTGOING_EVENTS)
+    async with trio.open_nursery() as connection:
+        connection.start_soon(_write, receive)
+        async with send:  # closed once the responses are over, so the writer ends
+            async with trio.open_nursery() as responses:
+                with trio.CancelScope() as reading:
+                    responses.start_soon(_stop_at_end_of_drain, reading)
+                    await _serve_frames(responses, send)
+            # Reading stops here only when the server's drain has ended (a client that
+            # leaves cancels everything instead). This socket's responses have finished
+            # or been cut by now: say why the socket closes, then close it.
+            await send.send(shutting_down().event())
+    await websocket.close(1001, "server shutting down")
+
+
+async def _stop_at_end_of_drain(reading: trio.CancelScope) -> None:
+    """While the server drains, the socket stays open for the responses running on it
+    (new ones are refused); once the drain is over there is nothing left to wait for."""
+    await model_service().shutdown.drained.wait()
+    reading.cancel()
+
+
+async def _serve_frames(responses: trio.Nursery, send: trio.MemorySendChannel[dict[str, Any]]) -> None:
+    """Read response.create frames for ever, each response a task of `responses`."""
+    local = ResponseStore(CONNECTION_RESPONSES, math.inf)
     in_flight: set[Any] = set()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_write, receive)
-        while True:
-            frame = await websocket.receive()
-            try:
-                request = _read_frame(frame)
-            except Exception as error:  # whatever a frame does, the socket stays usable
-                request = api_error(error)
-            if isinstance(request, APIError):
-                await send.send(request.event())
-                continue
-            stream_id, body = request
-            if len(in_flight) >= MAX_IN_FLIGHT:
-                busy = APIError(
-                    429, f"At most {MAX_IN_FLIGHT} responses may run at once on one socket.", code="too_many_responses"
-                )
-                await send.send(busy.event(stream_id))
-                continue
-            try:
-                model = ready_model()
-                check_model(model, body)
-                model.scheduler.check_capacity()
-                ready = await prepare(model, body, local, response_store())
-            except REQUEST_ERRORS as error:
-                await send.send(api_error(error).event(stream_id))
-                continue
-            keep = partial(_keep, ready, local, response_store())
-            token = object()
-            in_flight.add(token)
-            done = partial(in_flight.discard, token)
-            nursery.start_soon(_run, model.scheduler, ready, keep, stream_id, send.clone(), done)
+    while True:
+        frame = await websocket.receive()
+        try:
+            request = _read_frame(frame)
+        except Exception as error:  # whatever a frame does, the socket stays usable
+            request = api_error(error)
+        if isinstance(request, APIError):
+            await send.send(request.event())
+            continue
+        stream_id, body = request
+        if len(in_flight) >= MAX_IN_FLIGHT:
+            busy = APIError(
+                429, f"At most {MAX_IN_FLIGHT} responses may run at once on one socket.", code="too_many_responses"
+            )
+            await send.send(busy.event(stream_id))
+            continue
+        try:
+            model = generation_model()
+            check_model(model, body)
+            model.scheduler.check_capacity()
+            ready = await prepare(model, body, local, response_store())
+        except REQUEST_ERRORS as error:
+            await send.send(api_error(error).event(stream_id))
+            continue
+        keep = partial(_keep, ready, local, response_store())
+        token = object()
+        in_flight.add(token)
+        done = partial(in_flight.discard, token)
+        responses.start_soon(_run, model.scheduler, ready, keep, stream_id, send.clone(), done)
 
 
 async def _write(receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:

@@ -1,0 +1,83 @@
+"""Graceful shutdown: where the server stands, and the drain.
+
+On SIGTERM or SIGINT the server goes through four phases, with one log line each:
+
+1. draining: readiness answers 503 and new generation requests are refused with a 503
+   (code `server_shutting_down`, with Retry-After), while the requests in flight run on:
+   unary, streamed, and WebSocket responses alike; liveness stays 200;
+2. drained, or, once the drain timeout has passed, cut: the requests still running end
+   with an error (an error chunk then `[DONE]`, `response.failed`, a WebSocket `error`
+   event) and their engine requests are cancelled;
+3. engine released: the scheduler's loop stops and the pipeline is let go
+   (ModelService.close, from the app's lifespan shutdown);
+4. exit, with code 0 (the launcher).
+
+Why the drain belongs to the launcher and the release to the app: late requests should
+get a 503 that says what is going on, not a refused connection, so the drain has to run
+while the server still listens; only the launcher can arrange that (`ovtrio serve`
+drains inside Hypercorn's shutdown trigger, before Hypercorn closes its listeners). The
+engine may go only once no handler can reach it any more, which is when Hypercorn runs
+the app's lifespan shutdown. Under a bare `hypercorn` that shutdown is the first the app
+hears of it, so the drain finds nothing left to wait for (see the README).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from ovtrio.scheduler import SHUTTING_DOWN, Scheduler
+
+log = logging.getLogger("ovtrio")
+
+# What a request cut by the shutdown is told (the API layer words it for clients).
+CUT_MESSAGE = "the server is shutting down"
+
+
+class Shutdown:
+    """The server's shutdown state, shared by the launcher, the probes and the routes."""
+
+    def __init__(self, drain_timeout: float) -> None:
+        self.drain_timeout = drain_timeout
+        # Set when the drain begins: readiness turns 503, new work is refused.
+        self.draining = trio.Event()
+        # Set when the drain is over: what was in flight has finished or been cut.
+        # WebSockets close then; the launcher stops listening.
+        self.drained = trio.Event()
+        self._waiting = trio.CancelScope()
+
+    def hurry(self) -> None:
+        """End the drain now and cut what still runs (a second signal asks for this)."""
+        self._waiting.cancel()
+
+    async def drain(self, scheduler: Scheduler | None, cause: str) -> None:
+        """Refuse new work, let the requests in flight run for up to the drain timeout,
+        then cut the rest. `scheduler` is None while the model is still loading (no
+        request can be in flight then); `cause` names what asked for the shutdown, for
+        the log. A second call waits for the first."""
+        if self.draining.is_set():
+            await self.drained.wait()
+            return
+        self.draining.set()
+        try:
+            if scheduler is None:
+                log.info("%s: shutting down; no model loaded yet, nothing to drain", cause)
+                return
+            scheduler.drain()
+            began = trio.current_time()
+            log.info(
+                "%s: shutting down, draining %d requests (for up to %g s)", cause, scheduler.in_flight, self.drain_timeout
+            )
+            with self._waiting:
+                self._waiting.deadline = began + self.drain_timeout
+                await scheduler.idle()
+            waited = trio.current_time() - began
+            if scheduler.in_flight:
+                why = "timed out" if waited >= self.drain_timeout else "cut short by a second signal"
+                cut = scheduler.fail_all(CUT_MESSAGE, SHUTTING_DOWN)
+                log.warning("drain %s after %.1f s: cut %d requests still running", why, waited, cut)
+            else:
+                log.info("drained in %.1f s", waited)
+        finally:
+            self.drained.set()
