@@ -12,6 +12,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ovtrio.model import ModelLoadError, ModelSource, load_model, resolve_model,
 from ovtrio.model.chat_format import thinks, tool_parser_for
 from ovtrio.model.limits import SequenceLimit, ServerDefaults, sequence_limit, server_defaults
 from ovtrio.model.prompts import PromptBuilder
+from ovtrio.model.speculation import apply_defaults
 from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import RequestObserver, Scheduler
 from ovtrio.scheduler.engine_step import choose_step
@@ -51,8 +53,9 @@ def system_fingerprint(path: Path | None, device: str) -> str:
     return "fp_" + digest.hexdigest()[:10]
 
 
-# Makes the observer of a model's requests from its served name and context length.
-ObserverFactory = Callable[[str, int], RequestObserver]
+# Makes the observer of a model's requests from its served name, its context length and
+# whether the pipeline speculates.
+ObserverFactory = Callable[[str, int, bool], RequestObserver]
 
 
 class ModelService:
@@ -88,7 +91,9 @@ class ModelService:
         try:
             model = await trio.to_thread.run_sync(load_model, source, self.settings)
             kv_capacity = await trio.to_thread.run_sync(warm_up, model)
-            step = await trio.to_thread.run_sync(choose_step, model.pipeline, self.settings.gil_free_step)
+            step = await trio.to_thread.run_sync(
+                choose_step, model.pipeline, self.settings.gil_free_step, partial(apply_defaults, speculation=model.speculation)
+            )
         except ModelLoadError as exc:
             self.failure = str(exc)
             log.error("%s", exc)
@@ -104,7 +109,11 @@ class ModelService:
             model.vocabulary,
             stream_interval=self.settings.stream_interval,
             step=step,
-            observer=self._observer(source.name, source.context_length) if self._observer else None,
+            observer=(
+                self._observer(source.name, source.context_length, model.speculation.enabled)
+                if self._observer
+                else None
+            ),
         )
         self.serving = ServingModel(
             name=source.name,
