@@ -55,6 +55,23 @@ class Settings(BaseModel):
         description="precision of the KV cache (auto: the device's choice); f32 makes output read from the prefix"
         " cache equal output computed afresh, and needs inference_precision f32 on CPUs that compute in bf16",
     )
+    prompt_lookup: bool = Field(
+        False,
+        description="speculate by prompt lookup: propose the tokens that followed the latest n-gram's earlier"
+        " occurrence in the text (requests may set num_assistant_tokens and max_ngram_size)",
+    )
+    draft_model: str | None = Field(
+        None,
+        description="speculate with this draft model (OpenVINO IR folder or .gguf file, with the main model's"
+        " tokenizer); requests may set num_assistant_tokens or assistant_confidence_threshold",
+    )
+    draft_device: str | None = Field(None, description="device of the draft model (default: the main model's)")
+    draft_cache_size: int | None = Field(
+        None,
+        ge=1,
+        description="KV cache size of the draft model in GB (default: the engine splits cache_size between the"
+        " two models by their hidden sizes)",
+    )
     max_tokens_limit: int | None = Field(
         None, ge=1, description="default and cap for max_tokens (OVMS's max_tokens_limit)"
     )

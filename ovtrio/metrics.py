@@ -55,7 +55,11 @@ class ModelMetrics:
     prometheus_client object (about 1.7 us), with no label lookup.
     """
 
-    def __init__(self, registry: CollectorRegistry, model_name: str, context_length: int) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, model_name: str, context_length: int, speculative: bool = False
+    ) -> None:
+        """`speculative`: the pipeline speculates, so the spec_decode counters are
+        served (vLLM serves them only with a speculative config, too)."""
         labels = (model_name, ENGINE)
 
         def histogram(name: str, documentation: str, buckets: tuple[float, ...] | list[int]) -> Histogram:
@@ -95,6 +99,16 @@ class ModelMetrics:
             registry=registry,
         )
         self._success = {reason: success.labels(*labels, reason) for reason in FINISH_REASONS}
+        self._spec_drafts = self._spec_draft_tokens = self._spec_accepted_tokens = None
+        if speculative:
+            # vLLM's names (vllm/v1/spec_decode/metrics.py): acceptance rate is
+            # rate(accepted_tokens) / rate(draft_tokens).
+            def counter(name: str, documentation: str) -> Counter:
+                return Counter(name, documentation, LABELS, registry=registry).labels(*labels)
+
+            self._spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+            self._spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+            self._spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
 
     def queued(self, seconds: float) -> None:
         self._queue.observe(seconds)
@@ -114,6 +128,12 @@ class ModelMetrics:
         self._generation_tokens.observe(generation_tokens)
         self._time_per_output_token.observe(time_per_output_token)
 
+    def speculated(self, drafted: int, accepted: int) -> None:
+        if self._spec_drafts is not None:
+            self._spec_drafts.inc()
+            self._spec_draft_tokens.inc(drafted)
+            self._spec_accepted_tokens.inc(accepted)
+
     def ended(self, reason: str) -> None:
         self._success[reason].inc()
 
@@ -132,10 +152,10 @@ class ServerMetrics:
         )
         self.model: ModelMetrics | None = None
 
-    def for_model(self, model_name: str, context_length: int) -> ModelMetrics:
+    def for_model(self, model_name: str, context_length: int, speculative: bool = False) -> ModelMetrics:
         """The observer of the model's scheduler; made once, when the model is loaded."""
         if self.model is None:
-            self.model = ModelMetrics(self.registry, model_name, context_length)
+            self.model = ModelMetrics(self.registry, model_name, context_length, speculative)
         return self.model
 
     def response(self, method: str, route: str, status: int) -> None:

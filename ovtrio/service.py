@@ -12,6 +12,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from ovtrio.model.limits import (
     work_limits,
 )
 from ovtrio.model.prompts import PromptBuilder
+from ovtrio.model.speculation import apply_defaults
 from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import AdmissionLimits, RequestObserver, Scheduler
 from ovtrio.scheduler.engine_step import choose_step
@@ -61,8 +63,9 @@ def system_fingerprint(path: Path | None, device: str) -> str:
     return "fp_" + digest.hexdigest()[:10]
 
 
-# Makes the observer of a model's requests from its served name and context length.
-ObserverFactory = Callable[[str, int], RequestObserver]
+# Makes the observer of a model's requests from its served name, its context length and
+# whether the pipeline speculates.
+ObserverFactory = Callable[[str, int, bool], RequestObserver]
 
 
 class ModelService:
@@ -126,7 +129,9 @@ class ModelService:
         try:
             model = await trio.to_thread.run_sync(load_model, source, self.settings)
             kv_capacity = await trio.to_thread.run_sync(warm_up, model)
-            step = await trio.to_thread.run_sync(choose_step, model.pipeline, self.settings.gil_free_step)
+            step = await trio.to_thread.run_sync(
+                choose_step, model.pipeline, self.settings.gil_free_step, partial(apply_defaults, speculation=model.speculation)
+            )
         except ModelLoadError as exc:
             self.failure = str(exc)
             log.error("%s", exc)
@@ -161,7 +166,11 @@ class ModelService:
             stream_interval=self.settings.stream_interval,
             step=step,
             limits=limits,
-            observer=self._observer(source.name, source.context_length) if self._observer else None,
+            observer=(
+                self._observer(source.name, source.context_length, model.speculation.enabled)
+                if self._observer
+                else None
+            ),
         )
         self.serving = ServingModel(
             name=source.name,

@@ -58,10 +58,13 @@ UNSUPPORTED = {
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
-    "num_assistant_tokens": "speculative decoding (num_assistant_tokens) is not configured",
-    "assistant_confidence_threshold": "speculative decoding (assistant_confidence_threshold) is not configured",
-    "max_ngram_size": "prompt lookup decoding (max_ngram_size) is not configured",
 }
+
+# Speculative decoding: candidates verified per step, and the longest n-gram prompt
+# lookup matches. The bounds keep one request from making each engine step verify
+# hundreds of tokens.
+MAX_ASSISTANT_TOKENS = 64
+MAX_NGRAM_SIZE = 64
 
 
 class SamplingFields(_Body):
@@ -95,6 +98,11 @@ class SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     nvext: NvExt | None = None
+    # Speculative decoding (OVMS's fields): served when the server speculates, see
+    # ovtrio/api/sampling.py for which fields each way of speculating takes.
+    num_assistant_tokens: Annotated[int, Field(ge=1, le=MAX_ASSISTANT_TOKENS)] | None = None
+    assistant_confidence_threshold: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_ngram_size: Annotated[int, Field(ge=1, le=MAX_NGRAM_SIZE)] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -118,6 +126,12 @@ class SamplingFields(_Body):
                 "include_stop_str_in_output=false is not supported with stream=true: a streamed"
                 " stop string may already have been sent when it is recognised.",
                 "include_stop_str_in_output",
+            )
+        if self.num_assistant_tokens is not None and self.assistant_confidence_threshold is not None:
+            raise invalid(
+                "assistant_confidence_threshold cannot be used with num_assistant_tokens: the draft model proposes"
+                " either a fixed number of tokens or as many as it is confident of; set one of them.",
+                "assistant_confidence_threshold",
             )
         max_tokens, max_param = self.requested_max_tokens()
         if self.min_tokens and max_tokens is not None and self.min_tokens > max_tokens:

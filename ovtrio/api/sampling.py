@@ -9,6 +9,7 @@ from __future__ import annotations
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.model.limits import SequenceLimit, ServerDefaults
+from ovtrio.model.speculation import Speculation
 from ovtrio.scheduler import OutputConstraint, SamplingParams, check_params
 
 # When multinomial sampling is on and the request names no top_k (OVMS's default).
@@ -41,6 +42,72 @@ def _max_new_tokens(body: SamplingFields, prompt_tokens: int, limit: SequenceLim
     return max_tokens
 
 
+# The setting that turns each speculative-decoding field on.
+_ENABLED_BY = {
+    "num_assistant_tokens": "--draft-model (speculative decoding) or --prompt-lookup (prompt lookup decoding)",
+    "assistant_confidence_threshold": "--draft-model (speculative decoding with a draft model)",
+    "max_ngram_size": "--prompt-lookup (prompt lookup decoding)",
+}
+
+
+def speculative_fields(body: SamplingFields, speculation: Speculation) -> dict[str, int | float]:
+    """The request's speculative-decoding settings, checked against how the server
+    speculates, with the server's defaults for what it leaves out.
+
+    A speculating pipeline speculates for every request (the engine refuses a request
+    without these settings), so a request that sets none gets the defaults; greedy
+    output is the main model's either way. The rules follow OVMS: prompt lookup takes
+    num_assistant_tokens and max_ngram_size, a draft model num_assistant_tokens or
+    assistant_confidence_threshold (not both, checked in protocol.py).
+    """
+    sent = {
+        name: value
+        for name in _ENABLED_BY
+        if (value := getattr(body, name)) is not None
+    }
+    if speculation.mode == "none":
+        for name in sent:
+            raise invalid(
+                f"{name} needs speculative decoding, which this server does not run: start it with {_ENABLED_BY[name]}.",
+                name,
+                "unsupported_parameter",
+            )
+        return {}
+    if body.beam_width() > 1:
+        raise invalid(
+            "Beam search (best_of > 1) cannot be combined with speculative decoding, which this server runs for"
+            " every request.",
+            "best_of",
+        )
+    if speculation.mode == "prompt_lookup":
+        if "assistant_confidence_threshold" in sent:
+            raise invalid(
+                "assistant_confidence_threshold applies to a draft model; this server speculates by prompt lookup"
+                " (num_assistant_tokens, max_ngram_size).",
+                "assistant_confidence_threshold",
+                "unsupported_parameter",
+            )
+        return {
+            "num_assistant_tokens": sent.get("num_assistant_tokens", speculation.num_assistant_tokens),
+            "max_ngram_size": sent.get("max_ngram_size", speculation.max_ngram_size),
+        }
+    if "max_ngram_size" in sent:
+        raise invalid(
+            "max_ngram_size applies to prompt lookup decoding; this server speculates with a draft model"
+            " (num_assistant_tokens or assistant_confidence_threshold).",
+            "max_ngram_size",
+            "unsupported_parameter",
+        )
+    if "num_assistant_tokens" in sent:
+        return {"num_assistant_tokens": sent["num_assistant_tokens"]}
+    if "assistant_confidence_threshold" in sent:
+        return {"assistant_confidence_threshold": sent["assistant_confidence_threshold"]}
+    return {
+        "num_assistant_tokens": speculation.num_assistant_tokens,
+        "assistant_confidence_threshold": speculation.assistant_confidence_threshold,
+    }
+
+
 def sampling_params(
     body: SamplingFields,
     prompt_tokens: int,
@@ -66,6 +133,7 @@ def sampling_params(
         repetition_penalty = nvext.repetition_penalty
     ignore_eos = nvext.ignore_eos if nvext and nvext.ignore_eos is not None else body.ignore_eos
     include_stop = body.include_stop_str_in_output
+    speculative = speculative_fields(body, defaults.speculation)
     max_new_tokens = _max_new_tokens(body, prompt_tokens, limit, defaults)
     if body.min_tokens > max_new_tokens:  # max_tokens omitted: the server's cap or the context's room
         raise invalid(
@@ -97,6 +165,7 @@ def sampling_params(
         logprobs=body.wants_logprobs(),
         prompt_logprobs=body.scores_prompt(),
         constraint=constraint,
+        **speculative,
     )
     check_params(params)  # UnsupportedParams: the engine refuses the combination
     return params

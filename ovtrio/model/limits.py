@@ -9,6 +9,7 @@ from typing import Any
 
 from ovtrio.config import Settings
 from ovtrio.model.source import ModelSource
+from ovtrio.model.speculation import Speculation, speculation_for
 
 # Defaults a model's generation_config.json may set for requests that leave them out.
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty")
@@ -26,10 +27,12 @@ class SequenceLimit:
 
 @dataclass(frozen=True)
 class ServerDefaults:
-    """Server-side defaults: the model's generation_config.json and the operator's cap."""
+    """Server-side defaults: the model's generation_config.json, the operator's cap, and
+    how the pipeline speculates (with its per-request defaults)."""
 
     generation: dict[str, Any] = field(default_factory=dict)
     max_tokens_limit: int | None = None
+    speculation: Speculation = Speculation()
 
     def get(self, name: str, fallback: Any) -> Any:
         value = self.generation.get(name)
@@ -45,7 +48,9 @@ def sequence_limit(source: ModelSource, kv_capacity: int) -> SequenceLimit:
 
 def server_defaults(source: ModelSource, settings: Settings) -> ServerDefaults:
     return ServerDefaults(
-        {name: source.generation_defaults.get(name) for name in GENERATION_DEFAULTS}, settings.max_tokens_limit
+        {name: source.generation_defaults.get(name) for name in GENERATION_DEFAULTS},
+        settings.max_tokens_limit,
+        speculation_for(settings, source),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ovtrio.config import Settings
 from ovtrio.model.source import ModelLoadError, ModelSource
+from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
 from ovtrio.model.vocabulary import Vocabulary, load_vocabulary
 
 # Tokens per KV cache block: the engine's defaults per device (32 on CPU, 16 elsewhere).
@@ -27,6 +28,7 @@ class LoadedModel:
     device: str
     load_seconds: float
     vocabulary: Vocabulary | None = None  # when the model has a byte-level one
+    speculation: Speculation = Speculation()
 
 
 def engine_error_reason(exc: Exception) -> str:
@@ -68,10 +70,9 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     scheduler_config.dynamic_split_fuse = True
 
     started = time.perf_counter()
+    properties: dict[str, object] = {**engine_properties(settings), **pipeline_properties(settings, engine_properties(settings))}
     try:
-        pipeline = openvino_genai.ContinuousBatchingPipeline(
-            str(source.path), scheduler_config, settings.device, engine_properties(settings)
-        )
+        pipeline = openvino_genai.ContinuousBatchingPipeline(str(source.path), scheduler_config, settings.device, properties)
     except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
         hints = engine_properties(settings)
         with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""
@@ -92,6 +93,7 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         device=settings.device,
         load_seconds=time.perf_counter() - started,
         vocabulary=load_vocabulary(source.path, source.kind, tokenizer),
+        speculation=speculation_for(settings, source),
     )
 
 
@@ -107,7 +109,7 @@ def warm_up(model: LoadedModel) -> int:
     import openvino as ov
     import openvino_genai
 
-    config = openvino_genai.GenerationConfig()
+    config = apply_defaults(openvino_genai.GenerationConfig(), model.speculation)
     config.max_new_tokens = 2
     handle = model.pipeline.add_request(0, ov.Tensor(np.asarray([[0] * 4], dtype=np.int64)), config)
     model.pipeline.step()

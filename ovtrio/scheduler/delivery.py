@@ -27,6 +27,7 @@ from ovtrio.scheduler.messages import Completed, Delta, Failed
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import SamplingParams
 from ovtrio.scheduler.requests import ActiveRequest, EngineRequest, Sequence
+from ovtrio.scheduler.speculation import SpeculationTally
 from ovtrio.scheduler.text_output import (
     Detokenizer,
     IncrementalDetokenizer,
@@ -95,6 +96,7 @@ class Delivery:
             StopMatcher(params.stop, params.include_stop_str_in_output),
             prompt_tokens=len(prompt_ids),
             echo=EchoedPrompt(index, prompt_ids) if params.prompt_logprobs else None,
+            speculation=SpeculationTally(params, prompt_ids) if params.speculative else None,
         )
 
     def _detokenizer(self, prompt_ids: list[int], params: SamplingParams) -> Detokenizer:
@@ -185,6 +187,10 @@ class Delivery:
                 else:
                     observer.inter_token(read_at - sequence.last_token_at)
                 sequence.last_token_at = read_at
+                if sequence.speculation is not None:
+                    tally = sequence.speculation.step(ids)
+                    if tally is not None:
+                        observer.speculated(tally.drafted, tally.accepted)
             sequence.generated += len(ids)
             self.generated_tokens += len(ids)
             text, matched = sequence.stops.feed(text)

@@ -75,25 +75,27 @@ class Unavailable(Exception):
     """The GIL-free step cannot be trusted here; the message says why."""
 
 
-def choose_step(pipeline: Any, gil_free: bool = True) -> EngineStep:
+def choose_step(pipeline: Any, gil_free: bool = True, configure: Callable[[Any], Any] | None = None) -> EngineStep:
     """The GIL-free step if it is enabled and verified on `pipeline`, else the binding's.
 
     Blocking (it runs a few engine steps): call it from a worker thread, before the
-    scheduler starts and while the pipeline holds no requests.
+    scheduler starts and while the pipeline holds no requests. `configure` completes the
+    check request's GenerationConfig with what the pipeline requires of every request
+    (a speculating pipeline refuses requests without its settings).
     """
     binding = EngineStep(pipeline.step, releases_gil=False, description="the binding's step() (holds the GIL)")
     if not gil_free:
         log.info("engine steps hold the GIL (GIL-free stepping is turned off)")
         return binding
     try:
-        step = gil_free_step(pipeline)
+        step = gil_free_step(pipeline, configure)
     except Unavailable as exc:
         log.warning("engine steps hold the GIL, the event loop pauses during each step: %s", exc)
         return binding
     return step
 
 
-def gil_free_step(pipeline: Any) -> EngineStep:
+def gil_free_step(pipeline: Any, configure: Callable[[Any], Any] | None = None) -> EngineStep:
     """A verified GIL-free step for `pipeline`; raises Unavailable (with why) if not."""
     if not sys.platform.startswith("linux"):
         raise Unavailable(f"GIL-free stepping is only checked on Linux, not {sys.platform}")
@@ -109,7 +111,7 @@ def gil_free_step(pipeline: Any) -> EngineStep:
     has_unfinished.argtypes, has_unfinished.restype = [ctypes.c_void_p], ctypes.c_bool
 
     address = _object_address(pipeline, regions, library)
-    _verify(pipeline, lambda: step(address), lambda: bool(has_unfinished(address)))
+    _verify(pipeline, lambda: step(address), lambda: bool(has_unfinished(address)), configure)
     log.info("engine steps release the GIL (%s called through ctypes)", library.name)
     return EngineStep(
         lambda: step(address), releases_gil=True, description=f"{STEP_SYMBOL} in {library.name} via ctypes"
@@ -190,7 +192,12 @@ def _object_address(pipeline: Any, regions: list[tuple[int, int, str]], library:
     return address
 
 
-def _verify(pipeline: Any, step: Callable[[], None], has_unfinished: Callable[[], bool]) -> None:
+def _verify(
+    pipeline: Any,
+    step: Callable[[], None],
+    has_unfinished: Callable[[], bool],
+    configure: Callable[[Any], Any] | None = None,
+) -> None:
     """Cross-check the route against the binding on the live pipeline."""
     import numpy as np
     import openvino as ov
@@ -203,6 +210,8 @@ def _verify(pipeline: Any, step: Callable[[], None], has_unfinished: Callable[[]
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = 1
     config.ignore_eos = True
+    if configure is not None:
+        configure(config)
     prompt = ov.Tensor(np.zeros((1, 4), dtype=np.int64))
     handle = pipeline.add_request(0, prompt, config)
     try:

@@ -18,6 +18,8 @@ beam search), as vLLM reports per engine request:
   string; "length": max_tokens), with its prompt and generated token counts, the time
   from submission to its last token, and the mean time per generated token after the
   first (0 with fewer than two);
+- `speculated`: an engine step verified `drafted` candidate tokens of a speculating
+  choice and accepted `accepted` of them (speculation.py says how they are counted);
 - `ended`: the choice was cut short: "abort" (its consumer left) or "error" (the
   engine failed it). Nothing else is measured for those.
 
@@ -41,6 +43,8 @@ class RequestObserver(Protocol):
         self, reason: str, prompt_tokens: int, generation_tokens: int, e2e: float, time_per_output_token: float
     ) -> None: ...
 
+    def speculated(self, drafted: int, accepted: int) -> None: ...
+
     def ended(self, reason: str) -> None: ...
 
 
@@ -59,6 +63,9 @@ class NoObserver:
     def finished(
         self, reason: str, prompt_tokens: int, generation_tokens: int, e2e: float, time_per_output_token: float
     ) -> None:
+        pass
+
+    def speculated(self, drafted: int, accepted: int) -> None:
         pass
 
     def ended(self, reason: str) -> None:

@@ -71,6 +71,16 @@ class SamplingParams:
     # max_new_tokens 0 nothing is generated.
     prompt_logprobs: bool = False
     constraint: OutputConstraint | None = None  # enforced by constrained decoding
+    # Speculative decoding, on a pipeline built for it (0: not set). Prompt lookup sets
+    # num_assistant_tokens and max_ngram_size; a draft model num_assistant_tokens or
+    # assistant_confidence_threshold. Candidates are verified by the main model.
+    num_assistant_tokens: int = 0
+    assistant_confidence_threshold: float = 0.0
+    max_ngram_size: int = 0
+
+    @property
+    def speculative(self) -> bool:
+        return self.num_assistant_tokens > 0 or self.assistant_confidence_threshold > 0
 
     @property
     def greedy(self) -> bool:
@@ -116,6 +126,9 @@ def to_generation_config(
         config.echo = True
     if params.constraint is not None:
         config.structured_output_config = to_engine_config(params.constraint)
+    config.num_assistant_tokens = params.num_assistant_tokens
+    config.assistant_confidence_threshold = params.assistant_confidence_threshold
+    config.max_ngram_size = params.max_ngram_size
     if params.beam_search:
         config.num_beams = params.best_of
         config.num_return_sequences = params.n

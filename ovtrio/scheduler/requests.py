@@ -17,6 +17,7 @@ import trio
 from ovtrio.scheduler.echo import EchoedPrompt
 from ovtrio.scheduler.messages import Message
 from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams
+from ovtrio.scheduler.speculation import SpeculationTally
 from ovtrio.scheduler.text_output import Detokenizer, StopMatcher
 
 
@@ -38,6 +39,7 @@ class Sequence:
     held_ids: list[int] = field(default_factory=list)
     held_logprobs: list[float] | None = None
     echo: EchoedPrompt | None = None  # the scored prompt still to split off the output's front
+    speculation: SpeculationTally | None = None  # counts drafted and accepted tokens when speculating
 
 
 @dataclass(eq=False)

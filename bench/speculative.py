@@ -1,0 +1,171 @@
+"""Single-stream speed of speculative decoding on a repetitive workload.
+
+The workload asks the model to copy a long given passage of code, greedy, so most of
+the output is already in the prompt: where prompt lookup should pay. In one run it
+measures, for plain decoding, prompt lookup and the embedded model as its own draft:
+
+- the raw engine (ContinuousBatchingPipeline.generate() on the same token ids), and
+- the server (`ovtrio serve`, a streamed completions request over HTTP),
+
+taking turns (plain, prompt lookup, draft, again) and reporting medians, and checks that
+every variant wrote the same greedy text as plain decoding in the same place.
+
+    python bench/speculative.py [--turns 5] [--tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ovtrio.config import Settings  # noqa: E402
+from ovtrio.model import embedded_model_path, load_model, resolve_model  # noqa: E402
+
+PASSAGE = "".join(
+    f"def op_{i}(values, factor):\n    total = 0\n    for value in values:\n        total += value * factor + {i}\n"
+    f"    return total\n\n"
+    for i in range(8)
+)
+PROMPT = f"Rewrite this code exactly as it is:\n\n{PASSAGE}\nHere it is again:\n\n"
+VARIANTS = {
+    "plain": [],
+    "prompt lookup": ["--prompt-lookup"],
+    "draft model": ["--draft-model", str(embedded_model_path())],
+}
+ARITHMETIC = ["--no-enable-prefix-caching"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(flags: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), *ARITHMETIC, *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"server with {flags} did not start")
+
+
+def server_run(url: str, prompt_ids: list[int], tokens: int) -> tuple[float, str]:
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": prompt_ids, "max_tokens": tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    text, first, last = [], None, None
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as reply:
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk["choices"] and chunk["choices"][0]["text"]:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                text.append(chunk["choices"][0]["text"])
+    # Decode speed after the first token, as the engine's: the prefill is the same for all.
+    return (tokens - 1) / (last - first), "".join(text)
+
+
+def engine_pipeline(flags: list[str]):
+    settings = Settings(
+        enable_prefix_caching=False,
+        prompt_lookup="--prompt-lookup" in flags,
+        draft_model=flags[1] if flags[:1] == ["--draft-model"] else None,
+    )
+    model = load_model(resolve_model(settings), settings)
+    return model
+
+
+def engine_run(model, prompt_ids: list[int], tokens: int) -> tuple[float, str]:
+    import openvino as ov
+    import openvino_genai
+
+    from ovtrio.model.speculation import apply_defaults
+
+    config = apply_defaults(openvino_genai.GenerationConfig(), model.speculation)
+    config.max_new_tokens = tokens
+    config.ignore_eos = True
+    config.do_sample = False
+    prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+    one = apply_defaults(openvino_genai.GenerationConfig(), model.speculation)
+    one.max_new_tokens = 1
+    one.do_sample = False
+    started = time.perf_counter()
+    model.pipeline.generate([prompt], [one])  # the prefill alone, to take it out
+    prefill = time.perf_counter() - started
+    started = time.perf_counter()
+    (result,) = model.pipeline.generate([prompt], [config])
+    elapsed = time.perf_counter() - started - prefill
+    return (tokens - 1) / elapsed, model.tokenizer.decode(list(result.m_generation_ids[0]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+
+    engines = {name: engine_pipeline(flags) for name, flags in VARIANTS.items()}
+    prompt_ids = list(engines["plain"].tokenizer.encode(PROMPT).input_ids.data[0])
+    prompt_ids = [int(i) for i in prompt_ids]
+    servers = {name: start_server(flags) for name, flags in VARIANTS.items()}
+    speeds: dict[tuple[str, str], list[float]] = {}
+    texts: dict[tuple[str, str], set[str]] = {}
+    try:
+        for _ in range(args.turns):
+            for name in VARIANTS:
+                for where, run in (
+                    ("engine", lambda: engine_run(engines[name], prompt_ids, args.tokens)),
+                    ("server", lambda: server_run(servers[name][1], prompt_ids, args.tokens)),
+                ):
+                    speed, text = run()
+                    speeds.setdefault((where, name), []).append(speed)
+                    texts.setdefault((where, name), set()).add(text)
+    finally:
+        for process, _ in servers.values():
+            process.terminate()
+            process.wait(timeout=30)
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    print(f"speculative decoding, single stream: SmolLM2-135M-Instruct Q4_1, {cpu}, {os.cpu_count()} cores,")
+    print(f"prompt {len(prompt_ids)} tokens (copy a passage of code), {args.tokens} output tokens, greedy, "
+          f"ignore_eos, medians of {args.turns} turns, decode tok/s after the first token")
+    print(f"{'variant':<15}{'engine tok/s':>14}{'x plain':>9}{'server tok/s':>14}{'x plain':>9}  same text as plain")
+    for name in VARIANTS:
+        row = [f"{name:<15}"]
+        same = []
+        for where in ("engine", "server"):
+            median = statistics.median(speeds[(where, name)])
+            plain = statistics.median(speeds[(where, "plain")])
+            row.append(f"{median:>14.1f}{median / plain:>9.2f}")
+            same.append(texts[(where, name)] == texts[(where, "plain")] and len(texts[(where, name)]) == 1)
+        print("".join(row) + f"  engine {'yes' if same[0] else 'NO'}, server {'yes' if same[1] else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
