@@ -19,7 +19,7 @@ import trio
 
 from ovtrio import __version__
 from ovtrio.config import Settings
-from ovtrio.model import ModelLoadError, ModelSource, load_model, resolve_model, warm_up
+from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_model, resolve_model, warm_up
 from ovtrio.model.chat_format import thinks, tool_parser_for
 from ovtrio.model.limits import SequenceLimit, ServerDefaults, sequence_limit, server_defaults
 from ovtrio.model.prompts import PromptBuilder
@@ -49,6 +49,16 @@ class ServingModel:
 def system_fingerprint(path: Path | None, device: str) -> str:
     digest = hashlib.sha256(f"{__version__}|{path}|{device}".encode())
     return "fp_" + digest.hexdigest()[:10]
+
+
+def load_summary(model: LoadedModel) -> str:
+    """One line: the load time per phase, and where the engine's models came from."""
+    total = sum(model.phases.values())
+    phases = ", ".join(
+        f"{name} {seconds:.1f} s" + (f" ({model.origin})" if name == "model" and model.origin else "")
+        for name, seconds in model.phases.items()
+    )
+    return f"loaded in {total:.1f} s: {phases}"
 
 
 # Makes the observer of a model's requests from its served name and context length.
@@ -87,13 +97,16 @@ class ModelService:
         log.info("loading %s (%s) on %s", source.path, source.kind, self.settings.device)
         try:
             model = await trio.to_thread.run_sync(load_model, source, self.settings)
+            warm_up_started = time.perf_counter()
             kv_capacity = await trio.to_thread.run_sync(warm_up, model)
+            model.phases["warm-up"] = time.perf_counter() - warm_up_started
             step = await trio.to_thread.run_sync(choose_step, model.pipeline, self.settings.gil_free_step)
         except ModelLoadError as exc:
             self.failure = str(exc)
             log.error("%s", exc)
             self.failed.set()
             return
+        log.info("%s", load_summary(model))
         limit = sequence_limit(source, kv_capacity)
         if limit.tokens < source.context_length:
             log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
@@ -126,7 +139,7 @@ class ModelService:
                 source.path.name,
                 source.name,
                 model.device,
-                model.load_seconds,
+                model.load_seconds + model.phases["warm-up"],
                 source.context_length,
                 where,
             )
