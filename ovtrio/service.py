@@ -12,6 +12,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import trio
 
 from ovtrio import __version__
 from ovtrio.config import Settings
-from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_model, resolve_model, warm_up
+from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
 from ovtrio.model.chat_format import thinks, tool_parser_for
 from ovtrio.model.limits import SequenceLimit, ServerDefaults, sequence_limit, server_defaults
 from ovtrio.model.prompts import PromptBuilder
@@ -66,11 +67,19 @@ ObserverFactory = Callable[[str, int], RequestObserver]
 
 
 class ModelService:
-    def __init__(self, settings: Settings, observer: ObserverFactory | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        observer: ObserverFactory | None = None,
+        loading: Future[tuple[LoadedModel, int]] | None = None,
+    ) -> None:
         """`observer`, when given, makes what the scheduler reports each request's
-        timings and end to (the metrics), once the model is known."""
+        timings and end to (the metrics), once the model is known. `loading`, when
+        given, is the load already under way (start_loading) of the model that
+        `settings` name."""
         self.settings = settings
         self._observer = observer
+        self._loading = loading
         self.source: ModelSource | None = None
         self.serving: ServingModel | None = None  # set when ready
         self.ready = trio.Event()
@@ -94,12 +103,11 @@ class ModelService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         source = self.source or self.check()
         task_status.started()
-        log.info("loading %s (%s) on %s", source.path, source.kind, self.settings.device)
         try:
-            model = await trio.to_thread.run_sync(load_model, source, self.settings)
-            warm_up_started = time.perf_counter()
-            kv_capacity = await trio.to_thread.run_sync(warm_up, model)
-            model.phases["warm-up"] = time.perf_counter() - warm_up_started
+            if self._loading is not None:
+                model, kv_capacity = await trio.to_thread.run_sync(self._loading.result)
+            else:
+                model, kv_capacity = await trio.to_thread.run_sync(load_and_warm_up, source, self.settings)
             step = await trio.to_thread.run_sync(choose_step, model.pipeline, self.settings.gil_free_step)
         except ModelLoadError as exc:
             self.failure = str(exc)

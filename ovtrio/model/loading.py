@@ -7,7 +7,9 @@ runs them in a worker thread.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,6 +159,39 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         phases=phases,
         origin=origin,
     )
+
+
+def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedModel, int]:
+    """load_model, then warm_up (timed as a phase of the load); the model and its KV
+    cache capacity in tokens."""
+    log.info("loading %s (%s) on %s", source.path, source.kind, settings.device)
+    model = load_model(source, settings)
+    started = time.perf_counter()
+    kv_capacity = warm_up(model)
+    model.phases["warm-up"] = time.perf_counter() - started
+    return model, kv_capacity
+
+
+def start_loading(source: ModelSource, settings: Settings) -> Future[tuple[LoadedModel, int]]:
+    """load_and_warm_up in a thread of its own, started now; its result, later.
+
+    `ovtrio serve` starts the load before importing the web framework and building
+    the app: the engine compiles in C++ without the GIL, so the two overlap (on 2
+    cores, about a second less from start to ready). A daemon thread: a server that
+    stops while the model still loads does not wait for the load to finish.
+    """
+    future: Future[tuple[LoadedModel, int]] = Future()
+
+    def load() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(load_and_warm_up(source, settings))
+        except BaseException as exc:  # handed to whoever waits for the model
+            future.set_exception(exc)
+
+    threading.Thread(target=load, name="ovtrio-model-load", daemon=True).start()
+    return future
 
 
 def warm_up(model: LoadedModel) -> int:
