@@ -1,9 +1,11 @@
 """The model service: loads the model off the event loop, then runs the scheduler.
 
 Routes open before the model is loaded (readiness answers 503 meanwhile), so loading
-happens in a task of the app's nursery; the path is checked up front, so a missing or
-unusable model stops startup at once with one line. Once loaded, everything a request
-needs is in one ServingModel, whose fields are never missing.
+happens in a task of the app's nursery, or, under `ovtrio serve`, in a thread started
+before the app was even imported, which that task waits for (loading.start_loading);
+the path is checked up front, so a missing or unusable model stops startup at once with
+one line. Once loaded, everything a request needs is in one ServingModel, whose fields
+are never missing.
 """
 
 from __future__ import annotations
