@@ -64,13 +64,6 @@ async def serve(settings: Settings, loading: Future[tuple[LoadedModel, int]] | N
     config.loglevel = "WARNING"
     config.keep_alive_timeout = 75
     config.backlog = LISTEN_BACKLOG
-    if not api_keys(settings) and not is_loopback(settings.host):
-        log.warning(
-            "listening on %s without an API key: anyone who can reach it can use the model"
-            " (set --api-key, OVTRIO_API_KEY or --api-key-file)",
-            settings.host,
-        )
-
     failed = False
 
     async def shutdown_trigger() -> None:
@@ -103,6 +96,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ovtrio: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     configure_logging(settings.log_level)
+    if not api_keys(settings) and not is_loopback(settings.host):
+        log.warning(
+            "listening on %s without an API key: anyone who can reach it can use the model"
+            " (set --api-key, OVTRIO_API_KEY or --api-key-file)",
+            settings.host,
+        )
     loading = start_loading(source, settings)  # while the web framework is imported
     try:
         code = trio.run(serve, settings, loading)
