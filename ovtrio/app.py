@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
+from concurrent.futures import Future
 from typing import Any
 
 from quart import Response
@@ -21,24 +21,17 @@ from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.config import Settings, api_keys, settings_from_env
+from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
-from ovtrio.model import ModelLoadError
+from ovtrio.model import LoadedModel, ModelLoadError
 from ovtrio.service import ModelService
 
 log = logging.getLogger("ovtrio")
 
 
-def configure_logging(level: str) -> None:
-    logger = logging.getLogger("ovtrio")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s ovtrio %(levelname)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
-    logger.setLevel(level.upper())
-
-
-def create_app(settings: Settings | None = None) -> QuartTrio:
+def create_app(settings: Settings | None = None, loading: Future[tuple[LoadedModel, int]] | None = None) -> QuartTrio:
+    """The app for `settings` (default: from the environment); `loading`, when given,
+    is the model's load already under way (ovtrio.model.start_loading)."""
     settings = settings or settings_from_env()
     configure_logging(settings.log_level)
     closing.apply()
@@ -48,7 +41,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = 32 * 1024 * 1024
     server_metrics = ServerMetrics()
-    service = ModelService(settings, observer=server_metrics.for_model)
+    service = ModelService(settings, observer=server_metrics.for_model, loading=loading)
     store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)
     context.attach(app, service, store, metrics.registry_for(service, server_metrics))
     metrics.install(app, server_metrics)

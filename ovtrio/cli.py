@@ -8,13 +8,15 @@ import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from typing import Any
 
 import trio
 
 from ovtrio import __version__
 from ovtrio.config import ENV_PREFIX, Settings, SettingsError, api_keys, is_list_setting, settings_from_env
-from ovtrio.model import ModelLoadError, resolve_model
+from ovtrio.logs import configure_logging
+from ovtrio.model import LoadedModel, ModelLoadError, resolve_model, start_loading
 
 log = logging.getLogger("ovtrio")
 
@@ -55,14 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def serve(settings: Settings) -> int:
+async def serve(settings: Settings, loading: Future[tuple[LoadedModel, int]] | None = None) -> int:
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
     from ovtrio.api.context import service_of
     from ovtrio.app import create_app
 
-    app = create_app(settings)
+    app = create_app(settings, loading)
     service = service_of(app)
     service.base_url = f"http://{settings.host}:{settings.port}"
     config = Config()
@@ -73,12 +75,6 @@ async def serve(settings: Settings) -> int:
     config.keep_alive_timeout = 75
     config.backlog = LISTEN_BACKLOG
     config.graceful_timeout = FLUSH_SECONDS
-    if not api_keys(settings) and not is_loopback(settings.host):
-        log.warning(
-            "listening on %s without an API key: anyone who can reach it can use the model"
-            " (set --api-key, OVTRIO_API_KEY or --api-key-file)",
-            settings.host,
-        )
     failed = False
 
     # Installed before Hypercorn starts, so a signal that comes while the model loads waits
@@ -146,13 +142,21 @@ def main(argv: list[str] | None = None) -> None:
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     try:
         settings = settings_from_env(**overrides)
-        resolve_model(settings)  # fail fast, before binding the port
+        source = resolve_model(settings)  # fail fast, before binding the port
         api_keys(settings)
     except (SettingsError, ModelLoadError) as exc:
         print(f"ovtrio: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    configure_logging(settings.log_level)
+    if not api_keys(settings) and not is_loopback(settings.host):
+        log.warning(
+            "listening on %s without an API key: anyone who can reach it can use the model"
+            " (set --api-key, OVTRIO_API_KEY or --api-key-file)",
+            settings.host,
+        )
+    loading = start_loading(source, settings)  # while the web framework is imported
     try:
-        code = trio.run(serve, settings)
+        code = trio.run(serve, settings, loading)
     except KeyboardInterrupt:
         code = 0
     raise SystemExit(code)

@@ -45,6 +45,14 @@ class Settings(BaseModel):
         256, ge=1, description="most tokens processed in one engine step (prompt chunks included)"
     )
     enable_prefix_caching: bool = Field(True, description="reuse KV cache of shared prompt prefixes")
+    cache_dir: str | None = Field(
+        None,
+        description="folder that keeps the model and tokenizer converted from a GGUF file, for faster later starts"
+        " (default: $XDG_CACHE_HOME/ovtrio, or ~/.cache/ovtrio)",
+    )
+    model_cache: bool = Field(
+        True, description="use cache_dir; --no-model-cache converts a GGUF file afresh at every start and writes nothing"
+    )
     inference_precision: Literal["auto", "f32", "bf16", "f16"] = Field(
         "auto",
         description="precision the device computes in (auto: the device's choice, bf16 on CPUs with AVX-512 BF16"

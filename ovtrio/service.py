@@ -1,9 +1,11 @@
 """The model service: loads the model off the event loop, then runs the scheduler.
 
 Routes open before the model is loaded (readiness answers 503 meanwhile), so loading
-happens in a task of the app's nursery; the path is checked up front, so a missing or
-unusable model stops startup at once with one line. Once loaded, everything a request
-needs is in one ServingModel, whose fields are never missing.
+happens in a task of the app's nursery, or, under `ovtrio serve`, in a thread started
+before the app was even imported, which that task waits for (loading.start_loading);
+the path is checked up front, so a missing or unusable model stops startup at once with
+one line. Once loaded, everything a request needs is in one ServingModel, whose fields
+are never missing.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +23,7 @@ import trio
 
 from ovtrio import __version__
 from ovtrio.config import Settings
-from ovtrio.model import ModelLoadError, ModelSource, load_model, resolve_model, warm_up
+from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
 from ovtrio.model.chat_format import thinks, tool_parser_for
 from ovtrio.model.limits import (
     RequestCaps,
@@ -63,17 +66,35 @@ def system_fingerprint(path: Path | None, device: str) -> str:
     return "fp_" + digest.hexdigest()[:10]
 
 
+def load_summary(model: LoadedModel) -> str:
+    """One line: the load time per phase, and where the engine's models came from."""
+    total = sum(model.phases.values())
+    phases = ", ".join(
+        f"{name} {seconds:.1f} s" + (f" ({model.origin})" if name == "model" and model.origin else "")
+        for name, seconds in model.phases.items()
+    )
+    return f"loaded in {total:.1f} s: {phases}"
+
+
 # Makes the observer of a model's requests from its served name, its context length and
 # whether the pipeline speculates.
 ObserverFactory = Callable[[str, int, bool], RequestObserver]
 
 
 class ModelService:
-    def __init__(self, settings: Settings, observer: ObserverFactory | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        observer: ObserverFactory | None = None,
+        loading: Future[tuple[LoadedModel, int]] | None = None,
+    ) -> None:
         """`observer`, when given, makes what the scheduler reports each request's
-        timings and end to (the metrics), once the model is known."""
+        timings and end to (the metrics), once the model is known. `loading`, when
+        given, is the load already under way (start_loading) of the model that
+        `settings` name."""
         self.settings = settings
         self._observer = observer
+        self._loading = loading
         self.source: ModelSource | None = None
         self.serving: ServingModel | None = None  # set when ready
         self.ready = trio.Event()
@@ -125,10 +146,11 @@ class ModelService:
                 log.info("engine released")
 
     async def _serve(self, source: ModelSource) -> None:
-        log.info("loading %s (%s) on %s", source.path, source.kind, self.settings.device)
         try:
-            model = await trio.to_thread.run_sync(load_model, source, self.settings)
-            kv_capacity = await trio.to_thread.run_sync(warm_up, model)
+            if self._loading is not None:
+                model, kv_capacity = await trio.to_thread.run_sync(self._loading.result)
+            else:
+                model, kv_capacity = await trio.to_thread.run_sync(load_and_warm_up, source, self.settings)
             step = await trio.to_thread.run_sync(
                 choose_step, model.pipeline, self.settings.gil_free_step, partial(apply_defaults, speculation=model.speculation)
             )
@@ -137,6 +159,7 @@ class ModelService:
             log.error("%s", exc)
             self.failed.set()
             return
+        log.info("%s", load_summary(model))
         limit = sequence_limit(source, kv_capacity)
         if limit.tokens < source.context_length:
             log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
@@ -193,7 +216,7 @@ class ModelService:
                 source.path.name,
                 source.name,
                 model.device,
-                model.load_seconds,
+                model.load_seconds + model.phases["warm-up"],
                 source.context_length,
                 where,
             )

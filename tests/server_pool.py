@@ -4,7 +4,9 @@ Loading the model takes 6-8 s, and about one core of the two: started one after 
 other, as each module reached its own server, the loads were a third of the suite's
 time. Started together when collection ends (only those the collected tests use), they
 load side by side and while the first tests run, and a module finds its server ready or
-nearly so.
+nearly so. The first one converts the model into the session's model cache, and the
+others start when it is there (conftest.py), so each of them loads in about half the
+time.
 
 A module declares its server with `server_fixture(name, *flags, ...)` at import time
 (collection), which registers the settings and returns the fixture of that name. The
@@ -16,6 +18,7 @@ must stop its server itself (a restart, a shutdown) takes it out of the pool wit
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +88,17 @@ class ServerPool:
                 Path(paths[file]).write_text(text)
             args = tuple(_fill(arg, paths) for arg in spec.args)
             self._launched[name] = self._starter(folder, ServerSpec(args, spec.env, {}, spec.hypercorn))
+
+    def wait_for(self, name: str, condition: Callable[[], bool], timeout: float = 300) -> None:
+        """Wait until `condition()` holds, or the launched server `name` has exited (its
+        test reports why), or `timeout` seconds."""
+        launched = self._launched.get(name)
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline:
+            process = getattr(launched, "process", None)
+            if process is not None and process.poll() is not None:
+                return
+            time.sleep(0.1)
 
     def get(self, name: str) -> Any:
         """The server `name`, once it serves (launched now if it was not yet)."""

