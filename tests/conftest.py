@@ -228,9 +228,14 @@ alternate_server = server_fixture(
 )
 
 
-def _load_embedded_pipeline() -> Any:
+def _load_embedded_pipeline(after_conversion: bool) -> Any:
     from ovtrio.config import Settings
     from ovtrio.model import load_model, resolve_model
+
+    if after_conversion:  # a server converts the model: load what it keeps
+        deadline = time.monotonic() + READY_WITHIN
+        while not _model_cached() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     settings = Settings(
         enable_prefix_caching=False, cache_size=1, max_num_batched_tokens=2048, cache_dir=str(SESSION_CACHE)
@@ -254,28 +259,38 @@ def _pool() -> ServerPool:
     return _POOL
 
 
-def _pipeline() -> Future:
+def _pipeline(after_conversion: bool = False) -> Future:
     global _PIPELINE
     if _PIPELINE is None:
-        _PIPELINE = _LOADER.submit(_load_embedded_pipeline)
+        _PIPELINE = _LOADER.submit(_load_embedded_pipeline, after_conversion)
     return _PIPELINE
 
 
+# Fixtures that mean a test needs a model loaded, or may start a server of its own.
+_NEEDS_A_MODEL = {"embedded_pipeline", "tmp_path", "tmp_path_factory"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need no model run first, while the servers load (in module order
+    otherwise: the sort is stable)."""
+    needs_a_model = _NEEDS_A_MODEL | set(registered())
+    items.sort(key=lambda item: bool(needs_a_model & set(getattr(item, "fixturenames", ()))))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start every server the collected tests use, and the in-process pipeline, at once
-    (server_pool.py says why): the shared server first, the rest in the order of use."""
+    """Start every server the collected tests use, and the in-process pipeline, while
+    the tests run (server_pool.py says why): the shared server first, the rest in the
+    order of use."""
     used: dict[str, None] = {}
     for item in session.items:
         used.update(dict.fromkeys(getattr(item, "fixturenames", ())))
     wanted = [name for name in ("server", *used) if name in used and name in registered()]
     # The first server converts the model into the session's cache; the others start
     # once it is there and load it (about 3 s of CPU each instead of 6).
-    _pool().start(wanted[:1])
     if wanted:
-        _pool().wait_for(wanted[0], _model_cached)
-    _pool().start(wanted[1:])
+        _pool().start_in_background(wanted[0], _model_cached, wanted[1:])
     if "embedded_pipeline" in used:
-        _pipeline()
+        _pipeline(after_conversion=bool(wanted))
 
 
 def _model_cached() -> bool:

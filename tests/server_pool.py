@@ -18,6 +18,7 @@ must stop its server itself (a restart, a shutdown) takes it out of the pool wit
 from __future__ import annotations
 
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -73,21 +74,49 @@ class ServerPool:
         self._root = Path(tempfile.mkdtemp(prefix="ovtrio-servers-"))
         self._launched: dict[str, Any] = {}
         self._serving: dict[str, Any] = {}
+        self._lock = threading.Lock()  # launches happen in the launcher thread too
+        self._planned: set[str] = set()  # to be launched by the launcher thread
+        self._launcher_done = threading.Event()
+        self._launcher_done.set()
+        self._closing = False
+
+    def start_in_background(self, first: str, ready_for_others: Callable[[], bool], others: Iterable[str]) -> None:
+        """Launch `first` now and, from a thread, `others` once `ready_for_others()`
+        holds (or `first` has exited), so the tests go on meanwhile."""
+        others = [name for name in others if name != first]
+        self.start([first])
+        self._planned = set(others)
+        self._launcher_done.clear()
+
+        def launch_others() -> None:
+            try:
+                self.wait_for(first, lambda: ready_for_others() or self._closing)
+                if not self._closing:
+                    self.start(others)
+            finally:
+                self._launcher_done.set()
+
+        threading.Thread(target=launch_others, name="server-pool-launcher", daemon=True).start()
 
     def start(self, names: Iterable[str]) -> None:
         """Launch the registered servers among `names`, in that order, without waiting."""
         for name in names:
-            spec = _SPECS.get(name)
-            if spec is None or name in self._launched or name in self._serving:
-                continue
-            folder = self._root / name
-            folder.mkdir()
-            paths = {"folder": str(folder)}
-            for file, text in spec.files.items():
-                paths[file] = str(folder / file)
-                Path(paths[file]).write_text(text)
-            args = tuple(_fill(arg, paths) for arg in spec.args)
-            self._launched[name] = self._starter(folder, ServerSpec(args, spec.env, {}, spec.hypercorn))
+            with self._lock:
+                self._launch(name)
+
+    def _launch(self, name: str) -> None:
+        """Launch `name` unless it is unknown or launched already (holding the lock)."""
+        spec = _SPECS.get(name)
+        if spec is None or name in self._launched or name in self._serving:
+            return
+        folder = self._root / name
+        folder.mkdir()
+        paths = {"folder": str(folder)}
+        for file, text in spec.files.items():
+            paths[file] = str(folder / file)
+            Path(paths[file]).write_text(text)
+        args = tuple(_fill(arg, paths) for arg in spec.args)
+        self._launched[name] = self._starter(folder, ServerSpec(args, spec.env, {}, spec.hypercorn))
 
     def wait_for(self, name: str, condition: Callable[[], bool], timeout: float = 300) -> None:
         """Wait until `condition()` holds, or the launched server `name` has exited (its
@@ -101,17 +130,26 @@ class ServerPool:
             time.sleep(0.1)
 
     def get(self, name: str) -> Any:
-        """The server `name`, once it serves (launched now if it was not yet)."""
+        """The server `name`, once it serves (launched now if it was not yet, or when
+        the launcher thread launches it, if it will)."""
         if name not in self._serving:
-            self.start([name])
-            self._serving[name] = self._ready(self._launched.pop(name))
+            if name in self._planned:
+                self._launcher_done.wait()
+            with self._lock:
+                self._launch(name)
+                launched = self._launched.pop(name)
+            self._serving[name] = self._ready(launched)
         return self._serving[name]
 
     def take(self, name: str) -> Any:
         """The server `name`, which the caller now stops (the pool will not)."""
-        return self._serving.pop(name) if name in self._serving else self._ready(self._launched.pop(name))
+        server = self.get(name)
+        del self._serving[name]
+        return server
 
     def close(self) -> None:
+        self._closing = True
+        self._launcher_done.wait()
         for server in [*self._serving.values(), *self._launched.values()]:
             self._stop(server)
         self._serving.clear()

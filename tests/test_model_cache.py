@@ -1,10 +1,10 @@
 """The model cache: what the engine builds from a GGUF file is kept for the next start.
 
 The key and the entry's life (published whole or not at all, checked when read) are
-tested on their own; then real servers, started one after the other on one cache
-folder with a copy of the embedded model: the first converts, the second loads the
-entry and writes the same greedy text, a changed file misses, a damaged entry is
-rebuilt.
+tested on their own. Then real servers: the session's own servers share one cache (the
+first converts the embedded model, the others load its entry and write the same greedy
+text); and servers started one after the other on a copy of the model with a cache of
+its own: a damaged entry is rebuilt, a changed file misses.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import RunningServer, start_server, stop_server
+from conftest import MODEL, SESSION_CACHE, RunningServer, start_server, stop_server
 from ovtrio.model import embedded_model_path
 from ovtrio.model.cache import (
     ENTRY_FILES,
@@ -158,29 +158,13 @@ def test_a_damaged_entry_is_refused_and_can_be_discarded(tmp_path, model, damage
 # Real servers on one cache folder, one after the other.
 
 NAME = "cached-model"
-REQUEST = {"model": NAME, "prompt": "The capital of France is", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+PROMPT = {"prompt": "The capital of France is", "max_tokens": 7, "temperature": 0, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    """A copy of the embedded model (its own identity) and a cache folder of its own."""
-    root = tmp_path_factory.mktemp("model-cache")
-    shutil.copy(embedded_model_path(), root / "model.gguf")
-    return root
-
-
-def serve_once(folder: Path, tmp_path: Path) -> tuple[str, str]:
-    """Start a server on the copy and the folder's cache, ask it REQUEST, stop it: its
-    log and its text."""
-    server: RunningServer = start_server(
-        tmp_path, "--model", str(folder / "model.gguf"), "--served-model-name", NAME, "--cache-dir", str(folder / "cache")
-    )
-    try:
-        reply = httpx.post(server.v1 + "/completions", json=REQUEST, timeout=120)
-        assert reply.status_code == 200, reply.text
-        return server.log_path.read_text(), reply.json()["choices"][0]["text"]
-    finally:
-        stop_server(server)
+def greedy_text(server: RunningServer, model: str = MODEL) -> str:
+    reply = httpx.post(server.v1 + "/completions", json={"model": model, **PROMPT}, timeout=120)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["choices"][0]["text"]
 
 
 def load_line(log: str) -> str:
@@ -188,43 +172,54 @@ def load_line(log: str) -> str:
     return line
 
 
+def test_the_first_start_converts_into_the_cache(server):
+    """The session's first server found the session's cache empty (conftest.py)."""
+    line = load_line(server.log_path.read_text())
+    assert "(converted and cached in " in line, line
+    for phase in ("tokenizer", "model", "vocabulary", "warm-up"):
+        assert f" {phase} " in line, line
+    assert len(list((SESSION_CACHE / "gguf").iterdir())) == 1
+
+
+def test_the_second_start_loads_the_cache_and_answers_the_same(server, alternate_server):
+    """Another server of the session, started once the entry was there. Its settings
+    change how steps are called and deltas grouped, not what the engine computes
+    (test_engine_step.py: both step routes give the same tokens)."""
+    assert "(cached in " in load_line(alternate_server.log_path.read_text())
+    assert greedy_text(alternate_server) == greedy_text(server)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, server) -> Path:
+    """A copy of the embedded model (its own identity) and a cache folder of its own,
+    holding the session's entry under the copy's key (the same files: a copy is the
+    same model)."""
+    root = tmp_path_factory.mktemp("model-cache")
+    shutil.copy(embedded_model_path(), root / "model.gguf")
+    versions = engine_versions()
+    session_entry = SESSION_CACHE / "gguf" / entry_key(model_identity(embedded_model_path()), versions)
+    assert session_entry.is_dir()
+    shutil.copytree(session_entry, root / "cache" / "gguf" / entry_key(model_identity(root / "model.gguf"), versions))
+    return root
+
+
+def serve_once(folder: Path, tmp_path: Path) -> tuple[str, str]:
+    """Start a server on the copy and the folder's cache, ask it PROMPT, stop it: its
+    log and its text."""
+    server: RunningServer = start_server(
+        tmp_path, "--model", str(folder / "model.gguf"), "--served-model-name", NAME, "--cache-dir", str(folder / "cache")
+    )
+    try:
+        return server.log_path.read_text(), greedy_text(server, NAME)
+    finally:
+        stop_server(server)
+
+
 def entries(folder: Path) -> list[str]:
     return sorted(p.name for p in (folder / "cache" / "gguf").iterdir())
 
 
-@pytest.fixture(scope="module")
-def first_start(folder, tmp_path_factory) -> tuple[str, str]:
-    return serve_once(folder, tmp_path_factory.mktemp("first"))
-
-
-def test_the_first_start_converts_into_the_cache(first_start, folder):
-    log, _ = first_start
-    line = load_line(log)
-    assert "(converted and cached in " in line, line
-    for phase in ("tokenizer", "model", "vocabulary", "warm-up"):
-        assert f" {phase} " in line, line
-    assert len(entries(folder)) == 1
-
-
-def test_the_second_start_loads_the_cache_and_answers_the_same(first_start, folder, tmp_path):
-    log, text = serve_once(folder, tmp_path)
-    assert "(cached in " in load_line(log), log
-    assert text == first_start[1]
-    assert len(entries(folder)) == 1
-
-
-def test_a_changed_model_file_misses_the_cache(first_start, folder, tmp_path):
-    before = entries(folder)
-    model = folder / "model.gguf"
-    later = model.stat().st_mtime_ns + 10**9
-    os.utime(model, ns=(later, later))
-    log, text = serve_once(folder, tmp_path)
-    assert "(converted and cached in " in load_line(log), log
-    assert len(entries(folder)) == len(before) + 1
-    assert text == first_start[1]
-
-
-def test_a_corrupt_entry_is_rebuilt_with_one_log_line(first_start, folder, tmp_path):
+def test_a_corrupt_entry_is_rebuilt_with_one_log_line(server, folder, tmp_path):
     key = entry_key(model_identity(folder / "model.gguf"), engine_versions())
     xml = folder / "cache" / "gguf" / key / "openvino_model.xml"
     assert xml.is_file()
@@ -234,4 +229,16 @@ def test_a_corrupt_entry_is_rebuilt_with_one_log_line(first_start, folder, tmp_p
     assert len(complaints) == 1 and key in complaints[0], log
     assert "(converted and cached in " in load_line(log), log
     assert xml.read_bytes().startswith(b"<?xml")
-    assert text == first_start[1]
+    assert entries(folder) == [key]
+    assert text == greedy_text(server)
+
+
+def test_a_changed_model_file_misses_the_cache(server, folder, tmp_path):
+    before = entries(folder)
+    model = folder / "model.gguf"
+    later = model.stat().st_mtime_ns + 10**9
+    os.utime(model, ns=(later, later))
+    log, text = serve_once(folder, tmp_path)
+    assert "(converted and cached in " in load_line(log), log
+    assert len(entries(folder)) == len(before) + 1
+    assert text == greedy_text(server)

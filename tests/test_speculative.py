@@ -86,9 +86,14 @@ def test_greedy_output_agrees_across_ways_of_speculating(
     assert len(set(texts)) == 1, texts
 
 
-@pytest.mark.parametrize("server_name", ["prompt_lookup_server", "draft_server"])
-def test_streams_equal_unary_output(request: pytest.FixtureRequest, server_name: str) -> None:
-    server = request.getfixturevalue(server_name)
+@pytest.fixture(params=["prompt_lookup_server", "draft_server"])
+def speculating_server(request: pytest.FixtureRequest, prompt_lookup_server, draft_server) -> RunningServer:
+    """Each way of speculating in turn (both named, so both start with the session's servers)."""
+    return {"prompt_lookup_server": prompt_lookup_server, "draft_server": draft_server}[request.param]
+
+
+def test_streams_equal_unary_output(speculating_server: RunningServer) -> None:
+    server = speculating_server
     params = {"messages": REWRITE, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True, "logprobs": True}
     unary = chat(server.base_url, **params)
     assert unary.usage["completion_tokens"] == TOKENS
@@ -130,9 +135,8 @@ def test_responses_api_speculates(prompt_lookup_server: RunningServer) -> None:
     )
 
 
-@pytest.mark.parametrize("server_name", ["prompt_lookup_server", "draft_server"])
-def test_metrics_count_drafted_and_accepted_tokens(request: pytest.FixtureRequest, server_name: str) -> None:
-    server = request.getfixturevalue(server_name)
+def test_metrics_count_drafted_and_accepted_tokens(speculating_server: RunningServer) -> None:
+    server = speculating_server
     names = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
              "vllm:spec_decode_num_accepted_tokens_total")
     before = [server.metric(name, model_name=MODEL, engine="0") for name in names]
