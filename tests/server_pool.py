@@ -17,6 +17,7 @@ must stop its server itself (a restart, a shutdown) takes it out of the pool wit
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 import time
@@ -39,6 +40,8 @@ class ServerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
     hypercorn: bool = False
+    # Called with the server's folder just before it starts (after the files are written).
+    prepare: Callable[[Path], None] | None = None
 
 
 _SPECS: dict[str, ServerSpec] = {}
@@ -50,10 +53,11 @@ def server_fixture(
     env: Mapping[str, str] | None = None,
     files: Mapping[str, str] | None = None,
     hypercorn: bool = False,
+    prepare: Callable[[Path], None] | None = None,
 ) -> Callable[..., Any]:
     """Register a server's settings under `name`, and return the fixture `name` that
     hands the test that server (started early by the pool, ready when handed over)."""
-    spec = ServerSpec(tuple(args), dict(env or {}), dict(files or {}), hypercorn)
+    spec = ServerSpec(tuple(args), dict(env or {}), dict(files or {}), hypercorn, prepare)
     if _SPECS.setdefault(name, spec) != spec:
         raise ValueError(f"two different servers are both called {name}")
 
@@ -116,6 +120,8 @@ class ServerPool:
             paths[file] = str(folder / file)
             Path(paths[file]).write_text(text)
         args = tuple(_fill(arg, paths) for arg in spec.args)
+        if spec.prepare is not None:
+            spec.prepare(folder)
         self._launched[name] = self._starter(folder, ServerSpec(args, spec.env, {}, spec.hypercorn))
 
     def wait_for(self, name: str, condition: Callable[[], bool], timeout: float = 300) -> None:
@@ -154,6 +160,7 @@ class ServerPool:
             self._stop(server)
         self._serving.clear()
         self._launched.clear()
+        shutil.rmtree(self._root, ignore_errors=True)
 
 
 def _fill(arg: str, paths: Mapping[str, str]) -> str:

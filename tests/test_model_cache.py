@@ -3,8 +3,8 @@
 The key and the entry's life (published whole or not at all, checked when read) are
 tested on their own. Then real servers: the session's own servers share one cache (the
 first converts the embedded model, the others load its entry and write the same greedy
-text); and servers started one after the other on a copy of the model with a cache of
-its own: a damaged entry is rebuilt, a changed file misses.
+text); and one on a copy of the model with a cache of its own, where the copy's entry
+is damaged (rebuilt) and the original file's is not the copy's (not taken).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import MODEL, SESSION_CACHE, RunningServer, start_server, stop_server
+from conftest import MODEL, SESSION_CACHE, RunningServer
+from server_pool import server_fixture
 from ovtrio.model import embedded_model_path
 from ovtrio.model.cache import (
     ENTRY_FILES,
@@ -189,56 +190,37 @@ def test_the_second_start_loads_the_cache_and_answers_the_same(server, alternate
     assert greedy_text(alternate_server) == greedy_text(server)
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory, server) -> Path:
-    """A copy of the embedded model (its own identity) and a cache folder of its own,
-    holding the session's entry under the copy's key (the same files: a copy is the
-    same model)."""
-    root = tmp_path_factory.mktemp("model-cache")
-    shutil.copy(embedded_model_path(), root / "model.gguf")
+def _seed_damaged_cache(folder: Path) -> None:
+    """A copy of the embedded model (an identity of its own) and a cache holding two
+    entries made from the session's: a good one under the original file's key, which
+    the copy must not take, and one under the copy's key whose model file is damaged
+    (zeroed, the same size: only the engine can tell)."""
+    shutil.copy(embedded_model_path(), folder / "model.gguf")
     versions = engine_versions()
-    session_entry = SESSION_CACHE / "gguf" / entry_key(model_identity(embedded_model_path()), versions)
-    assert session_entry.is_dir()
-    shutil.copytree(session_entry, root / "cache" / "gguf" / entry_key(model_identity(root / "model.gguf"), versions))
-    return root
+    original = entry_key(model_identity(embedded_model_path()), versions)
+    copy = entry_key(model_identity(folder / "model.gguf"), versions)
+    shutil.copytree(SESSION_CACHE / "gguf" / original, folder / "cache" / "gguf" / original)
+    shutil.copytree(SESSION_CACHE / "gguf" / original, folder / "cache" / "gguf" / copy)
+    xml = folder / "cache" / "gguf" / copy / "openvino_model.xml"
+    xml.write_bytes(b"\0" * xml.stat().st_size)
 
 
-def serve_once(folder: Path, tmp_path: Path) -> tuple[str, str]:
-    """Start a server on the copy and the folder's cache, ask it PROMPT, stop it: its
-    log and its text."""
-    server: RunningServer = start_server(
-        tmp_path, "--model", str(folder / "model.gguf"), "--served-model-name", NAME, "--cache-dir", str(folder / "cache")
-    )
-    try:
-        return server.log_path.read_text(), greedy_text(server, NAME)
-    finally:
-        stop_server(server)
+damaged_cache_server = server_fixture(
+    "damaged_cache_server",
+    "--model", "{folder}/model.gguf", "--served-model-name", NAME, "--cache-dir", "{folder}/cache",
+    prepare=_seed_damaged_cache,
+)
 
 
-def entries(folder: Path) -> list[str]:
-    return sorted(p.name for p in (folder / "cache" / "gguf").iterdir())
-
-
-def test_a_corrupt_entry_is_rebuilt_with_one_log_line(server, folder, tmp_path):
-    key = entry_key(model_identity(folder / "model.gguf"), engine_versions())
-    xml = folder / "cache" / "gguf" / key / "openvino_model.xml"
-    assert xml.is_file()
-    xml.write_bytes(b"\0" * xml.stat().st_size)  # the same size: only the engine can tell
-    log, text = serve_once(folder, tmp_path)
+def test_a_damaged_entry_is_rebuilt_and_another_files_entry_is_not_taken(server, damaged_cache_server):
+    folder = damaged_cache_server.log_path.parent
+    versions = engine_versions()
+    original = entry_key(model_identity(embedded_model_path()), versions)
+    copy = entry_key(model_identity(folder / "model.gguf"), versions)
+    log = damaged_cache_server.log_path.read_text()
     complaints = [line for line in log.splitlines() if "unusable" in line]
-    assert len(complaints) == 1 and key in complaints[0], log
-    assert "(converted and cached in " in load_line(log), log
-    assert xml.read_bytes().startswith(b"<?xml")
-    assert entries(folder) == [key]
-    assert text == greedy_text(server)
-
-
-def test_a_changed_model_file_misses_the_cache(server, folder, tmp_path):
-    before = entries(folder)
-    model = folder / "model.gguf"
-    later = model.stat().st_mtime_ns + 10**9
-    os.utime(model, ns=(later, later))
-    log, text = serve_once(folder, tmp_path)
-    assert "(converted and cached in " in load_line(log), log
-    assert len(entries(folder)) == len(before) + 1
-    assert text == greedy_text(server)
+    assert len(complaints) == 1 and copy in complaints[0], log
+    assert "(converted and cached in " in load_line(log) and copy in load_line(log), log
+    assert (folder / "cache" / "gguf" / copy / "openvino_model.xml").read_bytes().startswith(b"<?xml")
+    assert sorted(p.name for p in (folder / "cache" / "gguf").iterdir()) == sorted([original, copy])
+    assert greedy_text(damaged_cache_server, NAME) == greedy_text(server)
