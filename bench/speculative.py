@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ovtrio.config import Settings  # noqa: E402
 from ovtrio.model import embedded_model_path, load_model, resolve_model  # noqa: E402
+from serving import free_port  # noqa: E402  (bench/ is the script's folder)
 
 PASSAGE = "".join(
     f"def op_{i}(values, factor):\n    total = 0\n    for value in values:\n        total += value * factor + {i}\n"
@@ -45,12 +45,6 @@ VARIANTS = {
     "draft model": ["--draft-model", str(embedded_model_path())],
 }
 ARITHMETIC = ["--no-enable-prefix-caching"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(flags: list[str]) -> tuple[subprocess.Popen, str]:

@@ -16,7 +16,6 @@ import argparse
 import http.client
 import json
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,21 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from serving import free_port, rss_mb  # noqa: E402  (bench/ is the script's folder)
+
 LOADED = re.compile(r"loaded in .*")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def wait_ready(port: int, process: subprocess.Popen, timeout: float = 300) -> None:
