@@ -15,6 +15,7 @@ import subprocess
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -235,7 +236,8 @@ def _load_embedded_pipeline(after_conversion: bool) -> Any:
     if after_conversion:  # a server converts the model: load what it keeps
         deadline = time.monotonic() + READY_WITHIN
         while not _model_cached() and time.monotonic() < deadline:
-            time.sleep(0.1)
+            if _SESSION_OVER.wait(0.1):
+                return None  # no test is left to use it (collect-only, a stop at the first failure)
 
     settings = Settings(
         enable_prefix_caching=False, cache_size=1, max_num_batched_tokens=2048, cache_dir=str(SESSION_CACHE)
@@ -244,6 +246,7 @@ def _load_embedded_pipeline(after_conversion: bool) -> Any:
 
 
 _POOL: ServerPool | None = None
+_SESSION_OVER = threading.Event()
 _PIPELINE: Future | None = None
 _LOADER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedded-pipeline")
 
@@ -299,6 +302,7 @@ def _model_cached() -> bool:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    _SESSION_OVER.set()
     if _POOL is not None:
         _POOL.close()
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
