@@ -36,6 +36,24 @@ class Settings(BaseModel):
         None, description="split <think> reasoning from content (default: on when the chat template uses <think>)"
     )
     device: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, ...")
+    backend: Literal["auto", "continuous_batching", "stateful"] = Field(
+        "auto",
+        description="engine backend: continuous_batching (many requests share each step; CPU and GPU), stateful"
+        " (OpenVINO GenAI's LLMPipeline, one request at a time, the only one the NPU runs); auto picks stateful"
+        " on NPU, continuous_batching elsewhere",
+    )
+    max_prompt_len: int | None = Field(
+        None,
+        ge=1,
+        description="stateful backend: longest prompt in tokens, compiled into the model on NPU; longer prompts get"
+        " 400 (default: 1024 on NPU, the model's context elsewhere)",
+    )
+    min_response_len: int | None = Field(
+        None,
+        ge=1,
+        description="stateful backend: tokens the NPU model keeps room for after the longest prompt (default: 128 on"
+        " NPU); the context is max_prompt_len + min_response_len there",
+    )
     cache_size: int = Field(1, ge=0, description="KV cache size in GB (0 lets the engine size it on demand)")
     num_kv_blocks: int | None = Field(
         None, ge=1, description="KV cache size in blocks (of 32 tokens on CPU); overrides cache_size"
