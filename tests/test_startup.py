@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from conftest import HYPERCORN_MODEL, free_port, held_loading
+from ovtrio.model.source import embedded_model_path
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -147,3 +148,35 @@ def test_embedded_model_is_found_from_the_installed_file_list(monkeypatch):
     installed = embedded_model_path()
     monkeypatch.setattr(source.importlib.util, "find_spec", lambda name: None)
     assert embedded_model_path() == installed
+
+
+def missing_devices() -> list[str]:
+    """Accelerators OpenVINO does not find here (on most test machines: both)."""
+    import openvino as ov
+
+    available = {name.split(".")[0] for name in ov.Core().available_devices}
+    return [name for name in ("GPU", "NPU") if name not in available] or ["GPU.9"]
+
+
+@pytest.mark.parametrize("flag", ["--device", "--draft-device"])
+def test_missing_device_is_refused_in_one_line_naming_what_exists(flag, tmp_path):
+    device = missing_devices()[0]
+    extra = ["--draft-model", str(embedded_model_path())] if flag == "--draft-device" else []
+    result = run_serve(flag, device, *extra, env={"OVTRIO_CACHE_DIR": str(tmp_path)})
+    assert_one_line_refusal(result, device, "it finds:", "CPU")
+    assert result.returncode == 2
+    # Refused before anything loaded: no model was converted into the cache.
+    assert not any(tmp_path.iterdir())
+
+
+def test_device_strings_name_their_physical_devices():
+    from ovtrio.model.devices import is_available, physical_devices
+
+    assert physical_devices("GPU.1") == ["GPU.1"]
+    assert physical_devices("HETERO:GPU,CPU") == ["GPU", "CPU"]
+    assert physical_devices("AUTO") == []
+    assert physical_devices("AUTO:GPU(2),NPU") == ["GPU", "NPU"]
+    assert is_available("GPU", ["CPU", "GPU.0", "GPU.1"])
+    assert is_available("gpu.1", ["CPU", "GPU.0", "GPU.1"])
+    assert not is_available("GPU.2", ["CPU", "GPU.0", "GPU.1"])
+    assert not is_available("NPU", ["CPU", "GPU"])

@@ -113,6 +113,11 @@ def resolve_model(settings: Settings) -> ModelSource:
         default_name = path.stem if path.suffix == ".gguf" else path.name
     if not path.exists():
         raise ModelLoadError(f"cannot load model {path}: no such file or directory")
+    from ovtrio.model.devices import check_device  # it raises this module's ModelLoadError
+
+    check_device(settings.device)
+    if settings.draft_device:
+        check_device(settings.draft_device, "draft_device")
     name = settings.served_model_name or default_name
 
     if path.is_file():
