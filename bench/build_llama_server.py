@@ -1,0 +1,69 @@
+"""Build llama.cpp's `llama-server`, the peer of bench/peer.py, from the llama.cpp
+sources vendored in the `llama-cpp-python` sdist (fetched with pip: no other network).
+
+    python bench/build_llama_server.py [--version 0.3.16] [--out ~/.cache/ovtrio-bench]
+
+Needs a C++ compiler and CMake; takes 5-10 minutes on 2 cores. Prints the binary's
+path; bench/peer.py looks for it in the same place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ovtrio-bench"
+
+
+def binary_path(out: Path = DEFAULT_OUT) -> Path:
+    return out / "llama-server"
+
+
+def download_sdist(version: str | None, into: Path) -> Path:
+    spec = f"llama-cpp-python=={version}" if version else "llama-cpp-python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--dest", str(into), spec],
+        check=True,
+    )
+    return next(into.glob("llama_cpp_python-*.tar.gz"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", help="llama-cpp-python version (default: the newest)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as temp:
+        work = Path(temp)
+        sdist = download_sdist(args.version, work)
+        with tarfile.open(sdist) as archive:
+            archive.extractall(work, filter="data")
+        source = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))
+        build = work / "build"
+        subprocess.run(
+            [
+                "cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON",
+                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF",
+            ],
+            check=True,
+        )
+        subprocess.run(
+            ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(args.jobs)], check=True
+        )
+        built = next(build.glob("**/bin/llama-server"))
+        shutil.copy2(built, binary_path(args.out))
+        (args.out / "llama-server.version").write_text(sdist.name + "\n")
+    print(binary_path(args.out))
+
+
+if __name__ == "__main__":
+    main()
