@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import ValidationError
 from quart import Response, request
 
+from ovtrio.api.capabilities import check_capabilities
 from ovtrio.api.chunks import Envelope
 from ovtrio.api.context import generation_model
 from ovtrio.api.errors import APIError, api_error, from_validation_error, invalid, model_not_found
@@ -96,7 +97,9 @@ def generation_request(
     constraint: OutputConstraint | None = None,
     keep_special_token_ids: frozenset[int] = frozenset(),
 ) -> GenerationRequest:
-    """The scheduler's request: checked size and sampling settings plus the tokenized prompts."""
+    """The scheduler's request: what the backend can do, size and sampling settings
+    checked, plus the tokenized prompts."""
+    check_capabilities(model.capabilities, body, prompts, constraint)
     check_request_size(model, body, len(prompts))
     longest = max(len(p) for p in prompts)
     # A prompt beyond the context is refused as such first (context_length_exceeded).

@@ -2,7 +2,8 @@
 they become GenerationConfig), typed messages out (messages.py), text decoded and cut at
 stop strings on the way (text_output.py). The loop is scheduler.py, what it keeps for each
 request requests.py, and its output side delivery.py; what it reports of each request's
-life goes to a RequestObserver (observer.py). Knows nothing of HTTP or of metrics formats."""
+life goes to a RequestObserver (observer.py). stateful.py is the other backend's loop,
+one request at a time on the stateful LLMPipeline, behind the same interface. Knows nothing of HTTP or of metrics formats."""
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
@@ -17,6 +18,7 @@ from ovtrio.scheduler.params import (
 )
 from ovtrio.scheduler.requests import RequestStream
 from ovtrio.scheduler.scheduler import SHUTTING_DOWN, NotAccepting, Scheduler, SchedulerStats, waiting_requests
+from ovtrio.scheduler.stateful import StatefulScheduler
 
 __all__ = [
     "AdmissionLimits",
@@ -36,6 +38,7 @@ __all__ = [
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",
+    "StatefulScheduler",
     "TaggedRegion",
     "UnsupportedParams",
     "check_params",
