@@ -176,16 +176,25 @@ class ModelService:
             slow_reader_buffer=self.settings.slow_reader_buffer,
             slow_reader_timeout=self.settings.slow_reader_timeout,
         )
-        log.info(
-            "admission: %d sequences running and %d requests waiting at most (KV cache %d tokens);"
-            " per request at most %d prompts, %d choices, %d prompt tokens",
-            work.running_sequences,
-            work.queued_requests,
-            kv_capacity,
-            caps.prompts,
-            caps.choices,
-            caps.prompt_tokens,
-        )
+        if stateful:
+            log.info(
+                "stateful backend: one request at a time, %d waiting at most; prompts of at most %d tokens,"
+                " %d tokens with the reply",
+                work.queued_requests,
+                capabilities_for(self.settings).max_prompt_tokens or limit.tokens,
+                limit.tokens,
+            )
+        else:
+            log.info(
+                "admission: %d sequences running and %d requests waiting at most (KV cache %d tokens);"
+                " per request at most %d prompts, %d choices, %d prompt tokens",
+                work.running_sequences,
+                work.queued_requests,
+                kv_capacity,
+                caps.prompts,
+                caps.choices,
+                caps.prompt_tokens,
+            )
         observer = (
             self._observer(source.name, source.context_length, model.speculation.enabled) if self._observer else None
         )
