@@ -38,7 +38,7 @@ from ovtrio.model.limits import (
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.model.speculation import apply_defaults
 from ovtrio.parsing import ToolCallParser
-from ovtrio.scheduler import AdmissionLimits, RequestObserver, Scheduler, StatefulScheduler
+from ovtrio.scheduler import AdmissionLimits, GenerationScheduler, RequestObserver, Scheduler, StatefulScheduler
 from ovtrio.scheduler.engine_step import choose_step
 from ovtrio.shutdown import Shutdown
 
@@ -51,7 +51,7 @@ class ServingModel:
 
     name: str
     system_fingerprint: str
-    scheduler: Scheduler | StatefulScheduler
+    scheduler: GenerationScheduler
     prompts: PromptBuilder
     sequence_limit: SequenceLimit
     caps: RequestCaps
@@ -198,7 +198,7 @@ class ModelService:
         observer = (
             self._observer(source.name, source.context_length, model.speculation.enabled) if self._observer else None
         )
-        scheduler: Scheduler | StatefulScheduler
+        scheduler: GenerationScheduler
         if step is None:
             scheduler = StatefulScheduler(
                 model.pipeline, model.tokenizer, model.vocabulary, self.settings.stream_interval, limits, observer

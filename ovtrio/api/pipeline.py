@@ -28,7 +28,7 @@ from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
 from ovtrio.ids import new_id
 from ovtrio.output import Outcome, OutputEvent, OutputStage, ResultCollector
-from ovtrio.scheduler import Failed, GenerationRequest, OutputConstraint, RequestStream, Scheduler, UnsupportedParams
+from ovtrio.scheduler import Failed, GenerationRequest, GenerationScheduler, OutputConstraint, RequestStream, UnsupportedParams
 from ovtrio.service import ServingModel
 
 Body = TypeVar("Body", bound=SamplingFields)
@@ -121,7 +121,7 @@ def generation_request(
 
 
 @asynccontextmanager
-async def submitted(scheduler: Scheduler, generation: GenerationRequest) -> AsyncIterator[RequestStream]:
+async def submitted(scheduler: GenerationScheduler, generation: GenerationRequest) -> AsyncIterator[RequestStream]:
     """`scheduler.submit`, naming the request field at fault when the engine refuses the
     request as it is added (an output constraint it cannot compile)."""
     entered = False

@@ -6,6 +6,7 @@ life goes to a RequestObserver (observer.py). stateful.py is the other backend's
 one request at a time on the stateful LLMPipeline, behind the same interface. Knows nothing of HTTP or of metrics formats."""
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
+from ovtrio.scheduler.interface import GenerationScheduler
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import (
@@ -26,6 +27,7 @@ __all__ = [
     "Delta",
     "Failed",
     "GenerationRequest",
+    "GenerationScheduler",
     "Message",
     "NoObserver",
     "NotAccepting",
