@@ -24,6 +24,7 @@ import trio
 from ovtrio import __version__
 from ovtrio.config import Settings
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
+from ovtrio.model.backend import Capabilities, capabilities_for, engine_backend
 from ovtrio.model.chat_format import thinks, tool_parser_for
 from ovtrio.model.limits import (
     RequestCaps,
@@ -37,7 +38,7 @@ from ovtrio.model.limits import (
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.model.speculation import apply_defaults
 from ovtrio.parsing import ToolCallParser
-from ovtrio.scheduler import AdmissionLimits, RequestObserver, Scheduler
+from ovtrio.scheduler import AdmissionLimits, GenerationScheduler, RequestObserver, Scheduler, StatefulScheduler
 from ovtrio.scheduler.engine_step import choose_step
 from ovtrio.shutdown import Shutdown
 
@@ -50,7 +51,7 @@ class ServingModel:
 
     name: str
     system_fingerprint: str
-    scheduler: Scheduler
+    scheduler: GenerationScheduler
     prompts: PromptBuilder
     sequence_limit: SequenceLimit
     caps: RequestCaps
@@ -59,6 +60,8 @@ class ServingModel:
     reasoning: bool  # replies start with <think> reasoning
     # The engine reuses cached prompt blocks, and then cannot score those prompt tokens.
     prefix_caching: bool
+    # What the engine backend can do for a request (the API refuses the rest).
+    capabilities: Capabilities = Capabilities()
 
 
 def system_fingerprint(path: Path | None, device: str) -> str:
@@ -151,7 +154,8 @@ class ModelService:
                 model, kv_capacity = await trio.to_thread.run_sync(self._loading.result)
             else:
                 model, kv_capacity = await trio.to_thread.run_sync(load_and_warm_up, source, self.settings)
-            step = await trio.to_thread.run_sync(
+            stateful = engine_backend(self.settings) == "stateful"
+            step = None if stateful else await trio.to_thread.run_sync(
                 choose_step, model.pipeline, self.settings.gil_free_step, partial(apply_defaults, speculation=model.speculation)
             )
         except ModelLoadError as exc:
@@ -160,8 +164,8 @@ class ModelService:
             self.failed.set()
             return
         log.info("%s", load_summary(model))
-        limit = sequence_limit(source, kv_capacity)
-        if limit.tokens < source.context_length:
+        limit = sequence_limit(source, kv_capacity, self.settings)
+        if 0 < kv_capacity < source.context_length:
             log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
         template = model.tokenizer.chat_template or ""
         work = work_limits(self.settings, kv_capacity)
@@ -172,29 +176,43 @@ class ModelService:
             slow_reader_buffer=self.settings.slow_reader_buffer,
             slow_reader_timeout=self.settings.slow_reader_timeout,
         )
-        log.info(
-            "admission: %d sequences running and %d requests waiting at most (KV cache %d tokens);"
-            " per request at most %d prompts, %d choices, %d prompt tokens",
-            work.running_sequences,
-            work.queued_requests,
-            kv_capacity,
-            caps.prompts,
-            caps.choices,
-            caps.prompt_tokens,
+        if stateful:
+            log.info(
+                "stateful backend: one request at a time, %d waiting at most; prompts of at most %d tokens,"
+                " %d tokens with the reply",
+                work.queued_requests,
+                capabilities_for(self.settings).max_prompt_tokens or limit.tokens,
+                limit.tokens,
+            )
+        else:
+            log.info(
+                "admission: %d sequences running and %d requests waiting at most (KV cache %d tokens);"
+                " per request at most %d prompts, %d choices, %d prompt tokens",
+                work.running_sequences,
+                work.queued_requests,
+                kv_capacity,
+                caps.prompts,
+                caps.choices,
+                caps.prompt_tokens,
+            )
+        observer = (
+            self._observer(source.name, source.context_length, model.speculation.enabled) if self._observer else None
         )
-        scheduler = Scheduler(
-            model.pipeline,
-            model.tokenizer,
-            model.vocabulary,
-            stream_interval=self.settings.stream_interval,
-            step=step,
-            limits=limits,
-            observer=(
-                self._observer(source.name, source.context_length, model.speculation.enabled)
-                if self._observer
-                else None
-            ),
-        )
+        scheduler: GenerationScheduler
+        if step is None:
+            scheduler = StatefulScheduler(
+                model.pipeline, model.tokenizer, model.vocabulary, self.settings.stream_interval, limits, observer
+            )
+        else:
+            scheduler = Scheduler(
+                model.pipeline,
+                model.tokenizer,
+                model.vocabulary,
+                stream_interval=self.settings.stream_interval,
+                step=step,
+                limits=limits,
+                observer=observer,
+            )
         self.serving = ServingModel(
             name=source.name,
             system_fingerprint=system_fingerprint(source.path, self.settings.device),
@@ -205,7 +223,8 @@ class ModelService:
             defaults=server_defaults(source, self.settings),
             tool_parser=tool_parser_for(self.settings, template),
             reasoning=thinks(self.settings, template),
-            prefix_caching=self.settings.enable_prefix_caching,
+            prefix_caching=self.settings.enable_prefix_caching and not stateful,  # no prefix cache in LLMPipeline
+            capabilities=capabilities_for(self.settings),
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(scheduler.run)

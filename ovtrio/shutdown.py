@@ -27,7 +27,7 @@ import logging
 
 import trio
 
-from ovtrio.scheduler import SHUTTING_DOWN, Scheduler
+from ovtrio.scheduler import SHUTTING_DOWN, GenerationScheduler
 
 log = logging.getLogger("ovtrio")
 
@@ -51,7 +51,7 @@ class Shutdown:
         """End the drain now and cut what still runs (a second signal asks for this)."""
         self._waiting.cancel()
 
-    async def drain(self, scheduler: Scheduler | None, cause: str) -> None:
+    async def drain(self, scheduler: GenerationScheduler | None, cause: str) -> None:
         """Refuse new work, let the requests in flight run for up to the drain timeout,
         then cut the rest. `scheduler` is None while the model is still loading (no
         request can be in flight then); `cause` names what asked for the shutdown, for

@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import ValidationError
 from quart import Response, request
 
+from ovtrio.api.capabilities import check_capabilities, check_constraint, check_prompt_length
 from ovtrio.api.chunks import Envelope
 from ovtrio.api.context import generation_model
 from ovtrio.api.errors import APIError, api_error, from_validation_error, invalid, model_not_found
@@ -27,7 +28,7 @@ from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
 from ovtrio.ids import new_id
 from ovtrio.output import Outcome, OutputEvent, OutputStage, ResultCollector
-from ovtrio.scheduler import Failed, GenerationRequest, OutputConstraint, RequestStream, Scheduler, UnsupportedParams
+from ovtrio.scheduler import Failed, GenerationRequest, GenerationScheduler, OutputConstraint, RequestStream, UnsupportedParams
 from ovtrio.service import ServingModel
 
 Body = TypeVar("Body", bound=SamplingFields)
@@ -61,7 +62,9 @@ async def accept(model_type: type[Body]) -> tuple[Body, ServingModel]:
 
 def check_request_size(model: ServingModel, body: SamplingFields, prompts: int) -> None:
     """Refuse a request of more prompts, or more choices (n x prompts), than the server
-    allows one request: checked before the prompts are tokenized."""
+    allows one request, or fields its engine backend cannot serve: checked before the
+    prompts are tokenized."""
+    check_capabilities(model.capabilities, body, prompts)
     caps = model.caps
     if prompts > caps.prompts:
         raise invalid(
@@ -96,8 +99,11 @@ def generation_request(
     constraint: OutputConstraint | None = None,
     keep_special_token_ids: frozenset[int] = frozenset(),
 ) -> GenerationRequest:
-    """The scheduler's request: checked size and sampling settings plus the tokenized prompts."""
+    """The scheduler's request: what the backend can do, size and sampling settings
+    checked, plus the tokenized prompts."""
     check_request_size(model, body, len(prompts))
+    check_constraint(model.capabilities, body, constraint)
+    check_prompt_length(model.capabilities, body, prompts)
     longest = max(len(p) for p in prompts)
     # A prompt beyond the context is refused as such first (context_length_exceeded).
     params = sampling_params(body, longest, model.sequence_limit, model.defaults, constraint)
@@ -115,7 +121,7 @@ def generation_request(
 
 
 @asynccontextmanager
-async def submitted(scheduler: Scheduler, generation: GenerationRequest) -> AsyncIterator[RequestStream]:
+async def submitted(scheduler: GenerationScheduler, generation: GenerationRequest) -> AsyncIterator[RequestStream]:
     """`scheduler.submit`, naming the request field at fault when the engine refuses the
     request as it is added (an output constraint it cannot compile)."""
     entered = False

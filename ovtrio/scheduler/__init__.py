@@ -2,9 +2,11 @@
 they become GenerationConfig), typed messages out (messages.py), text decoded and cut at
 stop strings on the way (text_output.py). The loop is scheduler.py, what it keeps for each
 request requests.py, and its output side delivery.py; what it reports of each request's
-life goes to a RequestObserver (observer.py). Knows nothing of HTTP or of metrics formats."""
+life goes to a RequestObserver (observer.py). stateful.py is the other backend's loop,
+one request at a time on the stateful LLMPipeline, behind the same interface. Knows nothing of HTTP or of metrics formats."""
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
+from ovtrio.scheduler.interface import GenerationScheduler
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import (
@@ -17,6 +19,7 @@ from ovtrio.scheduler.params import (
 )
 from ovtrio.scheduler.requests import RequestStream
 from ovtrio.scheduler.scheduler import SHUTTING_DOWN, NotAccepting, Scheduler, SchedulerStats, waiting_requests
+from ovtrio.scheduler.stateful import StatefulScheduler
 
 __all__ = [
     "AdmissionLimits",
@@ -24,6 +27,7 @@ __all__ = [
     "Delta",
     "Failed",
     "GenerationRequest",
+    "GenerationScheduler",
     "Message",
     "NoObserver",
     "NotAccepting",
@@ -36,6 +40,7 @@ __all__ = [
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",
+    "StatefulScheduler",
     "TaggedRegion",
     "UnsupportedParams",
     "check_params",

@@ -40,7 +40,7 @@ from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_response
 from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.scheduler import Scheduler
+from ovtrio.scheduler import GenerationScheduler
 
 blueprint = Blueprint("responses_socket", __name__)
 
@@ -150,7 +150,7 @@ async def _keep(ready: PreparedResponse, local: ResponseStore, shared: ResponseS
 
 
 async def _run(
-    scheduler: Scheduler,
+    scheduler: GenerationScheduler,
     ready: PreparedResponse,
     keep: Callable[[dict[str, Any]], Awaitable[None]],
     stream_id: Any,

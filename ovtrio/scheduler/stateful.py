@@ -1,0 +1,356 @@
+"""The one-at-a-time scheduler over OpenVINO GenAI's stateful LLMPipeline (the NPU's).
+
+Same interface as the continuous-batching Scheduler (check_capacity, submit, drain,
+idle, in_flight, fail_all, stats, run), so the API layer serves either. The pipeline
+runs one sequence: requests wait in arrival order (at most `max_queued_requests`,
+beyond that Overloaded) and the loop task runs them one after the other.
+
+For each request the loop starts `pipeline.generate(ids, config, streamer)` in a worker
+thread (it releases the GIL while it computes) and, while it runs, delivers what the
+streamer wrote (streamer.py) through the same Delivery as the other backend:
+detokenizing, stop strings (matched here, then the generation is cancelled), deltas,
+observer timings. Leaving the submit block, a stop string, the slow-reader timeout and
+fail_all() all cancel the generation, which stops at its next token; the loop starts the
+next request only once generate() has returned, so the pipeline is never entered twice.
+
+Engine calls: `generate()` in the worker thread; nothing else touches the pipeline while
+it runs (the tokenizer is used by the loop's detokenizer, which is thread-safe, see
+scheduler.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import numpy as np
+import trio
+
+from ovtrio.scheduler.admission import AdmissionLimits, Overloaded, RetryHint
+from ovtrio.scheduler.delivery import Delivery
+from ovtrio.scheduler.messages import Failed, Message
+from ovtrio.scheduler.observer import NoObserver, RequestObserver
+from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams, to_generation_config
+from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, RequestStream
+from ovtrio.scheduler.scheduler import SHUTTING_DOWN, NotAccepting, SchedulerStats
+from ovtrio.scheduler.streamer import DEFAULT_LIMIT, GeneratedTokens, make_streamer
+
+log = logging.getLogger("ovtrio.scheduler")
+
+
+class StatefulScheduler:
+    def __init__(
+        self,
+        pipeline: Any,
+        tokenizer: Any,
+        vocabulary: Any = None,
+        stream_interval: int = 0,
+        limits: AdmissionLimits = AdmissionLimits(max_running_sequences=1),
+        observer: RequestObserver | None = None,
+        buffered_tokens: int = DEFAULT_LIMIT,
+    ) -> None:
+        """`pipeline` is an openvino_genai.LLMPipeline; `limits.max_running_sequences` is
+        ignored (one request runs). `buffered_tokens`: ids the streamer keeps for a
+        consumer that does not read before the generation waits (streamer.py). The
+        rest as for Scheduler."""
+        self._pipeline = pipeline
+        self._model_stop_token_ids = frozenset(pipeline.get_generation_config().stop_token_ids)
+        self._limits = limits
+        self._buffered_tokens = buffered_tokens
+        self._active: dict[int, ActiveRequest] = {}
+        self._queued: dict[int, Admission] = {}
+        self._observer = observer or NoObserver()
+        self._retry_hint = RetryHint()
+        self._rejected = 0
+        self._slow_readers_cancelled = 0
+        self._prompt_tokens = 0
+        self._delivery = Delivery(tokenizer, vocabulary, stream_interval, self._active, self._abort, self._observer)
+        self._ids = itertools.count(1)
+        self._work = trio.Event()
+        self._running = False
+        self._accepting = True
+        self._emptied = trio.Event()
+        self._generating = False
+        self._generations = 0
+        self._reads = 0
+        self._generate_seconds = 0.0
+
+    # ---- submission side ----------------------------------------------------------------
+
+    def check_capacity(self) -> None:
+        """Raise Overloaded if a request submitted now would be refused: the queue is full."""
+        free = 0 if self._active or self._generating else 1
+        if len(self._queued) >= self._limits.max_queued_requests + free:
+            self._rejected += 1
+            raise Overloaded(
+                f"The server is overloaded: a request is running and {len(self._queued)} are waiting."
+                " Please retry after a short wait.",
+                self._retry_hint.seconds(),
+            )
+
+    @asynccontextmanager
+    async def submit(self, request: GenerationRequest) -> AsyncIterator[RequestStream]:
+        """Queue `request`; the stream is valid inside the async with-block. Entering waits
+        until the request's turn comes; leaving cancels it (see Scheduler.submit)."""
+        if not self._running:
+            raise NotAccepting("the scheduler is not running")
+        if not self._accepting:
+            raise NotAccepting("the scheduler is draining")
+        if len(request.prompts) != 1 or request.params.n != 1 or request.params.beam_search:
+            raise UnsupportedParams("the stateful backend makes one choice of one prompt per request")
+        self.check_capacity()
+        request_id = next(self._ids)
+        send, receive = trio.open_memory_channel[Message](math.inf)
+        active = ActiveRequest(
+            request_id=request_id,
+            channel=send,
+            prompt_tokens=len(request.prompts[0]),
+            logprobs=False,
+            pause_at=self._limits.slow_reader_buffer,
+            submitted_at=time.monotonic(),
+        )
+        admission = Admission(active, request)
+        self._queued[request_id] = admission
+        self._work.set()
+        try:
+            await admission.added.wait()
+            if admission.error is not None:
+                raise admission.error
+            with receive:
+                yield RequestStream(request_id, receive, partial(self._received, active))
+        finally:
+            self._abort(request_id)
+
+    def _abort(self, request_id: int, outcome: str | None = "abort") -> None:
+        """End a request, running or waiting: cancel its generation, close its channel
+        (as Scheduler._abort)."""
+        active = self._active.pop(request_id, None)
+        if active is not None:
+            if outcome is not None and active.parts:
+                for sequence in active.sequences:
+                    if sequence.finish_reason is None:
+                        self._observer.ended(outcome)
+            self._delivery.forget(active.sequences)
+        else:
+            admission = self._queued.pop(request_id, None)
+            if admission is None:
+                return
+            active = admission.active
+        active.close()
+        self._work.set()  # the loop may be waiting for this request's tokens
+        if not self.in_flight:
+            self._emptied.set()
+
+    # ---- draining -----------------------------------------------------------------------
+
+    def drain(self) -> None:
+        self._accepting = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active) + len(self._queued)
+
+    async def idle(self) -> None:
+        while self.in_flight:
+            self._emptied = trio.Event()
+            await self._emptied.wait()
+
+    # ---- slow readers -------------------------------------------------------------------
+
+    def _received(self, active: ActiveRequest) -> None:
+        if active.paused_at is not None and active.undelivered() <= active.pause_at // 2:
+            self._work.set()
+
+    def _resume_or_expire_paused(self, active: ActiveRequest) -> None:
+        if active.paused_at is None:
+            return
+        if active.undelivered() <= active.pause_at // 2:
+            active.paused_at = None
+        elif trio.current_time() - active.paused_at >= self._limits.slow_reader_timeout:
+            log.warning(
+                "request %d cancelled: its client read nothing for %.0f s",
+                active.request_id,
+                trio.current_time() - active.paused_at,
+            )
+            self._slow_readers_cancelled += 1
+            active.send(
+                Failed(
+                    f"The client did not read the stream for {self._limits.slow_reader_timeout:g} s;"
+                    " the request was cancelled.",
+                    "slow_reader_timeout",
+                )
+            )
+            self._abort(active.request_id)
+
+    # ---- the loop -----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the queued requests one at a time, oldest first; sleep while there are none."""
+        self._running = True
+        task_status.started()
+        try:
+            while True:
+                if not self._queued:
+                    self._work = trio.Event()
+                    await self._work.wait()
+                    continue
+                request_id, admission = next(iter(self._queued.items()))
+                del self._queued[request_id]
+                await self._serve(admission)
+        finally:
+            self._running = False
+            self.fail_all("server is shutting down", SHUTTING_DOWN)
+
+    async def _serve(self, admission: Admission) -> None:
+        """Run one request: generate in a worker thread, deliver as tokens arrive."""
+        import openvino as ov
+
+        active, request = admission.active, admission.request
+        params = request.params
+        prompt_ids = request.prompts[0]
+        try:
+            config = to_generation_config(params, model_stop_token_ids=self._model_stop_token_ids)
+        except Exception as exc:  # settings the engine cannot take
+            admission.error = UnsupportedParams(str(exc).splitlines()[0])
+            active.close()
+            admission.added.set()
+            return
+        tokens = GeneratedTokens(partial(self._wake_soon, trio.lowlevel.current_trio_token()), self._buffered_tokens)
+        sequence = self._delivery.new_sequence(0, prompt_ids, params)
+        active.sequences.append(sequence)
+        active.parts.append(EngineRequest(tokens, [sequence]))
+        self._active[active.request_id] = active
+        waited = time.monotonic() - active.submitted_at
+        self._retry_hint.observe(waited)
+        self._observer.queued(waited)
+        self._prompt_tokens += active.prompt_tokens
+        admission.added.set()
+
+        prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+        streamer = make_streamer(tokens)
+        outcome: list[Any] = []  # the generate() result, or the exception it raised
+        done = trio.Event()
+
+        async def generate() -> None:
+            started = time.perf_counter()
+            self._generating = True
+            self._generations += 1
+            try:
+                outcome.append(
+                    await trio.to_thread.run_sync(self._pipeline.generate, prompt, config, streamer)
+                )
+            except Exception as exc:  # an engine fault: fail this request, keep serving
+                outcome.append(exc)
+            finally:
+                self._generating = False
+                self._generate_seconds += time.perf_counter() - started
+                done.set()
+                self._work.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(generate)
+            try:
+                while not done.is_set():
+                    deadline = math.inf
+                    if active.paused_at is not None:
+                        deadline = active.paused_at + self._limits.slow_reader_timeout
+                    with trio.move_on_at(deadline):
+                        await self._work.wait()
+                    self._work = trio.Event()
+                    self._deliver(active)
+            finally:
+                tokens.cancel()  # no-op once generate() has returned
+        result = outcome[0] if outcome else None
+        if active.request_id not in self._active:
+            return  # ended meanwhile: consumer left, stop string, timeout or fail_all
+        if isinstance(result, Exception):
+            log.error("generation failed: %s", str(result).splitlines()[0] if str(result) else type(result).__name__)
+            active.send(Failed(f"engine error: {result}".splitlines()[0], "engine_error"))
+            self._abort(active.request_id, "error")
+            return
+        tokens.finish(_finish_reason(result, tokens.written, params.max_new_tokens))
+        # The last tokens and the finish reason; a paused consumer gets them once it
+        # catches up, or its request ends at the slow-reader timeout.
+        self._deliver(active)
+        while active.request_id in self._active and active.paused_at is not None:
+            with trio.move_on_at(active.paused_at + self._limits.slow_reader_timeout):
+                await self._work.wait()
+            self._work = trio.Event()
+            self._deliver(active)
+        if active.request_id in self._active:  # not expected: the finish reason ends it
+            active.send(Failed("the generation ended without a finish reason", "engine_error"))
+            self._abort(active.request_id, "error")
+
+    def _wake_soon(self, token: trio.lowlevel.TrioToken) -> None:
+        """From the generating thread: wake the loop (never waits)."""
+        try:
+            token.run_sync_soon(lambda: self._work.set())
+        except trio.RunFinishedError:
+            pass
+
+    def _deliver(self, active: ActiveRequest) -> None:
+        if active.request_id not in self._active:
+            return
+        self._resume_or_expire_paused(active)
+        outputs = self._delivery.read_outputs()
+        if outputs:
+            self._reads += 1
+            self._delivery.deliver(outputs, self._reads)
+
+    def fail_all(self, message: str, code: str = SHUTTING_DOWN, *, waiting: bool = True) -> int:
+        """Fail the running request, and with `waiting` the queued ones (Scheduler.fail_all)."""
+        failed = 0
+        for request_id in list(self._active):
+            self._active[request_id].send(Failed(message, code))
+            self._abort(request_id, "error")
+            failed += 1
+        if waiting:
+            for request_id, admission in list(self._queued.items()):
+                admission.active.send(Failed(message, code))
+                self._abort(request_id)
+                admission.added.set()
+                failed += 1
+        return failed
+
+    # ---- observation --------------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        """Counters. An engine "step" here is one generated token (one inference each);
+        step_seconds is the time spent inside generate(). No paged KV cache: usage 0."""
+        running = len(self._active)
+        return SchedulerStats(
+            running=running,
+            queued=len(self._queued),
+            running_sequences=running,
+            paused=sum(1 for a in self._active.values() if a.paused_at is not None),
+            rejected=self._rejected,
+            slow_readers_cancelled=self._slow_readers_cancelled,
+            engine_requests=int(self._generating),
+            engine_scheduled=int(self._generating),
+            waiting=len(self._queued),
+            kv_cache_usage=0.0,
+            steps=self._delivery.generated_tokens,
+            step_seconds=self._generate_seconds,
+            prompt_tokens=self._prompt_tokens,
+            generated_tokens=self._delivery.generated_tokens,
+            steps_started=self._generations,
+            step_in_flight=self._generating,
+            step_releases_gil=True,
+        )
+
+
+def _finish_reason(result: Any, generated: int, max_new_tokens: int) -> str:
+    import openvino_genai
+
+    reasons = getattr(result, "finish_reasons", None) or []
+    if reasons and reasons[0] == openvino_genai.GenerationFinishReason.LENGTH:
+        return "length"
+    if reasons and reasons[0] == openvino_genai.GenerationFinishReason.STOP:
+        return "stop"
+    return "length" if generated >= max_new_tokens else "stop"
