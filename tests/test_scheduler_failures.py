@@ -132,7 +132,7 @@ async def test_the_drain_waits_for_short_requests_and_cuts_long_ones(engine):
     async with trio.open_nursery() as nursery:
         await nursery.start(run, "short", 5)
         await nursery.start(run, "long", 100_000)
-        nursery.start_soon(shutdown.drain, engine.scheduler, "test")
+        nursery.start_soon(shutdown.drain, [engine.scheduler], "test")
         await trio.testing.wait_all_tasks_blocked()
         assert shutdown.draining.is_set() and not shutdown.drained.is_set()
         while "short" not in results or not isinstance(results["short"][-1], Completed):
