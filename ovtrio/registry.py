@@ -24,8 +24,8 @@ from typing import Literal
 
 import trio
 
-from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
 from ovtrio.config import Settings
+from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
 from ovtrio.scheduler import RequestObserver
 from ovtrio.service import ModelService, ObserverFactory
 from ovtrio.shutdown import Shutdown

@@ -94,7 +94,12 @@ _VLLM_SERIES: tuple[_Series, ...] = (
         GaugeMetricFamily,
         lambda s: s.engine_scheduled,
     ),
-    ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", GaugeMetricFamily, lambda s: s.waiting),
+    (
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        GaugeMetricFamily,
+        lambda s: s.waiting,
+    ),
     (
         "vllm:kv_cache_usage_perc",
         "KV-cache usage. 1 means 100 percent usage.",
@@ -102,7 +107,12 @@ _VLLM_SERIES: tuple[_Series, ...] = (
         lambda s: s.kv_cache_usage / 100,
     ),
     ("vllm:prompt_tokens", "Number of prefill tokens processed.", CounterMetricFamily, lambda s: s.prompt_tokens),
-    ("vllm:generation_tokens", "Number of generation tokens processed.", CounterMetricFamily, lambda s: s.generated_tokens),
+    (
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        CounterMetricFamily,
+        lambda s: s.generated_tokens,
+    ),
 )
 
 
