@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import Future
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any, NoReturn
 
 from quart import Response

@@ -137,6 +137,10 @@ def test_readiness_of_the_server_and_of_each_model(models_server):
         assert reply.status_code == 200 and reply.json() == {"id": name, "status": "ready"}
     unknown = httpx.get(models_server.base_url + "/v2/models/no-such-model/ready", timeout=10)
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    config = httpx.get(models_server.base_url + "/v1/config", timeout=10).json()
+    assert {name: status["model_version_status"][0]["state"] for name, status in config.items()} == dict.fromkeys(
+        NAMES, "AVAILABLE"
+    )
 
 
 def test_requests_to_one_model_move_only_its_metrics(models_server):
@@ -190,6 +194,11 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
         assert server.status_code == 503
         assert [model["status"] for model in server.json()["models"]] == ["ready", "failed", "loading"]
         assert httpx.get(base + "/health", timeout=10).status_code == 200  # alive: one model serves
+        states = httpx.get(base + "/v1/config", timeout=10).json()
+        assert {name: status["model_version_status"][0]["state"] for name, status in states.items()} == {
+            "small-a": "AVAILABLE", "broken": "END", "held": "LOADING",
+        }
+        assert "NO_SUCH_DEVICE" in states["broken"]["model_version_status"][0]["status"]["error_message"]
 
         serving = post(base, "/v1/chat/completions", chat_body(model="small-a", max_tokens=2))
         assert serving.status_code == 200 and serving.json()["model"] == "small-a"

@@ -1,6 +1,7 @@
 """Liveness (/health, /v2/health/live), readiness of the server (/health/ready, /ready,
 /v2/health/ready) and of one model (/v2/models/{name}/ready, as KServe's Open Inference
-Protocol and OVMS have it).
+Protocol and OVMS have it), and every model's status as OVMS's config status API
+(/v1/config) reports it.
 
 The server is ready when every model it serves is. Each readiness body lists the
 models with their status: loading, ready, failed (with the reason), or draining. A model
@@ -67,3 +68,28 @@ async def model_readiness(model_name: str) -> Any:
     server drains; 404 (OpenAI's model_not_found) for a model the server does not serve."""
     status = _model_status(model_service(model_name))
     return status, 200 if status["status"] == "ready" else 503
+
+
+# OVMS's model states (TensorFlow Serving's) for ours; a model that failed to load has
+# ended, with the reason as its error.
+_OVMS_STATES = {"loading": "LOADING", "ready": "AVAILABLE", "draining": "UNLOADING", "failed": "END"}
+
+
+@blueprint.get("/v1/config")
+async def config_status() -> Any:
+    """OVMS's config status: each model's one version, its state and error."""
+    models = model_registry()
+    body = {}
+    for service in models.services:
+        status = _model_status(service)
+        error = ("UNKNOWN", status["reason"]) if "reason" in status else ("OK", "")
+        body[status["id"]] = {
+            "model_version_status": [
+                {
+                    "version": "1",
+                    "state": _OVMS_STATES[status["status"]],
+                    "status": {"error_code": error[0], "error_message": error[1]},
+                }
+            ]
+        }
+    return body
