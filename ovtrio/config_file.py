@@ -16,10 +16,10 @@ startup with one line naming the file, the entry and the key (a SettingsError).
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ovtrio.config import ENV_PREFIX, PER_MODEL_SETTINGS, Settings, SettingsError

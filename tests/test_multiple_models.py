@@ -21,15 +21,15 @@ import httpx
 import openai
 import pytest
 import trio
-from conftest import free_port, held_loading
-from helpers import chat_body, post
-from server_pool import server_fixture
-from test_startup import assert_one_line_refusal, run_serve
 from trio_websocket import open_websocket_url
 
+from conftest import free_port, held_loading
+from helpers import chat_body, post
 from ovtrio.config import Settings, SettingsError
 from ovtrio.config_file import model_settings
 from ovtrio.model import embedded_model_path
+from server_pool import server_fixture
+from test_startup import assert_one_line_refusal, run_serve
 
 EMBEDDED = str(embedded_model_path())
 # small-b differs from small-a in its own settings: a lower max_tokens cap, and a KV cache
