@@ -71,10 +71,6 @@ class ModelRegistry:
             self._longest_context = max(self._longest_context, source.context_length)
 
     @property
-    def names(self) -> list[str]:
-        return [service.model_name for service in self.services]
-
-    @property
     def default(self) -> ModelService:
         """The first model: for the endpoints where `model` is optional (tokenize)."""
         return self.services[0]
