@@ -39,6 +39,8 @@ MODELS: list[dict[str, Any]] = [
     {"served_model_name": "small-a", "model": EMBEDDED},
     {"served_model_name": "small-b", "model": EMBEDDED, "max_tokens_limit": SMALL_B_MAX_TOKENS, "num_kv_blocks": 64},
 ]
+# The tests below run over every entry (routing, listing, readiness, metrics): a model
+# served another way (another backend) is one more line in MODELS.
 NAMES = [entry["served_model_name"] for entry in MODELS]
 
 models_server = server_fixture(
