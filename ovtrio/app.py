@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NoReturn
 
 from quart import Response
 from quart_trio import QuartTrio
@@ -20,19 +21,24 @@ from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.config import Settings, api_keys, settings_from_env
+from ovtrio.config import Settings, SettingsError, api_keys, settings_from_env
+from ovtrio.config_file import model_settings
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
 from ovtrio.model import LoadedModel, ModelLoadError
-from ovtrio.service import ModelService
+from ovtrio.registry import ModelRegistry
 
 log = logging.getLogger("ovtrio")
 
 
-def create_app(settings: Settings | None = None, loading: Future[tuple[LoadedModel, int]] | None = None) -> QuartTrio:
-    """The app for `settings` (default: from the environment); `loading`, when given,
-    is the model's load already under way (ovtrio.model.start_loading)."""
+def create_app(
+    settings: Settings | None = None, loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None
+) -> QuartTrio:
+    """The app for `settings` (default: from the environment), serving the model they
+    name or those of their config file; `loading`, when given, is each model's load
+    already under way (ovtrio.model.start_loading_in_order). Raises SettingsError."""
     settings = settings or settings_from_env()
+    each_model = model_settings(settings)
     configure_logging(settings.log_level)
     closing.apply()
     app = QuartTrio("ovtrio")
@@ -41,34 +47,32 @@ def create_app(settings: Settings | None = None, loading: Future[tuple[LoadedMod
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = 32 * 1024 * 1024
     server_metrics = ServerMetrics()
-    service = ModelService(settings, observer=server_metrics.for_model, loading=loading)
+    registry = ModelRegistry(each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading)
     store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)
-    context.attach(app, service, store, metrics.registry_for(service, server_metrics))
+    context.attach(app, registry, store, metrics.registry_for(registry, server_metrics))
     metrics.install(app, server_metrics)
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
 
     @app.before_serving
-    async def start_model() -> None:
+    async def start_models() -> None:
         try:
-            service.check()
+            registry.check()
         except ModelLoadError as exc:
             # One line and a non-zero exit, not the lifespan machinery's nested
             # traceback; there is nothing to clean up yet.
-            log.error("%s", exc)
-            logging.shutdown()
-            os._exit(2)
-        await app.nursery.start(service.run)
+            _exit_with(exc)
+        await app.nursery.start(registry.run)
 
     @app.after_serving
-    async def release_model() -> None:
+    async def release_models() -> None:
         # Hypercorn runs this once every connection has ended. Under `ovtrio serve` the
         # drain is over by then (the launcher ran it while still listening); under a bare
         # `hypercorn` this is the first the app hears of the shutdown, and the drain finds
         # nothing left in flight. Either way nothing can reach the engine any more.
-        await service.drain("hypercorn stopping")
-        await service.close()
+        await registry.drain("hypercorn stopping")
+        await registry.close()
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
@@ -85,6 +89,12 @@ def create_app(settings: Settings | None = None, loading: Future[tuple[LoadedMod
     return app
 
 
+def _exit_with(error: Exception) -> NoReturn:
+    log.error("%s", error)
+    logging.shutdown()
+    os._exit(2)
+
+
 class _LazyApp:
     """Builds the app on first use, so importing ovtrio.app has no side effects beyond
     reading the environment when a server actually starts."""
@@ -93,7 +103,10 @@ class _LazyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self._app is None:
-            self._app = create_app()
+            try:
+                self._app = create_app()
+            except SettingsError as exc:
+                _exit_with(exc)
         await self._app(scope, receive, send)
 
 

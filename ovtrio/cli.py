@@ -7,7 +7,7 @@ import ipaddress
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -15,8 +15,9 @@ import trio
 
 from ovtrio import __version__
 from ovtrio.config import ENV_PREFIX, Settings, SettingsError, api_keys, is_list_setting, settings_from_env
+from ovtrio.config_file import model_settings
 from ovtrio.logs import configure_logging
-from ovtrio.model import LoadedModel, ModelLoadError, resolve_model, start_loading
+from ovtrio.model import LoadedModel, ModelLoadError, resolve_model, start_loading_in_order
 
 log = logging.getLogger("ovtrio")
 
@@ -57,16 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def serve(settings: Settings, loading: Future[tuple[LoadedModel, int]] | None = None) -> int:
+async def serve(settings: Settings, loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None) -> int:
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
-    from ovtrio.api.context import service_of
+    from ovtrio.api.context import registry_of
     from ovtrio.app import create_app
 
     app = create_app(settings, loading)
-    service = service_of(app)
-    service.base_url = f"http://{settings.host}:{settings.port}"
+    models = registry_of(app)
+    models.set_base_url(f"http://{settings.host}:{settings.port}")
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None
@@ -83,16 +84,16 @@ async def serve(settings: Settings, loading: Future[tuple[LoadedModel, int]] | N
     with trio.open_signal_receiver(*SHUTDOWN_SIGNALS) as signals:
 
         async def shutdown_trigger() -> None:
-            """Returns, and so has Hypercorn stop listening and wind down, once the model
+            """Returns, and so has Hypercorn stop listening and wind down, once every model
             failed to load or a signal came and the drain that follows it is over."""
             nonlocal failed
-            received = await _signal_or_failure(signals, service.failed)
+            received = await _signal_or_failure(signals, models.failed)
             if received is None:
                 failed = True
                 return
             async with trio.open_nursery() as draining:
-                draining.start_soon(_hurry_on_next_signal, signals, service.shutdown.hurry)
-                await service.drain(received)
+                draining.start_soon(_hurry_on_next_signal, signals, models.shutdown.hurry)
+                await models.drain(received)
                 draining.cancel_scope.cancel()
 
         await hypercorn_serve(app, config, shutdown_trigger=shutdown_trigger)
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     try:
         settings = settings_from_env(**overrides)
-        source = resolve_model(settings)  # fail fast, before binding the port
+        each_model = model_settings(settings)
+        sources = [resolve_model(model) for model in each_model]  # fail fast, before binding the port
         api_keys(settings)
     except (SettingsError, ModelLoadError) as exc:
         print(f"ovtrio: {exc}", file=sys.stderr)
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             " (set --api-key, OVTRIO_API_KEY or --api-key-file)",
             settings.host,
         )
-    loading = start_loading(source, settings)  # while the web framework is imported
+    loading = start_loading_in_order(list(zip(sources, each_model)))  # while the web framework is imported
     try:
         code = trio.run(serve, settings, loading)
     except KeyboardInterrupt:

@@ -19,6 +19,11 @@ ENV_PREFIX = "OVTRIO_"
 class Settings(BaseModel):
     model_config = {"extra": "forbid"}
 
+    config: str | None = Field(
+        None,
+        description="JSON or TOML file listing several models to serve, each with its own settings (the other"
+        " settings act as every model's defaults; see the README)",
+    )
     model: str | None = Field(
         None,
         description="OpenVINO IR folder or .gguf file to serve; the embedded SmolLM2-135M-Instruct when unset",
@@ -166,6 +171,43 @@ class Settings(BaseModel):
         " error (new ones are refused meanwhile)",
     )
     log_level: str = Field("info", description="debug, info, warning or error")
+
+
+# The settings a model entry of the config file may set: those of one model and its
+# engine. The others (listening, keys, the response store, the drain, logging, the model
+# cache) are the server's, and are set once, on the command line or in the environment.
+PER_MODEL_SETTINGS = (
+    "model",
+    "served_model_name",
+    "chat_template",
+    "tool_parser",
+    "reasoning_parser",
+    "device",
+    "backend",
+    "max_prompt_len",
+    "min_response_len",
+    "cache_size",
+    "num_kv_blocks",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "inference_precision",
+    "kv_cache_precision",
+    "prompt_lookup",
+    "draft_model",
+    "draft_device",
+    "draft_cache_size",
+    "max_tokens_limit",
+    "max_running_sequences",
+    "max_queued_requests",
+    "max_prompts_per_request",
+    "max_choices_per_request",
+    "max_prompt_tokens_per_request",
+    "slow_reader_buffer",
+    "slow_reader_timeout",
+    "stream_interval",
+    "gil_free_step",
+)
 
 
 class SettingsError(ValueError):

@@ -6,7 +6,7 @@ the scheduler at scrape time are in ovtrio/api/metrics.py, in the same registry.
 Names, types, labels and bucket boundaries are vLLM's (vllm/v1/metrics/loggers.py), so
 the Gateway API Inference Extension's endpoint picker and dashboards made for vLLM read
 ovtrio as they read vLLM: every series has the labels `model_name` (the served model
-name) and `engine` ("0": one engine per process). The metrics live in a registry of
+name; one series per model when the server serves several) and `engine` ("0"). The metrics live in a registry of
 their own per app (not prometheus_client's global one), so several apps can live in one
 process.
 """
@@ -48,6 +48,68 @@ def one_two_five_buckets(limit: int) -> list[int]:
         scale *= 10
 
 
+class RequestFamilies:
+    """The request metric families of one registry, shared by every served model (each
+    observes through its own labelled children). Token counts are bucketed up to
+    `token_limit`: one family has one set of buckets, so with several models, the
+    longest context of them all."""
+
+    def __init__(self, registry: CollectorRegistry, token_limit: int) -> None:
+        self._registry = registry
+
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...] | list[int]) -> Histogram:
+            return Histogram(name, documentation, LABELS, buckets=buckets, registry=registry)
+
+        token_counts = one_two_five_buckets(token_limit)
+        self.queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.time_to_first_token = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS
+        )
+        self.inter_token = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOKEN_LATENCY_BUCKETS
+        )
+        self.time_per_output_token = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
+        )
+        self.prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_counts)
+        self.generation_tokens = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", token_counts
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            (*LABELS, "finished_reason"),
+            registry=registry,
+        )
+        self._speculation: tuple[Counter, Counter, Counter] | None = None
+
+    def speculation(self) -> tuple[Counter, Counter, Counter]:
+        """The spec_decode counters, registered when the first speculating model asks (vLLM
+        serves them only with a speculative config, too). vLLM's names
+        (vllm/v1/spec_decode/metrics.py): acceptance rate is rate(accepted_tokens) /
+        rate(draft_tokens)."""
+        if self._speculation is None:
+
+            def counter(name: str, documentation: str) -> Counter:
+                return Counter(name, documentation, LABELS, registry=self._registry)
+
+            self._speculation = (
+                counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+                counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+                counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+            )
+        return self._speculation
+
+
 class ModelMetrics:
     """The request metrics of one served model: a RequestObserver for its scheduler.
 
@@ -55,60 +117,23 @@ class ModelMetrics:
     prometheus_client object (about 1.7 us), with no label lookup.
     """
 
-    def __init__(
-        self, registry: CollectorRegistry, model_name: str, context_length: int, speculative: bool = False
-    ) -> None:
-        """`speculative`: the pipeline speculates, so the spec_decode counters are
-        served (vLLM serves them only with a speculative config, too)."""
+    def __init__(self, families: RequestFamilies, model_name: str, speculative: bool = False) -> None:
+        """`speculative`: the pipeline speculates, so the spec_decode counters are served."""
         labels = (model_name, ENGINE)
-
-        def histogram(name: str, documentation: str, buckets: tuple[float, ...] | list[int]) -> Histogram:
-            family = Histogram(name, documentation, LABELS, buckets=buckets, registry=registry)
-            return family.labels(*labels)
-
-        token_counts = one_two_five_buckets(context_length)
-        self._queue = histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            REQUEST_LATENCY_BUCKETS,
-        )
-        self._time_to_first_token = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS
-        )
-        self._inter_token = histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOKEN_LATENCY_BUCKETS
-        )
-        self._time_per_output_token = histogram(
-            "vllm:request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
-            TOKEN_LATENCY_BUCKETS,
-        )
-        self._e2e = histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
-        )
-        self._prompt_tokens = histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_counts
-        )
-        self._generation_tokens = histogram(
-            "vllm:request_generation_tokens", "Number of generation tokens processed.", token_counts
-        )
-        success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            (*LABELS, "finished_reason"),
-            registry=registry,
-        )
-        self._success = {reason: success.labels(*labels, reason) for reason in FINISH_REASONS}
+        self._queue = families.queue.labels(*labels)
+        self._time_to_first_token = families.time_to_first_token.labels(*labels)
+        self._inter_token = families.inter_token.labels(*labels)
+        self._time_per_output_token = families.time_per_output_token.labels(*labels)
+        self._e2e = families.e2e.labels(*labels)
+        self._prompt_tokens = families.prompt_tokens.labels(*labels)
+        self._generation_tokens = families.generation_tokens.labels(*labels)
+        self._success = {reason: families.success.labels(*labels, reason) for reason in FINISH_REASONS}
         self._spec_drafts = self._spec_draft_tokens = self._spec_accepted_tokens = None
         if speculative:
-            # vLLM's names (vllm/v1/spec_decode/metrics.py): acceptance rate is
-            # rate(accepted_tokens) / rate(draft_tokens).
-            def counter(name: str, documentation: str) -> Counter:
-                return Counter(name, documentation, LABELS, registry=registry).labels(*labels)
-
-            self._spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
-            self._spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
-            self._spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+            drafts, draft_tokens, accepted_tokens = families.speculation()
+            self._spec_drafts = drafts.labels(*labels)
+            self._spec_draft_tokens = draft_tokens.labels(*labels)
+            self._spec_accepted_tokens = accepted_tokens.labels(*labels)
 
     def queued(self, seconds: float) -> None:
         self._queue.observe(seconds)
@@ -150,13 +175,18 @@ class ServerMetrics:
             ("method", "route", "status"),
             registry=self.registry,
         )
-        self.model: ModelMetrics | None = None
+        self.models: dict[str, ModelMetrics] = {}
+        self._families: RequestFamilies | None = None
 
     def for_model(self, model_name: str, context_length: int, speculative: bool = False) -> ModelMetrics:
-        """The observer of the model's scheduler; made once, when the model is loaded."""
-        if self.model is None:
-            self.model = ModelMetrics(self.registry, model_name, context_length, speculative)
-        return self.model
+        """The observer of a model's scheduler; made once per model, when it is loaded.
+        The request families are made with the first model's, so their token-count
+        buckets go up to its `context_length` (ModelRegistry passes the longest of all)."""
+        if self._families is None:
+            self._families = RequestFamilies(self.registry, context_length)
+        if model_name not in self.models:
+            self.models[model_name] = ModelMetrics(self._families, model_name, speculative)
+        return self.models[model_name]
 
     def response(self, method: str, route: str, status: int) -> None:
         self._responses.labels(method, route, str(status)).inc()

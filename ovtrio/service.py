@@ -1,11 +1,12 @@
-"""The model service: loads the model off the event loop, then runs the scheduler.
+"""The model service: loads one model off the event loop, then runs its scheduler.
 
 Routes open before the model is loaded (readiness answers 503 meanwhile), so loading
 happens in a task of the app's nursery, or, under `ovtrio serve`, in a thread started
 before the app was even imported, which that task waits for (loading.start_loading);
 the path is checked up front, so a missing or unusable model stops startup at once with
 one line. Once loaded, everything a request needs is in one ServingModel, whose fields
-are never missing.
+are never missing. A server serves one or several models, each through a service of its
+own (ovtrio/registry.py holds them).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from ovtrio.model.speculation import apply_defaults
 from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import AdmissionLimits, GenerationScheduler, RequestObserver, Scheduler, StatefulScheduler
 from ovtrio.scheduler.engine_step import choose_step
-from ovtrio.shutdown import Shutdown
 
 log = logging.getLogger("ovtrio")
 
@@ -94,16 +94,15 @@ class ModelService:
         """`observer`, when given, makes what the scheduler reports each request's
         timings and end to (the metrics), once the model is known. `loading`, when
         given, is the load already under way (start_loading) of the model that
-        `settings` name."""
+        `settings` name; it may also be set later, before `run`."""
         self.settings = settings
         self._observer = observer
-        self._loading = loading
+        self.loading = loading
         self.source: ModelSource | None = None
         self.serving: ServingModel | None = None  # set when ready
         self.ready = trio.Event()
         self.failed = trio.Event()
         self.failure: str | None = None
-        self.shutdown = Shutdown(settings.drain_timeout)
         self._running = trio.CancelScope()
         self._stopped = trio.Event()
         self._started = False
@@ -121,11 +120,6 @@ class ModelService:
         """Resolve and check the model path; raises ModelLoadError (one line) if unusable."""
         self.source = resolve_model(self.settings)
         return self.source
-
-    async def drain(self, cause: str) -> None:
-        """Let the requests in flight finish, up to the drain timeout (ovtrio/shutdown.py);
-        `cause` (what asked for the shutdown) goes in the log."""
-        await self.shutdown.drain(self.serving.scheduler if self.serving else None, cause)
 
     async def close(self) -> None:
         """Stop the scheduler and let the engine go; for the app's lifespan shutdown, once
@@ -146,12 +140,12 @@ class ModelService:
             self.serving = None  # the last reference outside the handlers: the pipeline goes
             self._stopped.set()
             if released:
-                log.info("engine released")
+                log.info("engine released (%s)", source.name)
 
     async def _serve(self, source: ModelSource) -> None:
         try:
-            if self._loading is not None:
-                model, kv_capacity = await trio.to_thread.run_sync(self._loading.result)
+            if self.loading is not None:
+                model, kv_capacity = await trio.to_thread.run_sync(self.loading.result)
             else:
                 model, kv_capacity = await trio.to_thread.run_sync(load_and_warm_up, source, self.settings)
             stateful = engine_backend(self.settings) == "stateful"

@@ -8,8 +8,8 @@ On SIGTERM or SIGINT the server goes through four phases, with one log line each
 2. drained, or, once the drain timeout has passed, cut: the requests still running end
    with an error (an error chunk then `[DONE]`, `response.failed`, a WebSocket `error`
    event) and their engine requests are cancelled;
-3. engine released: the scheduler's loop stops and the pipeline is let go
-   (ModelService.close, from the app's lifespan shutdown);
+3. engine released: each model's scheduler loop stops and its pipeline is let go
+   (ModelRegistry.close, from the app's lifespan shutdown);
 4. exit, with code 0 (the launcher).
 
 Why the drain belongs to the launcher and the release to the app: late requests should
@@ -24,6 +24,7 @@ hears of it, so the drain finds nothing left to wait for (see the README).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import trio
 
@@ -51,31 +52,36 @@ class Shutdown:
         """End the drain now and cut what still runs (a second signal asks for this)."""
         self._waiting.cancel()
 
-    async def drain(self, scheduler: GenerationScheduler | None, cause: str) -> None:
-        """Refuse new work, let the requests in flight run for up to the drain timeout,
-        then cut the rest. `scheduler` is None while the model is still loading (no
-        request can be in flight then); `cause` names what asked for the shutdown, for
-        the log. A second call waits for the first."""
+    async def drain(self, schedulers: Sequence[GenerationScheduler], cause: str) -> None:
+        """Refuse new work, let the requests in flight on every scheduler (one per model
+        loaded so far) run for up to the drain timeout, then cut the rest. `cause` names
+        what asked for the shutdown, for the log. A second call waits for the first."""
         if self.draining.is_set():
             await self.drained.wait()
             return
         self.draining.set()
         try:
-            if scheduler is None:
+            if not schedulers:
                 log.info("%s: shutting down; no model loaded yet, nothing to drain", cause)
                 return
-            scheduler.drain()
+            for scheduler in schedulers:
+                scheduler.drain()
             began = trio.current_time()
             log.info(
-                "%s: shutting down, draining %d requests (for up to %g s)", cause, scheduler.in_flight, self.drain_timeout
+                "%s: shutting down, draining %d requests (for up to %g s)",
+                cause,
+                sum(scheduler.in_flight for scheduler in schedulers),
+                self.drain_timeout,
             )
             with self._waiting:
                 self._waiting.deadline = began + self.drain_timeout
-                await scheduler.idle()
+                async with trio.open_nursery() as waiting:
+                    for scheduler in schedulers:
+                        waiting.start_soon(scheduler.idle)
             waited = trio.current_time() - began
-            if scheduler.in_flight:
+            if any(scheduler.in_flight for scheduler in schedulers):
                 why = "timed out" if waited >= self.drain_timeout else "cut short by a second signal"
-                cut = scheduler.fail_all(CUT_MESSAGE, SHUTTING_DOWN)
+                cut = sum(scheduler.fail_all(CUT_MESSAGE, SHUTTING_DOWN) for scheduler in schedulers)
                 log.warning("drain %s after %.1f s: cut %d requests still running", why, waited, cut)
             else:
                 log.info("drained in %.1f s", waited)

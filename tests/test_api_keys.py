@@ -75,7 +75,7 @@ def test_the_scheme_is_case_insensitive(keyed_server):
 
 
 def test_probes_stay_open_and_metrics_can_be_protected(keyed_server):
-    for path in ("/health", "/health/ready", "/ready"):
+    for path in ("/health", "/health/ready", "/ready", "/v2/health/live", "/v2/health/ready"):
         assert httpx.get(keyed_server.base_url + path, timeout=30).status_code == 200, path
     assert httpx.get(keyed_server.base_url + "/metrics", timeout=30).status_code == 401
     scraped = httpx.get(keyed_server.base_url + "/metrics", headers={"Authorization": "Bearer second-key"}, timeout=30)

@@ -59,7 +59,8 @@ def test_metrics_exposition(server):
     ]:
         # (prometheus_client names a counter's family with or without "_total".)
         assert f"# TYPE {name} {kind}" in text or f"# TYPE {name.removesuffix('_total')} {kind}" in text
-        assert any(line.startswith(name + " ") for line in text.splitlines()), name
+        # One series per served model, labelled with its name.
+        assert any(line.startswith(f'{name}{{model_name="{MODEL}"}} ') for line in text.splitlines()), name
 
 
 def test_metrics_idle_and_counting(server):

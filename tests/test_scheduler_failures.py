@@ -132,7 +132,7 @@ async def test_the_drain_waits_for_short_requests_and_cuts_long_ones(engine):
     async with trio.open_nursery() as nursery:
         await nursery.start(run, "short", 5)
         await nursery.start(run, "long", 100_000)
-        nursery.start_soon(shutdown.drain, engine.scheduler, "test")
+        nursery.start_soon(shutdown.drain, [engine.scheduler], "test")
         await trio.testing.wait_all_tasks_blocked()
         assert shutdown.draining.is_set() and not shutdown.drained.is_set()
         while "short" not in results or not isinstance(results["short"][-1], Completed):
@@ -142,3 +142,38 @@ async def test_the_drain_waits_for_short_requests_and_cuts_long_ones(engine):
             await shutdown.drained.wait()
     assert results["long"][-1] == Failed("the server is shutting down", "shutting_down")
     assert engine.scheduler.in_flight == 0
+
+
+async def test_one_drain_covers_the_schedulers_of_every_model(nursery):
+    """Several models: the drain refuses new work on each, waits for the requests of all
+    of them, and cuts what still runs on any when it is hurried."""
+    first, second = await start_scheduler(nursery), await start_scheduler(nursery)
+    results: dict[str, list[Any]] = {}
+
+    async def run(
+        name: str, scheduler: Any, tokens: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with scheduler.submit(request(tokens)) as stream:
+            task_status.started()
+            results[name] = []
+            while batch := await stream.receive_available():
+                results[name] += batch
+
+    shutdown = Shutdown(drain_timeout=60)
+    async with trio.open_nursery() as requests:
+        await requests.start(run, "first", first.scheduler, 5)
+        await requests.start(run, "second", second.scheduler, 100_000)
+        requests.start_soon(shutdown.drain, [first.scheduler, second.scheduler], "test")
+        await trio.testing.wait_all_tasks_blocked()
+        for engine in (first, second):
+            with pytest.raises(NotAccepting):
+                async with engine.scheduler.submit(request(1)):
+                    pass
+        while not (results.get("first") and isinstance(results["first"][-1], Completed)):
+            await trio.sleep(0.01)
+        assert not shutdown.drained.is_set()  # the second model still has a request
+        shutdown.hurry()
+        with trio.fail_after(5):
+            await shutdown.drained.wait()
+    assert results["second"][-1] == Failed("the server is shutting down", "shutting_down")
+    assert first.scheduler.in_flight == second.scheduler.in_flight == 0

@@ -21,7 +21,7 @@ import httpx
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from conftest import RunningServer
+from conftest import RunningServer, sample_value
 from helpers import assert_error, chat_body, completion_body
 from openai_schema import validate
 from server_pool import server_fixture
@@ -121,8 +121,7 @@ class Traffic:
         """Wait until the scheduler serves every request sent (so none is refused)."""
         while True:
             text = (await self.http.get("/metrics")).text
-            running = next(line for line in text.splitlines() if line.startswith("ovtrio_requests_running "))
-            if float(running.split()[1]) >= self.sent:
+            if sample_value(text, "ovtrio_requests_running", model_name=MODEL) >= self.sent:
                 return
             await trio.sleep(0.05)
 
@@ -168,7 +167,8 @@ async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(serve
                     while ready.status_code == 200:  # the signal is on its way
                         await trio.sleep(0.01)
                         ready = await http.get("/health/ready")
-                    assert ready.status_code == 503 and ready.json() == {"status": "draining"}
+                    assert ready.status_code == 503 and ready.json()["status"] == "draining"
+                    assert ready.json()["models"] == [{"id": MODEL, "status": "draining"}]
                     await send_frame(response_create(2, stream_id="late"))
                     live = await http.get("/health")
                     assert live.status_code == 200

@@ -20,7 +20,7 @@ from quart import Quart, Response, request, websocket
 
 from ovtrio.api.errors import APIError, error_response
 
-OPEN_PATHS = frozenset({"/health", "/health/ready", "/ready"})
+OPEN_PATHS = frozenset({"/health", "/health/ready", "/ready", "/v2/health/live", "/v2/health/ready"})
 METRICS_PATH = "/metrics"
 
 MISSING = (

@@ -1,46 +1,66 @@
-"""The app's shared objects, as handlers reach them: the model service, the ready model,
-the Responses store and the metrics registry. Read here and nowhere else from the
-app's config."""
+"""The app's shared objects, as handlers reach them: the served models (by the name a
+request gives), the Responses store and the metrics registry. Read here and nowhere
+else from the app's config."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 from quart import Quart, current_app
 
-from ovtrio.api.errors import APIError, shutting_down
+from ovtrio.api.errors import APIError, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
+from ovtrio.registry import ModelRegistry
 from ovtrio.service import ModelService, ServingModel
 
-_SERVICE = "OVTRIO_SERVICE"
+_MODELS = "OVTRIO_MODELS"
 _RESPONSES = "OVTRIO_RESPONSE_STORE"
 _METRICS = "OVTRIO_METRICS"
 
 
-def attach(app: Quart, service: ModelService, responses: ResponseStore, metrics: CollectorRegistry) -> None:
-    app.config[_SERVICE] = service
+def attach(app: Quart, models: ModelRegistry, responses: ResponseStore, metrics: CollectorRegistry) -> None:
+    app.config[_MODELS] = models
     app.config[_RESPONSES] = responses
     app.config[_METRICS] = metrics
 
 
-def model_service() -> ModelService:
-    """The service, ready or not (health, model list)."""
-    return current_app.config[_SERVICE]
+def model_registry() -> ModelRegistry:
+    """Every served model, ready or not (health, model list), and the shutdown state."""
+    return current_app.config[_MODELS]
 
 
-def ready_model() -> ServingModel:
-    """The loaded model and its scheduler; a 503 while the model is still loading."""
-    serving = model_service().serving
-    if serving is None or not model_service().ready.is_set():
+def model_service(name: str | None = None) -> ModelService:
+    """The service of the model named `name`, ready or not (None: the first model, for
+    endpoints where `model` is optional); a 404 naming it if the server has none."""
+    models = model_registry()
+    if name is None:
+        return models.default
+    service = models.find(name)
+    if service is None:
+        raise model_not_found(name)
+    return service
+
+
+def ready_model(name: str | None = None) -> ServingModel:
+    """The loaded model named `name` and its scheduler (see model_service); a 404 for an
+    unknown one, a 503 while it is still loading or when it failed to load."""
+    service = model_service(name)
+    if service.failed.is_set():
+        raise APIError(
+            503, f"The model '{service.model_name}' failed to load: {service.failure}", code="model_unavailable"
+        )
+    serving = service.serving
+    if serving is None or not service.ready.is_set():
         raise APIError(503, "The model is still loading; retry shortly.", code="model_loading")
     return serving
 
 
-def generation_model() -> ServingModel:
-    """The ready model for a new generation request; also a 503 once the server has begun
-    to shut down (ovtrio/shutdown.py): those in flight may finish, new ones go elsewhere."""
-    if model_service().shutdown.draining.is_set():
+def generation_model(name: str) -> ServingModel:
+    """The ready model named `name`, for a new generation request; also a 503 once the
+    server has begun to shut down (ovtrio/shutdown.py): those in flight may finish, new
+    ones go elsewhere."""
+    if model_registry().shutdown.draining.is_set():
         raise shutting_down()
-    return ready_model()
+    return ready_model(name)
 
 
 def response_store() -> ResponseStore:
@@ -52,6 +72,6 @@ def metrics_registry() -> CollectorRegistry:
     return current_app.config[_METRICS]
 
 
-def service_of(app: Quart) -> ModelService:
-    """The service of `app`, outside a request (the launcher)."""
-    return app.config[_SERVICE]
+def registry_of(app: Quart) -> ModelRegistry:
+    """The served models of `app`, outside a request (the launcher)."""
+    return app.config[_MODELS]

@@ -1,4 +1,5 @@
-"""GET /v1/models, /v3/models and /v1/models/{id} in OpenAI's list format."""
+"""GET /v1/models, /v3/models and /v1/models/{id} in OpenAI's list format: every served
+model, loaded or still loading."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from typing import Any
 
 from quart import Blueprint
 
-from ovtrio.api.context import model_service
-from ovtrio.api.errors import model_not_found
+from ovtrio.api.context import model_registry, model_service
 from ovtrio.service import ModelService
 
 blueprint = Blueprint("models", __name__)
@@ -20,14 +20,10 @@ def _model_card(service: ModelService) -> dict[str, Any]:
 @blueprint.get("/v1/models")
 @blueprint.get("/v3/models")
 async def list_models() -> Any:
-    service = model_service()
-    return {"object": "list", "data": [_model_card(service)]}
+    return {"object": "list", "data": [_model_card(service) for service in model_registry().services]}
 
 
 @blueprint.get("/v1/models/<path:model_id>")
 @blueprint.get("/v3/models/<path:model_id>")
 async def retrieve_model(model_id: str) -> Any:
-    service = model_service()
-    if model_id != service.model_name:
-        raise model_not_found(model_id)
-    return _model_card(service)
+    return _model_card(model_service(model_id))

@@ -22,7 +22,7 @@ from quart import Response, request
 from ovtrio.api.capabilities import check_capabilities, check_constraint, check_prompt_length
 from ovtrio.api.chunks import Envelope
 from ovtrio.api.context import generation_model
-from ovtrio.api.errors import APIError, api_error, from_validation_error, invalid, model_not_found
+from ovtrio.api.errors import APIError, api_error, from_validation_error, invalid
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
@@ -51,11 +51,10 @@ async def parse_body(model_type: type[Body]) -> Body:
 
 
 async def accept(model_type: type[Body]) -> tuple[Body, ServingModel]:
-    """The request's body, validated, and the ready model it names, which has room for it
-    (Overloaded otherwise: a 429)."""
+    """The request's body, validated, and the ready model it names (a 404 for a model the
+    server does not serve), which has room for it (Overloaded otherwise: a 429)."""
     body = await parse_body(model_type)
-    model = generation_model()
-    check_model(model, body)
+    model = generation_model(body.model)
     model.scheduler.check_capacity()
     return body, model
 
@@ -84,11 +83,6 @@ def check_request_size(model: ServingModel, body: SamplingFields, prompts: int) 
             "n",
             "too_many_choices",
         )
-
-
-def check_model(model: ServingModel, body: SamplingFields) -> None:
-    if body.model != model.name:
-        raise model_not_found(body.model)
 
 
 def generation_request(

@@ -2,21 +2,21 @@
 model's own tokenizer and chat template, as the generation endpoints use them, for
 clients that count or build prompts themselves. GET /tokenizer_info describes the
 tokenizer as lm-evaluation-harness's remote tokenizer reads it (its special tokens and
-chat template; it then tokenizes through /tokenize)."""
+chat template; it then tokenizes through /tokenize). With several models, `model` (a
+query parameter for /tokenizer_info) picks one; left out, the first model answers."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from pydantic import Field
-from quart import Blueprint
+from quart import Blueprint, request
 
 from ovtrio.api.context import ready_model
 from ovtrio.api.conversation import template_messages
-from ovtrio.api.errors import invalid, model_not_found
+from ovtrio.api.errors import invalid
 from ovtrio.api.pipeline import parse_body
 from ovtrio.api.protocol import ChatMessage, _Body
-from ovtrio.service import ServingModel
 
 blueprint = Blueprint("tokenize", __name__)
 
@@ -38,19 +38,12 @@ class DetokenizeRequest(_Body):
     tokens: list[Annotated[int, Field(ge=0)]]
 
 
-def _served(model_name: str | None) -> ServingModel:
-    model = ready_model()
-    if model_name is not None and model_name != model.name:
-        raise model_not_found(model_name)
-    return model
-
-
 @blueprint.post("/tokenize")
 @blueprint.post("/v1/tokenize")
 @blueprint.post("/v3/tokenize")
 async def tokenize() -> Any:
     body = await parse_body(TokenizeRequest)
-    model = _served(body.model)
+    model = ready_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise invalid("Send either 'prompt' or 'messages'.", "prompt" if body.prompt is not None else "messages")
     if body.messages is not None:
@@ -72,7 +65,7 @@ async def tokenize() -> Any:
 @blueprint.post("/v3/detokenize")
 async def detokenize() -> Any:
     body = await parse_body(DetokenizeRequest)
-    model = _served(body.model)
+    model = ready_model(body.model)
     return {"prompt": model.prompts.decode(model.prompts.checked_ids(body.tokens, "tokens"))}
 
 
@@ -80,7 +73,7 @@ async def detokenize() -> Any:
 @blueprint.get("/v1/tokenizer_info")
 @blueprint.get("/v3/tokenizer_info")
 async def tokenizer_info() -> Any:
-    model = ready_model()
+    model = ready_model(request.args.get("model"))
     return {
         "tokenizer_class": "openvino_genai.Tokenizer",
         "model": model.name,

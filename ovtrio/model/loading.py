@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,18 +198,27 @@ def start_loading(source: ModelSource, settings: Settings) -> Future[tuple[Loade
     cores, about a second less from start to ready). A daemon thread: a server that
     stops while the model still loads does not wait for the load to finish.
     """
-    future: Future[tuple[LoadedModel, int]] = Future()
+    return start_loading_in_order([(source, settings)])[0]
+
+
+def start_loading_in_order(models: Sequence[tuple[ModelSource, Settings]]) -> list[Future[tuple[LoadedModel, int]]]:
+    """start_loading for several models, loaded one after the other in one thread: each
+    load keeps a core busy compiling, and a GGUF file converted for the first model is in
+    the model cache for a later one. A model that fails to load does not stop the next
+    one: its future holds the error."""
+    futures: list[Future[tuple[LoadedModel, int]]] = [Future() for _ in models]
 
     def load() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(load_and_warm_up(source, settings))
-        except BaseException as exc:  # handed to whoever waits for the model
-            future.set_exception(exc)
+        for (source, settings), future in zip(models, futures):
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(load_and_warm_up(source, settings))
+            except BaseException as exc:  # handed to whoever waits for the model
+                future.set_exception(exc)
 
     threading.Thread(target=load, name="ovtrio-model-load", daemon=True).start()
-    return future
+    return futures
 
 
 def warm_up(model: LoadedModel) -> int:

@@ -33,9 +33,9 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 from quart import Blueprint, websocket
 
-from ovtrio.api.context import generation_model, model_service, response_store
+from ovtrio.api.context import generation_model, model_registry, response_store
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
-from ovtrio.api.pipeline import check_model, submitted, written
+from ovtrio.api.pipeline import submitted, written
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_response
 from ovtrio.api.responses.protocol import ResponsesRequest
@@ -74,7 +74,7 @@ async def responses_socket() -> None:
 async def _stop_at_end_of_drain(reading: trio.CancelScope) -> None:
     """While the server drains, the socket stays open for the responses running on it
     (new ones are refused); once the drain is over there is nothing left to wait for."""
-    await model_service().shutdown.drained.wait()
+    await model_registry().shutdown.drained.wait()
     reading.cancel()
 
 
@@ -99,8 +99,7 @@ async def _serve_frames(responses: trio.Nursery, send: trio.MemorySendChannel[di
             await send.send(busy.event(stream_id))
             continue
         try:
-            model = generation_model()
-            check_model(model, body)
+            model = generation_model(body.model)
             model.scheduler.check_capacity()
             ready = await prepare(model, body, local, response_store())
         except REQUEST_ERRORS as error:

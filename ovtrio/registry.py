@@ -1,0 +1,131 @@
+"""The models a server serves, found by the name requests give in `model`.
+
+One ModelService per model (ovtrio/service.py), in the order of the config file (or the
+one model of the flags). The models load one after the other in one thread
+(start_loading_in_order): on 2 cores a second load at the same time would only slow
+the first, and a GGUF file the first converts is in the model cache for the next. Each
+serves as soon as it is loaded, while the next still loads.
+
+Startup stops at once, with one line, when a model's path is unusable (checked before
+any load). A model that fails while loading is logged in one line and stays failed:
+requests for it get a 503 and readiness reports it, while the others serve. When every
+model has failed there is nothing to serve, and the launcher exits as it does for one.
+
+The shutdown state is the server's, shared by every model: the drain refuses new work
+for all of them and waits for the requests in flight on each (ovtrio/shutdown.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Literal
+
+import trio
+
+from ovtrio.config import Settings
+from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
+from ovtrio.scheduler import RequestObserver
+from ovtrio.service import ModelService, ObserverFactory
+from ovtrio.shutdown import Shutdown
+
+log = logging.getLogger("ovtrio")
+
+ModelStatus = Literal["loading", "ready", "failed", "draining"]
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        models: Sequence[Settings],
+        drain_timeout: float,
+        observer: ObserverFactory | None = None,
+        loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None,
+    ) -> None:
+        """`models`: each model's settings (config_file.model_settings). `observer` makes
+        each model's request observer (the metrics). `loading`, when given, is the load
+        of each model already under way (start_loading_in_order), in the same order."""
+        self._observer = observer
+        self._preloaded = loading is not None
+        futures = list(loading) if loading is not None else [None] * len(models)
+        self.services = [
+            ModelService(settings, observer=self._observer_of if observer else None, loading=future)
+            for settings, future in zip(models, futures)
+        ]
+        self.shutdown = Shutdown(drain_timeout)
+        # Set when every model has failed to load: the server has nothing to serve.
+        self.failed = trio.Event()
+        self._by_name: dict[str, ModelService] = {}
+        self._longest_context = 0
+        self._running = trio.CancelScope()
+
+    def check(self) -> None:
+        """Resolve and check every model's path; raises ModelLoadError (one line) for the
+        first unusable one, or when two models would be served under one name."""
+        for service in self.services:
+            source = service.check()
+            if source.name in self._by_name:
+                raise ModelLoadError(f"two models are served as '{source.name}'; give each its own served_model_name")
+            self._by_name[source.name] = service
+            self._longest_context = max(self._longest_context, source.context_length)
+
+    @property
+    def default(self) -> ModelService:
+        """The first model: for the endpoints where `model` is optional (tokenize)."""
+        return self.services[0]
+
+    def find(self, name: str) -> ModelService | None:
+        return self._by_name.get(name)
+
+    def status(self, service: ModelService) -> ModelStatus:
+        if service.failed.is_set():
+            return "failed"
+        if self.shutdown.draining.is_set():
+            return "draining"
+        return "ready" if service.ready.is_set() else "loading"
+
+    def set_base_url(self, base_url: str) -> None:
+        """Where clients reach the server, for each model's "serving" log line."""
+        for service in self.services:
+            service.base_url = base_url
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load and serve every model, each in a task of its own; started at once."""
+        if not self._by_name:
+            self.check()
+        if not self._preloaded:
+            futures = start_loading_in_order([(service.source, service.settings) for service in self.services])
+            for service, future in zip(self.services, futures):
+                service.loading = future
+        with self._running:
+            async with trio.open_nursery() as nursery:
+                for service in self.services:
+                    await nursery.start(service.run)
+                nursery.start_soon(self._watch_failures)
+                task_status.started()
+
+    async def _watch_failures(self) -> None:
+        for service in self.services:
+            await service.failed.wait()
+        if len(self.services) > 1:
+            log.error("every model failed to load")
+        self.failed.set()
+
+    def _observer_of(self, name: str, context_length: int, speculative: bool) -> RequestObserver:
+        # The models share each metric family, and with it its token-count buckets:
+        # they go up to the longest context of them all.
+        assert self._observer is not None
+        return self._observer(name, max(context_length, self._longest_context), speculative)
+
+    async def drain(self, cause: str) -> None:
+        """Let the requests in flight on every model finish, up to the drain timeout
+        (ovtrio/shutdown.py); `cause` (what asked for the shutdown) goes in the log."""
+        schedulers = [service.serving.scheduler for service in self.services if service.serving is not None]
+        await self.shutdown.drain(schedulers, cause)
+
+    async def close(self) -> None:
+        """Stop every model's scheduler and let its engine go (ModelService.close)."""
+        for service in self.services:
+            await service.close()
+        self._running.cancel()
