@@ -38,6 +38,8 @@ SMALL_B_MAX_TOKENS = 4
 MODELS: list[dict[str, Any]] = [
     {"served_model_name": "small-a", "model": EMBEDDED},
     {"served_model_name": "small-b", "model": EMBEDDED, "max_tokens_limit": SMALL_B_MAX_TOKENS, "num_kv_blocks": 64},
+    # The same GGUF on the other backend: one request at a time through LLMPipeline.
+    {"served_model_name": "small-stateful", "model": EMBEDDED, "backend": "stateful"},
 ]
 # The tests below run over every entry (routing, listing, readiness, metrics): a model
 # served another way (another backend) is one more line in MODELS.
@@ -64,6 +66,22 @@ def test_each_model_answers_under_its_own_name(sdk, name):
     assert completion.model == name and completion.usage.completion_tokens == 2
     response = sdk.responses.create(model=name, input="Hi", max_output_tokens=2, extra_body={"ignore_eos": True})
     assert response.model == name and response.usage.output_tokens == 2
+
+
+def test_each_model_runs_on_its_own_backend(sdk):
+    # Two choices in one request: the continuous-batching model runs them, the stateful
+    # one (a single sequence at a time) refuses the field, in the same server.
+    both = sdk.completions.create(model="small-a", prompt="Hi", n=2, max_tokens=2, extra_body={"ignore_eos": True})
+    assert len(both.choices) == 2
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.completions.create(model="small-stateful", prompt="Hi", n=2, max_tokens=2)
+    assert refused.value.body["param"] == "n"
+    assert "stateful" in refused.value.body["message"]
+    # Greedy output of the same prompt on each backend is its own; each repeats itself.
+    def greedy(name: str) -> str:
+        return sdk.completions.create(model=name, prompt="Once upon a time", max_tokens=8, temperature=0).choices[0].text
+
+    assert greedy("small-stateful") == greedy("small-stateful")
 
 
 def test_a_per_model_setting_applies_to_its_own_model_only(sdk):
@@ -169,13 +187,17 @@ def test_requests_to_one_model_move_only_its_metrics(models_server):
 
 
 def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_path):
-    """small-a loads first and serves; broken fails while loading (an unknown device);
+    """small-a loads first and serves; broken fails while loading (an IR folder whose
+    model file the engine cannot read, which passes the checks made before loading);
     held waits for its chat template, a pipe the test writes (conftest.held_loading)."""
     template = Path(__file__).parent / "data" / "plain_template.jinja"
     config = tmp_path / "models.json"
+    damaged = tmp_path / "damaged-ir"
+    damaged.mkdir()
+    (damaged / "openvino_model.xml").write_text("<net>not a model</net>")
     config.write_text(json.dumps({"models": [
         {"served_model_name": "small-a", "model": EMBEDDED, "chat_template": str(template)},
-        {"served_model_name": "broken", "model": EMBEDDED, "device": "NO_SUCH_DEVICE"},
+        {"served_model_name": "broken", "model": str(damaged)},
         {"served_model_name": "held", "model": EMBEDDED},
     ]}))
     with held_loading(tmp_path, "--config", str(config)) as loading:
@@ -191,7 +213,7 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
         held = ready("held")
         assert held.status_code == 503 and held.json()["status"] == "loading"
         broken = ready("broken")
-        assert broken.status_code == 503 and "NO_SUCH_DEVICE" in broken.json()["reason"]
+        assert broken.status_code == 503 and "damaged-ir" in broken.json()["reason"]
         server = httpx.get(base + "/health/ready", timeout=10)
         assert server.status_code == 503
         assert [model["status"] for model in server.json()["models"]] == ["ready", "failed", "loading"]
@@ -200,7 +222,7 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
         assert {name: status["model_version_status"][0]["state"] for name, status in states.items()} == {
             "small-a": "AVAILABLE", "broken": "END", "held": "LOADING",
         }
-        assert "NO_SUCH_DEVICE" in states["broken"]["model_version_status"][0]["status"]["error_message"]
+        assert "damaged-ir" in states["broken"]["model_version_status"][0]["status"]["error_message"]
 
         serving = post(base, "/v1/chat/completions", chat_body(model="small-a", max_tokens=2))
         assert serving.status_code == 200 and serving.json()["model"] == "small-a"
