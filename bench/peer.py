@@ -28,26 +28,6 @@ from build_llama_server import binary_path
 from serving import free_port, load, stream_chat, wait_ready
 
 
-async def wait_health(port: int, process: subprocess.Popen, path: bytes) -> None:
-    """Until GET `path` answers 200 (llama-server's /health is 503 while it loads)."""
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-        except OSError:
-            await trio.sleep(0.05)
-            continue
-        async with stream:
-            await stream.send_all(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            reply = b""
-            while b"\r\n" not in reply and (data := await stream.receive_some(4096)):
-                reply += data
-        if reply.startswith(b"HTTP/1.1 200"):
-            return
-        await trio.sleep(0.1)
-
-
 def start_ovtrio(port: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning"],
@@ -81,7 +61,7 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[int, dict[str, flo
         if binary.exists():
             port = free_port()
             processes.append(start_llama_server(binary, embedded_model_path(), port))
-            await wait_health(port, processes[-1], b"/health")
+            await wait_ready(port, processes[-1], b"/health")  # 503 while it loads
             servers["llama-server"] = (port, EMBEDDED_NAME)
         else:
             print(f"llama-server not built ({binary} missing; run bench/build_llama_server.py): measuring ovtrio alone")

@@ -206,7 +206,8 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def wait_ready(port: int, process: subprocess.Popen) -> None:
+async def wait_ready(port: int, process: subprocess.Popen, path: bytes = b"/health/ready") -> None:
+    """Until GET `path` answers 200 (readiness is 503 while the model loads)."""
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}")
@@ -216,7 +217,7 @@ async def wait_ready(port: int, process: subprocess.Popen) -> None:
             await trio.sleep(0.05)
             continue
         async with stream:
-            await stream.send_all(b"GET /health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            await stream.send_all(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             reply = b""
             while b"\r\n" not in reply and (data := await stream.receive_some(4096)):
                 reply += data
