@@ -107,8 +107,11 @@ def test_a_cancelled_stream_frees_the_engine_for_the_next_request(stateful_serve
     with httpx.Client(base_url=stateful_server.base_url, timeout=30) as http:
         with http.stream("POST", "/v3/chat/completions", json=body) as response:
             assert response.status_code == 200
+            # Held in a name so the stream stays open after the loop: a dropped line
+            # iterator closes the response, which would cancel the request too early.
+            lines = response.iter_lines()
             events = 0
-            for line in response.iter_lines():
+            for line in lines:
                 if line.startswith("data: "):
                     events += 1
                     if events == 3:
@@ -167,7 +170,8 @@ def test_a_full_queue_answers_429(stateful_server: RunningServer) -> None:
     with httpx.Client(base_url=stateful_server.base_url, timeout=60) as http:
         with http.stream("POST", "/v3/chat/completions", json=long) as running:
             assert running.status_code == 200
-            next(line for line in running.iter_lines() if line.startswith("data: "))
+            lines = running.iter_lines()  # held: dropping it would close the stream
+            next(line for line in lines if line.startswith("data: "))
             thread = threading.Thread(target=queued)
             thread.start()
             wait_for_metric(stateful_server, "ovtrio_requests_waiting", 1)
