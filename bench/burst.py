@@ -78,8 +78,8 @@ async def send(host: str, port: int, request: bytes) -> Reply:
 async def metric(host: str, port: int, name: str) -> float:
     reply = await send_get(host, port, "/metrics")
     for line in reply.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+        if line.startswith((name + " ", name + "{")):  # labelled model_name="..." or not
+            return float(line.rsplit(" ", 1)[1])
     return float("nan")
 
 

@@ -277,11 +277,12 @@ async def metric(port: int, name: str) -> float:
         reply = b""
         while (data := await stream.receive_some(65536)):
             reply += data
-            if b"\n" + name.encode() + b" " in reply and reply.endswith(b"\n"):
+            if b"\n" + name.encode() in reply and reply.endswith(b"\n"):
                 break
+    # One model: its series, labelled model_name="..." (or none, for the HTTP ones).
     for line in reply.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+        if line.startswith((name + " ", name + "{")):
+            return float(line.rsplit(" ", 1)[1])
     raise KeyError(name)
 
 
