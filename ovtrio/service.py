@@ -11,6 +11,7 @@ own (ovtrio/registry.py holds them).
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import time
@@ -222,6 +223,10 @@ class ModelService:
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(scheduler.run)
+            # What exists now (modules, the model's objects) lives as long as the server:
+            # out of the collector's sight, a full collection no longer walks it and
+            # pauses the event loop for that long.
+            gc.freeze()
             self.ready.set()
             where = f" at {self.base_url}/v1 and {self.base_url}/v3" if self.base_url else ""
             log.info(
