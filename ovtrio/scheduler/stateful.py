@@ -34,11 +34,7 @@ from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.intake import SHUTTING_DOWN, RequestIntake
 from ovtrio.scheduler.messages import Failed
 from ovtrio.scheduler.observer import RequestObserver
-from ovtrio.scheduler.params import (
-    GenerationRequest,
-    UnsupportedParams,
-    to_generation_config,
-)
+from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams, to_generation_config
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest
 from ovtrio.scheduler.scheduler import SchedulerStats
 from ovtrio.scheduler.streamer import DEFAULT_LIMIT, GeneratedTokens, make_streamer
