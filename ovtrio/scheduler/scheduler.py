@@ -158,6 +158,7 @@ class Scheduler(RequestIntake):
         return f"{self._running_sequences} sequences are running and {len(self._queued)} requests are waiting"
 
     def _left_engine(self, active: ActiveRequest) -> None:
+        # Its sequences make room for the queued requests at the next admission.
         self._running_sequences -= active.weight
 
     def _admit(self) -> bool:

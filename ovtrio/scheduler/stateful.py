@@ -43,7 +43,7 @@ log = logging.getLogger("ovtrio.scheduler")
 
 
 class StatefulScheduler(RequestIntake):
-    # The streamer passes token ids only.
+    # The streamer passes token ids only: no log-probabilities to send on.
     _scores_tokens = False
 
     def __init__(
