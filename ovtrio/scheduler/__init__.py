@@ -3,9 +3,11 @@ they become GenerationConfig), typed messages out (messages.py), text decoded an
 stop strings on the way (text_output.py). The loop is scheduler.py, what it keeps for each
 request requests.py, and its output side delivery.py; what it reports of each request's
 life goes to a RequestObserver (observer.py). stateful.py is the other backend's loop,
-one request at a time on the stateful LLMPipeline, behind the same interface. Knows nothing of HTTP or of metrics formats."""
+one request at a time on the stateful LLMPipeline, behind the same interface; both keep
+the requests they take on (submission, draining, slow readers) in intake.py. Knows nothing of HTTP or of metrics formats."""
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
+from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting
 from ovtrio.scheduler.interface import GenerationScheduler
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
@@ -18,7 +20,7 @@ from ovtrio.scheduler.params import (
     check_params,
 )
 from ovtrio.scheduler.requests import RequestStream
-from ovtrio.scheduler.scheduler import SHUTTING_DOWN, NotAccepting, Scheduler, SchedulerStats, waiting_requests
+from ovtrio.scheduler.scheduler import Scheduler, SchedulerStats, waiting_requests
 from ovtrio.scheduler.stateful import StatefulScheduler
 
 __all__ = [

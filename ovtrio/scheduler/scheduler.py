@@ -47,10 +47,11 @@ where this list says otherwise:
 
 The scheduler knows nothing of HTTP: requests come in as token ids plus
 SamplingParams, and go out as typed messages (messages.py) on a per-request channel.
-This module has submission, admission, the loop and its stats; the limits it admits
-by and what it tells observers are in admission.py, what is kept for each request in
-requests.py, and the output side (reading handles after a step, text, stop strings,
-deltas) in delivery.py.
+This module has admission to the engine, the loop and its stats; submission, draining
+and the slow-reader timeout, which the stateful backend shares, are in intake.py, the
+limits it admits by and what it tells observers in admission.py, what is kept for each
+request in requests.py, and the output side (reading handles after a step, text, stop
+strings, deltas) in delivery.py.
 
 Shutdown comes in two moves, so that the server can let running requests finish: `drain()`
 stops admission (submit raises NotAccepting) while the loop keeps stepping what it has,
@@ -61,26 +62,22 @@ latter by itself.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
 import trio
 
-from ovtrio.scheduler.admission import AdmissionLimits, Overloaded, RetryHint
-from ovtrio.scheduler.delivery import Delivery, StepOutput
+from ovtrio.scheduler.admission import AdmissionLimits
+from ovtrio.scheduler.delivery import StepOutput
 from ovtrio.scheduler.engine_step import EngineStep
-from ovtrio.scheduler.messages import Failed, Message
-from ovtrio.scheduler.observer import NoObserver, RequestObserver
-from ovtrio.scheduler.params import GenerationRequest, SamplingParams, UnsupportedParams, to_generation_config
-from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, RequestStream, Sequence
+from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting, RequestIntake  # noqa: F401 (NotAccepting: still importable here)
+from ovtrio.scheduler.observer import RequestObserver
+from ovtrio.scheduler.params import SamplingParams, UnsupportedParams, to_generation_config
+from ovtrio.scheduler.requests import ActiveRequest, EngineRequest, Sequence
 from ovtrio.scheduler.step_thread import StepThread
 
 log = logging.getLogger("ovtrio.scheduler")
@@ -91,14 +88,6 @@ def _first_line(exc: Exception) -> str:
     # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
     text = lines[0] if lines else type(exc).__name__
     return text.split(": ", 1)[-1] if text.startswith("[") else text
-
-
-class NotAccepting(RuntimeError):
-    """The scheduler takes no new requests: it is draining or not running."""
-
-
-# Failed.code of the requests ended because the server is shutting down.
-SHUTTING_DOWN = "shutting_down"
 
 
 def waiting_requests(queued: int, engine_requests: int, engine_scheduled: int) -> int:
@@ -129,7 +118,7 @@ class SchedulerStats:
     step_releases_gil: bool
 
 
-class Scheduler:
+class Scheduler(RequestIntake):
     def __init__(
         self,
         pipeline: Any,
@@ -146,92 +135,31 @@ class Scheduler:
         Delivery._stream_interval). `step` is how to step the engine (engine_step.choose_step); by default the
         binding's `pipeline.step()`. `limits`: how much work it takes on (admission.py).
         `observer` hears each request's timings and end (observer.py)."""
+        super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
         self._pipeline = pipeline
         self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
-        self._limits = limits
-        # Requests in the engine, and those waiting for room there (in arrival order).
-        self._active: dict[int, ActiveRequest] = {}
-        self._queued: dict[int, Admission] = {}
+        # Engine sequences of the requests in the engine (ActiveRequest.weight).
         self._running_sequences = 0
-        self._observer = observer or NoObserver()
-        self._retry_hint = RetryHint()
-        self._rejected = 0
-        self._slow_readers_cancelled = 0
-        self._prompt_tokens = 0
-        self._delivery = Delivery(tokenizer, vocabulary, stream_interval, self._active, self._abort, self._observer)
-        self._ids = itertools.count(1)
-        self._work = trio.Event()
         self._stepper = StepThread(
             step or EngineStep(pipeline.step, releases_gil=False, description="the binding's step()")
         )
         self._steps = 0
         self._step_seconds = 0.0
-        self._running = False
-        self._accepting = True
-        # Set whenever the last request in flight leaves; a fresh one per wait (idle()).
-        self._emptied = trio.Event()
         # Engine state read by the loop between steps (see the module docstring).
         self._engine_unfinished = False
         self._engine_metrics: Any = None
 
-    # ---- submission side (called from request handlers) --------------------------------
+    # ---- admission: queued requests into the engine ------------------------------------
 
-    def check_capacity(self) -> None:
-        """Raise Overloaded if a request submitted now would be refused: the queue is
-        full beyond what the engine can take at its next step. Handlers call it before
-        they tokenize; submit() checks again."""
-        free = max(0, self._limits.max_running_sequences - self._running_sequences)
-        if len(self._queued) >= self._limits.max_queued_requests + free:
-            self._rejected += 1
-            raise Overloaded(
-                f"The server is overloaded: {self._running_sequences} sequences are running and"
-                f" {len(self._queued)} requests are waiting. Please retry after a short wait.",
-                self._retry_hint.seconds(),
-            )
+    def _room_in_engine(self) -> int:
+        return max(0, self._limits.max_running_sequences - self._running_sequences)
 
-    @asynccontextmanager
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[RequestStream]:
-        """Queue `request`; the stream is valid inside the async with-block.
+    def _describe_load(self) -> str:
+        return f"{self._running_sequences} sequences are running and {len(self._queued)} requests are waiting"
 
-        Raises Overloaded at once if the queue is full (check_capacity). Entering waits
-        until the loop has added the request to the engine, between two steps, once the
-        running sequences leave room for it, so that anything the engine refuses
-        (UnsupportedParams) is raised here, before a handler answers 200. Leaving the
-        block (normally, by an error, or by cancellation when the client goes away)
-        cancels the engine request if it is still running, or takes it out of the
-        queue, so no request outlives its handler. Raises NotAccepting once the
-        scheduler drains or stops.
-        """
-        if not self._running:
-            raise NotAccepting("the scheduler is not running")
-        if not self._accepting:
-            raise NotAccepting("the scheduler is draining")
-        self.check_capacity()
-        request_id = next(self._ids)
-        # Unbounded, so the loop never waits for a consumer; a consumer that lags has
-        # its request paused at slow_reader_buffer messages instead (admission.py).
-        send, receive = trio.open_memory_channel[Message](math.inf)
-        params = request.params
-        active = ActiveRequest(
-            request_id=request_id,
-            channel=send,
-            prompt_tokens=sum(len(p) for p in request.prompts),
-            logprobs=params.logprobs or params.prompt_logprobs,
-            weight=len(request.prompts) * max(params.n, params.best_of),  # beams count too
-            pause_at=self._limits.slow_reader_buffer,
-            submitted_at=time.monotonic(),
-        )
-        admission = Admission(active, request)
-        self._queued[request_id] = admission
-        self._work.set()
-        try:
-            await admission.added.wait()
-            if admission.error is not None:
-                raise admission.error
-            with receive:
-                yield RequestStream(request_id, receive, partial(self._received, active))
-        finally:
-            self._abort(request_id)
+    def _left_engine(self, active: ActiveRequest) -> None:
+        # Its sequences make room for the queued requests at the next admission.
+        self._running_sequences -= active.weight
 
     def _admit(self) -> bool:
         """Add waiting requests, oldest first, while the running sequences leave room
@@ -298,55 +226,7 @@ class Scheduler:
             params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids
         )
 
-    def _abort(self, request_id: int, outcome: str | None = "abort") -> None:
-        """End a request, running or waiting: cancel its engine requests and close its
-        channel. Its choices still unfinished are reported to the observer as ended with
-        `outcome` ("abort": its consumer left, "error": the engine failed it), unless it
-        never reached the engine (or `outcome` is None: the engine refused it)."""
-        active = self._active.pop(request_id, None)
-        if active is not None:
-            self._running_sequences -= active.weight
-            if outcome is not None and active.parts:
-                for sequence in active.sequences:
-                    if sequence.finish_reason is None:
-                        self._observer.ended(outcome)
-            self._delivery.forget(active.sequences)
-        else:
-            admission = self._queued.pop(request_id, None)
-            if admission is None:
-                return
-            active = admission.active
-        active.close()
-        if not self.in_flight:
-            self._emptied.set()
-
-    # ---- draining -----------------------------------------------------------------------
-
-    def drain(self) -> None:
-        """Take no new requests (submit raises NotAccepting); those in flight run on."""
-        self._accepting = False
-
-    @property
-    def in_flight(self) -> int:
-        """Requests submitted and not yet over, queued ones included (their consumers may
-        still be reading)."""
-        return len(self._active) + len(self._queued)
-
-    async def idle(self) -> None:
-        """Return once no request is in flight. With drain() first, that lasts."""
-        while self.in_flight:
-            self._emptied = trio.Event()
-            await self._emptied.wait()
-
     # ---- slow readers -------------------------------------------------------------------
-
-    def _received(self, active: ActiveRequest) -> None:
-        """A consumer took its messages: wake the loop if that resumes its request."""
-        if active.paused_at is not None and self._caught_up(active):
-            self._work.set()
-
-    def _caught_up(self, active: ActiveRequest) -> bool:
-        return active.undelivered() <= active.pause_at // 2
 
     def _resume_or_expire_paused(self) -> bool:
         """Resume the paused requests whose consumers have caught up, and cancel those
@@ -354,35 +234,12 @@ class Scheduler:
         resumed = False
         now = trio.current_time()
         for active in list(self._active.values()):
-            if active.paused_at is None:
-                continue
-            if self._caught_up(active):
-                active.paused_at = None
+            if self._resume_or_expire(active, now):
                 resumed = True
-            elif now - active.paused_at >= self._limits.slow_reader_timeout:
-                generated = sum(s.generated for s in active.sequences)
-                log.warning(
-                    "request %d cancelled: its client read nothing for %.0f s (%d messages waiting for it,"
-                    " %d tokens generated)",
-                    active.request_id,
-                    now - active.paused_at,
-                    active.undelivered(),
-                    generated,
-                )
-                self._slow_readers_cancelled += 1
-                active.send(
-                    Failed(
-                        f"The client did not read the stream for {self._limits.slow_reader_timeout:g} s;"
-                        " the request was cancelled.",
-                        "slow_reader_timeout",
-                    )
-                )
-                self._abort(active.request_id)
         return resumed
 
     def _next_pause_deadline(self) -> float:
-        paused = [a.paused_at for a in self._active.values() if a.paused_at is not None]
-        return min(paused) + self._limits.slow_reader_timeout if paused else math.inf
+        return min((self._pause_deadline(a) for a in self._active.values()), default=math.inf)
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -443,25 +300,6 @@ class Scheduler:
         self._engine_unfinished = bool(self._pipeline.has_non_finished_requests())
         self._engine_metrics = self._pipeline.get_metrics()
 
-    def fail_all(self, message: str, code: str = SHUTTING_DOWN, *, waiting: bool = True) -> int:
-        """Fail every request in the engine, and with `waiting` those not yet added
-        (otherwise they run from the next step on): each gets Failed(message, code) and
-        its engine request is cancelled. Returns how many were failed. Safe at any time,
-        a step in flight included (requests.py)."""
-        failed = 0
-        for request_id in list(self._active):
-            self._active[request_id].send(Failed(message, code))
-            self._abort(request_id, "error")
-            failed += 1
-        if waiting:
-            # Waiting submitters find their request failed (its channel holds the reason).
-            for request_id, admission in list(self._queued.items()):
-                admission.active.send(Failed(message, code))
-                self._abort(request_id)
-                admission.added.set()
-                failed += 1
-        return failed
-
     # ---- observation --------------------------------------------------------------------
 
     def stats(self) -> SchedulerStats:
@@ -476,7 +314,7 @@ class Scheduler:
             running=len(self._active),
             queued=len(self._queued),
             running_sequences=self._running_sequences,
-            paused=sum(1 for a in self._active.values() if a.paused_at is not None),
+            paused=self._paused(),
             rejected=self._rejected,
             slow_readers_cancelled=self._slow_readers_cancelled,
             engine_requests=engine_requests,

@@ -1,9 +1,11 @@
 """The one-at-a-time scheduler over OpenVINO GenAI's stateful LLMPipeline (the NPU's).
 
 Same interface as the continuous-batching Scheduler (check_capacity, submit, drain,
-idle, in_flight, fail_all, stats, run), so the API layer serves either. The pipeline
-runs one sequence: requests wait in arrival order (at most `max_queued_requests`,
-beyond that Overloaded) and the loop task runs them one after the other.
+idle, in_flight, fail_all, stats, run), so the API layer serves either; both keep their
+requests the same way (intake.py: submission, draining, the slow-reader timeout). The
+pipeline runs one sequence: requests wait in arrival order (at most
+`max_queued_requests`, beyond that Overloaded) and the loop task runs them one after
+the other.
 
 For each request the loop starts `pipeline.generate(ids, config, streamer)` in a worker
 thread (it releases the GIL while it computes) and, while it runs, delivers what the
@@ -20,31 +22,30 @@ scheduler.py).
 
 from __future__ import annotations
 
-import itertools
 import logging
-import math
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
 import numpy as np
 import trio
 
-from ovtrio.scheduler.admission import AdmissionLimits, Overloaded, RetryHint
-from ovtrio.scheduler.delivery import Delivery
-from ovtrio.scheduler.messages import Failed, Message
-from ovtrio.scheduler.observer import NoObserver, RequestObserver
+from ovtrio.scheduler.admission import AdmissionLimits
+from ovtrio.scheduler.intake import SHUTTING_DOWN, RequestIntake
+from ovtrio.scheduler.messages import Failed
+from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams, to_generation_config
-from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, RequestStream
-from ovtrio.scheduler.scheduler import SHUTTING_DOWN, NotAccepting, SchedulerStats
+from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest
+from ovtrio.scheduler.scheduler import SchedulerStats
 from ovtrio.scheduler.streamer import DEFAULT_LIMIT, GeneratedTokens, make_streamer
 
 log = logging.getLogger("ovtrio.scheduler")
 
 
-class StatefulScheduler:
+class StatefulScheduler(RequestIntake):
+    # The streamer passes token ids only: no log-probabilities to send on.
+    _scores_tokens = False
+
     def __init__(
         self,
         pipeline: Any,
@@ -59,134 +60,29 @@ class StatefulScheduler:
         ignored (one request runs). `buffered_tokens`: ids the streamer keeps for a
         consumer that does not read before the generation waits (streamer.py). The
         rest as for Scheduler."""
+        super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
         self._pipeline = pipeline
         self._model_stop_token_ids = frozenset(pipeline.get_generation_config().stop_token_ids)
-        self._limits = limits
         self._buffered_tokens = buffered_tokens
-        self._active: dict[int, ActiveRequest] = {}
-        self._queued: dict[int, Admission] = {}
-        self._observer = observer or NoObserver()
-        self._retry_hint = RetryHint()
-        self._rejected = 0
-        self._slow_readers_cancelled = 0
-        self._prompt_tokens = 0
-        self._delivery = Delivery(tokenizer, vocabulary, stream_interval, self._active, self._abort, self._observer)
-        self._ids = itertools.count(1)
-        self._work = trio.Event()
-        self._running = False
-        self._accepting = True
-        self._emptied = trio.Event()
         self._generating = False
         self._generations = 0
         self._reads = 0
         self._generate_seconds = 0.0
 
-    # ---- submission side ----------------------------------------------------------------
+    # ---- what the pipeline takes -------------------------------------------------------
 
-    def check_capacity(self) -> None:
-        """Raise Overloaded if a request submitted now would be refused: the queue is full."""
-        free = 0 if self._active or self._generating else 1
-        if len(self._queued) >= self._limits.max_queued_requests + free:
-            self._rejected += 1
-            raise Overloaded(
-                f"The server is overloaded: a request is running and {len(self._queued)} are waiting."
-                " Please retry after a short wait.",
-                self._retry_hint.seconds(),
-            )
+    def _room_in_engine(self) -> int:
+        return 0 if self._active or self._generating else 1
 
-    @asynccontextmanager
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[RequestStream]:
-        """Queue `request`; the stream is valid inside the async with-block. Entering waits
-        until the request's turn comes; leaving cancels it (see Scheduler.submit)."""
-        if not self._running:
-            raise NotAccepting("the scheduler is not running")
-        if not self._accepting:
-            raise NotAccepting("the scheduler is draining")
+    def _describe_load(self) -> str:
+        return f"a request is running and {len(self._queued)} are waiting"
+
+    def _refuse_unsupported(self, request: GenerationRequest) -> None:
         if len(request.prompts) != 1 or request.params.n != 1 or request.params.beam_search:
             raise UnsupportedParams("the stateful backend makes one choice of one prompt per request")
-        self.check_capacity()
-        request_id = next(self._ids)
-        send, receive = trio.open_memory_channel[Message](math.inf)
-        active = ActiveRequest(
-            request_id=request_id,
-            channel=send,
-            prompt_tokens=len(request.prompts[0]),
-            logprobs=False,
-            pause_at=self._limits.slow_reader_buffer,
-            submitted_at=time.monotonic(),
-        )
-        admission = Admission(active, request)
-        self._queued[request_id] = admission
-        self._work.set()
-        try:
-            await admission.added.wait()
-            if admission.error is not None:
-                raise admission.error
-            with receive:
-                yield RequestStream(request_id, receive, partial(self._received, active))
-        finally:
-            self._abort(request_id)
 
-    def _abort(self, request_id: int, outcome: str | None = "abort") -> None:
-        """End a request, running or waiting: cancel its generation, close its channel
-        (as Scheduler._abort)."""
-        active = self._active.pop(request_id, None)
-        if active is not None:
-            if outcome is not None and active.parts:
-                for sequence in active.sequences:
-                    if sequence.finish_reason is None:
-                        self._observer.ended(outcome)
-            self._delivery.forget(active.sequences)
-        else:
-            admission = self._queued.pop(request_id, None)
-            if admission is None:
-                return
-            active = admission.active
-        active.close()
+    def _left_engine(self, active: ActiveRequest) -> None:
         self._work.set()  # the loop may be waiting for this request's tokens
-        if not self.in_flight:
-            self._emptied.set()
-
-    # ---- draining -----------------------------------------------------------------------
-
-    def drain(self) -> None:
-        self._accepting = False
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._active) + len(self._queued)
-
-    async def idle(self) -> None:
-        while self.in_flight:
-            self._emptied = trio.Event()
-            await self._emptied.wait()
-
-    # ---- slow readers -------------------------------------------------------------------
-
-    def _received(self, active: ActiveRequest) -> None:
-        if active.paused_at is not None and active.undelivered() <= active.pause_at // 2:
-            self._work.set()
-
-    def _resume_or_expire_paused(self, active: ActiveRequest) -> None:
-        if active.paused_at is None:
-            return
-        if active.undelivered() <= active.pause_at // 2:
-            active.paused_at = None
-        elif trio.current_time() - active.paused_at >= self._limits.slow_reader_timeout:
-            log.warning(
-                "request %d cancelled: its client read nothing for %.0f s",
-                active.request_id,
-                trio.current_time() - active.paused_at,
-            )
-            self._slow_readers_cancelled += 1
-            active.send(
-                Failed(
-                    f"The client did not read the stream for {self._limits.slow_reader_timeout:g} s;"
-                    " the request was cancelled.",
-                    "slow_reader_timeout",
-                )
-            )
-            self._abort(active.request_id)
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -257,10 +153,7 @@ class StatefulScheduler:
             nursery.start_soon(generate)
             try:
                 while not done.is_set():
-                    deadline = math.inf
-                    if active.paused_at is not None:
-                        deadline = active.paused_at + self._limits.slow_reader_timeout
-                    with trio.move_on_at(deadline):
+                    with trio.move_on_at(self._pause_deadline(active)):
                         await self._work.wait()
                     self._work = trio.Event()
                     self._deliver(active)
@@ -279,7 +172,7 @@ class StatefulScheduler:
         # catches up, or its request ends at the slow-reader timeout.
         self._deliver(active)
         while active.request_id in self._active and active.paused_at is not None:
-            with trio.move_on_at(active.paused_at + self._limits.slow_reader_timeout):
+            with trio.move_on_at(self._pause_deadline(active)):
                 await self._work.wait()
             self._work = trio.Event()
             self._deliver(active)
@@ -297,26 +190,11 @@ class StatefulScheduler:
     def _deliver(self, active: ActiveRequest) -> None:
         if active.request_id not in self._active:
             return
-        self._resume_or_expire_paused(active)
+        self._resume_or_expire(active, trio.current_time())
         outputs = self._delivery.read_outputs()
         if outputs:
             self._reads += 1
             self._delivery.deliver(outputs, self._reads)
-
-    def fail_all(self, message: str, code: str = SHUTTING_DOWN, *, waiting: bool = True) -> int:
-        """Fail the running request, and with `waiting` the queued ones (Scheduler.fail_all)."""
-        failed = 0
-        for request_id in list(self._active):
-            self._active[request_id].send(Failed(message, code))
-            self._abort(request_id, "error")
-            failed += 1
-        if waiting:
-            for request_id, admission in list(self._queued.items()):
-                admission.active.send(Failed(message, code))
-                self._abort(request_id)
-                admission.added.set()
-                failed += 1
-        return failed
 
     # ---- observation --------------------------------------------------------------------
 
@@ -328,7 +206,7 @@ class StatefulScheduler:
             running=running,
             queued=len(self._queued),
             running_sequences=running,
-            paused=sum(1 for a in self._active.values() if a.paused_at is not None),
+            paused=self._paused(),
             rejected=self._rejected,
             slow_readers_cancelled=self._slow_readers_cancelled,
             engine_requests=int(self._generating),
