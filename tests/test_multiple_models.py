@@ -10,9 +10,6 @@ model writes: requests force their length with max_tokens and ignore_eos.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,13 +20,13 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from conftest import free_port, held_loading
+from conftest import held_loading
 from helpers import chat_body, post
 from ovtrio.config import Settings, SettingsError
 from ovtrio.config_file import model_settings
 from ovtrio.model import embedded_model_path
 from server_pool import server_fixture
-from test_startup import assert_one_line_refusal, run_serve
+from test_startup import assert_one_line_refusal, run_hypercorn, run_serve
 
 EMBEDDED = str(embedded_model_path())
 # small-b differs from small-a in its own settings: a lower max_tokens cap, and a KV cache
@@ -321,14 +318,7 @@ enable_prefix_caching = true
 
 def test_hypercorn_reads_the_config_file_from_the_environment(tmp_path):
     path = write(tmp_path, "models.json", json.dumps({"models": [{"served_model_name": "a", "api_key": ["k"]}]}))
-    result = subprocess.run(
-        [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{free_port()}", "ovtrio.app:app"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "OVTRIO_CONFIG": str(path)},
-    )
-    output = result.stdout + result.stderr
+    output = run_hypercorn({"OVTRIO_CONFIG": str(path)})
     assert "Traceback" not in output
     refusals = [line for line in output.splitlines() if "invalid config file" in line]
     assert len(refusals) == 1 and "api_key is a server-wide setting" in refusals[0], output

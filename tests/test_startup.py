@@ -71,16 +71,21 @@ def test_invalid_setting_names_the_flag_and_variable():
     assert_one_line_refusal(result, "max_num_seqs", "OVTRIO_MAX_NUM_SEQS", "--max-num-seqs")
 
 
-def test_hypercorn_entry_point_refuses_missing_model_in_one_line(tmp_path):
-    missing = tmp_path / "gone.gguf"
+def run_hypercorn(env: dict[str, str], timeout: float = 60) -> str:
+    """`hypercorn -k trio ovtrio.app:app` configured by `env`, until it exits: its output."""
     result = subprocess.run(
         [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{free_port()}", "ovtrio.app:app"],
         capture_output=True,
         text=True,
-        timeout=60,
-        env={**os.environ, "OVTRIO_MODEL": str(missing)},
+        timeout=timeout,
+        env={**os.environ, **env},
     )
-    output = result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def test_hypercorn_entry_point_refuses_missing_model_in_one_line(tmp_path):
+    missing = tmp_path / "gone.gguf"
+    output = run_hypercorn({"OVTRIO_MODEL": str(missing)})
     assert "Traceback" not in output
     refusals = [line for line in output.splitlines() if "cannot load model" in line]
     assert len(refusals) == 1 and str(missing) in refusals[0], output
