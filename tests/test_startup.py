@@ -185,3 +185,28 @@ def test_device_strings_name_their_physical_devices():
     assert is_available("gpu.1", ["CPU", "GPU.0", "GPU.1"])
     assert not is_available("GPU.2", ["CPU", "GPU.0", "GPU.1"])
     assert not is_available("NPU", ["CPU", "GPU"])
+
+
+def test_a_model_that_fails_its_warm_up_is_a_one_line_load_failure(monkeypatch):
+    """The engine can compile a model and still fail to run it (a kernel the device
+    lacks): the first generation says so, and that is a load failure, not a traceback."""
+    from ovtrio.config import Settings
+    from ovtrio.model import ModelLoadError, loading, resolve_model
+
+    engine_message = (
+        "Exception from src/inference/src/cpp/infer_request.cpp:224:\n"
+        "Exception from src/plugins/intel_cpu/src/node.cpp:823:\n"
+        "[CPU] FullyConnectedCompressed node could not create a primitive descriptor\n"
+    )
+
+    def failing_warm_up(model):
+        raise RuntimeError(engine_message)
+
+    settings = Settings()
+    monkeypatch.setattr(loading, "load_model", lambda source, settings: object())
+    monkeypatch.setattr(loading, "warm_up", failing_warm_up)
+    with pytest.raises(ModelLoadError) as failed:
+        loading.load_and_warm_up(resolve_model(settings), settings)
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith("cannot run model")
+    assert message.endswith("[CPU] FullyConnectedCompressed node could not create a primitive descriptor")

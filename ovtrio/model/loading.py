@@ -185,7 +185,12 @@ def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedMod
     log.info("loading %s (%s) on %s", source.path, source.kind, settings.device)
     model = load_model(source, settings)
     started = time.perf_counter()
-    kv_capacity = warm_up_stateful(model) if engine_backend(settings) == "stateful" else warm_up(model)
+    try:
+        kv_capacity = warm_up_stateful(model) if engine_backend(settings) == "stateful" else warm_up(model)
+    except RuntimeError as exc:  # the compiled model cannot run on this device: one line, as a load failure
+        raise ModelLoadError(
+            f"cannot run model {source.path} on {settings.device}: {engine_error_reason(exc)}"
+        ) from None
     model.phases["warm-up"] = time.perf_counter() - started
     return model, kv_capacity
 
