@@ -12,6 +12,8 @@ most of it importing OpenVINO, which loading does next anyway).
 
 from __future__ import annotations
 
+import functools
+
 from ovtrio.model.source import ModelLoadError
 
 # Devices that pick or combine others: "AUTO", "AUTO:GPU,CPU", "HETERO:GPU,CPU", ...
@@ -40,14 +42,21 @@ def is_available(device: str, available: list[str]) -> bool:
     return any(device == found.upper() or ("." not in device and found.upper().split(".")[0] == device) for found in available)
 
 
+@functools.cache
+def available_devices() -> list[str]:
+    """OpenVINO's devices on this machine, asked once per process: `ovtrio serve` checks
+    each model before binding the port and the app checks it again at startup."""
+    import openvino as ov
+
+    return list(ov.Core().available_devices)
+
+
 def check_device(device: str, setting: str = "device") -> None:
     """Raise ModelLoadError (one line) if `device` names a device this machine lacks."""
     wanted = [name for name in physical_devices(device) if name.upper() != "CPU"]
     if not wanted:
         return
-    import openvino as ov
-
-    available = list(ov.Core().available_devices)
+    available = available_devices()
     for name in wanted:
         if not is_available(name, available):
             needs = _DRIVERS.get(name.upper().split(".")[0])
