@@ -115,23 +115,31 @@ async def test_fail_all_ends_what_still_runs_with_the_reason_given(engine):
     assert engine.scheduler.in_flight == 0
 
 
+async def collect(
+    results: dict[str, list[Any]],
+    name: str,
+    scheduler: Any,
+    tokens: int,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Submit a request of `tokens` tokens, say so once it is in, and gather its messages
+    into results[name]."""
+    async with scheduler.submit(request(tokens)) as stream:
+        task_status.started()
+        results[name] = []
+        while batch := await stream.receive_available():
+            results[name] += batch
+
+
 async def test_the_drain_waits_for_short_requests_and_cuts_long_ones(engine):
     """ovtrio/shutdown.py against the scheduler: what ends within the timeout ends
     normally, the rest is failed when it passes (or when hurried), and the state says
     draining from the start and drained at the end."""
     results: dict[str, list[Any]] = {}
-
-    async def run(name: str, tokens: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with engine.scheduler.submit(request(tokens)) as stream:
-            task_status.started()
-            results[name] = []
-            while batch := await stream.receive_available():
-                results[name] += batch
-
     shutdown = Shutdown(drain_timeout=60)
     async with trio.open_nursery() as nursery:
-        await nursery.start(run, "short", 5)
-        await nursery.start(run, "long", 100_000)
+        await nursery.start(collect, results, "short", engine.scheduler, 5)
+        await nursery.start(collect, results, "long", engine.scheduler, 100_000)
         nursery.start_soon(shutdown.drain, [engine.scheduler], "test")
         await trio.testing.wait_all_tasks_blocked()
         assert shutdown.draining.is_set() and not shutdown.drained.is_set()
@@ -149,20 +157,10 @@ async def test_one_drain_covers_the_schedulers_of_every_model(nursery):
     of them, and cuts what still runs on any when it is hurried."""
     first, second = await start_scheduler(nursery), await start_scheduler(nursery)
     results: dict[str, list[Any]] = {}
-
-    async def run(
-        name: str, scheduler: Any, tokens: int, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        async with scheduler.submit(request(tokens)) as stream:
-            task_status.started()
-            results[name] = []
-            while batch := await stream.receive_available():
-                results[name] += batch
-
     shutdown = Shutdown(drain_timeout=60)
     async with trio.open_nursery() as requests:
-        await requests.start(run, "first", first.scheduler, 5)
-        await requests.start(run, "second", second.scheduler, 100_000)
+        await requests.start(collect, results, "first", first.scheduler, 5)
+        await requests.start(collect, results, "second", second.scheduler, 100_000)
         requests.start_soon(shutdown.drain, [first.scheduler, second.scheduler], "test")
         await trio.testing.wait_all_tasks_blocked()
         for engine in (first, second):
