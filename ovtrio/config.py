@@ -86,6 +86,13 @@ class Settings(BaseModel):
         description="precision of the KV cache (auto: the device's choice); f32 makes output read from the prefix"
         " cache equal output computed afresh, and needs inference_precision f32 on CPUs that compute in bf16",
     )
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU threads the engine computes with (default: one per core); fewer leave cores to other"
+        " servers or models on the machine (a small model loses little speed on one thread and saves a third"
+        " of the CPU)",
+    )
     prompt_lookup: bool = Field(
         False,
         description="speculate by prompt lookup: propose the tokens that followed the latest n-gram's earlier"
@@ -193,6 +200,7 @@ PER_MODEL_SETTINGS = (
     "enable_prefix_caching",
     "inference_precision",
     "kv_cache_precision",
+    "num_threads",
     "prompt_lookup",
     "draft_model",
     "draft_device",

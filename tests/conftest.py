@@ -28,6 +28,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import loopback
 from server_pool import ServerPool, registered, server_fixture
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -59,7 +60,7 @@ class RunningServer:
 
     def metric(self, name: str, **labels: str) -> float:
         """Current value of one sample on /metrics (see sample_value)."""
-        return sample_value(httpx.get(self.base_url + "/metrics", timeout=10).text, name, **labels)
+        return sample_value(loopback.get(self.base_url + "/metrics", timeout=10).text, name, **labels)
 
 
 def sample_value(exposition: str, name: str, **labels: str) -> float:
@@ -114,7 +115,7 @@ def wait_until_ready(server: RunningServer) -> RunningServer:
         if server.process.poll() is not None:
             raise RuntimeError(f"server exited with {server.process.returncode}: {server.log_path.read_text()}")
         try:
-            if httpx.get(server.base_url + "/health/ready", timeout=2).status_code == 200:
+            if loopback.get(server.base_url + "/health/ready", timeout=2).status_code == 200:
                 return server
         except httpx.TransportError:
             pass
@@ -206,7 +207,7 @@ def held_loading(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -
         while True:
             assert time.monotonic() < deadline and process.poll() is None, "the server did not start listening"
             try:
-                httpx.get(base_url + "/health", timeout=5)
+                loopback.get(base_url + "/health", timeout=5)
                 break
             except httpx.TransportError:
                 time.sleep(0.05)

@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 
+import loopback
 from conftest import sample_value
 from openai_schema import validate
 from sse import (
@@ -38,8 +39,8 @@ def completion_body(prompt: str = "The capital of France is", **params: Any) -> 
 def post(base_url: str, path: str, body: Any = None, *, content: str | bytes | None = None) -> httpx.Response:
     """POST a JSON body (or raw `content`) and return the response."""
     if content is not None:
-        return httpx.post(base_url + path, content=content, headers={"content-type": "application/json"}, timeout=60)
-    return httpx.post(base_url + path, json=body, timeout=60)
+        return loopback.post(base_url + path, content=content, headers={"content-type": "application/json"}, timeout=60)
+    return loopback.post(base_url + path, json=body, timeout=60)
 
 
 @dataclass

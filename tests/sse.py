@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+import loopback
 from openai_schema import validate, validate_completion_chunk
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -37,7 +38,7 @@ def parse_sse(raw: str) -> list[dict[str, Any]]:
 
 def stream_post(base_url: str, path: str, body: dict[str, Any], timeout: float = 60) -> list[dict[str, Any]]:
     """POST a streaming request with raw httpx; returns the parsed chunks."""
-    with httpx.stream("POST", base_url + path, json=body, timeout=timeout) as response:
+    with loopback.stream("POST", base_url + path, json=body, timeout=timeout) as response:
         raw = response.read().decode()
     assert response.status_code == 200, raw
     assert response.headers["content-type"].startswith("text/event-stream")

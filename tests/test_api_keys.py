@@ -16,6 +16,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
+import loopback
 from conftest import MODEL, free_port, held_loading
 from server_pool import server_fixture
 from helpers import assert_error
@@ -49,7 +50,7 @@ keyed_server = server_fixture(
 
 def call(server, method: str, path: str, body, key: str | None = None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-    return httpx.request(method, server.base_url + path, json=body, headers=headers, timeout=60)
+    return loopback.request(method, server.base_url + path, json=body, headers=headers, timeout=60)
 
 
 @pytest.mark.parametrize("method, path, body", API_ROUTES, ids=[f"{m} {p}" for m, p, _ in API_ROUTES])
@@ -65,20 +66,20 @@ def test_every_api_route_needs_a_key(keyed_server, method, path, body):
 
 @pytest.mark.parametrize("authorization", ["first-key", "Basic first-key", "Bearer", "Bearer first-key2", "bearer  wrong"])
 def test_malformed_authorization_is_refused(keyed_server, authorization):
-    response = httpx.get(keyed_server.v1 + "/models", headers={"Authorization": authorization}, timeout=30)
+    response = loopback.get(keyed_server.v1 + "/models", headers={"Authorization": authorization}, timeout=30)
     assert response.status_code == 401, response.text
 
 
 def test_the_scheme_is_case_insensitive(keyed_server):
-    response = httpx.get(keyed_server.v1 + "/models", headers={"Authorization": "bearer first-key"}, timeout=30)
+    response = loopback.get(keyed_server.v1 + "/models", headers={"Authorization": "bearer first-key"}, timeout=30)
     assert response.status_code == 200, response.text
 
 
 def test_probes_stay_open_and_metrics_can_be_protected(keyed_server):
     for path in ("/health", "/health/ready", "/ready", "/v2/health/live", "/v2/health/ready"):
-        assert httpx.get(keyed_server.base_url + path, timeout=30).status_code == 200, path
-    assert httpx.get(keyed_server.base_url + "/metrics", timeout=30).status_code == 401
-    scraped = httpx.get(keyed_server.base_url + "/metrics", headers={"Authorization": "Bearer second-key"}, timeout=30)
+        assert loopback.get(keyed_server.base_url + path, timeout=30).status_code == 200, path
+    assert loopback.get(keyed_server.base_url + "/metrics", timeout=30).status_code == 401
+    scraped = loopback.get(keyed_server.base_url + "/metrics", headers={"Authorization": "Bearer second-key"}, timeout=30)
     assert scraped.status_code == 200 and "ovtrio_requests_running" in scraped.text
 
 
@@ -119,10 +120,10 @@ async def test_the_websocket_handshake_needs_a_key(keyed_server):
 def test_a_key_from_the_environment_leaves_metrics_open(tmp_path):
     # Keys are checked before anything reaches the model: its load is held (never paid).
     with held_loading(tmp_path, env={"OVTRIO_API_KEY": "env-key"}) as loading:
-        assert httpx.get(loading.base_url + "/v1/models", timeout=30).status_code == 401
-        keyed = httpx.get(loading.base_url + "/v1/models", headers={"Authorization": "Bearer env-key"}, timeout=30)
+        assert loopback.get(loading.base_url + "/v1/models", timeout=30).status_code == 401
+        keyed = loopback.get(loading.base_url + "/v1/models", headers={"Authorization": "Bearer env-key"}, timeout=30)
         assert keyed.status_code == 200
-        assert httpx.get(loading.base_url + "/metrics", timeout=30).status_code == 200
+        assert loopback.get(loading.base_url + "/metrics", timeout=30).status_code == 200
 
 
 def serve_briefly(*args: str, until: str) -> str:

@@ -84,3 +84,13 @@ def test_a_backend_without_constrained_decoding_names_the_field_that_asked_for_i
     body = chat_request(response_format={"type": "json_object"})
     assert refused(check_constraint, capabilities, body, OutputConstraint(json_schema="{}")).param == "response_format"
     check_constraint(capabilities, body, None)
+
+
+def test_the_thread_count_reaches_the_cpu_only():
+    from ovtrio.model.loading import engine_properties
+
+    assert "INFERENCE_NUM_THREADS" not in engine_properties(Settings())
+    assert engine_properties(Settings(num_threads=1))["INFERENCE_NUM_THREADS"] == "1"
+    assert "INFERENCE_NUM_THREADS" not in engine_properties(Settings(device="GPU", num_threads=1))
+    with pytest.raises(ValueError):
+        Settings(num_threads=0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
+import loopback
 from helpers import CHAT_PATHS, ENDS_BY_ITSELF, chat, chat_body, check_chat_body, pick_stop_word, post
 from openai_schema import validate
 from sse import MODEL, check_chat_stream, parse_sse, stream_post
@@ -125,7 +125,7 @@ def test_include_usage_framing(server):
     """Every chunk carries "usage": null, except one last chunk with no choices and the
     usage, which comes immediately before [DONE]."""
     body = chat_body(STORY, stream=True, stream_options={"include_usage": True}, max_tokens=8, ignore_eos=True)
-    with httpx.stream("POST", server.base_url + "/v3/chat/completions", json=body, timeout=60) as response:
+    with loopback.stream("POST", server.base_url + "/v3/chat/completions", json=body, timeout=60) as response:
         raw = response.read().decode()
     assert response.status_code == 200
     events = raw.split("\n\n")

@@ -11,8 +11,8 @@ import socket
 import time
 from pathlib import Path
 
-import httpx
 
+import loopback
 from conftest import HYPERCORN_MODEL, MODEL
 
 # Bounds that only keep a broken server from hanging the test; nothing is timed.
@@ -76,7 +76,7 @@ def settled_fds(pid: int, baseline: int) -> int:
 
 
 def check_closing(port: int, pid: int, rounds: int, model: str = MODEL) -> None:
-    httpx.get(f"http://127.0.0.1:{port}/health", timeout=HANG_GUARD)  # any lazy setup done
+    loopback.get(f"http://127.0.0.1:{port}/health", timeout=HANG_GUARD)  # any lazy setup done
     baseline = open_fds(pid)
     for _ in range(rounds):
         for request in REQUESTS.values():

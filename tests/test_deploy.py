@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from ovtrio.config import Settings
+import loopback
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 # How long ovtrio lets in-flight requests finish after SIGTERM (its drain timeout).
@@ -60,7 +60,7 @@ def test_the_container_listens_where_the_server_does():
 def test_probes_use_the_health_routes(server, probe, path):
     check = container()[probe]["httpGet"]
     assert check["path"] == path and port_number(check["port"]) == DEFAULT_PORT
-    response = httpx.get(server.base_url + check["path"], timeout=30)  # the route answers as a probe wants
+    response = loopback.get(server.base_url + check["path"], timeout=30)  # the route answers as a probe wants
     assert response.status_code == 200, response.text
 
 

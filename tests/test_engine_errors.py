@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx
 import trio
 
+import loopback
 from conftest import MODEL
 from server_pool import server_fixture
 from openai_schema import validate
@@ -45,7 +46,7 @@ async def test_request_too_big_for_the_kv_cache_fails_alone(small_cache_server):
         assert reply.json()["usage"]["completion_tokens"] == 30
 
     # The server goes on serving, and the engine holds nothing.
-    after = httpx.post(base + "/v3/completions", json=small, timeout=60)
+    after = loopback.post(base + "/v3/completions", json=small, timeout=60)
     assert after.status_code == 200
     assert small_cache_server.metric("ovtrio_requests_running") == 0
 
@@ -54,7 +55,7 @@ def test_default_max_tokens_fits_the_kv_cache(small_cache_server):
     """Without max_tokens a request may run to the end of what the cache holds, not to
     the model's 8192-token context."""
     body = {"model": MODEL, "prompt": "Count: one, two,", "ignore_eos": True, "temperature": 0}
-    reply = httpx.post(small_cache_server.base_url + "/v3/completions", json=body, timeout=120)
+    reply = loopback.post(small_cache_server.base_url + "/v3/completions", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     usage = reply.json()["usage"]
     assert usage["total_tokens"] == 256
@@ -63,6 +64,6 @@ def test_default_max_tokens_fits_the_kv_cache(small_cache_server):
 
 def test_max_tokens_beyond_the_kv_cache_is_refused(small_cache_server):
     body = {"model": MODEL, "prompt": "Count:", "max_tokens": 1000}
-    reply = httpx.post(small_cache_server.base_url + "/v3/completions", json=body, timeout=60)
+    reply = loopback.post(small_cache_server.base_url + "/v3/completions", json=body, timeout=60)
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == "max_tokens"

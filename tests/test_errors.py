@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import openai
 import pytest
 
+import loopback
 from helpers import CHAT_PATHS, COMPLETION_PATHS, assert_error, chat, chat_body, completion_body, post
 from sse import MODEL
 
@@ -154,20 +154,20 @@ def test_unknown_model_is_404(server, path, body):
 
 @pytest.mark.parametrize("path", ["/v1/models/nope", "/v3/models/nope"])
 def test_unknown_model_card_is_404(server, path):
-    assert_error(httpx.get(server.base_url + path), 404, param="model", code="model_not_found")
+    assert_error(loopback.get(server.base_url + path), 404, param="model", code="model_not_found")
 
 
 @pytest.mark.parametrize("path", ["/nope", "/v1/nope", "/v3/chat/completion"])
 def test_unknown_route_is_a_json_404(server, path):
     for method in ("GET", "POST"):
-        response = httpx.request(method, server.base_url + path, json={})
+        response = loopback.request(method, server.base_url + path, json={})
         assert_error(response, 404, param=None, code="not_found")
         assert "<html" not in response.text.lower()
 
 
 @pytest.mark.parametrize("path", CHAT_PATHS + COMPLETION_PATHS)
 def test_get_on_a_post_route_is_a_json_405(server, path):
-    response = httpx.get(server.base_url + path)
+    response = loopback.get(server.base_url + path)
     assert_error(response, 405, param=None, code="method_not_allowed")
     assert "POST" in response.headers.get("allow", "")
 
@@ -213,7 +213,7 @@ async def test_async_sdk_bad_request_error(async_client):
 
 
 def test_server_still_healthy_after_errors(server):
-    assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
+    assert loopback.get(server.base_url + "/health").json() == {"status": "ok"}
     result = chat(server.base_url, max_tokens=4, temperature=0, ignore_eos=True, logprobs=True)
     assert result.usage["completion_tokens"] == 4 == len(result.body["choices"][0]["logprobs"]["content"])
     assert "Traceback" not in server.log_path.read_text()

@@ -15,6 +15,7 @@ from itertools import islice
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+import loopback
 from conftest import MODEL, sample_value
 from helpers import ENDS_BY_ITSELF, chat, chat_body, complete, completion_body, pick_stop_word, post
 from ovtrio.scheduler import waiting_requests
@@ -50,7 +51,7 @@ class Scrape:
     """One /metrics exposition, read with prometheus_client's parser."""
 
     def __init__(self, base_url: str) -> None:
-        self.text = httpx.get(base_url + "/metrics", timeout=10).text
+        self.text = loopback.get(base_url + "/metrics", timeout=10).text
         self.families = {family.name: family for family in text_string_to_metric_families(self.text)}
 
     def __call__(self, name: str, **labels: str) -> float:
@@ -221,9 +222,9 @@ def test_http_responses_by_route_and_status(server):
     before = scrape(server)
     assert post(server.base_url, "/v1/chat/completions", content="{").status_code == 400
     assert post(server.base_url, "/v1/completions", completion_body(model="no-such-model")).status_code == 404
-    assert httpx.get(server.base_url + "/v1/no-such-route", timeout=10).status_code == 404
+    assert loopback.get(server.base_url + "/v1/no-such-route", timeout=10).status_code == 404
     assert chat(server.base_url, "/v3/chat/completions", max_tokens=4, ignore_eos=True).finish_reason == "length"
-    with httpx.stream("POST", server.base_url + "/v3/chat/completions", json=chat_body(max_tokens=4, stream=True)) as r:
+    with loopback.stream("POST", server.base_url + "/v3/chat/completions", json=chat_body(max_tokens=4, stream=True)) as r:
         assert r.status_code == 200
         assert r.read().endswith(b"data: [DONE]\n\n")
     after = scrape(server)

@@ -14,9 +14,9 @@ import os
 import shutil
 from pathlib import Path
 
-import httpx
 import pytest
 
+import loopback
 from conftest import MODEL, SESSION_CACHE, RunningServer
 from server_pool import server_fixture
 from ovtrio.model import embedded_model_path
@@ -163,7 +163,7 @@ PROMPT = {"prompt": "The capital of France is", "max_tokens": 7, "temperature": 
 
 
 def greedy_text(server: RunningServer, model: str = MODEL) -> str:
-    reply = httpx.post(server.v1 + "/completions", json={"model": model, **PROMPT}, timeout=120)
+    reply = loopback.post(server.v1 + "/completions", json={"model": model, **PROMPT}, timeout=120)
     assert reply.status_code == 200, reply.text
     return reply.json()["choices"][0]["text"]
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
+import loopback
 from helpers import complete
 from openai_schema import validate
 from sse import MODEL
 
 
 def get(server, path: str) -> httpx.Response:
-    response = httpx.get(server.base_url + path, timeout=10)
+    response = loopback.get(server.base_url + path, timeout=10)
     assert response.status_code == 200, response.text
     return response
 

@@ -20,6 +20,7 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
+import loopback
 from conftest import held_loading
 from helpers import chat_body, post
 from ovtrio.config import Settings, SettingsError
@@ -146,15 +147,15 @@ async def test_the_websocket_routes_each_response_by_its_model(models_server):
 
 def test_readiness_of_the_server_and_of_each_model(models_server):
     for path in ("/health/ready", "/ready", "/v2/health/ready"):
-        reply = httpx.get(models_server.base_url + path, timeout=10)
+        reply = loopback.get(models_server.base_url + path, timeout=10)
         assert reply.status_code == 200, reply.text
         assert reply.json()["models"] == [{"id": name, "status": "ready"} for name in NAMES]
     for name in NAMES:
-        reply = httpx.get(f"{models_server.base_url}/v2/models/{name}/ready", timeout=10)
+        reply = loopback.get(f"{models_server.base_url}/v2/models/{name}/ready", timeout=10)
         assert reply.status_code == 200 and reply.json() == {"id": name, "status": "ready"}
-    unknown = httpx.get(models_server.base_url + "/v2/models/no-such-model/ready", timeout=10)
+    unknown = loopback.get(models_server.base_url + "/v2/models/no-such-model/ready", timeout=10)
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
-    config = httpx.get(models_server.base_url + "/v1/config", timeout=10).json()
+    config = loopback.get(models_server.base_url + "/v1/config", timeout=10).json()
     assert {name: status["model_version_status"][0]["state"] for name, status in config.items()} == dict.fromkeys(
         NAMES, "AVAILABLE"
     )
@@ -201,7 +202,7 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
         base = loading.base_url
 
         def ready(name: str) -> httpx.Response:
-            return httpx.get(f"{base}/v2/models/{name}/ready", timeout=10)
+            return loopback.get(f"{base}/v2/models/{name}/ready", timeout=10)
 
         deadline = time.monotonic() + 120
         while ready("small-a").status_code != 200 or ready("broken").json()["status"] != "failed":
@@ -211,11 +212,11 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
         assert held.status_code == 503 and held.json()["status"] == "loading"
         broken = ready("broken")
         assert broken.status_code == 503 and "damaged-ir" in broken.json()["reason"]
-        server = httpx.get(base + "/health/ready", timeout=10)
+        server = loopback.get(base + "/health/ready", timeout=10)
         assert server.status_code == 503
         assert [model["status"] for model in server.json()["models"]] == ["ready", "failed", "loading"]
-        assert httpx.get(base + "/health", timeout=10).status_code == 200  # alive: one model serves
-        states = httpx.get(base + "/v1/config", timeout=10).json()
+        assert loopback.get(base + "/health", timeout=10).status_code == 200  # alive: one model serves
+        states = loopback.get(base + "/v1/config", timeout=10).json()
         assert {name: status["model_version_status"][0]["state"] for name, status in states.items()} == {
             "small-a": "AVAILABLE", "broken": "END", "held": "LOADING",
         }

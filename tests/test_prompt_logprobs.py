@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
+import loopback
 from conftest import HYPERCORN_MODEL
 from helpers import assert_error, post
 from openai_schema import validate, validate_completion_chunk
@@ -229,7 +229,7 @@ def test_tokenizer_info_serves_a_remote_tokenizer(server):
     """What lm-eval's remote tokenizer reads: the special tokens (it encodes eos_token
     through /tokenize to find its id) and the chat template."""
     for path in ("/tokenizer_info", "/v1/tokenizer_info", "/v3/tokenizer_info"):
-        info = httpx.get(server.base_url + path, timeout=30).json()
+        info = loopback.get(server.base_url + path, timeout=30).json()
         assert {"eos_token", "bos_token", "pad_token", "chat_template", "model_max_length"} <= set(info)
     assert info["model_max_length"] == 8192
     vocabulary = embedded_vocabulary()

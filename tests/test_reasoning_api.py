@@ -10,6 +10,7 @@ import random
 import pytest
 
 from chat_output import streamed_chat, unary_chat
+import loopback
 from helpers import ENDS_BY_ITSELF, chat_body, post
 from openai_schema import validate
 from ovtrio.output import OutputStage
@@ -119,12 +120,10 @@ def test_responses_stream_reasoning_events(thinking_server):
     """The Responses API streams thinking as a reasoning item, with its own events."""
     import json
 
-    import httpx
-
     body = {"model": "SmolLM2-135M-Instruct", "input": "Is the sky blue?", "max_output_tokens": 12,
             "temperature": 0, "stream": True, "reasoning": {"effort": "low"},
             "text": {"format": {"type": "json_schema", "name": "answer", "schema": {"type": "boolean"}}}}
-    with httpx.stream("POST", thinking_server.base_url + "/v1/responses", json=body, timeout=60) as reply:
+    with loopback.stream("POST", thinking_server.base_url + "/v1/responses", json=body, timeout=60) as reply:
         raw = reply.read().decode()
     events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
     for event in events:

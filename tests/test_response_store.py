@@ -3,10 +3,10 @@ and the store's bounds."""
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
 
+import loopback
 from helpers import post
 from openai_schema import validate
 from server_pool import server_fixture
@@ -22,7 +22,7 @@ def test_retrieve_and_input_items(client, server):
     first = ask(client, input=[{"role": "user", "content": "My name is Ada."}])
     again = client.responses.retrieve(first.id)
     assert again.id == first.id and again.output_text == first.output_text
-    raw = httpx.get(f"{server.base_url}/v3/responses/{first.id}").json()
+    raw = loopback.get(f"{server.base_url}/v3/responses/{first.id}").json()
     validate(raw, "Response")
     items = client.responses.input_items.list(first.id)
     assert [item.type for item in items.data] == ["message"]
@@ -55,7 +55,7 @@ def test_store_false_is_not_kept(client):
 
 def test_delete(client):
     reply = ask(client, input="Hi")
-    deleted = httpx.delete(f"{client.base_url}responses/{reply.id}").json()
+    deleted = loopback.delete(f"{client.base_url}responses/{reply.id}").json()
     assert deleted == {"id": reply.id, "object": "response", "deleted": True}
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(reply.id)

@@ -8,6 +8,7 @@ import json
 import jsonschema
 import pytest
 
+import loopback
 from helpers import ENDS_BY_ITSELF, post
 from openai_schema import validate
 
@@ -196,10 +197,8 @@ CALL_EVENTS = [
 
 def stream_events(server, **fields) -> list[dict]:
     """The events of a streamed response: `event:` and `data:` lines, then [DONE]."""
-    import httpx
-
     body = {"model": MODEL, "temperature": 0, "stream": True, **fields}
-    with httpx.stream("POST", server.base_url + "/v1/responses", json=body, timeout=60) as reply:
+    with loopback.stream("POST", server.base_url + "/v1/responses", json=body, timeout=60) as reply:
         raw = reply.read().decode()
     assert reply.status_code == 200, raw
     blocks = raw.strip().split("\n\n")

@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
+import loopback
 from conftest import HYPERCORN_MODEL, free_port, held_loading
 from ovtrio.model.source import embedded_model_path
 
@@ -95,11 +95,11 @@ def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
     with held_loading(tmp_path) as loading:
         base = loading.base_url
         for _ in range(3):  # while loading, however often it is asked
-            reply = httpx.get(base + "/health/ready", timeout=5)
+            reply = loopback.get(base + "/health/ready", timeout=5)
             assert reply.status_code == 503 and reply.json()["status"] == "loading", reply.text
             # Liveness holds while loading; generation is refused with OpenAI's error shape.
-            assert httpx.get(base + "/health", timeout=5).status_code == 200
-            early = httpx.post(
+            assert loopback.get(base + "/health", timeout=5).status_code == 200
+            early = loopback.post(
                 base + "/v1/completions",
                 json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1},
                 timeout=5,
@@ -107,16 +107,16 @@ def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
             assert early.status_code == 503 and early.json()["error"]["code"] == "model_loading", early.text
         loading.release((Path(__file__).parent / "data" / "plain_template.jinja").read_text())
         deadline = time.monotonic() + 120
-        while (reply := httpx.get(base + "/health/ready", timeout=5)).status_code == 503:
+        while (reply := loopback.get(base + "/health/ready", timeout=5)).status_code == 503:
             assert time.monotonic() < deadline and loading.process.poll() is None, "the model did not finish loading"
             time.sleep(0.05)
         assert reply.status_code == 200 and reply.json()["status"] == "ready"
-        late = httpx.post(base + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1})
+        late = loopback.post(base + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1})
         assert late.status_code == 200, late.text
 
 
 def test_hypercorn_entry_point_serves_with_environment_settings(hypercorn_server):
-    models = httpx.get(hypercorn_server.base_url + "/v1/models").json()
+    models = loopback.get(hypercorn_server.base_url + "/v1/models").json()
     assert [m["id"] for m in models["data"]] == [HYPERCORN_MODEL]
     with openai.OpenAI(base_url=hypercorn_server.base_url + "/v3", api_key="unused", max_retries=0) as sdk:
         reply = sdk.chat.completions.create(

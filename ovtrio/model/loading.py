@@ -57,12 +57,15 @@ def engine_error_reason(exc: Exception) -> str:
 
 
 def engine_properties(settings: Settings) -> dict[str, str]:
-    """OpenVINO properties for the device: the precision hints that are not left to it."""
+    """OpenVINO properties for the device: the precision hints and thread count that are not
+    left to it."""
     properties = {}
     if settings.inference_precision != "auto":
         properties["INFERENCE_PRECISION_HINT"] = settings.inference_precision
     if settings.kv_cache_precision != "auto":
         properties["KV_CACHE_PRECISION"] = settings.kv_cache_precision
+    if settings.num_threads is not None and settings.device.upper().startswith("CPU"):
+        properties["INFERENCE_NUM_THREADS"] = str(settings.num_threads)
     return properties
 
 
