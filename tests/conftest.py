@@ -124,6 +124,16 @@ def wait_until_ready(server: RunningServer) -> RunningServer:
     raise RuntimeError(f"server did not become ready: {server.log_path.read_text()}")
 
 
+def has_settled(server: RunningServer) -> bool:
+    """Whether `server` has finished starting: it serves, or it has exited."""
+    if server.process.poll() is not None:
+        return True
+    try:
+        return loopback.get(server.base_url + "/health/ready", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def start_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -> RunningServer:
     return wait_until_ready(launch_server(tmp_dir, *args, env=env))
 
@@ -258,6 +268,7 @@ def _pool() -> ServerPool:
         _POOL = ServerPool(
             lambda folder, spec: launch_server(folder, *spec.args, env=dict(spec.env), hypercorn=spec.hypercorn),
             wait_until_ready,
+            has_settled,
             stop_server,
         )
     return _POOL
@@ -275,10 +286,18 @@ _NEEDS_A_MODEL = {"embedded_pipeline", "tmp_path", "tmp_path_factory"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that need no model run first, while the servers load (in module order
-    otherwise: the sort is stable)."""
-    needs_a_model = _NEEDS_A_MODEL | set(registered())
-    items.sort(key=lambda item: bool(needs_a_model & set(getattr(item, "fixturenames", ()))))
+    """Order the tests by when what they need is ready: those that need no model first,
+    then those of the shared server (ready first), then the rest, whose servers load
+    meanwhile (in module order otherwise: the sort is stable)."""
+    others = (_NEEDS_A_MODEL | set(registered())) - {"server", "embedded_pipeline"}
+
+    def readiness(item: pytest.Item) -> int:
+        needs = set(getattr(item, "fixturenames", ()))
+        if needs & others:
+            return 2
+        return 1 if needs & {"server", "embedded_pipeline"} else 0
+
+    items.sort(key=readiness)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -1,12 +1,13 @@
-"""Test servers with their own settings, all started as soon as the tests are collected.
+"""Test servers with their own settings, started in the background as soon as the tests
+are collected.
 
-Loading the model takes 6-8 s, and about one core of the two: started one after the
-other, as each module reached its own server, the loads were a third of the suite's
-time. Started together when collection ends (only those the collected tests use), they
-load side by side and while the first tests run, and a module finds its server ready or
-nearly so. The first one converts the model into the session's model cache, and the
-others start when it is there (conftest.py), so each of them loads in about half the
-time.
+Loading the model takes 5-8 s of CPU: started one after the other, as each module
+reached its own server, the loads were a third of the suite's time. Here the shared
+server starts first and converts the model into the session's model cache (conftest.py);
+then the others (only those the collected tests use) start in the order the tests need
+them, two at a time, while the tests of the shared server run (conftest.py runs those
+first). Each loads the cached model in about half the time, and a module finds its server
+ready; one that is needed before its turn is started at once.
 
 A module declares its server with `server_fixture(name, *flags, ...)` at import time
 (collection), which registers the settings and returns the fixture of that name. The
@@ -69,34 +70,57 @@ def server_fixture(
 
 
 class ServerPool:
-    def __init__(self, starter: Callable[[Path, ServerSpec], Any], ready: Callable[[Any], Any], stop: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        starter: Callable[[Path, ServerSpec], Any],
+        ready: Callable[[Any], Any],
+        settled: Callable[[Any], bool],
+        stop: Callable[[Any], None],
+    ) -> None:
         """`starter(folder, spec)` launches a server without waiting for it; `ready(launched)`
-        waits until it serves and returns what tests use; `stop(server)` stops either."""
+        waits until it serves and returns what tests use; `settled(launched)` says, without
+        waiting, whether it has finished loading (serving, or exited); `stop(server)` stops
+        either."""
         self._starter = starter
         self._ready = ready
+        self._settled = settled
         self._stop = stop
         self._root = Path(tempfile.mkdtemp(prefix="ovtrio-servers-"))
         self._launched: dict[str, Any] = {}
         self._serving: dict[str, Any] = {}
         self._lock = threading.Lock()  # launches happen in the launcher thread too
-        self._planned: set[str] = set()  # to be launched by the launcher thread
+        self._queue: list[str] = []  # to be launched by the launcher thread, in this order
         self._launcher_done = threading.Event()
         self._launcher_done.set()
         self._closing = False
 
-    def start_in_background(self, first: str, ready_for_others: Callable[[], bool], others: Iterable[str]) -> None:
-        """Launch `first` now and, from a thread, `others` once `ready_for_others()`
-        holds (or `first` has exited), so the tests go on meanwhile."""
-        others = [name for name in others if name != first]
+    def start_in_background(
+        self, first: str, ready_for_others: Callable[[], bool], others: Iterable[str], at_once: int = 2
+    ) -> None:
+        """Launch `first` now and, from a thread, `others` in that order once
+        `ready_for_others()` holds (or `first` has exited), so the tests go on meanwhile:
+        at most `at_once` loading at a time, so the servers needed first are ready first
+        and the tests running meanwhile keep their share of the CPU."""
         self.start([first])
-        self._planned = set(others)
+        with self._lock:
+            self._queue = [name for name in others if name != first]
         self._launcher_done.clear()
 
         def launch_others() -> None:
             try:
                 self.wait_for(first, lambda: ready_for_others() or self._closing)
-                if not self._closing:
-                    self.start(others)
+                while not self._closing:
+                    with self._lock:
+                        if not self._queue:
+                            return
+                        launched = list(self._launched.values())
+                    loading = sum(1 for server in launched if not self._settled(server))
+                    if loading < at_once:
+                        with self._lock:
+                            if self._queue:
+                                self._launch(self._queue.pop(0))
+                    else:
+                        time.sleep(0.1)
             finally:
                 self._launcher_done.set()
 
@@ -136,12 +160,12 @@ class ServerPool:
             time.sleep(0.1)
 
     def get(self, name: str) -> Any:
-        """The server `name`, once it serves (launched now if it was not yet, or when
-        the launcher thread launches it, if it will)."""
+        """The server `name`, once it serves (launched now if it was not yet: a test
+        that needs it goes before those still waiting to be launched)."""
         if name not in self._serving:
-            if name in self._planned:
-                self._launcher_done.wait()
             with self._lock:
+                if name in self._queue:
+                    self._queue.remove(name)
                 self._launch(name)
                 launched = self._launched.pop(name)
             self._serving[name] = self._ready(launched)

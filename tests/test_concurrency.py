@@ -16,9 +16,9 @@ from sse import MODEL, StreamResult, check_chat_stream
 
 PROMPTS = ["Tell me a short story about a cat.", "What is the capital of France?"]
 CONCURRENT = 16
-# Long enough (about 64 engine steps) that all the streams, started together, overlap
+# Long enough (about 32 engine steps) that all the streams, started together, overlap
 # in the scheduler even on a slow or busy machine.
-TOKENS = 64
+TOKENS = 32
 
 
 async def test_concurrent_streams_all_complete(async_client, server):

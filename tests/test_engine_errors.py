@@ -11,8 +11,9 @@ from conftest import MODEL
 from server_pool import server_fixture
 from openai_schema import validate
 
-# 8 blocks of 32 tokens: room for a few short requests, never for a 700-token prompt.
-KV_BLOCKS = "8"
+# 4 blocks of 32 tokens: room for two short requests, never for a 700-token prompt.
+KV_BLOCKS = "4"
+KV_TOKENS = int(KV_BLOCKS) * 32
 
 
 small_cache_server = server_fixture("small_cache_server", "--num-kv-blocks", KV_BLOCKS)
@@ -26,7 +27,7 @@ async def test_request_too_big_for_the_kv_cache_fails_alone(small_cache_server):
         async with httpx.AsyncClient(base_url=base, timeout=120) as http:
             results[name] = await http.post("/v3/completions", json=body)
 
-    small = {"model": MODEL, "prompt": "Count: one, two,", "max_tokens": 30, "ignore_eos": True, "temperature": 0}
+    small = {"model": MODEL, "prompt": "Count: one, two,", "max_tokens": 20, "ignore_eos": True, "temperature": 0}
     huge = {"model": MODEL, "prompt": "hello " * 700, "max_tokens": 10}
     async with trio.open_nursery() as nursery:
         nursery.start_soon(post, "small-1", small)
@@ -37,13 +38,13 @@ async def test_request_too_big_for_the_kv_cache_fails_alone(small_cache_server):
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
-    assert "KV cache" in error["message"] and "256 tokens" in error["message"]
+    assert "KV cache" in error["message"] and f"{KV_TOKENS} tokens" in error["message"]
     assert set(error) == {"message", "type", "param", "code"}
     for name in ("small-1", "small-2"):
         reply = results[name]
         assert reply.status_code == 200, reply.text
         validate(reply.json(), "CreateCompletionResponse")
-        assert reply.json()["usage"]["completion_tokens"] == 30
+        assert reply.json()["usage"]["completion_tokens"] == 20
 
     # The server goes on serving, and the engine holds nothing.
     after = loopback.post(base + "/v3/completions", json=small, timeout=60)
@@ -58,7 +59,7 @@ def test_default_max_tokens_fits_the_kv_cache(small_cache_server):
     reply = loopback.post(small_cache_server.base_url + "/v3/completions", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     usage = reply.json()["usage"]
-    assert usage["total_tokens"] == 256
+    assert usage["total_tokens"] == KV_TOKENS
     assert reply.json()["choices"][0]["finish_reason"] == "length"
 
 

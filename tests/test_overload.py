@@ -28,7 +28,7 @@ from openai_schema import validate, validate_completion_chunk
 from server_pool import server_fixture
 
 RUNNING, QUEUED = 2, 2
-SLOW_READER_BUFFER, SLOW_READER_TIMEOUT = 8, 5
+SLOW_READER_BUFFER, SLOW_READER_TIMEOUT = 8, 3
 MAX_PROMPTS, MAX_PROMPT_TOKENS = 4, 64
 
 

@@ -33,10 +33,10 @@ ORDER = {
         "items": {
             "type": "array",
             "minItems": 1,
-            "maxItems": 3,
+            "maxItems": 2,
             "items": {
                 "type": "object",
-                "properties": {"sku": {"type": "string", "maxLength": 12}, "price": {"type": "number"}},
+                "properties": {"sku": {"type": "string", "maxLength": 8}, "price": {"type": "number"}},
                 "required": ["sku", "price"],
                 "additionalProperties": False,
             },
