@@ -8,9 +8,12 @@ measures, for plain decoding, prompt lookup and the embedded model as its own dr
 - the server (`ovtrio serve`, a streamed completions request over HTTP),
 
 taking turns (plain, prompt lookup, draft, again) and reporting medians, and checks that
-every variant wrote the same greedy text as plain decoding in the same place.
+every variant wrote the same greedy text as plain decoding in the same place. With
+`--exact`, everything runs with the settings under which speculation writes exactly
+plain decoding's greedy text (f32 compute and KV cache, dynamic quantization off; slower
+in absolute terms on CPUs that compute in bf16).
 
-    python bench/speculative.py [--turns 5] [--tokens 128]
+    python bench/speculative.py [--turns 5] [--tokens 128] [--exact]
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ VARIANTS = {
     "draft model": ["--draft-model", str(embedded_model_path())],
 }
 ARITHMETIC = ["--no-enable-prefix-caching"]
+EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32", "plugin_config": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}}
+EXACT_FLAGS = [
+    "--inference-precision", "f32", "--kv-cache-precision", "f32",
+    "--plugin-config", json.dumps(EXACT["plugin_config"]),
+]
 
 
 def start_server(flags: list[str]) -> tuple[subprocess.Popen, str]:
@@ -85,8 +93,9 @@ def server_run(url: str, prompt_ids: list[int], tokens: int) -> tuple[float, str
     return (tokens - 1) / (last - first), "".join(text)
 
 
-def engine_pipeline(flags: list[str]):
+def engine_pipeline(flags: list[str], exact: bool):
     settings = Settings(
+        **(EXACT if exact else {}),
         enable_prefix_caching=False,
         prompt_lookup="--prompt-lookup" in flags,
         draft_model=flags[1] if flags[:1] == ["--draft-model"] else None,
@@ -122,12 +131,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--exact", action="store_true", help="f32, f32 KV cache, no dynamic quantization")
     args = parser.parse_args()
 
-    engines = {name: engine_pipeline(flags) for name, flags in VARIANTS.items()}
+    engines = {name: engine_pipeline(flags, args.exact) for name, flags in VARIANTS.items()}
     prompt_ids = list(engines["plain"].tokenizer.encode(PROMPT).input_ids.data[0])
     prompt_ids = [int(i) for i in prompt_ids]
-    servers = {name: start_server(flags) for name, flags in VARIANTS.items()}
+    servers = {name: start_server(flags + (EXACT_FLAGS if args.exact else [])) for name, flags in VARIANTS.items()}
     speeds: dict[tuple[str, str], list[float]] = {}
     texts: dict[tuple[str, str], set[str]] = {}
     try:
@@ -148,7 +158,8 @@ def main() -> None:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"speculative decoding, single stream: SmolLM2-135M-Instruct Q4_1, {cpu}, {os.cpu_count()} cores,")
     print(f"prompt {len(prompt_ids)} tokens (copy a passage of code), {args.tokens} output tokens, greedy, "
-          f"ignore_eos, medians of {args.turns} turns, decode tok/s after the first token")
+          f"ignore_eos, medians of {args.turns} turns, decode tok/s after the first token"
+          + (", exact arithmetic (f32, f32 KV cache, no dynamic quantization)" if args.exact else ""))
     print(f"{'variant':<15}{'engine tok/s':>14}{'x plain':>9}{'server tok/s':>14}{'x plain':>9}  same text as plain")
     for name in VARIANTS:
         row = [f"{name:<15}"]

@@ -7,11 +7,12 @@ upper case with the OVTRIO_ prefix, the command-line flag is the name with dashe
 
 from __future__ import annotations
 
+import json
 import os
 import typing
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 ENV_PREFIX = "OVTRIO_"
 
@@ -92,6 +93,11 @@ class Settings(BaseModel):
         description="CPU threads the engine computes with (default: one per core); fewer leave cores to other"
         " servers or models on the machine (a small model loses little speed on one thread and saves a third"
         " of the CPU)",
+    )
+    plugin_config: dict[str, bool | int | float | str] = Field(
+        default_factory=dict,
+        description="OpenVINO properties for the device, as a JSON object (OVMS's plugin_config), e.g."
+        ' \'{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}\'; also given to the draft model',
     )
     prompt_lookup: bool = Field(
         False,
@@ -179,6 +185,25 @@ class Settings(BaseModel):
     )
     log_level: str = Field("info", description="debug, info, warning or error")
 
+    @field_validator("plugin_config", mode="before")
+    @classmethod
+    def _plugin_config_object(cls, value: Any) -> Any:
+        """A JSON object from a flag or variable (a config file gives the object itself);
+        the properties that settings of their own control are refused, naming them."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc.msg}") from None
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(item, (bool, int, float, str)):
+                    raise ValueError(f"{key}: a property's value is a string, a number or a boolean")
+            for key, setting in OWN_SETTING_PROPERTIES.items():
+                if key in value:
+                    raise ValueError(f"{key} is set with --{setting.replace('_', '-')}, not here")
+        return value
+
 
 # The settings a model entry of the config file may set: those of one model and its
 # engine. The others (listening, keys, the response store, the drain, logging, the model
@@ -201,6 +226,7 @@ PER_MODEL_SETTINGS = (
     "inference_precision",
     "kv_cache_precision",
     "num_threads",
+    "plugin_config",
     "prompt_lookup",
     "draft_model",
     "draft_device",
@@ -216,6 +242,13 @@ PER_MODEL_SETTINGS = (
     "stream_interval",
     "gil_free_step",
 )
+
+# OpenVINO properties that a setting of their own controls.
+OWN_SETTING_PROPERTIES = {
+    "INFERENCE_PRECISION_HINT": "inference_precision",
+    "KV_CACHE_PRECISION": "kv_cache_precision",
+    "INFERENCE_NUM_THREADS": "num_threads",
+}
 
 
 class SettingsError(ValueError):
@@ -235,7 +268,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None, **overrides: Any
         return Settings.model_validate(values)
     except ValidationError as exc:
         first = exc.errors()[0]
-        name = ".".join(str(part) for part in first["loc"])
+        name = str(first["loc"][0])
         raise SettingsError(
             f"invalid setting {name} ({ENV_PREFIX}{name.upper()} / --{name.replace('_', '-')}): {first['msg']}"
         ) from None

@@ -94,3 +94,24 @@ def test_the_thread_count_reaches_the_cpu_only():
     assert "INFERENCE_NUM_THREADS" not in engine_properties(Settings(device="GPU", num_threads=1))
     with pytest.raises(ValueError):
         Settings(num_threads=0)
+
+
+def test_plugin_config_reaches_the_engine_and_leaves_owned_properties_to_their_settings():
+    from ovtrio.config import SettingsError, settings_from_env
+    from ovtrio.model.loading import engine_properties
+
+    settings = settings_from_env({"OVTRIO_PLUGIN_CONFIG": '{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "X": "y"}'})
+    assert settings.plugin_config == {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "X": "y"}
+    properties = engine_properties(settings.model_copy(update={"inference_precision": "f32"}))
+    assert properties == {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "X": "y"}
+    # A config file gives the object itself.
+    assert Settings(plugin_config={"A": True}).plugin_config == {"A": True}
+    for bad, words in (
+        ("[1]", "valid dictionary"),
+        ('{"A": [1]}', "A: a property's value is a string, a number or a boolean"),
+        ('{"KV_CACHE_PRECISION": "f32"}', "--kv-cache-precision"),
+        ('{"INFERENCE_NUM_THREADS": 1}', "--num-threads"),
+    ):
+        with pytest.raises(SettingsError, match="plugin_config") as refused:
+            settings_from_env({}, plugin_config=bad)
+        assert words in str(refused.value)

@@ -56,9 +56,9 @@ def engine_error_reason(exc: Exception) -> str:
     return last if not last.startswith("Check '") or len(reasons) == 1 else f"{last} ({reasons[-2]})"
 
 
-def engine_properties(settings: Settings) -> dict[str, str]:
+def engine_properties(settings: Settings) -> dict[str, Any]:
     """OpenVINO properties for the device: the precision hints and thread count that are not
-    left to it."""
+    left to it, and the operator's plugin_config."""
     properties = {}
     if settings.inference_precision != "auto":
         properties["INFERENCE_PRECISION_HINT"] = settings.inference_precision
@@ -66,6 +66,7 @@ def engine_properties(settings: Settings) -> dict[str, str]:
         properties["KV_CACHE_PRECISION"] = settings.kv_cache_precision
     if settings.num_threads is not None and settings.device.upper().startswith("CPU"):
         properties["INFERENCE_NUM_THREADS"] = str(settings.num_threads)
+    properties.update(settings.plugin_config)
     return properties
 
 
