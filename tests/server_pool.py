@@ -107,6 +107,13 @@ class ServerPool:
         self._launcher_done.clear()
 
         def launch_others() -> None:
+            settled: set[int] = set()  # ids of the launched servers known to have settled
+
+            def still_loading(server: Any) -> bool:
+                if id(server) not in settled and self._settled(server):
+                    settled.add(id(server))
+                return id(server) not in settled
+
             try:
                 self.wait_for(first, lambda: ready_for_others() or self._closing)
                 while not self._closing:
@@ -114,7 +121,7 @@ class ServerPool:
                         if not self._queue:
                             return
                         launched = list(self._launched.values())
-                    loading = sum(1 for server in launched if not self._settled(server))
+                    loading = sum(1 for server in launched if still_loading(server))
                     if loading < at_once:
                         with self._lock:
                             if self._queue:
