@@ -107,5 +107,7 @@ def test_disconnect_cancels_engine_requests(server):
 def test_server_serves_normally_after_disconnects(server):
     result = chat(server.base_url, content=PROMPTS[1], max_tokens=8, temperature=0, ignore_eos=True)
     assert result.usage["completion_tokens"] == 8
-    assert server.metric("ovtrio_engine_requests") == 0
+    # The engine lets a finished request go in the step after its last token, which can
+    # run after the response went out: nothing is left behind once it has.
+    wait_for_metric(server, "ovtrio_engine_requests", 0, within=5)
     assert server.metric("ovtrio_requests_running") == 0
