@@ -69,6 +69,13 @@ class Settings(BaseModel):
         256, ge=1, description="most tokens processed in one engine step (prompt chunks included)"
     )
     enable_prefix_caching: bool = Field(True, description="reuse KV cache of shared prompt prefixes")
+    long_prefill_token_threshold: int | None = Field(
+        None,
+        ge=0,
+        description="prompts longer than this many tokens are prefilled in slices of that size (whole KV blocks), so"
+        " requests arriving meanwhile start between slices instead of after the whole prompt; needs prefix caching"
+        " (default: max_num_batched_tokens; 0 turns it off)",
+    )
     cache_dir: str | None = Field(
         None,
         description="folder that keeps the model and tokenizer converted from a GGUF file, for faster later starts"
@@ -223,6 +230,7 @@ PER_MODEL_SETTINGS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "enable_prefix_caching",
+    "long_prefill_token_threshold",
     "inference_precision",
     "kv_cache_precision",
     "num_threads",

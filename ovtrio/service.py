@@ -32,6 +32,7 @@ from ovtrio.model.limits import (
     RequestCaps,
     SequenceLimit,
     ServerDefaults,
+    prefill_slice_tokens,
     request_caps,
     sequence_limit,
     server_defaults,
@@ -199,6 +200,9 @@ class ModelService:
                 model.pipeline, model.tokenizer, model.vocabulary, self.settings.stream_interval, limits, observer
             )
         else:
+            slice_tokens = prefill_slice_tokens(self.settings, model.device)
+            if slice_tokens:
+                log.info("prompts longer than %d tokens are prefilled in slices of that size", slice_tokens)
             scheduler = Scheduler(
                 model.pipeline,
                 model.tokenizer,
@@ -207,6 +211,7 @@ class ModelService:
                 step=step,
                 limits=limits,
                 observer=observer,
+                prefill_slice_tokens=slice_tokens,
             )
         self.serving = ServingModel(
             name=source.name,

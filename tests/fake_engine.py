@@ -1,9 +1,12 @@
 """A small fake of OpenVINO GenAI's continuous-batching pipeline, for the scheduler's
 pure-logic tests: each engine request makes a token "a" per step until max_new_tokens,
-and its handle queues one output per step, as the real one does (`read()` takes one)."""
+and its handle queues one output per step, as the real one does (`read()` takes one). Each
+handle keeps the prompt it was added with; `gate`, when set to a cleared
+threading.Event, holds every step until it is set."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +20,8 @@ from ovtrio.scheduler import AdmissionLimits, GenerationRequest, SamplingParams,
 Status = openvino_genai.GenerationStatus
 Reason = openvino_genai.GenerationFinishReason
 
-# Token 1 is "a"; a prompt of token 2 is one the fake engine drops as out of memory.
+# Token 1 is "a"; a prompt that starts with token 2 is one the fake engine drops as out
+# of memory.
 VOCABULARY = Vocabulary([b"</s>", b"a", b"b"], frozenset({0}))
 DROPPED_PROMPT = [2]
 
@@ -36,6 +40,7 @@ class FakeHandle:
 
     left: int
     dropped: bool
+    prompt: list[int] = field(default_factory=list)
     status: Any = Status.RUNNING
     cancelled: bool = False
     unread: list[FakeOutput] = field(default_factory=list)  # one per step
@@ -58,12 +63,14 @@ class FakePipeline:
     def __init__(self) -> None:
         self.handles: list[FakeHandle] = []
         self.failing_steps = 0
+        self.gate: threading.Event | None = None
 
     def get_config(self) -> Any:
         return SimpleNamespace(stop_token_ids={0})
 
     def add_request(self, request_id: int, prompt: Any, config: Any) -> FakeHandle:
-        handle = FakeHandle(config.max_new_tokens, prompt.data[0].tolist() == DROPPED_PROMPT)
+        ids = prompt.data[0].tolist()
+        handle = FakeHandle(config.max_new_tokens, ids[:1] == DROPPED_PROMPT, ids)
         self.handles.append(handle)
         return handle
 
@@ -74,6 +81,8 @@ class FakePipeline:
         return bool(self._running())
 
     def step(self) -> None:
+        if self.gate is not None:
+            self.gate.wait(10)  # a test that fails while holding it still ends
         if self.failing_steps:
             self.failing_steps -= 1
             raise RuntimeError("boom")
@@ -135,12 +144,16 @@ class Observed:
         self.ends.append(reason)
 
 
-async def start_scheduler(nursery: trio.Nursery, limits: AdmissionLimits = AdmissionLimits()) -> SimpleNamespace:
+async def start_scheduler(
+    nursery: trio.Nursery, limits: AdmissionLimits = AdmissionLimits(), prefill_slice_tokens: int = 0
+) -> SimpleNamespace:
     """A scheduler over a FakePipeline, running in `nursery`: its pipeline, the scheduler,
     what it told its observer (`observed`), and `stop()`, which cancels its loop."""
     pipeline = FakePipeline()
     observed = Observed()
-    scheduler = Scheduler(pipeline, None, VOCABULARY, limits=limits, observer=observed)
+    scheduler = Scheduler(
+        pipeline, None, VOCABULARY, limits=limits, observer=observed, prefill_slice_tokens=prefill_slice_tokens
+    )
     scope = trio.CancelScope()
 
     async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import trio
 
-from conftest import MODEL
+from conftest import HYPERCORN_MODEL, MODEL
 from helpers import chat, metric_value
 from test_concurrency import wait_for_metric
 
@@ -99,3 +99,36 @@ def test_a_client_leaving_frees_the_engine_with_the_bindings_step(alternate_serv
             assert server.metric("ovtrio_engine_requests") == 1
     wait_for_metric(server, "ovtrio_requests_running", 0, within=5)
     wait_for_metric(server, "ovtrio_engine_requests", 0, within=5)
+
+
+# Token ids of ordinary words (the embedded vocabulary has 49,152): a prompt of 8 of the
+# server's 256-token slices, starting with an id no other test's prompt starts with, so
+# that nothing of it is in the prefix cache.
+LONG_PROMPT_IDS = [7777] + [1000 + (i * 37) % 20000 for i in range(1, 2048)]
+
+
+async def test_a_short_request_is_answered_while_a_long_prompt_is_prefilled(hypercorn_server):
+    """The long prompt is prefilled in slices (ovtrio/scheduler/prefill.py), and the short
+    request, added between two of them, is answered before the long one ends. Without
+    slices the engine gives every step's budget to the long prompt until it is done, and
+    the short one could only end with it. (The slices build on the prefix cache, which
+    this server has on, as servers do by default.)"""
+    async with httpx.AsyncClient(base_url=hypercorn_server.base_url, timeout=120) as http:
+        prompt = LONG_PROMPT_IDS
+        done: list[str] = []
+
+        async def long_request() -> None:
+            body = {"model": HYPERCORN_MODEL, "prompt": prompt, "max_tokens": 1}
+            reply = await http.post("/v3/completions", json=body)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["usage"]["prompt_tokens"] == len(prompt)  # the slices are not counted
+            done.append("long")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long_request)
+            while metric_value((await http.get("/metrics")).text, "ovtrio_requests_running") < 1:
+                await trio.sleep(0.005)
+            reply = await http.post("/v3/completions", json={"model": HYPERCORN_MODEL, "prompt": "Hi", "max_tokens": 1})
+            assert reply.status_code == 200, reply.text
+            done.append("short")
+        assert done == ["short", "long"]

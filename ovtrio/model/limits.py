@@ -9,6 +9,7 @@ from typing import Any
 
 from ovtrio.config import Settings
 from ovtrio.model.backend import engine_backend, npu_context
+from ovtrio.model.loading import block_tokens
 from ovtrio.model.source import ModelSource
 from ovtrio.model.speculation import Speculation, speculation_for
 
@@ -116,3 +117,18 @@ def request_caps(settings: Settings, source: ModelSource, kv_capacity: int, limi
         # More than the cache holds could never be in the engine together.
         prompt_tokens = kv_capacity if kv_capacity > 0 else settings.max_prompts_per_request * source.context_length
     return RequestCaps(settings.max_prompts_per_request, choices, prompt_tokens)
+
+
+def prefill_slice_tokens(settings: Settings, device: str) -> int:
+    """Tokens per slice in which long prompts are prefilled (ovtrio/scheduler/prefill.py):
+    long_prefill_token_threshold (by default max_num_batched_tokens, one engine step's
+    budget) in whole KV blocks; 0 (off) without prefix caching, which the slices build on."""
+    if not settings.enable_prefix_caching:
+        return 0
+    threshold = settings.long_prefill_token_threshold
+    if threshold is None:
+        threshold = settings.max_num_batched_tokens
+    if threshold <= 0:
+        return 0
+    block = block_tokens(device)
+    return max(block, threshold // block * block)

@@ -29,6 +29,11 @@ log = logging.getLogger("ovtrio")
 _BLOCK_TOKENS = {"CPU": 32}
 
 
+def block_tokens(device: str) -> int:
+    """Tokens per KV cache block on `device` ("CPU", "GPU.1", ...)."""
+    return _BLOCK_TOKENS.get(device.split(".")[0].upper(), 16)
+
+
 @dataclass
 class LoadedModel:
     source: ModelSource
@@ -251,7 +256,7 @@ def warm_up(model: LoadedModel) -> int:
         model.pipeline.step()
     del handle
     blocks = round(100.0 / usage) if usage > 0 else 0
-    return blocks * _BLOCK_TOKENS.get(model.device.split(".")[0].upper(), 16)
+    return blocks * block_tokens(model.device)
 
 
 def warm_up_stateful(model: LoadedModel) -> int:

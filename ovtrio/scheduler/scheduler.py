@@ -22,8 +22,8 @@ where this list says otherwise:
 
 - `step()`: in the worker thread, one at a time.
 - `add_request()`: between steps, by the loop (`submit()` queues the request and waits
-  until it is added, which is when the running sequences leave room for it; see
-  admission.py). Not safe during a step: with prefix caching on, it restores the
+  until it is added, which is when the running sequences leave room for it, see
+  admission.py, and, for a long prompt, once its prefixes are prefilled, see prefill.py). Not safe during a step: with prefix caching on, it restores the
   prompt's cached KV blocks into the scheduler's block tables outside any lock the step
   takes (the engine's mutex there only orders concurrent add_request calls), racing the
   step's own block allocation.
@@ -50,8 +50,8 @@ SamplingParams, and go out as typed messages (messages.py) on a per-request chan
 This module has admission to the engine, the loop and its stats; submission, draining
 and the slow-reader timeout, which the stateful backend shares, are in intake.py, the
 limits it admits by and what it tells observers in admission.py, what is kept for each
-request in requests.py, and the output side (reading handles after a step, text, stop
-strings, deltas) in delivery.py.
+request in requests.py, long prompts prefilled in slices in prefill.py, and the output
+side (reading handles after a step, text, stop strings, deltas) in delivery.py.
 
 Shutdown comes in two moves, so that the server can let running requests finish: `drain()`
 stops admission (submit raises NotAccepting) while the loop keeps stepping what it has,
@@ -77,7 +77,8 @@ from ovtrio.scheduler.engine_step import EngineStep
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting, RequestIntake  # noqa: F401 (NotAccepting: still importable here)
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import SamplingParams, UnsupportedParams, to_generation_config
-from ovtrio.scheduler.requests import ActiveRequest, EngineRequest, Sequence
+from ovtrio.scheduler.prefill import SlicedPrefill, prefixes_to_prefill, slice_params
+from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
 from ovtrio.scheduler.step_thread import StepThread
 
 log = logging.getLogger("ovtrio.scheduler")
@@ -95,6 +96,13 @@ def waiting_requests(queued: int, engine_requests: int, engine_scheduled: int) -
     (`queued`, added between two steps), and those it holds but did not schedule in its
     last step (its metrics' requests - scheduled_requests)."""
     return queued + max(0, engine_requests - engine_scheduled)
+
+
+def ov_tensor(prompt_ids: list[int]) -> Any:
+    """A prompt as the engine takes it: a [1, n] tensor of int64 token ids."""
+    import openvino as ov
+
+    return ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -128,15 +136,24 @@ class Scheduler(RequestIntake):
         step: EngineStep | None = None,
         limits: AdmissionLimits = AdmissionLimits(),
         observer: RequestObserver | None = None,
+        prefill_slice_tokens: int = 0,
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step. `stream_interval`
         is the number of steps between deltas (0: chosen by load, see
         Delivery._stream_interval). `step` is how to step the engine (engine_step.choose_step); by default the
         binding's `pipeline.step()`. `limits`: how much work it takes on (admission.py).
-        `observer` hears each request's timings and end (observer.py)."""
+        `observer` hears each request's timings and end (observer.py).
+        `prefill_slice_tokens`: prompts longer than this are prefilled in slices of this
+        many tokens first (prefill.py; 0: never; it needs the engine's prefix cache)."""
         super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
         self._pipeline = pipeline
+        self._prefill_slice_tokens = prefill_slice_tokens
+        import openvino_genai
+
+        self._finished_status = openvino_genai.GenerationStatus.FINISHED
+        # Requests in the engine whose long prompts are still being prefilled in slices.
+        self._prefilling: dict[int, SlicedPrefill] = {}
         self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
         # Engine sequences of the requests in the engine (ActiveRequest.weight).
         self._running_sequences = 0
@@ -160,11 +177,17 @@ class Scheduler(RequestIntake):
     def _left_engine(self, active: ActiveRequest) -> None:
         # Its sequences make room for the queued requests at the next admission.
         self._running_sequences -= active.weight
+        prefill = self._prefilling.pop(active.request_id, None)
+        if prefill is not None:
+            # Ended while its prompt was prefilled (failed, or its consumer left): its
+            # submitter stops waiting and finds the reason in its channel.
+            prefill.admission.added.set()
 
     def _admit(self) -> bool:
         """Add waiting requests, oldest first, while the running sequences leave room
         (between steps only); True if the engine got any. A request larger than the
-        whole limit runs when nothing else does."""
+        whole limit runs when nothing else does. A request with a long prompt starts
+        with the first slice of its prefill (prefill.py)."""
         added = False
         now = time.monotonic()
         while self._queued:
@@ -179,24 +202,63 @@ class Scheduler(RequestIntake):
             self._running_sequences += active.weight
             waited = now - active.submitted_at
             self._retry_hint.observe(waited)
-            try:
-                for prompt_ids in admission.request.prompts:
-                    self._add_engine_requests(active, prompt_ids, admission.request.params)
-                    added = True
-            except UnsupportedParams as exc:
-                admission.error = exc
-                self._abort(request_id, None)
+            request = admission.request
+            prefixes = [] if request.params.prompt_logprobs else prefixes_to_prefill(request.prompts, self._prefill_slice_tokens)
+            if prefixes:
+                prefill = SlicedPrefill(admission, waited, prefixes, config=self._config(slice_params(request.params), 0))
+                self._prefilling[request_id] = prefill
+                self._add_prefix(active, prefill)
             else:
-                self._prompt_tokens += active.prompt_tokens
-                for _ in active.sequences:
-                    self._observer.queued(waited)
-            admission.added.set()
+                self._add_admitted(admission, waited)
+            added = True
         return added
 
-    def _add_engine_requests(self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams) -> None:
-        import openvino as ov
+    def _add_admitted(self, admission: Admission, waited: float) -> None:
+        """Add the engine requests of an admitted request, and let its submitter go on."""
+        active = admission.active
+        try:
+            for prompt_ids in admission.request.prompts:
+                self._add_engine_requests(active, prompt_ids, admission.request.params)
+        except UnsupportedParams as exc:
+            admission.error = exc
+            self._abort(active.request_id, None)
+        else:
+            self._prompt_tokens += active.prompt_tokens
+            for _ in active.sequences:
+                self._observer.queued(waited)
+        admission.added.set()
 
-        prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+    def _add_prefix(self, active: ActiveRequest, prefill: SlicedPrefill) -> None:
+        """Add the engine request for the next prefix of a prompt prefilled in slices; it
+        is one of the request's parts with no choices of its own (delivery.py reads
+        nothing from it, and fails the request if the engine drops it)."""
+        prefix = prefill.next_prefix()
+        handle = self._pipeline.add_request(next(self._ids), ov_tensor(prefix), prefill.config)
+        prefill.running = EngineRequest(handle, [])
+        active.parts.append(prefill.running)
+
+    def _advance_prefills(self) -> bool:
+        """For each request prefilled in slices whose last prefix the engine finished
+        (between steps): add the next prefix, or the request itself once none is left.
+        True if the engine got anything."""
+        advanced = False
+        for request_id, prefill in list(self._prefilling.items()):
+            running = prefill.running
+            if running is None or running.handle.get_status() != self._finished_status:
+                continue
+            active = self._active[request_id]
+            active.parts.remove(running)
+            running.handle = None
+            advanced = True
+            if prefill.remaining:
+                self._add_prefix(active, prefill)
+            else:
+                del self._prefilling[request_id]
+                self._add_admitted(prefill.admission, prefill.waited)
+        return advanced
+
+    def _add_engine_requests(self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams) -> None:
+        prompt = ov_tensor(prompt_ids)
 
         def new_sequences(count: int) -> list[Sequence]:
             made = [
@@ -258,7 +320,11 @@ class Scheduler(RequestIntake):
                 if self._resume_or_expire_paused():
                     # What a resumed request's handles hold (no step is in flight here).
                     outputs += self._delivery.read_outputs()
-                working = self._admit() or self._engine_unfinished
+                # New requests go to the engine before the next slice of a long prompt:
+                # the engine gives each step's budget to prompts in the order added.
+                admitted = self._admit()
+                advanced = self._advance_prefills()
+                working = admitted or advanced or self._engine_unfinished
                 if not working:
                     # Nothing for the engine to do: the last tokens go out now.
                     self._delivery.deliver(outputs, self._steps)

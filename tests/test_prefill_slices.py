@@ -1,0 +1,139 @@
+"""Long prompts prefilled in slices (ovtrio/scheduler/prefill.py): which prefixes, in
+which order against other requests, and what happens when a request ends while its
+prompt is being prefilled. Pure logic against the fake pipeline (fake_engine.py), whose
+handles keep the prompt they were added with."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from fake_engine import DROPPED_PROMPT, received, request, start_scheduler
+from ovtrio.config import Settings
+from ovtrio.model.limits import prefill_slice_tokens
+from ovtrio.scheduler import Completed, Delta, Failed
+from ovtrio.scheduler.prefill import prefixes_to_prefill
+
+SLICE = 4
+LONG = list(range(100, 111))  # 11 tokens: prefixes of 4 and 8, then the whole prompt
+
+
+def test_prefixes_are_whole_slices_short_of_the_whole_prompt():
+    assert prefixes_to_prefill([LONG], SLICE) == [LONG[:4], LONG[:8]]
+    assert prefixes_to_prefill([LONG[:8]], SLICE) == [LONG[:4]]  # the request computes the last slice
+    assert prefixes_to_prefill([LONG[:4], [1, 2]], SLICE) == []
+    assert prefixes_to_prefill([LONG[:5], LONG[:9]], SLICE) == [LONG[:4], LONG[:4], LONG[:8]]
+    assert prefixes_to_prefill([LONG], 0) == []
+
+
+@pytest.mark.parametrize(
+    "settings, device, expected",
+    [
+        ({}, "CPU", 256),  # one step's budget by default
+        ({"max_num_batched_tokens": 100}, "CPU", 96),  # whole 32-token blocks
+        ({"long_prefill_token_threshold": 40}, "GPU.0", 32),  # 16-token blocks
+        ({"long_prefill_token_threshold": 5}, "CPU", 32),  # at least one block
+        ({"long_prefill_token_threshold": 0}, "CPU", 0),
+        ({"enable_prefix_caching": False}, "CPU", 0),  # the slices build on the prefix cache
+    ],
+)
+def test_slice_size_from_the_settings(settings, device, expected):
+    assert prefill_slice_tokens(Settings(**settings), device) == expected
+
+
+@pytest.fixture
+async def engine(nursery):
+    return await start_scheduler(nursery, prefill_slice_tokens=SLICE)
+
+
+def prompts_added(engine) -> list[list[int]]:
+    return [handle.prompt for handle in engine.pipeline.handles]
+
+
+async def test_a_long_prompt_is_prefilled_slice_by_slice_then_runs(engine):
+    messages = await received(engine.scheduler, request(3, LONG))
+    assert prompts_added(engine) == [LONG[:4], LONG[:8], LONG]
+    assert [handle.left for handle in engine.pipeline.handles[:2]] == [0, 0]  # one token each
+    assert "".join(m.text for m in messages if isinstance(m, Delta)) == "aaa"
+    assert messages[-1] == Completed(prompt_tokens=len(LONG), completion_tokens=3)
+    # The prefixes are the scheduler's own work: one choice, counted once.
+    assert engine.observed.ends == [f"length {len(LONG)}+3"]
+    assert engine.observed.queued_seconds and len(engine.observed.queued_seconds) == 1
+    assert engine.scheduler.stats().prompt_tokens == len(LONG)
+
+
+async def test_a_short_prompt_is_not_sliced(engine):
+    await received(engine.scheduler, request(2, LONG[:SLICE]))
+    assert prompts_added(engine) == [LONG[:SLICE]]
+
+
+async def test_a_request_that_arrives_during_a_slice_goes_before_the_next_one(engine):
+    gate = engine.pipeline.gate = threading.Event()
+    results = {}
+
+    async def run(name, generation):
+        results[name] = await received(engine.scheduler, generation)
+
+    async with trio.open_nursery() as requests:
+        requests.start_soon(run, "long", request(2, LONG))
+        while len(engine.pipeline.handles) < 1:
+            await trio.sleep(0.001)
+        # The first slice is in the engine, its step held: a short request arrives.
+        requests.start_soon(run, "short", request(2, [1]))
+        while engine.scheduler.stats().queued < 1:
+            await trio.sleep(0.001)
+        gate.set()
+    assert prompts_added(engine) == [LONG[:4], [1], LONG[:8], LONG]
+    assert results["short"][-1] == Completed(prompt_tokens=1, completion_tokens=2)
+    assert results["long"][-1] == Completed(prompt_tokens=len(LONG), completion_tokens=2)
+
+
+async def test_a_consumer_that_leaves_during_the_prefill_cancels_it(engine):
+    gate = engine.pipeline.gate = threading.Event()
+    with trio.move_on_after(0.2) as waiting:
+        async with engine.scheduler.submit(request(2, LONG)):
+            pass
+    assert waiting.cancelled_caught  # the submitter waits while the prompt is prefilled
+    gate.set()
+    assert prompts_added(engine) == [LONG[:4]]
+    assert engine.pipeline.handles[0].cancelled
+    assert engine.scheduler.stats().running == 0
+    # Nothing more is added for it, and the next request runs.
+    assert (await received(engine.scheduler, request(1)))[-1] == Completed(prompt_tokens=1, completion_tokens=1)
+    assert prompts_added(engine) == [LONG[:4], [1]]
+
+
+async def test_a_slice_the_engine_drops_fails_its_request_alone(engine):
+    dropped = DROPPED_PROMPT + LONG
+    results = {}
+
+    async def run(name, generation):
+        results[name] = await received(engine.scheduler, generation)
+
+    async with trio.open_nursery() as requests:
+        requests.start_soon(run, "dropped", request(2, dropped))
+        requests.start_soon(run, "kept", request(2, LONG))
+    assert results["dropped"] == [Failed(results["dropped"][-1].message, "out_of_memory")]
+    assert results["kept"][-1] == Completed(prompt_tokens=len(LONG), completion_tokens=2)
+    assert [p for p in prompts_added(engine) if p[0] == DROPPED_PROMPT[0]] == [dropped[:4]]
+    assert engine.scheduler.stats().running == 0
+
+
+async def test_shutdown_during_the_prefill_fails_the_request(engine):
+    gate = engine.pipeline.gate = threading.Event()
+    async with trio.open_nursery() as requests:
+        outcome = []
+
+        async def run():
+            outcome.extend(await received(engine.scheduler, request(2, LONG)))
+
+        requests.start_soon(run)
+        while len(engine.pipeline.handles) < 1:
+            await trio.sleep(0.001)
+        assert engine.scheduler.fail_all("server is shutting down") == 1
+        gate.set()
+    assert outcome == [Failed("server is shutting down", "shutting_down")]
+    assert engine.pipeline.handles[0].cancelled
+    assert engine.scheduler.stats().running == 0
