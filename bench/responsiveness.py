@@ -1,10 +1,12 @@
 """Responsiveness benchmark: does the server answer while the engine computes?
 
-    python bench/responsiveness.py [--model PATH.gguf] [--prefills 4] [--modes engine binding gil-free]
+    python bench/responsiveness.py [--model PATH.gguf] [--prefills 4] [--modes engine binding no-slices gil-free]
 
-One scenario, three times in one run: the raw engine (no HTTP, the limit), the server
-stepping the engine through the binding's `step()` (`--no-gil-free-step`: the GIL is held
-for each step, the loop pauses), and the server with the GIL-free step (the default).
+One scenario, up to four times in one run: the raw engine (no HTTP, the limit), the
+server stepping the engine through the binding's `step()` (`--no-gil-free-step`: the GIL
+is held for each step, the loop pauses), the server with the GIL-free step but long
+prompts prefilled whole (`no-slices`: `--long-prefill-token-threshold 0`), and the server
+as it runs by default (`gil-free`: GIL-free steps, long prompts prefilled in slices).
 
 - 8 streams decode (streaming chat, ignore_eos, greedy; each restarts when it ends);
 - once all 8 stream, 2,000-token prompts are prefilled one after the other (completions,
@@ -315,7 +317,7 @@ async def scenario(port: int, prefills: int, decode_tokens: int) -> Figures:
 
 async def server_run(model: str, mode: str, prefills: int, decode_tokens: int, batched_tokens: int) -> Figures:
     port = free_port()
-    flags = ["--no-gil-free-step"] if mode == "binding" else []
+    flags = {"binding": ["--no-gil-free-step"], "no-slices": ["--long-prefill-token-threshold", "0"]}.get(mode, [])
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"ovtrio-responsiveness-{mode}.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--model", model,
@@ -342,8 +344,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="GGUF file or OpenVINO IR folder (default: the embedded model)")
     parser.add_argument("--prefills", type=int, default=4, help="2,000-token prompts in the measured window")
-    parser.add_argument("--modes", nargs="+", default=["engine", "binding", "gil-free"],
-                        choices=["engine", "binding", "gil-free"])
+    parser.add_argument("--modes", nargs="+", default=["engine", "binding", "no-slices", "gil-free"],
+                        choices=["engine", "binding", "no-slices", "gil-free"])
     parser.add_argument("--decode-tokens", type=int, default=1024, help="max_tokens of each decoding stream")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256, help="the server's and engine's setting")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -382,11 +384,13 @@ def main() -> None:
     if engine:
         chunk = statistics.median(engine.prefill_step_ms) if engine.prefill_step_ms else float("nan")
         decode = statistics.median(engine.decode_step_ms) if engine.decode_step_ms else float("nan")
+        bound = chunk + decode
         print(f"engine: step with a prefill chunk {chunk:.1f} ms, decode step {decode:.1f} ms (medians):"
-              f" short TTFT bound {chunk + decode:.1f} ms")
+              f" short TTFT bound {bound:.1f} ms")
         for mode, f in results.items():
             if mode != "engine":
-                print(f"{mode}: stream tok/s {f.stream_tok_s / engine.stream_tok_s:.2f} of the engine's,"
+                print(f"{mode}: short TTFT p99 {percentile(f.short_ttft_ms, 99) / bound:.2f} of the bound,"
+                      f" stream tok/s {f.stream_tok_s / engine.stream_tok_s:.2f} of the engine's,"
                       f" long prompt {statistics.median(f.long_prompt_s) / statistics.median(engine.long_prompt_s):.2f}"
                       " of the engine's time")
     print("(stream tok/s: tokens the 8 streams received per second in the window; long prompt: median time from"

@@ -41,6 +41,7 @@ class FakeHandle:
     left: int
     dropped: bool
     prompt: list[int] = field(default_factory=list)
+    added_after_step: int = 0  # steps the pipeline had run when it was added
     status: Any = Status.RUNNING
     cancelled: bool = False
     unread: list[FakeOutput] = field(default_factory=list)  # one per step
@@ -64,13 +65,14 @@ class FakePipeline:
         self.handles: list[FakeHandle] = []
         self.failing_steps = 0
         self.gate: threading.Event | None = None
+        self.steps = 0
 
     def get_config(self) -> Any:
         return SimpleNamespace(stop_token_ids={0})
 
     def add_request(self, request_id: int, prompt: Any, config: Any) -> FakeHandle:
         ids = prompt.data[0].tolist()
-        handle = FakeHandle(config.max_new_tokens, ids[:1] == DROPPED_PROMPT, ids)
+        handle = FakeHandle(config.max_new_tokens, ids[:1] == DROPPED_PROMPT, ids, self.steps)
         self.handles.append(handle)
         return handle
 
@@ -83,6 +85,7 @@ class FakePipeline:
     def step(self) -> None:
         if self.gate is not None:
             self.gate.wait(10)  # a test that fails while holding it still ends
+        self.steps += 1
         if self.failing_steps:
             self.failing_steps -= 1
             raise RuntimeError("boom")

@@ -86,6 +86,10 @@ async def test_a_request_that_arrives_during_a_slice_goes_before_the_next_one(en
             await trio.sleep(0.001)
         gate.set()
     assert prompts_added(engine) == [LONG[:4], [1], LONG[:8], LONG]
+    # The next slice gave the short request a step of its own.
+    first_slice, short, next_slice, _ = engine.pipeline.handles
+    assert short.added_after_step == first_slice.added_after_step + 1
+    assert next_slice.added_after_step == short.added_after_step + 1
     assert results["short"][-1] == Completed(prompt_tokens=1, completion_tokens=2)
     assert results["long"][-1] == Completed(prompt_tokens=len(LONG), completion_tokens=2)
 

@@ -64,6 +64,7 @@ class SlicedPrefill:
     running: EngineRequest | None = None
     config: Any = None  # the prefixes' GenerationConfig
     added: int = 0  # prefixes added so far
+    gave_way: bool = False  # its next slice waited a step for requests that had just arrived
 
     @property
     def remaining(self) -> bool:

@@ -237,18 +237,27 @@ class Scheduler(RequestIntake):
         prefill.running = EngineRequest(handle, [])
         active.parts.append(prefill.running)
 
-    def _advance_prefills(self) -> bool:
+    def _advance_prefills(self, arrivals: bool) -> bool:
         """For each request prefilled in slices whose last prefix the engine finished
         (between steps): add the next prefix, or the request itself once none is left.
-        True if the engine got anything."""
+        With `arrivals` (requests were just added), the next slice waits one step, once
+        in a row: the new requests' first step is then a light one, so a short request
+        gets its first token within one decode step of the slice that was running when
+        it came. True if the engine got anything."""
         advanced = False
         for request_id, prefill in list(self._prefilling.items()):
-            running = prefill.running
-            if running is None or running.handle.get_status() != self._finished_status:
-                continue
             active = self._active[request_id]
-            active.parts.remove(running)
-            running.handle = None
+            running = prefill.running
+            if running is not None:
+                if running.handle.get_status() != self._finished_status:
+                    continue
+                active.parts.remove(running)
+                running.handle = None
+                prefill.running = None
+            if arrivals and not prefill.gave_way:
+                prefill.gave_way = True
+                continue
+            prefill.gave_way = False
             advanced = True
             if prefill.remaining:
                 self._add_prefix(active, prefill)
@@ -323,7 +332,7 @@ class Scheduler(RequestIntake):
                 # New requests go to the engine before the next slice of a long prompt:
                 # the engine gives each step's budget to prompts in the order added.
                 admitted = self._admit()
-                advanced = self._advance_prefills()
+                advanced = self._advance_prefills(arrivals=admitted)
                 working = admitted or advanced or self._engine_unfinished
                 if not working:
                     # Nothing for the engine to do: the last tokens go out now.
