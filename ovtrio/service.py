@@ -38,6 +38,7 @@ from ovtrio.model.limits import (
     server_defaults,
     work_limits,
 )
+from ovtrio.model.loading import block_tokens
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.model.speculation import apply_defaults
 from ovtrio.parsing import ToolCallParser
@@ -202,7 +203,7 @@ class ModelService:
         else:
             slice_tokens = prefill_slice_tokens(self.settings, model.device)
             if slice_tokens:
-                log.info("prompts longer than %d tokens are prefilled in slices of that size", slice_tokens)
+                log.info("prompts longer than %d tokens are prefilled in slices of at most that size", slice_tokens)
             scheduler = Scheduler(
                 model.pipeline,
                 model.tokenizer,
@@ -212,6 +213,7 @@ class ModelService:
                 limits=limits,
                 observer=observer,
                 prefill_slice_tokens=slice_tokens,
+                kv_block_tokens=block_tokens(model.device),
             )
         self.serving = ServingModel(
             name=source.name,

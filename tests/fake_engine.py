@@ -148,14 +148,23 @@ class Observed:
 
 
 async def start_scheduler(
-    nursery: trio.Nursery, limits: AdmissionLimits = AdmissionLimits(), prefill_slice_tokens: int = 0
+    nursery: trio.Nursery,
+    limits: AdmissionLimits = AdmissionLimits(),
+    prefill_slice_tokens: int = 0,
+    kv_block_tokens: int = 32,
 ) -> SimpleNamespace:
     """A scheduler over a FakePipeline, running in `nursery`: its pipeline, the scheduler,
     what it told its observer (`observed`), and `stop()`, which cancels its loop."""
     pipeline = FakePipeline()
     observed = Observed()
     scheduler = Scheduler(
-        pipeline, None, VOCABULARY, limits=limits, observer=observed, prefill_slice_tokens=prefill_slice_tokens
+        pipeline,
+        None,
+        VOCABULARY,
+        limits=limits,
+        observer=observed,
+        prefill_slice_tokens=prefill_slice_tokens,
+        kv_block_tokens=kv_block_tokens,
     )
     scope = trio.CancelScope()
 

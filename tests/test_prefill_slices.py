@@ -14,18 +14,28 @@ from fake_engine import DROPPED_PROMPT, received, request, start_scheduler
 from ovtrio.config import Settings
 from ovtrio.model.limits import prefill_slice_tokens
 from ovtrio.scheduler import Completed, Delta, Failed
-from ovtrio.scheduler.prefill import prefixes_to_prefill
+from ovtrio.scheduler.prefill import SlicedPrefill, slice_size
 
 SLICE = 4
-LONG = list(range(100, 111))  # 11 tokens: prefixes of 4 and 8, then the whole prompt
+BLOCK = 2
+LONG = list(range(100, 111))  # 11 tokens: prefixes of 4 and 8 alone, then the whole prompt
 
 
-def test_prefixes_are_whole_slices_short_of_the_whole_prompt():
-    assert prefixes_to_prefill([LONG], SLICE) == [LONG[:4], LONG[:8]]
-    assert prefixes_to_prefill([LONG[:8]], SLICE) == [LONG[:4]]  # the request computes the last slice
-    assert prefixes_to_prefill([LONG[:4], [1, 2]], SLICE) == []
-    assert prefixes_to_prefill([LONG[:5], LONG[:9]], SLICE) == [LONG[:4], LONG[:4], LONG[:8]]
-    assert prefixes_to_prefill([LONG], 0) == []
+def test_slices_fit_in_a_step_beside_the_decoding_sequences_in_whole_blocks():
+    assert slice_size(256, 32, decoding=0) == 256
+    assert slice_size(256, 32, decoding=8) == 224
+    assert slice_size(256, 32, decoding=250) == 32  # at least one block
+
+
+def test_prefixes_grow_by_a_slice_and_stop_short_of_the_whole_prompt():
+    prefill = SlicedPrefill(admission=None, waited=0.0, prompts=[LONG, LONG[:9]])
+    assert prefill.next_prefix(4) == LONG[:4]
+    assert prefill.next_prefix(2) == LONG[:6]
+    assert prefill.next_prefix(4) == LONG[:10]
+    # 1 token of LONG is left: the request computes it; the next prompt starts afresh.
+    assert prefill.next_prefix(4) == LONG[:4]
+    assert prefill.next_prefix(4) == LONG[:8]
+    assert prefill.next_prefix(4) is None
 
 
 @pytest.mark.parametrize(
@@ -45,7 +55,7 @@ def test_slice_size_from_the_settings(settings, device, expected):
 
 @pytest.fixture
 async def engine(nursery):
-    return await start_scheduler(nursery, prefill_slice_tokens=SLICE)
+    return await start_scheduler(nursery, prefill_slice_tokens=SLICE, kv_block_tokens=BLOCK)
 
 
 def prompts_added(engine) -> list[list[int]]:
@@ -85,9 +95,14 @@ async def test_a_request_that_arrives_during_a_slice_goes_before_the_next_one(en
         while engine.scheduler.stats().queued < 1:
             await trio.sleep(0.001)
         gate.set()
-    assert prompts_added(engine) == [LONG[:4], [1], LONG[:8], LONG]
+    added = prompts_added(engine)
+    assert added[:3] == [LONG[:4], [1], LONG[:6]]  # one block less beside the short request
+    assert added[-1] == LONG
+    slices = [len(prompt) for prompt in added[2:-1]]
+    assert slices == sorted(set(slices)) and all(length % BLOCK == 0 for length in slices)
+    assert all(prompt == LONG[: len(prompt)] for prompt in added[2:-1])
     # The next slice gave the short request a step of its own.
-    first_slice, short, next_slice, _ = engine.pipeline.handles
+    first_slice, short, next_slice = engine.pipeline.handles[:3]
     assert short.added_after_step == first_slice.added_after_step + 1
     assert next_slice.added_after_step == short.added_after_step + 1
     assert results["short"][-1] == Completed(prompt_tokens=1, completion_tokens=2)
@@ -121,7 +136,9 @@ async def test_a_slice_the_engine_drops_fails_its_request_alone(engine):
         requests.start_soon(run, "kept", request(2, LONG))
     assert results["dropped"] == [Failed(results["dropped"][-1].message, "out_of_memory")]
     assert results["kept"][-1] == Completed(prompt_tokens=len(LONG), completion_tokens=2)
-    assert [p for p in prompts_added(engine) if p[0] == DROPPED_PROMPT[0]] == [dropped[:4]]
+    # Its first slice was dropped, and nothing more was added for it.
+    [dropped_slice] = [p for p in prompts_added(engine) if p[0] == DROPPED_PROMPT[0]]
+    assert dropped_slice == dropped[: len(dropped_slice)] and len(dropped_slice) < len(dropped)
     assert engine.scheduler.stats().running == 0
 
 

@@ -77,7 +77,7 @@ from ovtrio.scheduler.engine_step import EngineStep
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting, RequestIntake  # noqa: F401 (NotAccepting: still importable here)
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import SamplingParams, UnsupportedParams, to_generation_config
-from ovtrio.scheduler.prefill import SlicedPrefill, prefixes_to_prefill, slice_params
+from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
 from ovtrio.scheduler.step_thread import StepThread
 
@@ -137,6 +137,7 @@ class Scheduler(RequestIntake):
         limits: AdmissionLimits = AdmissionLimits(),
         observer: RequestObserver | None = None,
         prefill_slice_tokens: int = 0,
+        kv_block_tokens: int = 32,
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step. `stream_interval`
@@ -144,11 +145,13 @@ class Scheduler(RequestIntake):
         Delivery._stream_interval). `step` is how to step the engine (engine_step.choose_step); by default the
         binding's `pipeline.step()`. `limits`: how much work it takes on (admission.py).
         `observer` hears each request's timings and end (observer.py).
-        `prefill_slice_tokens`: prompts longer than this are prefilled in slices of this
-        many tokens first (prefill.py; 0: never; it needs the engine's prefix cache)."""
+        `prefill_slice_tokens`: prompts longer than this are prefilled in slices of at
+        most this many tokens first, in whole blocks of `kv_block_tokens` (prefill.py;
+        0: never; it needs the engine's prefix cache)."""
         super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
         self._pipeline = pipeline
         self._prefill_slice_tokens = prefill_slice_tokens
+        self._kv_block_tokens = kv_block_tokens
         import openvino_genai
 
         self._finished_status = openvino_genai.GenerationStatus.FINISHED
@@ -202,16 +205,27 @@ class Scheduler(RequestIntake):
             self._running_sequences += active.weight
             waited = now - active.submitted_at
             self._retry_hint.observe(waited)
-            request = admission.request
-            prefixes = [] if request.params.prompt_logprobs else prefixes_to_prefill(request.prompts, self._prefill_slice_tokens)
-            if prefixes:
-                prefill = SlicedPrefill(admission, waited, prefixes, config=self._config(slice_params(request.params), 0))
-                self._prefilling[request_id] = prefill
-                self._add_prefix(active, prefill)
-            else:
+            if not self._start_sliced_prefill(admission, waited):
                 self._add_admitted(admission, waited)
             added = True
         return added
+
+    def _start_sliced_prefill(self, admission: Admission, waited: float) -> bool:
+        """Start prefilling an admitted request's long prompts in slices (prefill.py);
+        False if it has none, or scores its prompt (which the engine must compute whole)."""
+        request = admission.request
+        threshold = self._prefill_slice_tokens
+        if not threshold or request.params.prompt_logprobs:
+            return False
+        long_prompts = [prompt for prompt in request.prompts if len(prompt) > threshold]
+        if not long_prompts:
+            return False
+        config = self._config(slice_params(request.params), 0)
+        prefill = SlicedPrefill(admission, waited, long_prompts, config)
+        if not self._add_prefix(admission.active, prefill):
+            return False
+        self._prefilling[admission.active.request_id] = prefill
+        return True
 
     def _add_admitted(self, admission: Admission, waited: float) -> None:
         """Add the engine requests of an admitted request, and let its submitter go on."""
@@ -228,14 +242,19 @@ class Scheduler(RequestIntake):
                 self._observer.queued(waited)
         admission.added.set()
 
-    def _add_prefix(self, active: ActiveRequest, prefill: SlicedPrefill) -> None:
-        """Add the engine request for the next prefix of a prompt prefilled in slices; it
+    def _add_prefix(self, active: ActiveRequest, prefill: SlicedPrefill) -> bool:
+        """Add the engine request for the next prefix of a prompt prefilled in slices,
+        sized to fit in one step beside the sequences decoding; False if none is left. It
         is one of the request's parts with no choices of its own (delivery.py reads
         nothing from it, and fails the request if the engine drops it)."""
-        prefix = prefill.next_prefix()
+        decoding = self._running_sequences - active.weight
+        prefix = prefill.next_prefix(slice_size(self._prefill_slice_tokens, self._kv_block_tokens, decoding))
+        if prefix is None:
+            return False
         handle = self._pipeline.add_request(next(self._ids), ov_tensor(prefix), prefill.config)
         prefill.running = EngineRequest(handle, [])
         active.parts.append(prefill.running)
+        return True
 
     def _advance_prefills(self, arrivals: bool) -> bool:
         """For each request prefilled in slices whose last prefix the engine finished
@@ -259,9 +278,7 @@ class Scheduler(RequestIntake):
                 continue
             prefill.gave_way = False
             advanced = True
-            if prefill.remaining:
-                self._add_prefix(active, prefill)
-            else:
+            if not self._add_prefix(active, prefill):
                 del self._prefilling[request_id]
                 self._add_admitted(prefill.admission, prefill.waited)
         return advanced
