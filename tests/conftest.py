@@ -87,13 +87,21 @@ def sample_value(exposition: str, name: str, **labels: str) -> float:
 EXACT_REPEATS = ("--no-enable-prefix-caching",)
 
 
+# Seconds hypercorn-launched test servers keep an idle connection open (Hypercorn's
+# default is 5): the keep-alive test waits that long.
+HYPERCORN_KEEP_ALIVE = 2
+
+
 def launch_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None, hypercorn: bool = False) -> RunningServer:
     """Start a server on a free port without waiting for it: `ovtrio serve` with the
     test servers' flags and `args`, or (`hypercorn`) `hypercorn -k trio ovtrio.app:app`,
     configured by the environment alone. `env` is added to the environment."""
     port = free_port()
     if hypercorn:
-        command = [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}", "ovtrio.app:app"]
+        command = [
+            sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}",
+            "--keep-alive", str(HYPERCORN_KEEP_ALIVE), "ovtrio.app:app",
+        ]
     else:
         command = [
             sys.executable, "-m", "ovtrio", "serve", "--host", "127.0.0.1", "--port", str(port), *EXACT_REPEATS, *args,
