@@ -109,6 +109,31 @@ async def test_a_request_that_arrives_during_a_slice_goes_before_the_next_one(en
     assert results["long"][-1] == Completed(prompt_tokens=len(LONG), completion_tokens=2)
 
 
+async def test_a_long_prompt_admitted_with_a_short_one_lets_it_go_first(engine):
+    gate = engine.pipeline.gate = threading.Event()
+    results = {}
+
+    async def run(name, generation):
+        results[name] = await received(engine.scheduler, generation)
+
+    async with trio.open_nursery() as requests:
+        requests.start_soon(run, "busy", request(3, [1]))
+        while len(engine.pipeline.handles) < 1:
+            await trio.sleep(0.001)
+        # A step is held: the long and the short request wait in the queue together.
+        requests.start_soon(run, "long", request(2, LONG))
+        requests.start_soon(run, "short", request(2, [1, 1]))
+        while engine.scheduler.stats().queued < 2:
+            await trio.sleep(0.001)
+        gate.set()
+    busy, short, first_slice = engine.pipeline.handles[:3]
+    assert short.prompt == [1, 1] and first_slice.prompt == LONG[: len(first_slice.prompt)]
+    # The short request's first step is its own; the long prompt's first slice follows.
+    assert first_slice.added_after_step == short.added_after_step + 1
+    assert results["short"][-1] == Completed(prompt_tokens=2, completion_tokens=2)
+    assert results["long"][-1] == Completed(prompt_tokens=len(LONG), completion_tokens=2)
+
+
 async def test_a_consumer_that_leaves_during_the_prefill_cancels_it(engine):
     gate = engine.pipeline.gate = threading.Event()
     with trio.move_on_after(0.2) as waiting:

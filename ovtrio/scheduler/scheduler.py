@@ -189,8 +189,9 @@ class Scheduler(RequestIntake):
     def _admit(self) -> bool:
         """Add waiting requests, oldest first, while the running sequences leave room
         (between steps only); True if the engine got any. A request larger than the
-        whole limit runs when nothing else does. A request with a long prompt starts
-        with the first slice of its prefill (prefill.py)."""
+        whole limit runs when nothing else does. A request with a long prompt is only
+        registered here: `_advance_prefills` adds its first slice, after the requests
+        admitted with it (prefill.py)."""
         added = False
         now = time.monotonic()
         while self._queued:
@@ -205,14 +206,15 @@ class Scheduler(RequestIntake):
             self._running_sequences += active.weight
             waited = now - active.submitted_at
             self._retry_hint.observe(waited)
-            if not self._start_sliced_prefill(admission, waited):
+            if not self._slices_prefill(admission, waited):
                 self._add_admitted(admission, waited)
-            added = True
+                added = True
         return added
 
-    def _start_sliced_prefill(self, admission: Admission, waited: float) -> bool:
-        """Start prefilling an admitted request's long prompts in slices (prefill.py);
-        False if it has none, or scores its prompt (which the engine must compute whole)."""
+    def _slices_prefill(self, admission: Admission, waited: float) -> bool:
+        """Register an admitted request with long prompts to be prefilled in slices
+        (prefill.py); False if it has none, or scores its prompt (which the engine must
+        compute whole)."""
         request = admission.request
         threshold = self._prefill_slice_tokens
         if not threshold or request.params.prompt_logprobs:
@@ -221,10 +223,7 @@ class Scheduler(RequestIntake):
         if not long_prompts:
             return False
         config = self._config(slice_params(request.params), 0)
-        prefill = SlicedPrefill(admission, waited, long_prompts, config)
-        if not self._add_prefix(admission.active, prefill):
-            return False
-        self._prefilling[admission.active.request_id] = prefill
+        self._prefilling[admission.active.request_id] = SlicedPrefill(admission, waited, long_prompts, config)
         return True
 
     def _add_admitted(self, admission: Admission, waited: float) -> None:
@@ -257,12 +256,13 @@ class Scheduler(RequestIntake):
         return True
 
     def _advance_prefills(self, arrivals: bool) -> bool:
-        """For each request prefilled in slices whose last prefix the engine finished
-        (between steps): add the next prefix, or the request itself once none is left.
-        With `arrivals` (requests were just added), the next slice waits one step, once
-        in a row: the new requests' first step is then a light one, so a short request
-        gets its first token within one decode step of the slice that was running when
-        it came. True if the engine got anything."""
+        """For each request prefilled in slices that has no prefix running (just
+        admitted, or the engine finished its last one; between steps): add the next
+        prefix, or the request itself once none is left. With `arrivals` (requests were
+        just added whole), the next slice waits one step, once in a row: the new
+        requests' first step is then a light one, so a short request gets its first
+        token within one decode step of the slice that was running when it came. True
+        if the engine got anything."""
         advanced = False
         for request_id, prefill in list(self._prefilling.items()):
             active = self._active[request_id]
