@@ -23,10 +23,11 @@ where this list says otherwise:
 - `step()`: in the worker thread, one at a time.
 - `add_request()`: between steps, by the loop (`submit()` queues the request and waits
   until it is added, which is when the running sequences leave room for it, see
-  admission.py, and, for a long prompt, once its prefixes are prefilled, see prefill.py). Not safe during a step: with prefix caching on, it restores the
-  prompt's cached KV blocks into the scheduler's block tables outside any lock the step
-  takes (the engine's mutex there only orders concurrent add_request calls), racing the
-  step's own block allocation.
+  admission.py, and for a long prompt once its slices are prefilled, see prefill.py).
+  Not safe during a step: with prefix caching on, it restores the prompt's cached KV
+  blocks into the scheduler's block tables outside any lock the step takes (the
+  engine's mutex there only orders concurrent add_request calls), racing the step's own
+  block allocation.
 - `has_non_finished_requests()`, `get_metrics()`: between steps, by the loop; both read
   state the step writes without a lock. `stats()` returns the values read after the last
   step, so a /metrics scrape never touches the engine.
