@@ -315,14 +315,16 @@ async def scenario(port: int, prefills: int, decode_tokens: int) -> Figures:
     return figures
 
 
-async def server_run(model: str, mode: str, prefills: int, decode_tokens: int, batched_tokens: int) -> Figures:
+async def server_run(
+    model: str, mode: str, prefills: int, decode_tokens: int, batched_tokens: int, extra: list[str]
+) -> Figures:
     port = free_port()
     flags = {"binding": ["--no-gil-free-step"], "no-slices": ["--long-prefill-token-threshold", "0"]}.get(mode, [])
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"ovtrio-responsiveness-{mode}.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--model", model,
          "--served-model-name", SERVED_NAME, "--max-num-batched-tokens", str(batched_tokens),
-         "--log-level", "info", *flags],
+         "--log-level", "info", *flags, *extra],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -349,6 +351,10 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=1024, help="max_tokens of each decoding stream")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256, help="the server's and engine's setting")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeat), e.g."
+        " --server-arg=--long-prefill-token-threshold=128"
+    )
     args = parser.parse_args()
 
     from ovtrio.model import embedded_model_path
@@ -360,7 +366,8 @@ def main() -> None:
             results[mode] = raw_engine(model, args.prefills, args.decode_tokens, args.max_num_batched_tokens)
         else:
             results[mode] = trio.run(
-                server_run, model, mode, args.prefills, args.decode_tokens, args.max_num_batched_tokens
+                server_run, model, mode, args.prefills, args.decode_tokens, args.max_num_batched_tokens,
+                args.server_arg,
             )
         print(f"  {mode}: done", file=sys.stderr)
 
@@ -369,6 +376,8 @@ def main() -> None:
           f" {args.prefills} prompts of {LONG_PROMPT_TOKENS} tokens prefilled one after the other"
           f" (--max-num-batched-tokens {args.max_num_batched_tokens}), /health every {PROBE_INTERVAL * 1e3:.0f} ms,"
           f" a short chat every {SHORT_INTERVAL:.0f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if args.server_arg:
+        print(f"server flags: {' '.join(args.server_arg)}")
     print(f"{'stepping':>9} {'health p50':>10} {'p99':>9} {'max':>9} {'probes':>6}"
           f" {'short TTFT p50':>14} {'p99':>9} {'n':>3} {'stream tok/s':>12} {'long prompt':>11}")
     for mode, f in results.items():

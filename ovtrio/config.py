@@ -72,9 +72,9 @@ class Settings(BaseModel):
     long_prefill_token_threshold: int | None = Field(
         None,
         ge=0,
-        description="prompts longer than this many tokens are prefilled in slices of that size (whole KV blocks), so"
-        " requests arriving meanwhile start between slices instead of after the whole prompt; needs prefix caching"
-        " (default: max_num_batched_tokens; 0 turns it off)",
+        description="prompts longer than this many tokens are prefilled in slices of at most that size (whole KV"
+        " blocks), so requests arriving meanwhile start between slices instead of after the whole prompt; needs"
+        " prefix caching (default: half of max_num_batched_tokens; 0 turns it off)",
     )
     cache_dir: str | None = Field(
         None,

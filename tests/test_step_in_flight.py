@@ -101,9 +101,9 @@ def test_a_client_leaving_frees_the_engine_with_the_bindings_step(alternate_serv
     wait_for_metric(server, "ovtrio_engine_requests", 0, within=5)
 
 
-# Token ids of ordinary words (the embedded vocabulary has 49,152): a prompt of 8 of the
-# server's 256-token slices, starting with an id no other test's prompt starts with, so
-# that nothing of it is in the prefix cache.
+# Token ids of ordinary words (the embedded vocabulary has 49,152): a prompt of 16 or more
+# of the server's slices (128 tokens at most), starting with an id no other test's prompt
+# starts with, so that nothing of it is in the prefix cache.
 LONG_PROMPT_IDS = [7777] + [1000 + (i * 37) % 20000 for i in range(1, 2048)]
 
 

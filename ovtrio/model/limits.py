@@ -121,13 +121,18 @@ def request_caps(settings: Settings, source: ModelSource, kv_capacity: int, limi
 
 def prefill_slice_tokens(settings: Settings, device: str) -> int:
     """Tokens per slice in which long prompts are prefilled (ovtrio/scheduler/prefill.py):
-    long_prefill_token_threshold (by default max_num_batched_tokens, one engine step's
-    budget) in whole KV blocks; 0 (off) without prefix caching, which the slices build on."""
+    long_prefill_token_threshold in whole KV blocks; 0 (off) without prefix caching,
+    which the slices build on.
+
+    By default half an engine step's budget (max_num_batched_tokens): a short request
+    that arrives during a slice then waits for half a full prefill step, not a whole
+    one, and decoding streams get steps twice as often while a long prompt prefills,
+    for 10% more time on the long prompt (bench/responsiveness.py, README)."""
     if not settings.enable_prefix_caching:
         return 0
     threshold = settings.long_prefill_token_threshold
     if threshold is None:
-        threshold = settings.max_num_batched_tokens
+        threshold = settings.max_num_batched_tokens // 2
     if threshold <= 0:
         return 0
     block = block_tokens(device)
