@@ -126,8 +126,8 @@ def prefill_slice_tokens(settings: Settings, device: str) -> int:
 
     By default half an engine step's budget (max_num_batched_tokens): a short request
     that arrives during a slice then waits for half a full prefill step, not a whole
-    one, and decoding streams get steps twice as often while a long prompt prefills,
-    for 10% more time on the long prompt (bench/responsiveness.py, README)."""
+    one, and decoding streams get steps more often while a long prompt prefills, which
+    takes longer in exchange (bench/responsiveness.py; figures in the README)."""
     if not settings.enable_prefix_caching:
         return 0
     threshold = settings.long_prefill_token_threshold
