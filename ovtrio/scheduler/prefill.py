@@ -10,12 +10,13 @@ included.
 How: with prefix caching on, the scheduler first adds, one after the other, engine
 requests for growing prefixes of the prompt (each generating one token), then the
 request itself. Each prefix finds the one before it in the prefix cache, so it computes
-one new slice: a step's budget less what the decoding sequences take of it. As each is
-added after the requests that arrived while the last one ran, those get their first
-step before the next slice. Measured on the raw engine (1.1B model, 2 cores, 256-token steps, a 2,000-token
-prompt): a short request's first token after 1.1-1.2 s instead of 8.7-11 s, and the long
-prompt done in 10.9-11.5 s instead of 10.9-13.2 s. Slices end on KV-block boundaries,
-so every block a slice fills is a whole block the prefix cache can hand on.
+one new slice: the slice size (long_prefill_token_threshold) less what the decoding
+sequences take of the step. As each is added after the requests that arrived while the
+last one ran, those get their first step before the next slice. Measured on the raw
+engine (1.1B model, 2 cores, 256-token steps and slices, a 2,000-token prompt): a short
+request's first token after 1.1-1.2 s instead of 8.7-11 s, and the long prompt done in
+10.9-11.5 s instead of 10.9-13.2 s. Slices end on KV-block boundaries, so every block a
+slice fills is a whole block the prefix cache can hand on.
 
 The prefixes are the same computation the engine would do in chunks: the output is the
 same as without slicing wherever prefix caching gives the same output.
