@@ -324,7 +324,7 @@ async def server_run(
     process = subprocess.Popen(
         [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--model", model,
          "--served-model-name", SERVED_NAME, "--max-num-batched-tokens", str(batched_tokens),
-         "--log-level", "info", *flags, *extra],
+         "--log-level", "info", *extra, *flags],  # the mode's own flags win
         stdout=log,
         stderr=subprocess.STDOUT,
     )

@@ -213,6 +213,7 @@ class ModelService:
                 limits=limits,
                 observer=observer,
                 prefill_slice_tokens=slice_tokens,
+                step_tokens=self.settings.max_num_batched_tokens,
                 kv_block_tokens=block_tokens(model.device),
             )
         self.serving = ServingModel(

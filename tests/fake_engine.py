@@ -24,6 +24,9 @@ Reason = openvino_genai.GenerationFinishReason
 # of memory.
 VOCABULARY = Vocabulary([b"</s>", b"a", b"b"], frozenset({0}))
 DROPPED_PROMPT = [2]
+# A prompt that starts with token 3 is one whose add_request raises, as the engine's
+# does for a grammar it cannot compile.
+REFUSED_PROMPT = [3]
 
 
 @dataclass
@@ -72,6 +75,8 @@ class FakePipeline:
 
     def add_request(self, request_id: int, prompt: Any, config: Any) -> FakeHandle:
         ids = prompt.data[0].tolist()
+        if ids[:1] == REFUSED_PROMPT:
+            raise RuntimeError("the engine refuses this request")
         handle = FakeHandle(config.max_new_tokens, ids[:1] == DROPPED_PROMPT, ids, self.steps)
         self.handles.append(handle)
         return handle
@@ -151,6 +156,7 @@ async def start_scheduler(
     nursery: trio.Nursery,
     limits: AdmissionLimits = AdmissionLimits(),
     prefill_slice_tokens: int = 0,
+    step_tokens: int = 256,
     kv_block_tokens: int = 32,
 ) -> SimpleNamespace:
     """A scheduler over a FakePipeline, running in `nursery`: its pipeline, the scheduler,
@@ -164,6 +170,7 @@ async def start_scheduler(
         limits=limits,
         observer=observed,
         prefill_slice_tokens=prefill_slice_tokens,
+        step_tokens=step_tokens,
         kv_block_tokens=kv_block_tokens,
     )
     scope = trio.CancelScope()

@@ -10,11 +10,12 @@ import threading
 import pytest
 import trio
 
-from fake_engine import DROPPED_PROMPT, received, request, start_scheduler
+from fake_engine import DROPPED_PROMPT, REFUSED_PROMPT, received, request, start_scheduler
 from ovtrio.config import Settings
 from ovtrio.model.limits import prefill_slice_tokens
-from ovtrio.scheduler import Completed, Delta, Failed
-from ovtrio.scheduler.prefill import SlicedPrefill, slice_size
+from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, SamplingParams, UnsupportedParams
+from ovtrio.scheduler.params import OutputConstraint
+from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
 
 SLICE = 4
 BLOCK = 2
@@ -22,13 +23,25 @@ LONG = list(range(100, 111))  # 11 tokens: prefixes of 4 and 8 alone, then the w
 
 
 def test_slices_fit_in_a_step_beside_the_decoding_sequences_in_whole_blocks():
-    assert slice_size(256, 32, decoding=0) == 256
-    assert slice_size(256, 32, decoding=8) == 224
-    assert slice_size(256, 32, decoding=250) == 32  # at least one block
+    assert slice_size(128, 256, 32, decoding=8) == 128  # the step has room for the whole slice
+    assert slice_size(256, 256, 32, decoding=0) == 256
+    assert slice_size(256, 256, 32, decoding=8) == 224
+    assert slice_size(1000, 256, 32, decoding=8) == 224  # never more than a step holds
+    assert slice_size(256, 256, 32, decoding=250) == 32  # at least one block
+
+
+def test_a_slice_asks_for_one_greedy_token_and_keeps_only_the_speculative_settings():
+    params = SamplingParams(
+        max_new_tokens=50, n=3, temperature=0.7, seed=5, stop=("x",), logprobs=True, min_new_tokens=4,
+        constraint=OutputConstraint(json_schema='{"type": "object"}'), num_assistant_tokens=3, max_ngram_size=2,
+    )
+    assert slice_params(params) == SamplingParams(
+        max_new_tokens=1, temperature=0.0, ignore_eos=True, num_assistant_tokens=3, max_ngram_size=2
+    )
 
 
 def test_prefixes_grow_by_a_slice_and_stop_short_of_the_whole_prompt():
-    prefill = SlicedPrefill(admission=None, waited=0.0, prompts=[LONG, LONG[:9]])
+    prefill = SlicedPrefill(admission=None, choices=1, prompts=[LONG, LONG[:9]])
     assert prefill.next_prefix(4) == LONG[:4]
     assert prefill.next_prefix(2) == LONG[:6]
     assert prefill.next_prefix(4) == LONG[:10]
@@ -56,7 +69,7 @@ def test_slice_size_from_the_settings(settings, device, expected):
 
 @pytest.fixture
 async def engine(nursery):
-    return await start_scheduler(nursery, prefill_slice_tokens=SLICE, kv_block_tokens=BLOCK)
+    return await start_scheduler(nursery, prefill_slice_tokens=SLICE, step_tokens=SLICE, kv_block_tokens=BLOCK)
 
 
 def prompts_added(engine) -> list[list[int]]:
@@ -145,6 +158,7 @@ async def test_a_consumer_that_leaves_during_the_prefill_cancels_it(engine):
     assert prompts_added(engine) == [LONG[:4]]
     assert engine.pipeline.handles[0].cancelled
     assert engine.scheduler.stats().running == 0
+    assert engine.observed.ends == ["abort"]  # counted as a request whose client left
     # Nothing more is added for it, and the next request runs.
     assert (await received(engine.scheduler, request(1)))[-1] == Completed(prompt_tokens=1, completion_tokens=1)
     assert prompts_added(engine) == [LONG[:4], [1]]
@@ -166,6 +180,7 @@ async def test_a_slice_the_engine_drops_fails_its_request_alone(engine):
     [dropped_slice] = [p for p in prompts_added(engine) if p[0] == DROPPED_PROMPT[0]]
     assert dropped_slice == dropped[: len(dropped_slice)] and len(dropped_slice) < len(dropped)
     assert engine.scheduler.stats().running == 0
+    assert sorted(engine.observed.ends) == ["error", f"length {len(LONG)}+2"]
 
 
 async def test_shutdown_during_the_prefill_fails_the_request(engine):
@@ -184,3 +199,29 @@ async def test_shutdown_during_the_prefill_fails_the_request(engine):
     assert outcome == [Failed("server is shutting down", "shutting_down")]
     assert engine.pipeline.handles[0].cancelled
     assert engine.scheduler.stats().running == 0
+    assert engine.observed.ends == ["error"]
+
+
+async def test_a_request_that_scores_its_prompt_is_not_sliced(engine):
+    await received(engine.scheduler, request(0, LONG, prompt_logprobs=True))
+    assert prompts_added(engine) == [LONG]  # the engine scores only the tokens it computes
+
+
+async def test_several_prompts_and_choices_run_once_every_long_prompt_is_prefilled(engine):
+    other = list(range(200, 209))
+    generation = GenerationRequest([LONG, [1], other], SamplingParams(max_new_tokens=2, n=2, temperature=1.0, seed=0))
+    messages = await received(engine.scheduler, generation)
+    added = prompts_added(engine)
+    assert added[:4] == [LONG[:4], LONG[:8], other[:4], other[:8]]  # the short prompt needs no slice
+    assert sorted(map(tuple, added[4:])) == sorted([tuple(LONG)] * 2 + [(1,)] * 2 + [tuple(other)] * 2)
+    assert messages[-1] == Completed(prompt_tokens=len(LONG) + 1 + len(other), completion_tokens=12)
+    assert len(engine.observed.queued_seconds) == 6 and len(engine.observed.ends) == 6
+
+
+async def test_a_slice_the_engine_refuses_fails_its_request_alone(engine):
+    with pytest.raises(UnsupportedParams, match="refuses"):
+        await received(engine.scheduler, request(2, REFUSED_PROMPT + LONG))
+    assert engine.scheduler.stats().running == 0
+    assert (await received(engine.scheduler, request(2, LONG)))[-1] == Completed(
+        prompt_tokens=len(LONG), completion_tokens=2
+    )

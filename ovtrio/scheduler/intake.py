@@ -91,8 +91,9 @@ class RequestIntake:
     def _refuse_unsupported(self, request: GenerationRequest) -> None:
         """Raise UnsupportedParams for a request the engine cannot run at all."""
 
-    def _left_engine(self, active: ActiveRequest) -> None:
-        """A running request has ended (called before its channel closes)."""
+    def _left_engine(self, active: ActiveRequest, outcome: str | None) -> None:
+        """A running request has ended (called before its channel closes), with the
+        outcome `_abort` reports for its unfinished choices."""
 
     # ---- submission side (called from request handlers) --------------------------------
 
@@ -158,7 +159,7 @@ class RequestIntake:
         never reached the engine (or `outcome` is None: the engine refused it)."""
         active = self._active.pop(request_id, None)
         if active is not None:
-            self._left_engine(active)
+            self._left_engine(active, outcome)
             if outcome is not None and active.parts:
                 for sequence in active.sequences:
                     if sequence.finish_reason is None:

@@ -10,13 +10,13 @@ included.
 How: with prefix caching on, the scheduler first adds, one after the other, engine
 requests for growing prefixes of the prompt (each generating one token), then the
 request itself. Each prefix finds the one before it in the prefix cache, so it computes
-one new slice: the slice size (long_prefill_token_threshold) less what the decoding
-sequences take of the step. As each is added after the requests that arrived while the
-last one ran, those get their first step before the next slice. Measured on the raw
-engine (1.1B model, 2 cores, 256-token steps and slices, a 2,000-token prompt): a short
-request's first token after 1.1-1.2 s instead of 8.7-11 s, and the long prompt done in
-10.9-11.5 s instead of 10.9-13.2 s. Slices end on KV-block boundaries, so every block a
-slice fills is a whole block the prefix cache can hand on.
+one new slice: long_prefill_token_threshold tokens, or what the decoding sequences leave
+of the step's budget if that is less. As each is added after the requests that arrived
+while the last one ran, those get their first step before the next slice. Measured on
+the raw engine (1.1B model, 2 cores, 256-token steps and slices, a 2,000-token prompt):
+a short request's first token after 1.1-1.2 s instead of 8.7-11 s, and the long prompt
+done in 10.9-11.5 s instead of 10.9-13.2 s. Slices end on KV-block boundaries, so every
+block a slice fills is a whole block the prefix cache can hand on.
 
 The prefixes are the same computation the engine would do in chunks: the output is the
 same as without slicing wherever prefix caching gives the same output.
@@ -31,11 +31,12 @@ from ovtrio.scheduler.params import SamplingParams
 from ovtrio.scheduler.requests import Admission, EngineRequest
 
 
-def slice_size(slice_tokens: int, block_tokens: int, decoding: int) -> int:
-    """Tokens of the next slice: `slice_tokens` less one per sequence the engine decodes
-    (each takes a token of the step's budget first, and a slice that does not fit
-    spills a few tokens into a step of its own), in whole KV blocks, at least one."""
-    return max(block_tokens, (slice_tokens - decoding) // block_tokens * block_tokens)
+def slice_size(slice_tokens: int, step_tokens: int, block_tokens: int, decoding: int) -> int:
+    """Tokens of the next slice: `slice_tokens`, or what the step's budget
+    (`step_tokens`) leaves beside the sequences the engine decodes if that is less (each
+    takes a token of the budget first, and a slice that does not fit spills into a step
+    of its own), in whole KV blocks, at least one."""
+    return max(block_tokens, min(slice_tokens, step_tokens - decoding) // block_tokens * block_tokens)
 
 
 def slice_params(params: SamplingParams) -> SamplingParams:
@@ -58,7 +59,7 @@ class SlicedPrefill:
     the request's parts, so that ending the request cancels it)."""
 
     admission: Admission
-    waited: float  # seconds it waited for room in the engine
+    choices: int  # the request's choices (prompts x n), once it runs
     prompts: list[list[int]]  # the prompts still to prefill, the current one first
     config: Any = None  # the prefixes' GenerationConfig
     prefilled: int = 0  # tokens of the current prompt that the last prefix covered

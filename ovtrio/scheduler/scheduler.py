@@ -138,6 +138,7 @@ class Scheduler(RequestIntake):
         limits: AdmissionLimits = AdmissionLimits(),
         observer: RequestObserver | None = None,
         prefill_slice_tokens: int = 0,
+        step_tokens: int = 256,
         kv_block_tokens: int = 32,
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
@@ -147,11 +148,13 @@ class Scheduler(RequestIntake):
         binding's `pipeline.step()`. `limits`: how much work it takes on (admission.py).
         `observer` hears each request's timings and end (observer.py).
         `prefill_slice_tokens`: prompts longer than this are prefilled in slices of at
-        most this many tokens first, in whole blocks of `kv_block_tokens` (prefill.py;
-        0: never; it needs the engine's prefix cache)."""
+        most this many tokens first, each fitting in one step of the engine's
+        `step_tokens` budget (max_num_batched_tokens), in whole blocks of
+        `kv_block_tokens` (prefill.py; 0: never; it needs the engine's prefix cache)."""
         super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
         self._pipeline = pipeline
         self._prefill_slice_tokens = prefill_slice_tokens
+        self._step_tokens = step_tokens
         self._kv_block_tokens = kv_block_tokens
         import openvino_genai
 
@@ -178,13 +181,17 @@ class Scheduler(RequestIntake):
     def _describe_load(self) -> str:
         return f"{self._running_sequences} sequences are running and {len(self._queued)} requests are waiting"
 
-    def _left_engine(self, active: ActiveRequest) -> None:
+    def _left_engine(self, active: ActiveRequest, outcome: str | None) -> None:
         # Its sequences make room for the queued requests at the next admission.
         self._running_sequences -= active.weight
         prefill = self._prefilling.pop(active.request_id, None)
         if prefill is not None:
-            # Ended while its prompt was prefilled (failed, or its consumer left): its
-            # submitter stops waiting and finds the reason in its channel.
+            # Ended while its prompt was prefilled (failed, or its consumer left), before
+            # its choices existed: the observer hears of each, and its submitter stops
+            # waiting and finds the reason in its channel (or in admission.error).
+            if outcome is not None:
+                for _ in range(prefill.choices):
+                    self._observer.ended(outcome)
             prefill.admission.added.set()
 
     def _admit(self) -> bool:
@@ -224,11 +231,16 @@ class Scheduler(RequestIntake):
         if not long_prompts:
             return False
         config = self._config(slice_params(request.params), 0)
-        self._prefilling[admission.active.request_id] = SlicedPrefill(admission, waited, long_prompts, config)
+        prefill = SlicedPrefill(admission, len(request.prompts) * request.params.n, long_prompts, config)
+        self._prefilling[admission.active.request_id] = prefill
+        # It is in the engine from its first slice on: its wait for room ends here.
+        for _ in range(prefill.choices):
+            self._observer.queued(waited)
         return True
 
-    def _add_admitted(self, admission: Admission, waited: float) -> None:
-        """Add the engine requests of an admitted request, and let its submitter go on."""
+    def _add_admitted(self, admission: Admission, waited: float | None) -> None:
+        """Add the engine requests of an admitted request, and let its submitter go on;
+        `waited`, its time in the queue, unless already reported (a sliced prefill)."""
         active = admission.active
         try:
             for prompt_ids in admission.request.prompts:
@@ -238,8 +250,9 @@ class Scheduler(RequestIntake):
             self._abort(active.request_id, None)
         else:
             self._prompt_tokens += active.prompt_tokens
-            for _ in active.sequences:
-                self._observer.queued(waited)
+            if waited is not None:
+                for _ in active.sequences:
+                    self._observer.queued(waited)
         admission.added.set()
 
     def _add_prefix(self, active: ActiveRequest, prefill: SlicedPrefill) -> bool:
@@ -248,10 +261,11 @@ class Scheduler(RequestIntake):
         is one of the request's parts with no choices of its own (delivery.py reads
         nothing from it, and fails the request if the engine drops it)."""
         decoding = self._running_sequences - active.weight
-        prefix = prefill.next_prefix(slice_size(self._prefill_slice_tokens, self._kv_block_tokens, decoding))
+        size = slice_size(self._prefill_slice_tokens, self._step_tokens, self._kv_block_tokens, decoding)
+        prefix = prefill.next_prefix(size)
         if prefix is None:
             return False
-        handle = self._pipeline.add_request(next(self._ids), ov_tensor(prefix), prefill.config)
+        handle = self._add_request(ov_tensor(prefix), prefill.config)
         prefill.running = EngineRequest(handle, [])
         active.parts.append(prefill.running)
         return True
@@ -279,9 +293,15 @@ class Scheduler(RequestIntake):
                 continue
             prefill.gave_way = False
             advanced = True
-            if not self._add_prefix(active, prefill):
+            try:
+                sliced = self._add_prefix(active, prefill)
+            except UnsupportedParams as exc:  # the engine refused the slice's request
+                prefill.admission.error = exc
+                self._abort(request_id, None)
+                continue
+            if not sliced:
                 del self._prefilling[request_id]
-                self._add_admitted(prefill.admission, prefill.waited)
+                self._add_admitted(prefill.admission, None)
         return advanced
 
     def _add_engine_requests(self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams) -> None:

@@ -81,7 +81,7 @@ class StatefulScheduler(RequestIntake):
         if len(request.prompts) != 1 or request.params.n != 1 or request.params.beam_search:
             raise UnsupportedParams("the stateful backend makes one choice of one prompt per request")
 
-    def _left_engine(self, active: ActiveRequest) -> None:
+    def _left_engine(self, active: ActiveRequest, outcome: str | None) -> None:
         self._work.set()  # the loop may be waiting for this request's tokens
 
     # ---- the loop -----------------------------------------------------------------------
