@@ -93,7 +93,9 @@ async def test_a_short_prompt_is_not_sliced(engine):
     assert prompts_added(engine) == [LONG[:SLICE]]
 
 
-async def test_a_request_that_arrives_during_a_slice_goes_before_the_next_one(engine):
+async def with_a_step_held(engine, first: dict, arriving: dict) -> dict[str, list]:
+    """Submit `first`, hold the engine's first step, submit `arriving` meanwhile (they
+    wait in the queue), then let the engine go; every request's messages, by name."""
     gate = engine.pipeline.gate = threading.Event()
     results = {}
 
@@ -101,14 +103,21 @@ async def test_a_request_that_arrives_during_a_slice_goes_before_the_next_one(en
         results[name] = await received(engine.scheduler, generation)
 
     async with trio.open_nursery() as requests:
-        requests.start_soon(run, "long", request(2, LONG))
+        for name, generation in first.items():
+            requests.start_soon(run, name, generation)
         while len(engine.pipeline.handles) < 1:
             await trio.sleep(0.001)
-        # The first slice is in the engine, its step held: a short request arrives.
-        requests.start_soon(run, "short", request(2, [1]))
-        while engine.scheduler.stats().queued < 1:
+        for name, generation in arriving.items():
+            requests.start_soon(run, name, generation)
+        while engine.scheduler.stats().queued < len(arriving):
             await trio.sleep(0.001)
         gate.set()
+    return results
+
+
+async def test_a_request_that_arrives_during_a_slice_goes_before_the_next_one(engine):
+    # The first slice is in the engine, its step held: a short request arrives.
+    results = await with_a_step_held(engine, {"long": request(2, LONG)}, {"short": request(2, [1])})
     added = prompts_added(engine)
     assert added[:3] == [LONG[:4], [1], LONG[:6]]  # one block less beside the short request
     assert added[-1] == LONG
@@ -124,22 +133,10 @@ async def test_a_request_that_arrives_during_a_slice_goes_before_the_next_one(en
 
 
 async def test_a_long_prompt_admitted_with_a_short_one_lets_it_go_first(engine):
-    gate = engine.pipeline.gate = threading.Event()
-    results = {}
-
-    async def run(name, generation):
-        results[name] = await received(engine.scheduler, generation)
-
-    async with trio.open_nursery() as requests:
-        requests.start_soon(run, "busy", request(3, [1]))
-        while len(engine.pipeline.handles) < 1:
-            await trio.sleep(0.001)
-        # A step is held: the long and the short request wait in the queue together.
-        requests.start_soon(run, "long", request(2, LONG))
-        requests.start_soon(run, "short", request(2, [1, 1]))
-        while engine.scheduler.stats().queued < 2:
-            await trio.sleep(0.001)
-        gate.set()
+    # A step is held: the long and the short request wait in the queue together.
+    results = await with_a_step_held(
+        engine, {"busy": request(3, [1])}, {"long": request(2, LONG), "short": request(2, [1, 1])}
+    )
     busy, short, first_slice = engine.pipeline.handles[:3]
     assert short.prompt == [1, 1] and first_slice.prompt == LONG[: len(first_slice.prompt)]
     # The short request's first step is its own; the long prompt's first slice follows.
