@@ -41,7 +41,7 @@ def test_a_slice_asks_for_one_greedy_token_and_keeps_only_the_speculative_settin
 
 
 def test_prefixes_grow_by_a_slice_and_stop_short_of_the_whole_prompt():
-    prefill = SlicedPrefill(admission=None, choices=1, prompts=[LONG, LONG[:9]])
+    prefill = SlicedPrefill(admission=None, prompts=[LONG, LONG[:9]])
     assert prefill.next_prefix(4) == LONG[:4]
     assert prefill.next_prefix(2) == LONG[:6]
     assert prefill.next_prefix(4) == LONG[:10]

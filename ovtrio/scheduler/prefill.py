@@ -59,12 +59,17 @@ class SlicedPrefill:
     the request's parts, so that ending the request cancels it)."""
 
     admission: Admission
-    choices: int  # the request's choices (prompts x n), once it runs
     prompts: list[list[int]]  # the prompts still to prefill, the current one first
     config: Any = None  # the prefixes' GenerationConfig
     prefilled: int = 0  # tokens of the current prompt that the last prefix covered
     running: EngineRequest | None = None
     gave_way: bool = False  # its next slice waited a step for requests that had just arrived
+
+    @property
+    def choices(self) -> int:
+        """The request's choices once it runs: one per prompt and n."""
+        request = self.admission.request
+        return len(request.prompts) * request.params.n
 
     def next_prefix(self, size: int) -> list[int] | None:
         """The next prefix to prefill, `size` tokens longer than the last one; None once

@@ -214,12 +214,12 @@ class Scheduler(RequestIntake):
             self._running_sequences += active.weight
             waited = now - active.submitted_at
             self._retry_hint.observe(waited)
-            if not self._slices_prefill(admission, waited):
+            if not self._register_sliced_prefill(admission, waited):
                 self._add_admitted(admission, waited)
                 added = True
         return added
 
-    def _slices_prefill(self, admission: Admission, waited: float) -> bool:
+    def _register_sliced_prefill(self, admission: Admission, waited: float) -> bool:
         """Register an admitted request with long prompts to be prefilled in slices
         (prefill.py); False if it has none, or scores its prompt (which the engine must
         compute whole)."""
@@ -231,7 +231,7 @@ class Scheduler(RequestIntake):
         if not long_prompts:
             return False
         config = self._config(slice_params(request.params), 0)
-        prefill = SlicedPrefill(admission, len(request.prompts) * request.params.n, long_prompts, config)
+        prefill = SlicedPrefill(admission, long_prompts, config)
         self._prefilling[admission.active.request_id] = prefill
         # It is in the engine from its first slice on: its wait for room ends here.
         for _ in range(prefill.choices):
