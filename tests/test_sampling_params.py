@@ -403,8 +403,10 @@ def test_ignore_eos_runs_to_max_tokens(server):
 
 def test_nvext_greedy_sampling_overrides_temperature(server, greedy_story):
     assert complete(server.base_url, **sampled(nvext={"greedy_sampling": True})).text == greedy_story
-    texts = [complete(server.base_url, **sampled(seed=seed, nvext={"greedy_sampling": False})).text for seed in range(5)]
-    assert any(text != greedy_story for text in texts)
+    # Sampling at temperature 1.5 leaves the greedy text within a few seeds (most often at
+    # the first); stop at the first that does.
+    sampled_texts = (complete(server.base_url, **sampled(seed=seed, nvext={"greedy_sampling": False})).text for seed in range(5))
+    assert any(text != greedy_story for text in sampled_texts)
 
 
 def test_nvext_greedy_sampling_through_the_sdk_stream(client, greedy_story):

@@ -33,7 +33,7 @@ ORDER = {
         "items": {
             "type": "array",
             "minItems": 1,
-            "maxItems": 2,
+            "maxItems": 1,  # one nested object is the point; a second only costs tokens
             "items": {
                 "type": "object",
                 "properties": {"sku": {"type": "string", "maxLength": 8}, "price": {"type": "number"}},
@@ -84,22 +84,17 @@ def assert_valid(text: str, schema: dict) -> None:
 
 @pytest.mark.parametrize("sampling", SAMPLING)
 @pytest.mark.parametrize("name", SCHEMAS)
-def test_unary_output_matches_the_schema(server, name, sampling):
-    reply = post(server.base_url, "/v3/chat/completions", request_body(name, sampling))
+def test_unary_and_streamed_output_match_the_schema_and_each_other(server, name, sampling):
+    body = request_body(name, sampling)
+    reply = post(server.base_url, "/v3/chat/completions", body)
     assert reply.status_code == 200, reply.text
     choice = reply.json()["choices"][0]
+    # The grammar ends the object, and the object ends the output, well within max_tokens.
     assert choice["finish_reason"] == "stop", choice
     assert_valid(choice["message"]["content"], SCHEMAS[name])
-
-
-@pytest.mark.parametrize("sampling", SAMPLING)
-@pytest.mark.parametrize("name", SCHEMAS)
-def test_streamed_output_matches_the_schema_and_the_unary_text(server, name, sampling):
-    body = request_body(name, sampling)
-    unary = post(server.base_url, "/v3/chat/completions", body).json()["choices"][0]["message"]["content"]
     streamed = check_chat_choices(stream_post(server.base_url, "/v3/chat/completions", {**body, "stream": True}), 1)
-    assert streamed.texts[0] == unary
-    assert_valid(streamed.texts[0], SCHEMAS[name])
+    assert streamed.texts[0] == choice["message"]["content"]
+    assert streamed.finish_reasons == ["stop"]
 
 
 @pytest.mark.parametrize("prompt", ["What is 2+2? Reply as JSON.", "Describe a cat as JSON.", "Hi"])
