@@ -11,7 +11,7 @@ ready; one that is needed before its turn is started at once.
 
 One at a time, not two: on 2 cores, two loads beside the shared server's tests slow
 everything down. Measured on the same tests and machine: two at a time, the suite used
-8:29-9:08 of CPU and took 4:53-5:10; one at a time, 7:39-8:13 and 4:20-4:41.
+8:29-9:08 of CPU and took 4:53-5:10; one at a time, 7:39-8:34 and 4:20-4:51.
 
 A module declares its server with `server_fixture(name, *flags, ...)` at import time
 (collection), which registers the settings and returns the fixture of that name. The
