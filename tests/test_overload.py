@@ -250,7 +250,7 @@ def test_a_client_that_stops_reading_is_paused_then_cancelled(server):
 
 def test_a_paused_client_that_reads_again_gets_the_whole_stream(server):
     cancelled_before = server.metric("ovtrio_slow_readers_cancelled_total")
-    tokens = 200  # a paused stream: measured to pause by ~100 tokens (~35 KB of chunks)
+    tokens = 300
     body = completion_body("Once upon a time", max_tokens=tokens, ignore_eos=True, temperature=0, stream=True,
                            logprobs=0, stream_options={"include_usage": True})
     reader = RawStream(server, body)
