@@ -137,6 +137,83 @@ def test_of_two_builds_at_once_the_first_published_stays(tmp_path, model):
     assert [p.name for p in cache.entries.iterdir()] == [key]
 
 
+def test_a_replacing_build_replaces_the_entry_only_once_it_succeeds(tmp_path, model):
+    cache = ModelCache(tmp_path / "cache")
+    key = "k" * 32
+    _build(cache, model, key)
+    with pytest.raises(RuntimeError):
+        with cache.building(key, model, model_identity(model), replacing=True):
+            raise RuntimeError("the engine failed")
+    assert (cache.lookup(key) / "openvino_model.xml").read_text() == "openvino_model.xml"
+    with cache.building(key, model, model_identity(model), replacing=True) as link:
+        for name in ENTRY_FILES:
+            (link.parent / name).write_text("new")
+    assert (cache.lookup(key) / "openvino_model.xml").read_text() == "new"
+    assert [p.name for p in cache.entries.iterdir()] == [key]
+
+
+def _loading_with_a_fake_engine(monkeypatch, fails_on: set[str]) -> list[str]:
+    """ovtrio.model.loading with `_build` (the engine) replaced: it fails on the cache
+    entry ("entry") and/or on the conversion ("conversion"), else writes what the engine
+    would. Returns what it was asked to build, in order."""
+    from ovtrio.model import loading
+
+    asked: list[str] = []
+
+    def fake_build(path: Path, settings, phases, save: bool = False):
+        what = "conversion" if save else "entry"
+        asked.append(what)
+        if what in fails_on:
+            raise RuntimeError(f"Exception from src/core: the {what} failed\n")
+        if save:
+            for name in ENTRY_FILES:
+                (path.parent / name).write_text("converted")
+        return "tokenizer", "pipeline"
+
+    monkeypatch.setattr(loading, "_build", fake_build)
+    return asked
+
+
+def _source_and_settings(tmp_path: Path, model: Path):
+    from ovtrio.config import Settings
+    from ovtrio.model.source import ModelSource
+
+    source = ModelSource(path=model, kind="gguf", name="m", context_length=128, generation_defaults={})
+    return source, Settings(cache_dir=str(tmp_path / "cache"))
+
+
+def test_an_entry_the_engine_cannot_load_is_replaced_by_a_conversion_that_loads(tmp_path, model, monkeypatch):
+    from ovtrio.model.loading import _build_with_cache
+
+    source, settings = _source_and_settings(tmp_path, model)
+    cache = ModelCache(tmp_path / "cache")
+    key = entry_key(model_identity(model), engine_versions())
+    _build(cache, model, key)
+    asked = _loading_with_a_fake_engine(monkeypatch, fails_on={"entry"})
+    _, _, origin = _build_with_cache(source, settings, {})
+    assert asked == ["entry", "conversion"]
+    assert origin.startswith("converted and cached in ")
+    assert (cache.lookup(key) / "openvino_model.xml").read_text() == "converted"
+
+
+def test_a_failure_that_is_not_the_entrys_leaves_the_entry(tmp_path, model, monkeypatch):
+    """Settings the engine refuses fail the entry and the conversion alike: the error is
+    the engine's, and the entry stays for the next start instead of being converted
+    again then."""
+    from ovtrio.model.loading import _build_with_cache
+
+    source, settings = _source_and_settings(tmp_path, model)
+    cache = ModelCache(tmp_path / "cache")
+    key = entry_key(model_identity(model), engine_versions())
+    _build(cache, model, key)
+    asked = _loading_with_a_fake_engine(monkeypatch, fails_on={"entry", "conversion"})
+    with pytest.raises(RuntimeError, match="the conversion failed"):
+        _build_with_cache(source, settings, {})
+    assert asked == ["entry", "conversion"]
+    assert (cache.lookup(key) / "openvino_model.xml").read_text() == "openvino_model.xml"
+    assert [p.name for p in cache.entries.iterdir()] == [key]
+
+
 @pytest.mark.parametrize(
     "damage, reason",
     [

@@ -143,11 +143,13 @@ class ModelCache:
         shutil.rmtree(aside, ignore_errors=True)
 
     @contextmanager
-    def building(self, key: str, model_path: Path, identity: ModelIdentity) -> Iterator[Path]:
+    def building(self, key: str, model_path: Path, identity: ModelIdentity, replacing: bool = False) -> Iterator[Path]:
         """A path to hand the engine instead of `model_path`, in a temporary folder
         where the engine writes what it converts; published as entry `key` when the
-        block ends without an exception, dropped otherwise. Raises OSError when the
-        cache folder cannot be written."""
+        block ends without an exception, dropped otherwise. With `replacing`, what is
+        published replaces an entry already there (one the engine could not load);
+        without, an entry already there stays. Raises OSError when the cache folder
+        cannot be written."""
         self.entries.mkdir(parents=True, exist_ok=True)
         building = self.entries / f".building-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         building.mkdir()
@@ -166,6 +168,8 @@ class ModelCache:
                 "files": {name: (building / name).stat().st_size for name in ENTRY_FILES},
             }
             (building / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            if replacing:
+                self.discard(key)
             try:
                 building.rename(self.entry(key))
             except OSError:

@@ -121,7 +121,12 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
 
 def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str, float]) -> tuple[Any, Any, str]:
     """Tokenizer and pipeline for a GGUF file, from the cache entry when there is a
-    good one, else converted and kept as a new entry. Also says which happened."""
+    good one, else converted and kept as a new entry. Also says which happened.
+
+    An entry the engine fails to load is converted again, and the new entry replaces
+    it only once the conversion has loaded: a failure that is not the entry's (settings
+    the engine refuses, too little memory) fails the conversion too and leaves the
+    entry for the next start."""
     cache = ModelCache(Path(settings.cache_dir).expanduser() if settings.cache_dir else default_cache_dir())
     identity = model_identity(source.path)
     key = entry_key(identity, engine_versions())
@@ -131,6 +136,7 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
         log.warning("model cache entry %s is unusable (%s); rebuilding it", cache.entry(key), exc)
         cache.discard(key)
         folder = None
+    replacing = False
     if folder is not None:
         try:
             tokenizer, pipeline = _build(folder, settings, phases)
@@ -139,9 +145,9 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
             log.warning(
                 "model cache entry %s is unusable (%s); rebuilding it", folder, engine_error_reason(exc)
             )
-            cache.discard(key)
+            replacing = True
     try:
-        with cache.building(key, source.path, identity) as path:
+        with cache.building(key, source.path, identity, replacing) as path:
             tokenizer, pipeline = _build(path, settings, phases, save=True)
     except OSError as exc:
         log.warning("cannot keep the converted model in %s (%s); converting at every start", cache.root, exc)
