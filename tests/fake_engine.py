@@ -7,6 +7,7 @@ threading.Event, holds every step until it is set."""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +17,7 @@ import trio
 
 from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.scheduler import AdmissionLimits, GenerationRequest, SamplingParams, Scheduler
+from ovtrio.scheduler.engine_step import EngineStep
 
 Status = openvino_genai.GenerationStatus
 Reason = openvino_genai.GenerationFinishReason
@@ -158,15 +160,27 @@ async def start_scheduler(
     prefill_slice_tokens: int = 0,
     step_tokens: int = 256,
     kv_block_tokens: int = 32,
+    gil_free: bool = False,
 ) -> SimpleNamespace:
     """A scheduler over a FakePipeline, running in `nursery`: its pipeline, the scheduler,
-    what it told its observer (`observed`), and `stop()`, which cancels its loop."""
+    what it told its observer (`observed`), and `stop()`, which cancels its loop.
+
+    With `gil_free`, the scheduler steps as it does with the engine's GIL-free step: runs
+    of steps that its worker thread continues by itself. Each fake step then sleeps a
+    millisecond first, which lets other threads run, as a real GIL-free step does."""
     pipeline = FakePipeline()
     observed = Observed()
+
+    def gil_free_step() -> None:
+        time.sleep(0.001)
+        pipeline.step()
+
+    step = EngineStep(gil_free_step, releases_gil=True, description="fake GIL-free") if gil_free else None
     scheduler = Scheduler(
         pipeline,
         None,
         VOCABULARY,
+        step=step,
         limits=limits,
         observer=observed,
         prefill_slice_tokens=prefill_slice_tokens,

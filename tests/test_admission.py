@@ -18,14 +18,20 @@ from ovtrio.model.limits import request_caps, work_limits
 from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, Overloaded
 
 
+@pytest.fixture(params=[False, True], ids=["binding-step", "gil-free-runs"])
+def gil_free(request) -> bool:
+    """Each test runs with both ways the scheduler steps the engine."""
+    return request.param
+
+
 async def wait_until(condition: Any, within: float = 10) -> None:
     with trio.fail_after(within):
         while not condition():
             await trio.sleep(0.005)
 
 
-async def test_requests_beyond_running_and_queued_are_refused(nursery):
-    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1))
+async def test_requests_beyond_running_and_queued_are_refused(nursery, gil_free):
+    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1), gil_free=gil_free)
     scheduler = engine.scheduler
     results: dict[str, list[Any]] = {}
 
@@ -63,8 +69,8 @@ async def test_requests_beyond_running_and_queued_are_refused(nursery):
     assert len(observed.ends) == 2 and observed.ends[-1] == "length 1+3"
 
 
-async def test_a_consumer_leaving_the_queue_frees_its_place(nursery):
-    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1))
+async def test_a_consumer_leaving_the_queue_frees_its_place(nursery, gil_free):
+    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1), gil_free=gil_free)
     scheduler = engine.scheduler
     async with scheduler.submit(request(10_000)) as stream:
         assert await stream.receive_available()
@@ -77,15 +83,15 @@ async def test_a_consumer_leaving_the_queue_frees_its_place(nursery):
     assert scheduler.stats().running == 0
 
 
-async def test_a_request_larger_than_the_running_limit_runs_alone(nursery):
-    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=2, max_queued_requests=1))
+async def test_a_request_larger_than_the_running_limit_runs_alone(nursery, gil_free):
+    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=2, max_queued_requests=1), gil_free=gil_free)
     messages = await received(engine.scheduler, request(2, n=3, temperature=1.0))
     assert messages[-1] == Completed(prompt_tokens=1, completion_tokens=6)
 
 
-async def test_a_consumer_that_stops_reading_is_paused_then_cancelled(nursery):
+async def test_a_consumer_that_stops_reading_is_paused_then_cancelled(nursery, gil_free):
     limits = AdmissionLimits(slow_reader_buffer=4, slow_reader_timeout=0.3)
-    engine = await start_scheduler(nursery, limits)
+    engine = await start_scheduler(nursery, limits, gil_free=gil_free)
     scheduler = engine.scheduler
     async with scheduler.submit(request(100_000)) as stream:
         await wait_until(lambda: scheduler.stats().paused == 1)
@@ -104,8 +110,8 @@ async def test_a_consumer_that_stops_reading_is_paused_then_cancelled(nursery):
     assert (stats.paused, stats.slow_readers_cancelled, stats.running_sequences) == (0, 1, 0)
 
 
-async def test_a_paused_consumer_that_catches_up_loses_nothing(nursery):
-    engine = await start_scheduler(nursery, AdmissionLimits(slow_reader_buffer=4, slow_reader_timeout=60))
+async def test_a_paused_consumer_that_catches_up_loses_nothing(nursery, gil_free):
+    engine = await start_scheduler(nursery, AdmissionLimits(slow_reader_buffer=4, slow_reader_timeout=60), gil_free=gil_free)
     scheduler = engine.scheduler
     tokens = 300
     async with scheduler.submit(request(tokens)) as stream:

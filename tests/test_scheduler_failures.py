@@ -17,9 +17,9 @@ from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, NotAcc
 from ovtrio.shutdown import Shutdown
 
 
-@pytest.fixture
-async def engine(nursery):
-    return await start_scheduler(nursery)
+@pytest.fixture(params=[False, True], ids=["binding-step", "gil-free-runs"])
+async def engine(nursery, request):
+    return await start_scheduler(nursery, gil_free=request.param)
 
 
 async def test_a_request_runs_to_completion(engine):

@@ -103,3 +103,99 @@ async def test_a_step_that_holds_the_gil_waits_until_the_loop_is_idle():
         await stepper.wait()
     stepper.close()
     assert sorted(order[:2]) == ["first", "second"] and order[2] == "step"
+
+
+# ---- runs of steps ------------------------------------------------------------------
+
+
+def counting_steps() -> tuple[EngineStep, list[str]]:
+    """A GIL-free stand-in step that records which thread ran it."""
+    threads: list[str] = []
+    return EngineStep(lambda: threads.append(threading.current_thread().name), True, "counts"), threads
+
+
+async def test_a_run_steps_on_by_itself_while_after_step_asks_for_more():
+    step, threads = counting_steps()
+    stepper = StepThread(step)
+    stepper.start(after_step=lambda: (len(threads), len(threads) < 3))
+    results = [await stepper.wait()]
+    while not results[-1].last:
+        results.append(await stepper.wait())
+    # Three steps from one start(), each result carrying what after_step read after it.
+    assert [r.value for r in results] == [1, 2, 3]
+    assert [r.last for r in results] == [False, False, True]
+    assert stepper.entered == 3 and not stepper.running
+    assert len(set(threads)) == 1 and threads[0] != threading.main_thread().name
+    stepper.start()  # the engine is free again: the next run may start
+    assert (await stepper.wait()).last
+
+
+async def test_each_result_arrives_while_the_next_step_runs():
+    gates = [threading.Event() for _ in range(2)]
+
+    def gated() -> None:
+        gates[min(stepper.entered, 2) - 1].wait(10)
+
+    stepper = StepThread(EngineStep(gated, True, "gated"))
+    stepper.start(after_step=lambda: (stepper.entered, stepper.entered < 2))
+    gates[0].set()
+    first = await stepper.wait()
+    # The loop has the first step's result; the worker is already inside the second.
+    assert (first.value, first.last) == (1, False)
+    assert stepper.inside_step and stepper.entered == 2 and stepper.running
+    with pytest.raises(RuntimeError, match="already in flight"):
+        stepper.start()
+    gates[1].set()
+    second = await stepper.wait()
+    assert (second.value, second.last) == (2, True)
+
+
+async def test_hand_back_ends_the_run_after_the_step_in_flight():
+    release = threading.Event()
+    stepper = StepThread(blocking_step(release))
+    stepper.start(after_step=lambda: (stepper.entered, True))  # it would step forever
+    assert stepper.inside_step
+    stepper.hand_back()
+    release.set()
+    result = await stepper.wait()
+    assert result.last and result.value == 1
+    assert stepper.entered == stepper.finished == 1
+
+
+async def test_a_step_that_fails_mid_run_ends_it_after_the_results_before():
+    def step() -> None:
+        if stepper.entered == 3:
+            raise RuntimeError("engine fault")
+
+    stepper = StepThread(EngineStep(step, True, "fails on the third"))
+    stepper.start(after_step=lambda: (stepper.entered, True))
+    assert [(await stepper.wait()).value for _ in range(2)] == [1, 2]
+    with pytest.raises(RuntimeError, match="engine fault"):
+        await stepper.wait()
+    assert not stepper.running and not stepper.inside_step
+
+
+async def test_cancellation_ends_the_run_before_it_is_raised():
+    """A cancelled loop leaves no worker stepping: the run is handed back and every
+    step left is awaited before the cancellation reaches the caller."""
+    release = threading.Event()
+    stepper = StepThread(blocking_step(release))
+    stepper.start(after_step=lambda: (None, True))
+    timer = threading.Timer(0.05, release.set)
+    timer.start()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await stepper.wait()
+    assert scope.cancelled_caught
+    assert not stepper.running and stepper.entered == stepper.finished
+    timer.join()
+
+
+async def test_a_step_that_holds_the_gil_runs_one_step_per_run():
+    """Stepping on by itself would hold the GIL between steps too: such runs are one
+    step, and the loop reads the engine itself (no after_step value)."""
+    calls: list[int] = []
+    stepper = StepThread(EngineStep(lambda: calls.append(1), False, "binding"))
+    stepper.start(after_step=lambda: ("read", True))
+    result = await stepper.wait()
+    assert result.last and result.value is None and len(calls) == 1

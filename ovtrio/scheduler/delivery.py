@@ -2,11 +2,13 @@
 request, turn the new token ids into text, cut stop strings, and send each request its
 delta, holding deltas back over a few steps when many streams are open.
 
-The Scheduler owns one Delivery and calls it from its loop task: `read_outputs()` right
-after a step (handle reads are safe only between steps), `deliver()` with a GIL-free step
-while the next step runs (it calls only a handle's `cancel()` and the tokenizer, both
-safe during a step). scheduler.py's docstring lists every engine call and why it is safe
-where it is made.
+The Scheduler owns one Delivery and calls it from its loop task: `read_outputs()` when
+no step is in flight (handle reads are safe only between steps), or `outputs_from()` on
+what the worker of a run read between two of its steps (`read_engine()`, on the
+`read_plan()` taken when the run began); `deliver()` with a GIL-free step while the next
+step runs (it calls only a handle's `cancel()` and the tokenizer, both safe during a
+step). scheduler.py's docstring lists every engine call and why it is safe where it is
+made.
 
 It also reports each choice's token timings and its end to the scheduler's
 RequestObserver (observer.py). The timings are those of the read: one clock reading per
@@ -39,6 +41,11 @@ from ovtrio.scheduler.text_output import (
 # What one step produced for one sequence: its request, engine request, new ids, their
 # log-probabilities, and the finish reason if it ended.
 StepOutput = tuple[ActiveRequest, EngineRequest, Sequence, list[int], list[float], "str | None"]
+# An engine request to read after a step, with its handle.
+PlannedRead = tuple[ActiveRequest, EngineRequest, Any]
+# What read_engine() read: when, and per engine request its outputs (ids, log-probabilities
+# and finish reason per output) and its status.
+EngineReads = tuple[float, list[tuple[ActiveRequest, EngineRequest, list[tuple[list[int], list[float], Any]], Any]]]
 
 
 def _finish_reason_names() -> dict[Any, str]:
@@ -118,43 +125,64 @@ class Delivery:
         """Read what every handle holds (between steps); requests the engine failed get
         Failed. A paused request's handles are left alone: its tokens wait there, as
         ids, until its consumer catches up."""
-        self._read_at = time.monotonic()
+        return self.outputs_from(read_engine(self.read_plan()))
+
+    def read_plan(self) -> list[PlannedRead]:
+        """The engine requests to read after a step: those of every request not paused
+        that are not done, each with its handle (so a request that ends meanwhile, which
+        drops its handles, is still read safely; its outputs are then ignored)."""
+        return [
+            (active, part, part.handle)
+            for active in self._active.values()
+            if active.paused_at is None
+            for part in active.parts
+            if not part.done and part.handle is not None
+        ]
+
+    def outputs_from(self, reads: EngineReads) -> list[StepOutput]:
+        """The step outputs of what read_engine() read; requests the engine failed get
+        Failed. Outputs read for a request that has paused since are kept in its engine
+        request and come first once it is read again."""
+        read_at, entries = reads
+        self._read_at = read_at
         fresh: list[StepOutput] = []
-        for active in list(self._active.values()):
-            if active.paused_at is not None:
+        failed_requests: dict[int, tuple[ActiveRequest, Failed]] = {}
+        for active, part, outputs, status in entries:
+            if part.done or active.request_id not in self._active or active.request_id in failed_requests:
                 continue
+            if part.unread:
+                outputs = _joined(part.unread, outputs)
+                part.unread = []
+            if active.paused_at is not None:
+                part.unread = outputs
+                continue
+            read_any = False
             failed = None
-            for part in active.parts:
-                if part.done:
-                    continue
-                handle = part.handle
-                read_any = False
-                if handle.can_read():
-                    outputs = _read_all(handle, part.beam_search)
-                    for sequence, (ids, logprobs, finish_reason) in zip(part.sequences, outputs):
-                        reason = self._reasons.get(finish_reason)
-                        if not active.logprobs:
-                            logprobs = []
-                        if sequence.echo is not None:
-                            try:
-                                ids, logprobs = _split_prompt(active, sequence, ids, logprobs)
-                            except PromptNotScored as exc:
-                                failed = Failed(str(exc), "prompt_logprobs_unavailable")
-                                break
-                        fresh.append((active, part, sequence, ids, logprobs, reason))
-                        read_any = True
-                if failed is not None:
-                    break
-                status = handle.get_status()
-                if status in self._failed_statuses:
-                    failed = Failed(*self._failed_statuses[status])
-                    break
-                if status == self._finished_status and not read_any:
-                    # Finished with nothing left to read: close what never saw a reason.
-                    fresh.extend((active, part, s, [], [], "stop") for s in part.sequences if s.finish_reason is None)
+            for sequence, (ids, logprobs, finish_reason) in zip(part.sequences, outputs):
+                reason = self._reasons.get(finish_reason)
+                if not active.logprobs:
+                    logprobs = []
+                if sequence.echo is not None:
+                    try:
+                        ids, logprobs = _split_prompt(active, sequence, ids, logprobs)
+                    except PromptNotScored as exc:
+                        failed = Failed(str(exc), "prompt_logprobs_unavailable")
+                        break
+                fresh.append((active, part, sequence, ids, logprobs, reason))
+                read_any = True
+            if failed is None and status in self._failed_statuses:
+                failed = Failed(*self._failed_statuses[status])
             if failed is not None:
-                active.send(failed)
-                self._abort(active.request_id, "error")
+                failed_requests[active.request_id] = (active, failed)
+                continue
+            if status == self._finished_status and not read_any:
+                # Finished with nothing left to read: close what never saw a reason.
+                fresh.extend((active, part, s, [], [], "stop") for s in part.sequences if s.finish_reason is None)
+        for active, failed in failed_requests.values():
+            active.send(failed)
+            self._abort(active.request_id, "error")
+        if failed_requests:
+            fresh = [output for output in fresh if output[0].request_id not in failed_requests]
         return fresh
 
     def deliver(self, fresh: list[StepOutput], steps: int) -> None:
@@ -262,6 +290,32 @@ class Delivery:
         if self._configured_interval:
             return self._configured_interval
         return min(3, 1 + len(self._active) // 12)
+
+
+def read_engine(plan: list[PlannedRead]) -> EngineReads:
+    """Read every planned handle: what it holds and its status. Call between steps only
+    (a request read while a step runs could be seen finished before its last tokens);
+    any thread, as long as it is the one that runs the steps or no step is in flight."""
+    read_at = time.monotonic()
+    entries = []
+    for active, part, handle in plan:
+        outputs = _read_all(handle, part.beam_search) if handle.can_read() else []
+        entries.append((active, part, outputs, handle.get_status()))
+    return read_at, entries
+
+
+def _joined(
+    earlier: list[tuple[list[int], list[float], Any]], later: list[tuple[list[int], list[float], Any]]
+) -> list[tuple[list[int], list[float], Any]]:
+    """Two reads of one handle as one, output by output (the later finish reason wins)."""
+    joined = [(list(ids), list(logprobs), reason) for ids, logprobs, reason in earlier]
+    for i, (ids, logprobs, reason) in enumerate(later):
+        if i == len(joined):
+            joined.append(([], [], None))
+        joined[i][0].extend(ids)
+        joined[i][1].extend(logprobs)
+        joined[i] = (joined[i][0], joined[i][1], reason)
+    return joined
 
 
 def _read_all(handle: Any, beam_search: bool) -> list[tuple[list[int], list[float], Any]]:

@@ -95,6 +95,14 @@ class RequestIntake:
         """A running request has ended (called before its channel closes), with the
         outcome `_abort` reports for its unfinished choices."""
 
+    def _engine_wanted(self) -> None:
+        """The loop has work between engine steps (a request to add, one to resume):
+        a scheduler whose engine runs on by itself hands it back to the loop."""
+
+    def _wake(self) -> None:
+        self._work.set()
+        self._engine_wanted()
+
     # ---- submission side (called from request handlers) --------------------------------
 
     def check_capacity(self) -> None:
@@ -142,7 +150,7 @@ class RequestIntake:
         )
         admission = Admission(active, request)
         self._queued[request_id] = admission
-        self._work.set()
+        self._wake()
         try:
             await admission.added.wait()
             if admission.error is not None:
@@ -216,7 +224,7 @@ class RequestIntake:
     def _received(self, active: ActiveRequest) -> None:
         """A consumer took its messages: wake the loop if that resumes its request."""
         if active.paused_at is not None and self._caught_up(active):
-            self._work.set()
+            self._wake()
 
     def _caught_up(self, active: ActiveRequest) -> bool:
         return active.undelivered() <= active.pause_at // 2

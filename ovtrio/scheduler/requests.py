@@ -51,6 +51,9 @@ class EngineRequest:
     sequences: list[Sequence]
     beam_search: bool = False
     done: bool = False
+    # Outputs read off the engine after its request paused (ids, log-probabilities and
+    # finish reason per output), delivered once it resumes (delivery.py).
+    unread: list[tuple[list[int], list[float], Any]] = field(default_factory=list)
 
 
 @dataclass(eq=False)

@@ -9,16 +9,24 @@ event loop keeps serving while the engine computes. With a step that holds the G
 binding's, when the GIL-free route is off or fails its checks), the thread changes
 nothing: the loop pauses during each step, as it did when it stepped inline.
 
-The order, with a GIL-free step: step N ends; the loop reads every handle, adds the
-requests submitted meanwhile and starts step N+1; while N+1 runs it detokenizes step N's
-tokens and sends each request its delta, and the handlers format and write their chunks.
-With a step that holds the GIL, the deltas go out first, and step N+1 starts when the
-event loop has nothing left to run (every consumer has written its chunk, every request
-that arrived meanwhile has been read; step_thread.py), since it pauses the loop until it
-ends. Either way the hand-off is explicit: the loop task starts the step and awaits it.
+The order, with a GIL-free step: the loop adds the requests submitted meanwhile and
+starts a run of steps (step_thread.py). After each step the worker thread itself reads
+every handle and the engine's state and, while the loop has nothing to do between steps,
+starts the next step at once; the loop gets step N's outputs while step N+1 runs,
+detokenizes them and sends each request its delta, and the handlers format and write
+their chunks. A request that arrives, a consumer that catches up, a request that ends
+(room for queued ones) or a slice of a long prompt ends the run after the step in
+flight, and the loop does its work between steps as before. Why runs: handing every step
+back to the loop costs two thread wake-ups between steps (0.3-0.6 ms on a 2-core
+virtual machine, 5% of a decode step of the embedded model for one stream), time in
+which the engine sits idle. With a step that holds the GIL, each run is one step: the
+deltas go out first, and the step starts when the event loop has nothing left to run
+(every consumer has written its chunk, every request that arrived meanwhile has been
+read; step_thread.py), since it pauses the loop until it ends. Either way the hand-off
+is explicit: the loop task starts the run and awaits each step.
 
-Engine calls and threads. The loop task calls the engine only between steps, except
-where this list says otherwise:
+Engine calls and threads. Each call is made between steps, by the loop task or by the
+worker thread of a run between two of its steps, except where this list says otherwise:
 
 - `step()`: in the worker thread, one at a time.
 - `add_request()`: between steps, by the loop (`submit()` queues the request and waits
@@ -28,14 +36,18 @@ where this list says otherwise:
   blocks into the scheduler's block tables outside any lock the step takes (the
   engine's mutex there only orders concurrent add_request calls), racing the step's own
   block allocation.
-- `has_non_finished_requests()`, `get_metrics()`: between steps, by the loop; both read
-  state the step writes without a lock. `stats()` returns the values read after the last
-  step, so a /metrics scrape never touches the engine.
-- a handle's `can_read()`, `read()`, `get_status()`: between steps, by the loop
-  (Delivery.read_outputs, delivery.py), for every request but the paused ones (a slow
-  reader's tokens wait in its handle). They are thread-safe (a mutex per request), but
-  read together with a step in flight, a request could be seen FINISHED before its last
-  tokens were read.
+- `has_non_finished_requests()`, `get_metrics()`: between steps, by the worker after
+  each step of a run (Scheduler._after_step) or by the loop when no run is in flight;
+  both read state the step writes without a lock. `stats()` returns the values read
+  after the last step, so a /metrics scrape never touches the engine.
+- a handle's `can_read()`, `read()`, `get_status()`: between steps, by the worker after
+  each step of a run (delivery.read_engine, on the handles planned when the run began)
+  or by the loop when no run is in flight (Delivery.read_outputs), for every request but
+  the paused ones (a slow reader's tokens wait in its handle; what a run read for a
+  request that paused during it waits in its EngineRequest). They are thread-safe (a
+  mutex per request), but read together with a step in flight, a request could be seen
+  FINISHED before its last tokens were read. The loop processes what the worker read
+  (Delivery.outputs_from), so the worker touches no state of the loop's.
 - a handle's `cancel()`, and dropping a handle (which stops its request): at any time,
   from any task (a client leaving: ActiveRequest.close, requests.py; a stop string:
   Delivery.deliver, delivery.py; a slow reader's timeout: the loop, between steps). They set the request's status under its mutex; the
@@ -67,13 +79,14 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import trio
 
 from ovtrio.scheduler.admission import AdmissionLimits
-from ovtrio.scheduler.delivery import StepOutput
+from ovtrio.scheduler.delivery import EngineReads, PlannedRead, StepOutput, read_engine
 from ovtrio.scheduler.engine_step import EngineStep
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting, RequestIntake  # noqa: F401 (NotAccepting: still importable here)
 from ovtrio.scheduler.observer import RequestObserver
@@ -83,6 +96,10 @@ from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, S
 from ovtrio.scheduler.step_thread import StepThread
 
 log = logging.getLogger("ovtrio.scheduler")
+
+# What a run's worker read after a step (Scheduler._after_step): the handles' outputs,
+# has_non_finished_requests() and get_metrics().
+StepState = tuple[EngineReads, bool, Any]
 
 
 def _first_line(exc: Exception) -> str:
@@ -159,6 +176,7 @@ class Scheduler(RequestIntake):
         import openvino_genai
 
         self._finished_status = openvino_genai.GenerationStatus.FINISHED
+        self._running_status = openvino_genai.GenerationStatus.RUNNING
         # Requests in the engine whose long prompts are still being prefilled in slices.
         self._prefilling: dict[int, SlicedPrefill] = {}
         self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
@@ -385,28 +403,65 @@ class Scheduler(RequestIntake):
                 # them in its metrics) only inside a step: after work, one more, empty one.
                 release_due = working
                 if self._stepper.releases_gil:
-                    self._stepper.start()
+                    plan = self._delivery.read_plan()
+                    # A run goes on by itself only while the loop has nothing to do
+                    # between its steps: no slices to add, no paused request to watch.
+                    steps_on = not self._prefilling and not self._paused()
+                    self._stepper.start(after_step=partial(self._after_step, plan, steps_on))
                     self._delivery.deliver(outputs, self._steps)
                 else:
                     self._delivery.deliver(outputs, self._steps)
                     self._stepper.start(when_idle=True)
                 outputs = []
                 try:
-                    await self._stepper.wait()
+                    outputs = await self._collect_run(working)
                 except Exception as exc:  # an engine fault: fail this batch, keep serving
                     log.exception("engine step failed")
                     self.fail_all(f"engine error: {exc}".splitlines()[0], "engine_error", waiting=False)
                     self._read_engine_state()
                     continue
-                if working:
-                    self._steps += 1
-                    self._step_seconds += self._stepper.last_seconds
-                outputs = self._delivery.read_outputs()
-                self._read_engine_state()
         finally:
             self._running = False
             self._stepper.close()
             self.fail_all("server is shutting down", SHUTTING_DOWN)
+
+    def _after_step(self, plan: list[PlannedRead], steps_on: bool) -> tuple[StepState, bool]:
+        """In the worker thread, between two steps of a run: read the handles of `plan`
+        and the engine's state, and say whether to step again at once. The run goes on
+        while `steps_on`, the engine has unfinished requests and every planned request
+        still runs: one that finished, failed or was cancelled may make room for queued
+        requests or end a slice of a long prompt, which the loop handles between steps."""
+        reads = read_engine(plan)
+        unfinished = bool(self._pipeline.has_non_finished_requests())
+        metrics = self._pipeline.get_metrics()
+        more = steps_on and unfinished and all(status == self._running_status for *_, status in reads[1])
+        return (reads, unfinished, metrics), more
+
+    async def _collect_run(self, working: bool) -> list[StepOutput]:
+        """Await each step of the run in flight; deliver the outputs of every step but the
+        last while the next one runs, and return the last one's (the loop delivers them
+        while its next run runs). `working`: the run's first step had work (it counts)."""
+        while True:
+            result = await self._stepper.wait()
+            if working:
+                self._steps += 1
+                self._step_seconds += result.seconds
+            if result.value is None:  # a one-step run without reads: the loop reads
+                fresh = self._delivery.read_outputs()
+                self._read_engine_state()
+            else:
+                reads, self._engine_unfinished, self._engine_metrics = result.value
+                fresh = self._delivery.outputs_from(reads)
+            if result.last:
+                return fresh
+            self._delivery.deliver(fresh, self._steps)
+            if self._paused():
+                self._stepper.hand_back()  # a consumer lags: stop reading its request
+
+    def _engine_wanted(self) -> None:
+        # A request arrived or a consumer caught up: the run in flight ends after its
+        # step, so the loop admits or resumes it between steps.
+        self._stepper.hand_back()
 
     def _read_engine_state(self) -> None:
         """What the loop and stats() need from the engine, read while no step runs."""
