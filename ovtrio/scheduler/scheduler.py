@@ -157,6 +157,7 @@ class Scheduler(RequestIntake):
         prefill_slice_tokens: int = 0,
         step_tokens: int = 256,
         kv_block_tokens: int = 32,
+        step_runs: bool = True,
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step. `stream_interval`
@@ -167,10 +168,14 @@ class Scheduler(RequestIntake):
         `prefill_slice_tokens`: prompts longer than this are prefilled in slices of at
         most this many tokens first, each fitting in one step of the engine's
         `step_tokens` budget (max_num_batched_tokens), in whole blocks of
-        `kv_block_tokens` (prefill.py; 0: never; it needs the engine's prefix cache)."""
+        `kv_block_tokens` (prefill.py; 0: never; it needs the engine's prefix cache).
+        `step_runs`: with a GIL-free step, the worker steps on by itself while the loop
+        has nothing to do between steps (see above); False hands every step back to the
+        loop (bench/scheduler_overhead.py compares the two)."""
         super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
         self._pipeline = pipeline
         self._prefill_slice_tokens = prefill_slice_tokens
+        self._step_runs = step_runs
         self._step_tokens = step_tokens
         self._kv_block_tokens = kv_block_tokens
         import openvino_genai
@@ -406,7 +411,7 @@ class Scheduler(RequestIntake):
                     plan = self._delivery.read_plan()
                     # A run goes on by itself only while the loop has nothing to do
                     # between its steps: no slices to add, no paused request to watch.
-                    steps_on = not self._prefilling and not self._paused()
+                    steps_on = self._step_runs and not self._prefilling and not self._paused()
                     self._stepper.start(after_step=partial(self._after_step, plan, steps_on))
                     self._delivery.deliver(outputs, self._steps)
                 else:
