@@ -74,7 +74,7 @@ class Settings(BaseModel):
         ge=0,
         description="prompts longer than this many tokens are prefilled in slices of at most that size (whole KV"
         " blocks), so requests arriving meanwhile start between slices instead of after the whole prompt; needs"
-        " prefix caching (default: half of max_num_batched_tokens; 0 turns it off)",
+        " prefix caching (default: three eighths of max_num_batched_tokens; 0 turns it off)",
     )
     cache_dir: str | None = Field(
         None,

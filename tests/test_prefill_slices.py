@@ -54,8 +54,8 @@ def test_prefixes_grow_by_a_slice_and_stop_short_of_the_whole_prompt():
 @pytest.mark.parametrize(
     "settings, device, expected",
     [
-        ({}, "CPU", 128),  # half a step's budget by default
-        ({"max_num_batched_tokens": 200}, "CPU", 96),  # whole 32-token blocks
+        ({}, "CPU", 96),  # three eighths of a step's budget by default
+        ({"max_num_batched_tokens": 200}, "CPU", 64),  # whole 32-token blocks (of 75)
         ({"max_num_batched_tokens": 32}, "CPU", 32),  # at least one block
         ({"long_prefill_token_threshold": 40}, "GPU.0", 32),  # 16-token blocks
         ({"long_prefill_token_threshold": 5}, "CPU", 32),  # at least one block
