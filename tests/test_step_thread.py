@@ -61,18 +61,23 @@ async def test_a_failed_step_raises_in_the_waiting_task():
     assert not stepper.inside_step
 
 
-async def test_cancellation_waits_for_the_step_to_end():
-    """The engine is never left mid-step: a cancelled wait returns only after the step."""
+@pytest.mark.parametrize("after_step", [None, lambda: (None, True)], ids=["one step", "a run that would go on"])
+async def test_cancellation_waits_for_the_step_to_end(after_step):
+    """The engine is never left mid-step: a cancelled wait returns only after the step,
+    and a run is handed back first, so no worker steps on once the caller has gone."""
     release = threading.Event()
     stepper = StepThread(blocking_step(release))
-    stepper.start()
+    stepper.start(after_step=after_step)
     timer = threading.Timer(0.05, release.set)
     timer.start()
     with trio.CancelScope() as scope:
         scope.cancel()
         await stepper.wait()
     assert scope.cancelled_caught
-    assert stepper.finished == 1
+    assert not stepper.running and stepper.entered == stepper.finished >= 1
+    steps = stepper.entered
+    await trio.sleep(0.05)
+    assert stepper.entered == steps  # nothing steps on after the caller has gone
     timer.join()
 
 
@@ -140,9 +145,12 @@ async def test_each_result_arrives_while_the_next_step_runs():
     stepper.start(after_step=lambda: (stepper.entered, stepper.entered < 2))
     gates[0].set()
     first = await stepper.wait()
-    # The loop has the first step's result; the worker is already inside the second.
-    assert (first.value, first.last) == (1, False)
-    assert stepper.inside_step and stepper.entered == 2 and stepper.running
+    # The loop has the first step's result while the run goes on: the worker enters
+    # the second step by itself (held at its gate), with no start() from the loop.
+    assert (first.value, first.last) == (1, False) and stepper.running
+    with trio.fail_after(5):
+        while not (stepper.inside_step and stepper.entered == 2):
+            await trio.sleep(0.001)
     with pytest.raises(RuntimeError, match="already in flight"):
         stepper.start()
     gates[1].set()
@@ -173,22 +181,6 @@ async def test_a_step_that_fails_mid_run_ends_it_after_the_results_before():
     with pytest.raises(RuntimeError, match="engine fault"):
         await stepper.wait()
     assert not stepper.running and not stepper.inside_step
-
-
-async def test_cancellation_ends_the_run_before_it_is_raised():
-    """A cancelled loop leaves no worker stepping: the run is handed back and every
-    step left is awaited before the cancellation reaches the caller."""
-    release = threading.Event()
-    stepper = StepThread(blocking_step(release))
-    stepper.start(after_step=lambda: (None, True))
-    timer = threading.Timer(0.05, release.set)
-    timer.start()
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        await stepper.wait()
-    assert scope.cancelled_caught
-    assert not stepper.running and stepper.entered == stepper.finished
-    timer.join()
 
 
 async def test_a_step_that_holds_the_gil_runs_one_step_per_run():
