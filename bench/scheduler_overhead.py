@@ -33,7 +33,7 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import prompts  # noqa: E402
+from serving import RawEngine, prompts  # noqa: E402
 
 TOKENS = 64
 ROUNDS = 2
@@ -45,34 +45,22 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5)
     args = parser.parse_args()
 
-    import openvino_genai
-
     from ovtrio.config import Settings
     from ovtrio.model.loading import load_model
     from ovtrio.model.source import resolve_model
     from ovtrio.scheduler import GenerationRequest, SamplingParams, Scheduler
     from ovtrio.scheduler.engine_step import gil_free_step
 
+    # The server's own pipeline (from the model cache, with its settings), measured alone
+    # by bench/serving.py's RawEngine and driven by the scheduler, in turns.
     settings = Settings()
     model = load_model(resolve_model(settings), settings)
     pipeline, tokenizer = model.pipeline, model.tokenizer
-    config = openvino_genai.GenerationConfig()
-    config.max_new_tokens, config.ignore_eos, config.do_sample = TOKENS, True, False
-
-    def chat_tensor(text: str):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        return tokenizer.encode(prompt, add_special_tokens=False).input_ids
+    engine = RawEngine(str(model.source.path), TOKENS, pipeline)
 
     def chat_ids(text: str) -> list[int]:
-        return [int(i) for i in chat_tensor(text).data[0]]
+        return [int(i) for i in engine.chat_ids(text).data[0]]
 
-    def engine_tok_s(concurrency: int) -> float:
-        inputs = [chat_tensor(p) for p in prompts(concurrency)]
-        started = time.perf_counter()
-        pipeline.generate(inputs, [config] * concurrency)
-        return concurrency * TOKENS / (time.perf_counter() - started)
-
-    pipeline.generate(["Hello"], [config])  # warm-up
     step = gil_free_step(pipeline)
     if not step.releases_gil:
         sys.exit("the GIL-free step is not available here: runs of steps need it")
@@ -122,7 +110,7 @@ def main() -> None:
             for concurrency in args.concurrency:
                 turns: dict[str, list[dict[str, float]]] = {"engine": [], **{name: [] for name in schedulers}}
                 for turn in range(args.turns):
-                    turns["engine"].append({"tok_s": await trio.to_thread.run_sync(engine_tok_s, concurrency)})
+                    turns["engine"].append({"tok_s": await trio.to_thread.run_sync(engine.throughput, concurrency)})
                     order = list(schedulers.items())
                     for name, scheduler in order if turn % 2 == 0 else order[::-1]:
                         # One scheduler owns the engine at a time: each runs only for its turn.

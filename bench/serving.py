@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -56,13 +57,16 @@ def percentile(values: list[float], q: float) -> float:
 class RawEngine:
     """The engine alone, on the same prompts: the limit the server is measured against."""
 
-    def __init__(self, model_path: str, tokens: int) -> None:
+    def __init__(self, model_path: str, tokens: int, pipeline: Any = None) -> None:
+        """The embedded model's own pipeline, or `pipeline` (one the server built)."""
         import openvino_genai
 
-        config = openvino_genai.SchedulerConfig()
-        config.cache_size = 1
-        config.enable_prefix_caching = True
-        self.pipe = openvino_genai.ContinuousBatchingPipeline(model_path, config, "CPU")
+        if pipeline is None:
+            config = openvino_genai.SchedulerConfig()
+            config.cache_size = 1
+            config.enable_prefix_caching = True
+            pipeline = openvino_genai.ContinuousBatchingPipeline(model_path, config, "CPU")
+        self.pipe = pipeline
         self.tokenizer = self.pipe.get_tokenizer()
         self.gen = openvino_genai.GenerationConfig()
         self.gen.max_new_tokens = tokens

@@ -41,11 +41,13 @@ from ovtrio.scheduler.text_output import (
 # What one step produced for one sequence: its request, engine request, new ids, their
 # log-probabilities, and the finish reason if it ended.
 StepOutput = tuple[ActiveRequest, EngineRequest, Sequence, list[int], list[float], "str | None"]
+# What a handle held, per output (one per choice it makes): ids, log-probabilities and
+# the finish reason.
+Outputs = list[tuple[list[int], list[float], Any]]
 # An engine request to read after a step, with its handle.
 PlannedRead = tuple[ActiveRequest, EngineRequest, Any]
-# What read_engine() read: when, and per engine request its outputs (ids, log-probabilities
-# and finish reason per output) and its status.
-EngineReads = tuple[float, list[tuple[ActiveRequest, EngineRequest, list[tuple[list[int], list[float], Any]], Any]]]
+# What read_engine() read: when, and per engine request its outputs and its status.
+EngineReads = tuple[float, list[tuple[ActiveRequest, EngineRequest, Outputs, Any]]]
 
 
 def _finish_reason_names() -> dict[Any, str]:
@@ -146,13 +148,12 @@ class Delivery:
         read_at, entries = reads
         self._read_at = read_at
         fresh: list[StepOutput] = []
-        failed_requests: dict[int, tuple[ActiveRequest, Failed]] = {}
         for active, part, outputs, status in entries:
-            if part.done or active.request_id not in self._active or active.request_id in failed_requests:
+            # A request failed earlier in this loop has left the table: skip its parts.
+            if part.done or active.request_id not in self._active:
                 continue
             if part.unread:
-                outputs = _joined(part.unread, outputs)
-                part.unread = []
+                outputs, part.unread = _joined(part.unread, outputs), []
             if active.paused_at is not None:
                 part.unread = outputs
                 continue
@@ -173,16 +174,13 @@ class Delivery:
             if failed is None and status in self._failed_statuses:
                 failed = Failed(*self._failed_statuses[status])
             if failed is not None:
-                failed_requests[active.request_id] = (active, failed)
+                # What its other parts produced is dropped by deliver(): it has ended.
+                active.send(failed)
+                self._abort(active.request_id, "error")
                 continue
             if status == self._finished_status and not read_any:
                 # Finished with nothing left to read: close what never saw a reason.
                 fresh.extend((active, part, s, [], [], "stop") for s in part.sequences if s.finish_reason is None)
-        for active, failed in failed_requests.values():
-            active.send(failed)
-            self._abort(active.request_id, "error")
-        if failed_requests:
-            fresh = [output for output in fresh if output[0].request_id not in failed_requests]
         return fresh
 
     def deliver(self, fresh: list[StepOutput], steps: int) -> None:
@@ -299,45 +297,37 @@ def read_engine(plan: list[PlannedRead]) -> EngineReads:
     read_at = time.monotonic()
     entries = []
     for active, part, handle in plan:
-        outputs = _read_all(handle, part.beam_search) if handle.can_read() else []
-        entries.append((active, part, outputs, handle.get_status()))
+        entries.append((active, part, _read_all(handle, part.beam_search), handle.get_status()))
     return read_at, entries
 
 
-def _joined(
-    earlier: list[tuple[list[int], list[float], Any]], later: list[tuple[list[int], list[float], Any]]
-) -> list[tuple[list[int], list[float], Any]]:
-    """Two reads of one handle as one, output by output (the later finish reason wins)."""
-    joined = [(list(ids), list(logprobs), reason) for ids, logprobs, reason in earlier]
+def _joined(earlier: Outputs, later: Outputs) -> Outputs:
+    """Two reads of one handle as one, output by output (the later finish reason wins).
+    Extends `earlier` in place and returns it."""
     for i, (ids, logprobs, reason) in enumerate(later):
-        if i == len(joined):
-            joined.append(([], [], None))
-        joined[i][0].extend(ids)
-        joined[i][1].extend(logprobs)
-        joined[i] = (joined[i][0], joined[i][1], reason)
-    return joined
+        if i == len(earlier):
+            earlier.append(([], [], None))
+        joined_ids, joined_logprobs, _ = earlier[i]
+        joined_ids.extend(ids)
+        joined_logprobs.extend(logprobs)
+        earlier[i] = (joined_ids, joined_logprobs, reason)
+    return earlier
 
 
-def _read_all(handle: Any, beam_search: bool) -> list[tuple[list[int], list[float], Any]]:
+def _read_all(handle: Any, beam_search: bool) -> Outputs:
     """Everything a handle holds, per output: ids, log-probabilities, finish reason.
 
     The engine queues one output per step in the handle and `read()` takes one, so a
     handle left unread (a paused request) holds many; they are joined here. Call only
     when `can_read()` (`read()` would wait, holding the GIL).
     """
-    joined: list[tuple[list[int], list[float], Any]] = []
+    joined: Outputs = []
     while handle.can_read():
         outputs = list(handle.read().values())
         if beam_search:
             # Beam ids are arbitrary; choices are numbered best first.
             outputs.sort(key=lambda output: output.score, reverse=True)
-        for i, output in enumerate(outputs):
-            if i == len(joined):
-                joined.append(([], [], None))
-            ids, logprobs, _ = joined[i]
-            ids.extend(output.generated_ids)
-            logprobs.extend(output.generated_log_probs)
-            joined[i] = (ids, logprobs, output.finish_reason)
+        _joined(joined, [(o.generated_ids, o.generated_log_probs, o.finish_reason) for o in outputs])
     return joined
 
 

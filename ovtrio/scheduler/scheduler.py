@@ -437,8 +437,7 @@ class Scheduler(RequestIntake):
         still runs: one that finished, failed or was cancelled may make room for queued
         requests or end a slice of a long prompt, which the loop handles between steps."""
         reads = read_engine(plan)
-        unfinished = bool(self._pipeline.has_non_finished_requests())
-        metrics = self._pipeline.get_metrics()
+        unfinished, metrics = self._engine_state()
         more = steps_on and unfinished and all(status == self._running_status for *_, status in reads[1])
         return (reads, unfinished, metrics), more
 
@@ -468,10 +467,13 @@ class Scheduler(RequestIntake):
         # step, so the loop admits or resumes it between steps.
         self._stepper.hand_back()
 
+    def _engine_state(self) -> tuple[bool, Any]:
+        """Whether the engine has unfinished requests, and its metrics (between steps)."""
+        return bool(self._pipeline.has_non_finished_requests()), self._pipeline.get_metrics()
+
     def _read_engine_state(self) -> None:
         """What the loop and stats() need from the engine, read while no step runs."""
-        self._engine_unfinished = bool(self._pipeline.has_non_finished_requests())
-        self._engine_metrics = self._pipeline.get_metrics()
+        self._engine_unfinished, self._engine_metrics = self._engine_state()
 
     # ---- observation --------------------------------------------------------------------
 

@@ -84,7 +84,6 @@ class StepThread:
         self._pending = False
         # Set by the loop (hand_back), read by the worker after each step.
         self._hand_back = False
-        self.last_seconds = 0.0
         # Written by the worker thread around the engine call itself, so they say where
         # the engine is, not where the loop task is. With a step that holds the GIL no
         # other thread ever sees them differ.
@@ -203,6 +202,4 @@ class StepThread:
         result = self._results.popleft()
         if not isinstance(result, outcome.Value) or result.value.last:
             self._pending = False
-        value = result.unwrap()
-        self.last_seconds = value.seconds
-        return value
+        return result.unwrap()
