@@ -11,7 +11,7 @@ import trio
 
 from fake_engine import received, request
 from fake_stateful import start_stateful
-from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, NotAccepting, Overloaded
+from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, NotAccepting, Overloaded, UnsupportedParams
 
 
 @pytest.fixture
@@ -176,3 +176,40 @@ async def test_stopping_the_loop_fails_what_runs_and_waits_for_the_engine(engine
         while engine.pipeline.inside:
             await trio.sleep(0.01)
     assert engine.pipeline.cancelled == 1
+
+
+
+async def test_a_request_whose_settings_the_engine_refuses_does_not_hold_the_drain(engine, monkeypatch):
+    from ovtrio.scheduler import stateful
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("the engine refuses these settings")
+
+    outcome: list[str] = []
+    drained = trio.Event()
+
+    async def refused_request() -> None:
+        with pytest.raises(UnsupportedParams):
+            await received(engine.scheduler, request(3))
+        outcome.append("refused")
+
+    async def wait_for_idle() -> None:
+        await engine.scheduler.idle()
+        drained.set()
+
+    async with trio.open_nursery() as nursery:
+        async with engine.scheduler.submit(request(100_000)) as running:
+            assert await running.receive_available()
+            monkeypatch.setattr(stateful, "to_generation_config", refuse)
+            nursery.start_soon(refused_request)
+            while engine.scheduler.stats().queued == 0:
+                await trio.sleep(0.005)
+            engine.scheduler.drain()
+            nursery.start_soon(wait_for_idle)
+            await trio.sleep(0.01)
+        # The running request ends here; the loop then takes up the refused one, the
+        # last in flight, whose end must still tell the drain that nothing is left.
+        with trio.fail_after(5):
+            await drained.wait()
+    assert outcome == ["refused"]
+    assert engine.scheduler.in_flight == 0

@@ -173,12 +173,11 @@ class RequestIntake:
                     if sequence.finish_reason is None:
                         self._observer.ended(outcome)
             self._delivery.forget(active.sequences)
-        else:
-            admission = self._queued.pop(request_id, None)
-            if admission is None:
-                return
-            active = admission.active
-        active.close()
+            active.close()
+        elif (admission := self._queued.pop(request_id, None)) is not None:
+            admission.active.close()
+        # Also when the request was in neither: the loop took it from the queue and the
+        # engine refused it, and its end may still be the last one a drain waits for.
         if not self.in_flight:
             self._emptied.set()
 
