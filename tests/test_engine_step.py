@@ -52,6 +52,18 @@ def test_both_routes_compute_the_same_tokens(pipeline):
     assert through_ctypes == through_binding
 
 
+def test_the_gil_free_step_keeps_its_pipeline_alive(pipeline):
+    import sys
+
+    before = sys.getrefcount(pipeline)
+    step = gil_free_step(pipeline)
+    # The step holds a reference: the C++ object behind its raw address cannot be
+    # freed while the step exists.
+    assert sys.getrefcount(pipeline) == before + 1
+    del step
+    assert sys.getrefcount(pipeline) == before
+
+
 def test_other_python_threads_run_during_a_gil_free_step(pipeline):
     """A thread that needs the GIL makes progress while one long prefill step runs.
 

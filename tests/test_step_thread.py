@@ -191,3 +191,31 @@ async def test_a_step_that_holds_the_gil_runs_one_step_per_run():
     stepper.start(after_step=lambda: ("read", True))
     result = await stepper.wait()
     assert result.last and result.value is None and len(calls) == 1
+
+
+@pytest.mark.parametrize("when_idle", [True, False], ids=["when-idle", "at-once"])
+async def test_a_step_that_cannot_be_launched_fails_the_waiting_task(monkeypatch, when_idle):
+    def no_thread(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(trio.lowlevel, "start_thread_soon", no_thread)
+    stepper = StepThread(EngineStep(lambda: None, releases_gil=not when_idle, description="never runs"))
+    try:
+        with trio.fail_after(5):
+            if when_idle:
+                stepper.start(when_idle=True)
+            else:
+                with pytest.raises(RuntimeError, match="new thread"):
+                    stepper.start()
+            if when_idle:
+                # The launch happens inside trio's idle instrument: the error reaches
+                # the waiting task instead of vanishing with the instrument.
+                with pytest.raises(RuntimeError, match="new thread"):
+                    await stepper.wait()
+        assert not stepper.running
+        monkeypatch.undo()
+        stepper.start(when_idle=when_idle)  # the next step can start
+        await stepper.wait()
+        assert stepper.finished == 1
+    finally:
+        stepper.close()

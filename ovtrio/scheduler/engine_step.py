@@ -114,8 +114,26 @@ def gil_free_step(pipeline: Any, configure: Callable[[Any], Any] | None = None) 
     _verify(pipeline, lambda: step(address), lambda: bool(has_unfinished(address)), configure)
     log.info("engine steps release the GIL (%s called through ctypes)", library.name)
     return EngineStep(
-        lambda: step(address), releases_gil=True, description=f"{STEP_SYMBOL} in {library.name} via ctypes"
+        _StepByAddress(step, address, pipeline),
+        releases_gil=True,
+        description=f"{STEP_SYMBOL} in {library.name} via ctypes",
     )
+
+
+class _StepByAddress:
+    """The C++ step called on the pipeline's raw address. It holds the pipeline object
+    too: the address alone would not keep the C++ pipeline alive, and a step on a freed
+    one would read freed memory."""
+
+    __slots__ = ("_step", "_address", "_pipeline")
+
+    def __init__(self, step: Any, address: int, pipeline: Any) -> None:
+        self._step = step
+        self._address = address
+        self._pipeline = pipeline
+
+    def __call__(self) -> None:
+        self._step(self._address)
 
 
 # ---- checks ------------------------------------------------------------------------------

@@ -122,9 +122,13 @@ class StepThread:
             if self._when_idle is None:
                 self._when_idle = _WhenIdle()
                 trio.lowlevel.add_instrument(self._when_idle)
-            self._when_idle.queued = lambda: self._launch(None)
+            self._when_idle.queued = self._launch_when_idle
             return
-        self._launch(after_step if self._step.releases_gil else None)
+        try:
+            self._launch(after_step if self._step.releases_gil else None)
+        except BaseException:
+            self._pending = False
+            raise
 
     def hand_back(self) -> None:
         """Ask the worker to end the run after the step in flight (any thread)."""
@@ -135,6 +139,15 @@ class StepThread:
         if self._when_idle is not None:
             trio.lowlevel.remove_instrument(self._when_idle)
             self._when_idle = None
+
+    def _launch_when_idle(self) -> None:
+        # Called by the instrument. An exception escaping an instrument makes trio
+        # drop the instrument and log it, and the shielded wait() would never return:
+        # the waiting task gets the error as the run's outcome instead.
+        try:
+            self._launch(None)
+        except Exception as exc:  # noqa: BLE001 (handed to the waiting task)
+            self._arrive(outcome.Error(exc))
 
     def _launch(self, after_step: Callable[[], tuple[Any, bool]] | None) -> None:
         token = trio.lowlevel.current_trio_token()
