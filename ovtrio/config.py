@@ -168,6 +168,24 @@ class Settings(BaseModel):
         description="step the engine without holding the GIL, so the server answers while a step runs"
         " (falls back to the binding's step() if the check at startup fails)",
     )
+    max_images_per_request: int = Field(
+        8, ge=0, description="vision-language models: most images in one request (a conversation's included)"
+    )
+    max_image_bytes: int = Field(
+        20 * 1024 * 1024, ge=1, description="vision-language models: largest image, in bytes as sent (decoded from base64)"
+    )
+    max_image_side: int = Field(
+        2048,
+        ge=16,
+        description="vision-language models: images whose longer side has more pixels are resized down to it"
+        " (aspect kept), not refused",
+    )
+    image_urls: bool = Field(
+        False,
+        description="vision-language models: fetch http(s) image URLs (off: data: URLs only; a server that fetches"
+        " the URLs it is sent can be made to reach addresses only it can reach)",
+    )
+    image_fetch_timeout: float = Field(10.0, gt=0, description="seconds to fetch one image URL (with --image-urls)")
     response_store_size: int = Field(1000, ge=0, description="stored responses kept for retrieval and chaining")
     response_store_ttl: float = Field(3600.0, gt=0, description="seconds a stored response is kept")
     response_store_path: str | None = Field(

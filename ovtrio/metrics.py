@@ -35,6 +35,9 @@ REQUEST_LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+IMAGE_PREPROCESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
 def one_two_five_buckets(limit: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count buckets, up to the
     model's context length)."""
@@ -91,6 +94,24 @@ class RequestFamilies:
             registry=registry,
         )
         self._speculation: tuple[Counter, Counter, Counter] | None = None
+        self._images: tuple[Counter, Histogram] | None = None
+
+    def images(self) -> tuple[Counter, Histogram]:
+        """The image counters, registered when the first vision-language model asks."""
+        if self._images is None:
+            self._images = (
+                Counter(
+                    "ovtrio_images", "Images of requests, read and decoded", ("model_name",), registry=self._registry
+                ),
+                Histogram(
+                    "ovtrio_image_preprocess_seconds",
+                    "Time to read and decode one image (data URL or fetch, decode, RGB, resize)",
+                    ("model_name",),
+                    buckets=IMAGE_PREPROCESS_BUCKETS,
+                    registry=self._registry,
+                ),
+            )
+        return self._images
 
     def speculation(self) -> tuple[Counter, Counter, Counter]:
         """The spec_decode counters, registered when the first speculating model asks (vLLM
@@ -119,6 +140,8 @@ class ModelMetrics:
 
     def __init__(self, families: RequestFamilies, model_name: str, speculative: bool = False) -> None:
         """`speculative`: the pipeline speculates, so the spec_decode counters are served."""
+        self._families = families
+        self._model_name = model_name
         labels = (model_name, ENGINE)
         self._queue = families.queue.labels(*labels)
         self._time_to_first_token = families.time_to_first_token.labels(*labels)
@@ -161,6 +184,13 @@ class ModelMetrics:
 
     def ended(self, reason: str) -> None:
         self._success[reason].inc()
+
+    def image_prepared(self, seconds: float) -> None:
+        """One image of a request was read and decoded in `seconds` (not a scheduler
+        event: the API layer reports it, before the request is submitted)."""
+        count, preprocess = self._families.images()
+        count.labels(self._model_name).inc()
+        preprocess.labels(self._model_name).observe(seconds)
 
 
 class ServerMetrics:

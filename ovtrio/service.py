@@ -41,6 +41,8 @@ from ovtrio.model.limits import (
 from ovtrio.model.loading import block_tokens
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.model.speculation import apply_defaults
+from ovtrio.images import ImageLimits
+from ovtrio.model.vision import VisionModel
 from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import AdmissionLimits, GenerationScheduler, RequestObserver, Scheduler, StatefulScheduler
 from ovtrio.scheduler.engine_step import choose_step
@@ -65,6 +67,11 @@ class ServingModel:
     prefix_caching: bool
     # What the engine backend can do for a request (the API refuses the rest).
     capabilities: Capabilities = Capabilities()
+    # A vision-language model: it takes images, and its prompts go to the engine as text.
+    vision: VisionModel | None = None
+    image_limits: ImageLimits = ImageLimits()
+    # Hears the time each image took to read and decode (the metrics).
+    image_prepared: Callable[[float], None] = lambda seconds: None
 
 
 def system_fingerprint(path: Path | None, device: str) -> str:
@@ -153,7 +160,11 @@ class ModelService:
                 model, kv_capacity = await trio.to_thread.run_sync(load_and_warm_up, source, self.settings)
             stateful = engine_backend(self.settings) == "stateful"
             step = None if stateful else await trio.to_thread.run_sync(
-                choose_step, model.pipeline, self.settings.gil_free_step, partial(apply_defaults, speculation=model.speculation)
+                choose_step,
+                model.pipeline,
+                self.settings.gil_free_step,
+                partial(apply_defaults, speculation=model.speculation),
+                source.vision,
             )
         except ModelLoadError as exc:
             self.failure = str(exc)
@@ -227,7 +238,16 @@ class ModelService:
             tool_parser=tool_parser_for(self.settings, template),
             reasoning=thinks(self.settings, template),
             prefix_caching=self.settings.enable_prefix_caching and not stateful,  # no prefix cache in LLMPipeline
-            capabilities=capabilities_for(self.settings),
+            capabilities=capabilities_for(self.settings, vision=source.vision),
+            vision=model.vision,
+            image_limits=ImageLimits(
+                max_images=self.settings.max_images_per_request,
+                max_bytes=self.settings.max_image_bytes,
+                max_side=self.settings.max_image_side,
+                fetch_urls=self.settings.image_urls,
+                fetch_timeout=self.settings.image_fetch_timeout,
+            ),
+            image_prepared=getattr(observer, "image_prepared", lambda seconds: None),
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(scheduler.run)

@@ -5,14 +5,18 @@ the reply."""
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from ovtrio.api.formats import FunctionTool, forced_call_constraint
-from ovtrio.api.protocol import ChatMessage, FunctionSpec, NamedToolChoice, ToolAndReasoningFields
+from ovtrio.api.errors import invalid
+from ovtrio.api.protocol import ChatMessage, FunctionSpec, NamedToolChoice, TextPart, ToolAndReasoningFields
 from ovtrio.model.prompts import ChatPrompt
+from ovtrio.model.vision import IMAGE_TAG
 from ovtrio.output import OutputStage
 from ovtrio.parsing import ForcedCallsParser, ReasoningSplitter
 from ovtrio.scheduler import OutputConstraint
@@ -22,29 +26,66 @@ FormatReader = Callable[[Any], OutputConstraint | None]
 
 
 def encode_conversation(
-    model: ServingModel, body: ToolAndReasoningFields, messages: list[ChatMessage], raw: bool = False
+    model: ServingModel,
+    body: ToolAndReasoningFields,
+    messages: list[ChatMessage],
+    raw: bool = False,
+    image_params: Callable[[int, int], str] = lambda message, part: f"messages[{message}].content[{part}].image_url",
 ) -> tuple[ChatPrompt, list[FunctionSpec]]:
     """The prompt for a conversation and the tools shown to the model; with `raw`, the
-    messages' text as is (nvext.use_raw_prompt).
+    messages' text as is (nvext.use_raw_prompt). `image_params` names the request
+    field of an image (message index, part index), for errors. For a vision-language
+    model the prompt keeps its text with the images' tags, and their URLs.
 
     OpenVINO GenAI's template engine gives templates without tool support a polyfill
     (a system prompt listing the tools and a {"tool_calls": [...]} reply format), so
     every model can be shown tools.
     """
     tools = body.tool_specs() if body.effective_tool_choice() != "none" else []
+    images = _image_refs(model, messages, image_params)
     if raw:
+        if model.vision is not None:  # the engine puts the images before the text
+            text = "".join(m.text() for m in messages)
+            ids = model.prompts.encode_raw_chat(text).ids + [0] * (model.vision.tokens_per_image * len(images))
+            return ChatPrompt(ids, False, text=text, images=tuple(images)), tools
         return model.prompts.encode_raw_chat("".join(m.text() for m in messages)), tools
     prompt = model.prompts.encode_chat(
-        template_messages(messages),
+        template_messages(messages, tagged=model.vision is not None),
         tools=[_template_tool(spec) for spec in tools],
         template_kwargs=body.template_kwargs(),
+        tokens_per_image=model.vision.tokens_per_image if model.vision is not None else None,
     )
-    return prompt, tools
+    return replace(prompt, images=tuple(images)), tools
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages laid out as a chat template reads them."""
-    return [_template_message(m) for m in messages]
+def template_messages(messages: list[ChatMessage], tagged: bool = False) -> list[dict[str, Any]]:
+    """Messages laid out as a chat template reads them; with `tagged`, each image of the
+    conversation as the engine's tag in the text, numbered in order."""
+    counter = itertools.count()
+    return [_template_message(m, counter if tagged else None) for m in messages]
+
+
+def _image_refs(model: ServingModel, messages: list[ChatMessage], params: Callable[[int, int], str]) -> list[tuple[str, str]]:
+    """Each image of the conversation, in order: its URL and the request field that
+    holds it (`params(message index, part index)`). A model that reads text only
+    refuses them."""
+    refs: list[tuple[str, str]] = []
+    for i, message in enumerate(messages):
+        for j, part in message.image_parts():
+            param = part.source_param or params(i, j)
+            if model.vision is None:
+                raise invalid(
+                    f"This model reads text only; image parts cannot be used ({param}).", param, "unsupported_input"
+                )
+            refs.append((part.url, param))
+    if model.vision is not None and len(refs) > model.image_limits.max_images:
+        raise invalid(
+            f"This request has {len(refs)} images; this server takes at most {model.image_limits.max_images} in one"
+            " request (--max-images-per-request).",
+            refs[model.image_limits.max_images][1],
+            "too_many_images",
+        )
+    return refs
 
 
 def forced(body: ToolAndReasoningFields) -> bool:
@@ -89,8 +130,15 @@ def _template_role(role: str) -> str:
     return "system" if role == "developer" else role
 
 
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    rendered: dict[str, Any] = {"role": _template_role(message.role), "content": message.text()}
+def _template_message(message: ChatMessage, image_numbers: Iterator[int] | None = None) -> dict[str, Any]:
+    content = message.text()
+    if image_numbers is not None and message.image_parts():
+        # Text and images in their order: each image as the engine's numbered tag.
+        assert isinstance(message.content, list)
+        content = "".join(
+            part.text if isinstance(part, TextPart) else IMAGE_TAG.format(next(image_numbers)) for part in message.content
+        )
+    rendered: dict[str, Any] = {"role": _template_role(message.role), "content": content}
     if message.tool_calls:
         rendered["tool_calls"] = [
             {

@@ -28,7 +28,15 @@ from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
 from ovtrio.ids import new_id
 from ovtrio.output import Outcome, OutputEvent, OutputStage, ResultCollector
-from ovtrio.scheduler import Failed, GenerationRequest, GenerationScheduler, OutputConstraint, RequestStream, UnsupportedParams
+from ovtrio.scheduler import (
+    Failed,
+    GenerationRequest,
+    GenerationScheduler,
+    OutputConstraint,
+    RequestStream,
+    TextPrompt,
+    UnsupportedParams,
+)
 from ovtrio.service import ServingModel
 
 Body = TypeVar("Body", bound=SamplingFields)
@@ -92,9 +100,11 @@ def generation_request(
     *,
     constraint: OutputConstraint | None = None,
     keep_special_token_ids: frozenset[int] = frozenset(),
+    texts: list[TextPrompt] | None = None,
 ) -> GenerationRequest:
     """The scheduler's request: what the backend can do, size and sampling settings
-    checked, plus the tokenized prompts."""
+    checked, plus the tokenized prompts (and `texts`, what a vision-language model's
+    engine is given instead: see GenerationRequest)."""
     check_request_size(model, body, len(prompts))
     check_constraint(model.capabilities, body, constraint)
     check_prompt_length(model.capabilities, body, prompts)
@@ -111,7 +121,7 @@ def generation_request(
         )
     if keep_special_token_ids:
         params = replace(params, keep_special_token_ids=keep_special_token_ids)
-    return GenerationRequest(prompts, params)
+    return GenerationRequest(prompts, params, texts)
 
 
 @asynccontextmanager

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ovtrio.api.errors import invalid
 
@@ -212,6 +212,37 @@ class TextPart(_Body):
     text: str
 
 
+class ImageURL(_Body):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the model's preprocessor decides
+
+
+class ImagePart(_Body):
+    """An image in a message: a data: URL (base64), or an http(s) URL where the server
+    fetches them (ovtrio/images)."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL | str
+    # The request field that held it, when it came from another shape of request (a
+    # Responses input_image): named in errors.
+    _source_param: str | None = PrivateAttr(None)
+
+    @property
+    def source_param(self) -> str | None:
+        return self._source_param
+
+    def held_in(self, param: str) -> "ImagePart":
+        self._source_param = param
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class FunctionCall(_Body):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
@@ -227,7 +258,7 @@ class ToolCallRef(_Body):
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallRef] | None = None  # assistant
     tool_call_id: str | None = None  # tool
@@ -245,7 +276,13 @@ class ChatMessage(_Body):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def image_parts(self) -> list[tuple[int, ImagePart]]:
+        """The message's images, with their index among its content parts."""
+        if not isinstance(self.content, list):
+            return []
+        return [(i, part) for i, part in enumerate(self.content) if isinstance(part, ImagePart)]
 
 
 FUNCTION_NAME = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]

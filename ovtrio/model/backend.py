@@ -16,7 +16,7 @@ on every device (it has no check against it, and it was seen working on CPU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ovtrio.config import Settings
@@ -92,9 +92,18 @@ class Capabilities:
     prompt_logprobs: bool = True  # scored prompts (echo with logprobs, prompt_logprobs)
     structured_output: bool = True  # response_format, forced tool calls
     max_prompt_tokens: int | None = None  # None: only the context limits the prompt
+    # Prompts the engine can take as token ids (a vision-language model's engine takes
+    # text only, so prompts sent as ids, and scoring them, are refused).
+    token_prompts: bool = True
 
 
-def capabilities_for(settings: Settings) -> Capabilities:
+def capabilities_for(settings: Settings, vision: bool = False) -> Capabilities:
+    if vision:
+        return replace(_backend_capabilities(settings), prompt_logprobs=False, token_prompts=False)
+    return _backend_capabilities(settings)
+
+
+def _backend_capabilities(settings: Settings) -> Capabilities:
     if engine_backend(settings) == "continuous_batching":
         return Capabilities()
     return Capabilities(

@@ -21,6 +21,7 @@ from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, default_cache_dir, engine_versions, entry_key, model_identity
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
+from ovtrio.model.vision import VisionModel, is_vision_folder, measure_image_tokens
 from ovtrio.model.vocabulary import Vocabulary, load_vocabulary
 
 log = logging.getLogger("ovtrio")
@@ -45,6 +46,7 @@ class LoadedModel:
     phases: dict[str, float] = field(default_factory=dict)  # seconds per loading phase
     origin: str = ""  # where the engine's models came from: "IR", "cached in ...", "converted ..."
     speculation: Speculation = Speculation()
+    vision: VisionModel | None = None  # a vision-language model: what its images cost
 
 
 def engine_error_reason(exc: Exception) -> str:
@@ -101,7 +103,9 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
     phases["tokenizer"] = time.perf_counter() - started
     started = time.perf_counter()
     hints = engine_properties(settings)
-    if engine_backend(settings) == "stateful":
+    if engine_backend(settings) == "stateful" and is_vision_folder(path):
+        pipeline = openvino_genai.VLMPipeline(str(path), settings.device, **hints, **stateful_properties(settings))
+    elif engine_backend(settings) == "stateful":
         pipeline = openvino_genai.LLMPipeline(
             str(path), tokenizer, settings.device, **hints, **stateful_properties(settings), **extra
         )
@@ -207,7 +211,30 @@ def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedMod
             f"cannot run model {source.path} on {settings.device}: {engine_error_reason(exc)}"
         ) from None
     model.phases["warm-up"] = time.perf_counter() - started
+    if source.vision:
+        model.vision = _measure_images(model, engine_backend(settings) == "stateful")
     return model, kv_capacity
+
+
+def _measure_images(model: LoadedModel, stateful: bool) -> VisionModel:
+    import openvino_genai
+
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = 1
+    config.apply_chat_template = False
+    vision = measure_image_tokens(model.pipeline, model.source.path, config, stateful)
+    if vision.fixed:
+        log.info("takes images: %d prompt tokens each (%s)", vision.tokens_per_image, vision.model_type)
+    else:
+        log.info(
+            "takes images: %d prompt tokens for a %dx%d image (%s; the count of other sizes may differ, and"
+            " requests are admitted by this one)",
+            vision.tokens_per_image,
+            vision.probe_side,
+            vision.probe_side,
+            vision.model_type,
+        )
+    return vision
 
 
 def start_loading(source: ModelSource, settings: Settings) -> Future[tuple[LoadedModel, int]]:
@@ -255,7 +282,11 @@ def warm_up(model: LoadedModel) -> int:
 
     config = apply_defaults(openvino_genai.GenerationConfig(), model.speculation)
     config.max_new_tokens = 2
-    handle = model.pipeline.add_request(0, ov.Tensor(np.asarray([[0] * 4], dtype=np.int64)), config)
+    if model.source.vision:  # in VLM mode the engine takes prompts as text only
+        config.apply_chat_template = False
+        handle = model.pipeline.add_request(0, "Hi there, hello", [], config)
+    else:
+        handle = model.pipeline.add_request(0, ov.Tensor(np.asarray([[0] * 4], dtype=np.int64)), config)
     model.pipeline.step()
     usage = model.pipeline.get_metrics().cache_usage
     while model.pipeline.has_non_finished_requests():
@@ -275,5 +306,9 @@ def warm_up_stateful(model: LoadedModel) -> int:
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = 2
     config.do_sample = False
-    model.pipeline.generate(ov.Tensor(np.asarray([[0] * 4], dtype=np.int64)), config)
+    if model.source.vision:
+        config.apply_chat_template = False
+        model.pipeline.generate("Hi there, hello", images=[], generation_config=config)
+    else:
+        model.pipeline.generate(ov.Tensor(np.asarray([[0] * 4], dtype=np.int64)), config)
     return 0

@@ -8,6 +8,7 @@ its request models out that way), so this module knows nothing of HTTP.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,14 @@ class ChatPrompt:
     ids: list[int]
     # The template ended the prompt inside an open <think>: the reply starts as reasoning.
     opens_reasoning: bool
+    # For a vision-language model, whose engine takes text: the rendered prompt, with
+    # an image tag where each image goes, and each image's (URL, request field).
+    text: str | None = None
+    images: tuple[tuple[str, str], ...] = ()
+
+
+# The engine's universal image tag (ovtrio/model/vision.py).
+_IMAGE_TAG = re.compile(r"<ov_genai_image_\d+>")
 
 
 class PromptBuilder:
@@ -90,10 +99,13 @@ class PromptBuilder:
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
+        tokens_per_image: int | None = None,
     ) -> ChatPrompt:
         """A conversation (with its tools) rendered by the chat template, which adds
         special tokens. `template_kwargs` are the template's own variables (e.g.
-        enable_thinking)."""
+        enable_thinking). With `tokens_per_image` (a vision-language model, whose
+        engine takes text), the rendered text is kept, and the ids count each image
+        tag as the tokens its image costs."""
         try:
             prompt = self._tokenizer.apply_chat_template(
                 history,
@@ -103,9 +115,24 @@ class PromptBuilder:
             )
         except Exception as exc:  # a template error is about the messages sent
             raise PromptError(f"The chat template could not render these messages: {exc}", "messages") from None
-        return ChatPrompt(
-            self._encode(prompt, add_special_tokens=False), opens_reasoning=prompt.rstrip().endswith(THINK_OPEN)
-        )
+        opens_reasoning = prompt.rstrip().endswith(THINK_OPEN)
+        if tokens_per_image is None:
+            return ChatPrompt(self._encode(prompt, add_special_tokens=False), opens_reasoning)
+        return ChatPrompt(self._count_with_images(prompt, tokens_per_image), opens_reasoning, text=prompt)
+
+    def _count_with_images(self, text: str, tokens_per_image: int) -> list[int]:
+        """The ids of `text` with each image tag standing for its image's tokens, as
+        special placeholder ids that no detokenizer shows."""
+        placeholder = max(self._tokenizer.get_eos_token_id(), 0)
+        ids: list[int] = []
+        pieces = _IMAGE_TAG.split(text)
+        for i, piece in enumerate(pieces):
+            if piece:
+                ids += self._encode(piece, add_special_tokens=False)
+            if i < len(pieces) - 1:
+                ids += [placeholder] * tokens_per_image
+        return ids
+
 
     def special_token_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
         """The ids of those `texts` that are each one special token of the vocabulary."""

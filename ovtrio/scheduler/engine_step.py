@@ -75,27 +75,32 @@ class Unavailable(Exception):
     """The GIL-free step cannot be trusted here; the message says why."""
 
 
-def choose_step(pipeline: Any, gil_free: bool = True, configure: Callable[[Any], Any] | None = None) -> EngineStep:
+def choose_step(
+    pipeline: Any, gil_free: bool = True, configure: Callable[[Any], Any] | None = None, text_prompts: bool = False
+) -> EngineStep:
     """The GIL-free step if it is enabled and verified on `pipeline`, else the binding's.
 
     Blocking (it runs a few engine steps): call it from a worker thread, before the
     scheduler starts and while the pipeline holds no requests. `configure` completes the
     check request's GenerationConfig with what the pipeline requires of every request
-    (a speculating pipeline refuses requests without its settings).
+    (a speculating pipeline refuses requests without its settings). `text_prompts`: the
+    pipeline takes prompts as text only (a vision-language model's).
     """
     binding = EngineStep(pipeline.step, releases_gil=False, description="the binding's step() (holds the GIL)")
     if not gil_free:
         log.info("engine steps hold the GIL (GIL-free stepping is turned off)")
         return binding
     try:
-        step = gil_free_step(pipeline, configure)
+        step = gil_free_step(pipeline, configure, text_prompts)
     except Unavailable as exc:
         log.warning("engine steps hold the GIL, the event loop pauses during each step: %s", exc)
         return binding
     return step
 
 
-def gil_free_step(pipeline: Any, configure: Callable[[Any], Any] | None = None) -> EngineStep:
+def gil_free_step(
+    pipeline: Any, configure: Callable[[Any], Any] | None = None, text_prompts: bool = False
+) -> EngineStep:
     """A verified GIL-free step for `pipeline`; raises Unavailable (with why) if not."""
     if not sys.platform.startswith("linux"):
         raise Unavailable(f"GIL-free stepping is only checked on Linux, not {sys.platform}")
@@ -111,7 +116,7 @@ def gil_free_step(pipeline: Any, configure: Callable[[Any], Any] | None = None) 
     has_unfinished.argtypes, has_unfinished.restype = [ctypes.c_void_p], ctypes.c_bool
 
     address = _object_address(pipeline, regions, library)
-    _verify(pipeline, lambda: step(address), lambda: bool(has_unfinished(address)), configure)
+    _verify(pipeline, lambda: step(address), lambda: bool(has_unfinished(address)), configure, text_prompts)
     log.info("engine steps release the GIL (%s called through ctypes)", library.name)
     return EngineStep(
         _StepByAddress(step, address, pipeline),
@@ -215,6 +220,7 @@ def _verify(
     step: Callable[[], None],
     has_unfinished: Callable[[], bool],
     configure: Callable[[Any], Any] | None = None,
+    text_prompts: bool = False,
 ) -> None:
     """Cross-check the route against the binding on the live pipeline."""
     import numpy as np
@@ -230,8 +236,11 @@ def _verify(
     config.ignore_eos = True
     if configure is not None:
         configure(config)
-    prompt = ov.Tensor(np.zeros((1, 4), dtype=np.int64))
-    handle = pipeline.add_request(0, prompt, config)
+    if text_prompts:
+        config.apply_chat_template = False
+        handle = pipeline.add_request(0, "Hi there, hello", [], config)
+    else:
+        handle = pipeline.add_request(0, ov.Tensor(np.zeros((1, 4), dtype=np.int64)), config)
     try:
         if not (pipeline.has_non_finished_requests() and has_unfinished()):
             raise Unavailable("has_non_finished_requests disagrees with the binding on a pending request")

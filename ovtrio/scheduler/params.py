@@ -92,12 +92,28 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class TextPrompt:
+    """A prompt as a vision-language model's engine takes it: the text, with an image
+    tag (`<ov_genai_image_N>`) where each image goes, and the images as RGB arrays
+    (height x width x 3, uint8) in the order of their tags."""
+
+    text: str
+    images: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """Tokenized prompts plus their sampling settings. Choice `p * n + i` is the i-th
-    output of prompt p, as OpenAI numbers them."""
+    output of prompt p, as OpenAI numbers them.
+
+    `texts`, when given (one per prompt), is what the engine is given instead of the
+    token ids: a vision-language model's engine takes text and images only. The ids
+    then hold the prompt's tokens as the server counts them (each image as the tokens
+    it costs), for limits, usage and detokenizing."""
 
     prompts: list[list[int]]
     params: SamplingParams
+    texts: list[TextPrompt] | None = None
 
 
 def to_generation_config(
@@ -111,6 +127,8 @@ def to_generation_config(
     import openvino_genai
 
     config = openvino_genai.GenerationConfig()
+    # A text prompt (a vision-language model's) already went through the chat template.
+    config.apply_chat_template = False
     config.max_new_tokens = params.max_new_tokens
     config.min_new_tokens = params.min_new_tokens
     config.ignore_eos = params.ignore_eos

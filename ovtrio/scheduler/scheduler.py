@@ -90,7 +90,7 @@ from ovtrio.scheduler.delivery import EngineReads, PlannedRead, StepOutput, read
 from ovtrio.scheduler.engine_step import EngineStep
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting, RequestIntake  # noqa: F401 (NotAccepting: still importable here)
 from ovtrio.scheduler.observer import RequestObserver
-from ovtrio.scheduler.params import SamplingParams, UnsupportedParams, to_generation_config
+from ovtrio.scheduler.params import SamplingParams, TextPrompt, UnsupportedParams, to_generation_config
 from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
 from ovtrio.scheduler.step_thread import StepThread
@@ -121,6 +121,14 @@ def ov_tensor(prompt_ids: list[int]) -> Any:
     import openvino as ov
 
     return ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+
+
+def engine_prompt(text: TextPrompt) -> tuple[str, list[Any]]:
+    """A text prompt as a vision-language model's engine takes it: the text, and each
+    image as a uint8 HWC tensor."""
+    import openvino as ov
+
+    return text.text, [ov.Tensor(np.ascontiguousarray(image, dtype=np.uint8)) for image in text.images]
 
 
 @dataclass(frozen=True)
@@ -248,7 +256,8 @@ class Scheduler(RequestIntake):
         compute whole)."""
         request = admission.request
         threshold = self._prefill_slice_tokens
-        if not threshold or request.params.prompt_logprobs:
+        # A text prompt (a vision-language model's) goes to the engine whole.
+        if not threshold or request.params.prompt_logprobs or request.texts is not None:
             return False
         long_prompts = [prompt for prompt in request.prompts if len(prompt) > threshold]
         if not long_prompts:
@@ -266,8 +275,10 @@ class Scheduler(RequestIntake):
         `waited`, its time in the queue, unless already reported (a sliced prefill)."""
         active = admission.active
         try:
-            for prompt_ids in admission.request.prompts:
-                self._add_engine_requests(active, prompt_ids, admission.request.params)
+            request = admission.request
+            for i, prompt_ids in enumerate(request.prompts):
+                text = request.texts[i] if request.texts is not None else None
+                self._add_engine_requests(active, prompt_ids, request.params, text)
         except UnsupportedParams as exc:
             admission.error = exc
             self._abort(active.request_id, None)
@@ -327,8 +338,10 @@ class Scheduler(RequestIntake):
                 self._add_admitted(prefill.admission, None)
         return advanced
 
-    def _add_engine_requests(self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams) -> None:
-        prompt = ov_tensor(prompt_ids)
+    def _add_engine_requests(
+        self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams, text: TextPrompt | None = None
+    ) -> None:
+        prompt = engine_prompt(text) if text is not None else ov_tensor(prompt_ids)
 
         def new_sequences(count: int) -> list[Sequence]:
             made = [
@@ -349,6 +362,8 @@ class Scheduler(RequestIntake):
 
     def _add_request(self, prompt: Any, config: Any) -> Any:
         try:
+            if isinstance(prompt, tuple):  # text and images (engine_prompt)
+                return self._pipeline.add_request(next(self._ids), prompt[0], prompt[1], config)
             return self._pipeline.add_request(next(self._ids), prompt, config)
         except RuntimeError as exc:  # e.g. a grammar XGrammar cannot compile
             raise UnsupportedParams(_first_line(exc)) from None

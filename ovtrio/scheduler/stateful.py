@@ -36,7 +36,7 @@ from ovtrio.scheduler.messages import Failed
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams, to_generation_config
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest
-from ovtrio.scheduler.scheduler import SchedulerStats
+from ovtrio.scheduler.scheduler import SchedulerStats, engine_prompt
 from ovtrio.scheduler.streamer import DEFAULT_LIMIT, GeneratedTokens, make_streamer
 
 log = logging.getLogger("ovtrio.scheduler")
@@ -128,7 +128,12 @@ class StatefulScheduler(RequestIntake):
         self._prompt_tokens += active.prompt_tokens
         admission.added.set()
 
-        prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+        if request.texts is not None:  # a VLMPipeline: text and images
+            text, images = engine_prompt(request.texts[0])
+            run = partial(self._pipeline.generate, text, images=images, generation_config=config)
+        else:
+            prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+            run = partial(self._pipeline.generate, prompt, config)
         streamer = make_streamer(tokens)
         outcome: list[Any] = []  # the generate() result, or the exception it raised
         done = trio.Event()
@@ -138,9 +143,7 @@ class StatefulScheduler(RequestIntake):
             self._generating = True
             self._generations += 1
             try:
-                outcome.append(
-                    await trio.to_thread.run_sync(self._pipeline.generate, prompt, config, streamer)
-                )
+                outcome.append(await trio.to_thread.run_sync(partial(run, streamer=streamer)))
             except Exception as exc:  # an engine fault: fail this request, keep serving
                 outcome.append(exc)
             finally:

@@ -11,6 +11,7 @@ from ovtrio.api.conversation import chat_stage, encode_conversation, output_cons
 from ovtrio.api.formats import from_response_format
 from ovtrio.api.pipeline import accept, envelope, generation_request, respond
 from ovtrio.api.protocol import ChatCompletionRequest
+from ovtrio.api.vision import text_prompts
 
 blueprint = Blueprint("chat", __name__)
 
@@ -23,6 +24,9 @@ async def create_chat_completion() -> Any:
     prompt, tools = encode_conversation(model, body, body.messages, raw)
     stage, markers = chat_stage(model, body, prompt, tools)
     constraint = output_constraint(body, from_response_format)
-    generation = generation_request(model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers)
+    texts = await text_prompts(model, prompt)
+    generation = generation_request(
+        model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts
+    )
     writer = ChatWriter(envelope("chatcmpl-", model, body), choices=body.n, logprobs=body.logprobs)
     return await respond(model, body, generation, stage, writer, body.n)

@@ -11,6 +11,8 @@ from ovtrio.api.errors import APIError, invalid
 from ovtrio.api.pipeline import accept, check_request_size, envelope, generation_request, respond
 from ovtrio.api.protocol import CompletionRequest
 from ovtrio.output import OutputStage
+from ovtrio.scheduler import TextPrompt
+from ovtrio.service import ServingModel
 
 blueprint = Blueprint("completions", __name__)
 
@@ -25,7 +27,7 @@ async def create_completion() -> Any:
     scored = body.scores_prompt()
     if scored and model.prefix_caching:
         raise _prompt_scoring_needs_fresh_prefill(body)
-    generation = generation_request(model, body, prompts)
+    generation = generation_request(model, body, prompts, texts=_text_prompts(model, body.prompt))
     stage = OutputStage(
         logprobs=model.prompts.output_bytes(body.skip_special_tokens) if body.wants_logprobs() else None,
         # Prompt entries join to the echoed text, which leaves special tokens out.
@@ -42,6 +44,22 @@ async def create_completion() -> Any:
         scored=scored,
     )
     return await respond(model, body, generation, stage, writer, choices)
+
+
+def _text_prompts(model: ServingModel, prompt: str | list[Any]) -> list[TextPrompt] | None:
+    """The prompts as text, for a model whose engine takes text only (a vision-language
+    model's); it cannot take prompts sent as token ids."""
+    if model.capabilities.token_prompts:
+        return None
+    if isinstance(prompt, str):
+        return [TextPrompt(prompt)]
+    if all(isinstance(item, str) for item in prompt):
+        return [TextPrompt(text) for text in prompt]
+    raise invalid(
+        "This model takes prompts as text: its engine (a vision-language model's) cannot be given token ids.",
+        "prompt",
+        "unsupported_parameter",
+    )
 
 
 def _prompt_count(prompt: str | list[Any]) -> int:

@@ -18,6 +18,7 @@ from ovtrio.api.protocol import ChatMessage
 from ovtrio.api.responses.body import response_envelope
 from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.responses.store import ResponseStore, StoredResponse
+from ovtrio.api.vision import text_prompts
 from ovtrio.ids import new_id
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import GenerationRequest
@@ -54,10 +55,17 @@ async def prepare(model: ServingModel, body: ResponsesRequest, *stores: Response
             raise not_found(body.previous_response_id, "previous_response_id")
         previous = [ChatMessage.model_validate(m) for m in earlier.conversation]
     envelope = partial(response_envelope, body, new_id("resp_"), int(time.time()), model.name)
-    prompt, tools = encode_conversation(model, body, body.chat_messages(previous))
+    # Images of this input name their own field; those of earlier turns come with the
+    # previous response.
+    prompt, tools = encode_conversation(
+        model, body, body.chat_messages(previous), image_params=lambda message, part: "previous_response_id"
+    )
     stage, markers = chat_stage(model, body, prompt, tools)
     constraint = output_constraint(body, from_responses_format)
-    generation = generation_request(model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers)
+    texts = await text_prompts(model, prompt)
+    generation = generation_request(
+        model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts
+    )
     return PreparedResponse(body, envelope, generation, stage, previous)
 
 

@@ -11,6 +11,9 @@ from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import (
     ChatMessage,
     FunctionCall,
+    ImagePart,
+    ImageURL,
+    TextPart,
     SamplingFields,
     ToolAndReasoningFields,
     ToolCallRef,
@@ -76,11 +79,17 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
         if self.max_tokens is not None:
             raise invalid("The Responses API names this max_output_tokens.", "max_tokens")
         for i, item in enumerate(self.items()):
-            for part in item.content if isinstance(item.content, list) else []:
-                if part.type in ("input_image", "input_file"):
+            for j, part in enumerate(item.content if isinstance(item.content, list) else []):
+                if part.type == "input_file":
                     raise invalid(
-                        f"This model reads text only; {part.type} parts cannot be used.",
-                        f"input[{i}].content",
+                        "input_file parts are not supported by this server.",
+                        f"input[{i}].content[{j}]",
+                        "unsupported_input",
+                    )
+                if part.type == "input_image" and not part.image_url:
+                    raise invalid(
+                        "An input_image part needs an image_url (a data: URL); file_id is not supported.",
+                        f"input[{i}].content[{j}].image_url",
                         "unsupported_input",
                     )
         return self
@@ -106,7 +115,7 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
     def input_messages(self) -> list[ChatMessage]:
         """This request's input items as chat messages."""
         messages: list[ChatMessage] = []
-        for item in self.items():
+        for index, item in enumerate(self.items()):
             if item.type == "function_call":
                 call = ToolCallRef(id=item.call_id or "", function=FunctionCall(name=item.name or "", arguments=item.arguments or ""))
                 if messages and messages[-1].role == "assistant" and messages[-1].tool_calls is not None:
@@ -115,6 +124,17 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
                     messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
             elif item.type == "function_call_output":
                 messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=item.output))
+            elif isinstance(item.content, list) and any(p.type == "input_image" for p in item.content):
+                # Text and images in their order, as chat content parts.
+                parts: list[TextPart | ImagePart] = [
+                    ImagePart(type="image_url", image_url=ImageURL(url=p.image_url or "")).held_in(
+                        f"input[{index}].content[{j}].image_url"
+                    )
+                    if p.type == "input_image"
+                    else TextPart(type="text", text=p.text or "")
+                    for j, p in enumerate(item.content)
+                ]
+                messages.append(ChatMessage(role=item.role or "user", content=parts))
             else:
                 text = item.content if isinstance(item.content, str) else "".join(p.text or "" for p in item.content or [])
                 messages.append(ChatMessage(role=item.role or "user", content=text))

@@ -1,0 +1,26 @@
+"""What a vision-language model's engine is given for a chat prompt: its text with the
+images' tags, and the images, read and decoded off the event loop (ovtrio/images); a
+bad image is the client's 400, naming the part, before any engine work."""
+
+from __future__ import annotations
+
+from ovtrio.api.errors import invalid
+from ovtrio.images import ImageError, load_image
+from ovtrio.model.prompts import ChatPrompt
+from ovtrio.scheduler import TextPrompt
+from ovtrio.service import ServingModel
+
+
+async def text_prompts(model: ServingModel, prompt: ChatPrompt) -> list[TextPrompt] | None:
+    """The prompt as the model's engine takes it; None for a model that takes token ids."""
+    if model.vision is None or prompt.text is None:
+        return None
+    images = []
+    for url, param in prompt.images:
+        try:
+            image = await load_image(url, param, model.image_limits)
+        except ImageError as exc:
+            raise invalid(str(exc), exc.param, exc.code) from None
+        model.image_prepared(image.seconds)
+        images.append(image.pixels)
+    return [TextPrompt(prompt.text, tuple(images))]

@@ -1,0 +1,208 @@
+"""One image of a request, from its URL to an RGB array the engine takes.
+
+- `data:` URLs (base64): png, jpeg, webp and gif (its first frame), as OpenAI takes them.
+- `http(s):` URLs only when the server allows fetching (`--image-urls`): fetched with a
+  timeout, a size cap read as the bytes arrive, and no redirect to another scheme. Off
+  by default: a server that fetches any URL it is sent can be made to reach addresses
+  only it can (cloud metadata, internal services).
+- Any other scheme (`file:` among them) is refused.
+
+Decoding runs in a worker thread (Pillow releases the GIL while it decodes), so a large
+image never holds the event loop. Images whose longer side exceeds the limit are
+resized down (aspect kept), not refused; palette, greyscale, CMYK and images with an
+alpha channel are converted to RGB (alpha over white, as a viewer shows it).
+
+Every failure is an ImageError naming the request field at fault, for a 400.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<base64>;base64)?,", re.I)
+
+
+class ImageError(ValueError):
+    """An image the server cannot take; `param` names the field."""
+
+    def __init__(self, message: str, param: str, code: str = "invalid_image") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_images: int = 8  # per request
+    max_bytes: int = 20 * 1024 * 1024  # per image, encoded
+    max_side: int = 2048  # longer side in pixels; larger images are resized down
+    fetch_urls: bool = False  # http(s) URLs
+    fetch_timeout: float = 10.0  # seconds, per image
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    pixels: Any  # numpy uint8 array, height x width x 3
+    seconds: float  # reading and decoding
+
+
+async def load_image(url: str, param: str, limits: ImageLimits) -> LoadedImage:
+    """The image at `url` as RGB pixels; raises ImageError naming `param`."""
+    started = time.perf_counter()
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "data":
+        data = _data_url_bytes(url, param, limits)
+    elif scheme in ("http", "https"):
+        if not limits.fetch_urls:
+            raise ImageError(
+                f"Invalid value for '{param}': this server takes images as data: URLs (base64) only; it does not"
+                " fetch http(s) URLs unless started with --image-urls.",
+                param,
+                "image_url_not_allowed",
+            )
+        data = await _fetch(url, param, limits)
+    else:
+        raise ImageError(
+            f"Invalid value for '{param}': images are taken as data: URLs (base64)"
+            f"{' or http(s) URLs' if limits.fetch_urls else ''}, not {scheme or 'this'} URLs.",
+            param,
+            "invalid_image_url",
+        )
+    pixels = await trio.to_thread.run_sync(_decode, data, param, limits.max_side)
+    return LoadedImage(pixels, time.perf_counter() - started)
+
+
+def _data_url_bytes(url: str, param: str, limits: ImageLimits) -> bytes:
+    match = _DATA_URL.match(url)
+    if match is None or not match.group("base64"):
+        raise ImageError(
+            f"Invalid value for '{param}': expected a base64 data URL such as data:image/png;base64,...",
+            param,
+            "invalid_image_url",
+        )
+    mime = (match.group("mime") or "").lower()
+    if mime and not mime.startswith("image/"):
+        raise ImageError(f"Invalid value for '{param}': {mime} is not an image type.", param, "invalid_image_format")
+    encoded = url[match.end():]
+    # Base64 is 4 characters for 3 bytes: refuse by length before decoding anything.
+    if len(encoded) * 3 // 4 > limits.max_bytes + 3:
+        raise _too_large(param, limits)
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError(f"Invalid value for '{param}': the data URL is not valid base64.", param, "invalid_image_url") from None
+    if len(data) > limits.max_bytes:
+        raise _too_large(param, limits)
+    return data
+
+
+def _too_large(param: str, limits: ImageLimits) -> ImageError:
+    return ImageError(
+        f"Invalid value for '{param}': the image is larger than this server's limit of {limits.max_bytes} bytes"
+        " (--max-image-bytes).",
+        param,
+        "image_too_large",
+    )
+
+
+async def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
+    import httpx
+
+    async def redirect_check(response: httpx.Response) -> None:
+        if response.is_redirect and response.next_request is not None:
+            if response.next_request.url.scheme not in ("http", "https"):
+                raise ImageError(
+                    f"Invalid value for '{param}': the image URL redirects to a {response.next_request.url.scheme}"
+                    " URL.",
+                    param,
+                    "invalid_image_url",
+                )
+
+    try:
+        with trio.fail_after(limits.fetch_timeout):
+            async with httpx.AsyncClient(
+                follow_redirects=True, max_redirects=3, timeout=limits.fetch_timeout,
+                event_hooks={"response": [redirect_check]},
+            ) as client:
+                async with client.stream("GET", url) as response:
+                    if response.status_code != 200:
+                        raise ImageError(
+                            f"Invalid value for '{param}': fetching the image URL gave HTTP {response.status_code}.",
+                            param,
+                            "image_url_unreachable",
+                        )
+                    declared = response.headers.get("content-length")
+                    if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
+                        raise _too_large(param, limits)
+                    chunks = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        chunks += chunk
+                        if len(chunks) > limits.max_bytes:
+                            raise _too_large(param, limits)
+                    return bytes(chunks)
+    except trio.TooSlowError:
+        raise ImageError(
+            f"Invalid value for '{param}': the image URL did not answer within {limits.fetch_timeout:g} s.",
+            param,
+            "image_url_unreachable",
+        ) from None
+    except httpx.HTTPError as exc:
+        raise ImageError(
+            f"Invalid value for '{param}': the image URL could not be fetched ({type(exc).__name__}).",
+            param,
+            "image_url_unreachable",
+        ) from None
+
+
+def _decode(data: bytes, param: str, max_side: int) -> Any:
+    """Decoded, RGB, at most `max_side` pixels on its longer side (in a worker thread)."""
+    import numpy as np
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as image:
+            image.seek(0)  # a GIF's first frame
+            # Bound the decode itself: a tiny file can declare a huge canvas.
+            if image.width * image.height > Image.MAX_IMAGE_PIXELS:
+                raise ImageError(
+                    f"Invalid value for '{param}': the image is {image.width}x{image.height} pixels, more than"
+                    " can be decoded safely.",
+                    param,
+                    "image_too_large",
+                )
+            if max(image.size) > max_side:
+                image.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale
+            image.load()
+            rgb = _to_rgb(ImageOps.exif_transpose(image) or image)
+    except ImageError:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        reason = "is not an image in a format this server reads (png, jpeg, webp, gif)"
+        if not isinstance(exc, UnidentifiedImageError):
+            reason = "could not be decoded (truncated or corrupt)"
+        raise ImageError(f"Invalid value for '{param}': the image {reason}.", param, "invalid_image_format") from None
+    if max(rgb.size) > max_side:
+        rgb.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
+    return np.asarray(rgb, dtype=np.uint8)
+
+
+def _to_rgb(image: Any) -> Any:
+    from PIL import Image
+
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    return image.convert("RGB")
