@@ -364,3 +364,47 @@ def test_a_fetching_server_reads_http_image_urls(vlm_fetching_server, image_host
         ("file:///etc/hostname", "invalid_image_url"),
     ):
         assert bad_request(client, url)["code"] == code
+
+
+def test_the_responses_websocket_takes_input_images(client):
+    def over_the_socket(url: str) -> tuple[str, int]:
+        with client.responses.connect() as connection:
+            connection.response.create(
+                model=MODEL, max_output_tokens=8, temperature=0,
+                input=[{"role": "user", "content": [{"type": "input_text", "text": "Describe this image."},
+                                                    {"type": "input_image", "image_url": url}]}],
+            )  # fmt: skip
+            for event in connection:
+                assert event.type != "error", event
+                if event.type in ("response.completed", "response.incomplete"):
+                    return event.response.output_text, event.response.usage.input_tokens
+        raise AssertionError("the socket closed before the response ended")
+
+    assert over_the_socket(image_url(1)) == ask(client, user_with_image(image_url(1)))
+    assert over_the_socket(image_url(2)) != over_the_socket(image_url(1))
+
+
+vlm_stateful_server = server_fixture(
+    "vlm_stateful_server",
+    "--model",
+    "{folder}/vlm",
+    "--served-model-name",
+    MODEL,
+    "--backend",
+    "stateful",
+    prepare=build_vlm,
+)
+
+
+def test_the_stateful_backend_serves_images_through_the_vlm_pipeline(vlm_stateful_server, client):
+    stateful = OpenAI(base_url=vlm_stateful_server.v1, api_key="unused", max_retries=0)
+    first, tokens = ask(stateful, user_with_image(image_url(1)))
+    other, _ = ask(stateful, user_with_image(image_url(2)))
+    again, _ = ask(stateful, user_with_image(image_url(1)))
+    assert first == again != other
+    # Both backends count the same prompt.
+    assert tokens == ask(client, user_with_image(image_url(1)))[1]
+    stream = stateful.chat.completions.create(
+        model=MODEL, messages=user_with_image(image_url(1)), max_tokens=8, temperature=0, stream=True
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == first

@@ -185,7 +185,11 @@ def _decode(data: bytes, param: str, max_side: int) -> Any:
             rgb = _to_rgb(ImageOps.exif_transpose(image) or image)
     except ImageError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError:
+        raise ImageError(
+            f"Invalid value for '{param}': the image has more pixels than can be decoded safely.", param, "image_too_large"
+        ) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         reason = "is not an image in a format this server reads (png, jpeg, webp, gif)"
         if not isinstance(exc, UnidentifiedImageError):
             reason = "could not be decoded (truncated or corrupt)"

@@ -1,0 +1,73 @@
+"""Reading one image (ovtrio/images/load.py), without a server: what it makes of the
+formats and modes it takes, its size limits, and the refusals, each naming the field."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ovtrio.images import ImageError, ImageLimits, load_image
+
+PARAM = "messages[0].content[1].image_url"
+
+
+def data_url(image: Image.Image, fmt: str = "PNG") -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+async def test_a_large_image_is_resized_down_keeping_its_aspect():
+    image = Image.fromarray(np.zeros((300, 900, 3), dtype=np.uint8))
+    loaded = await load_image(data_url(image), PARAM, ImageLimits(max_side=120))
+    assert loaded.pixels.shape == (40, 120, 3)
+    assert loaded.pixels.dtype == np.uint8
+
+
+async def test_a_small_image_keeps_its_size():
+    image = Image.fromarray(np.full((30, 50, 3), 7, dtype=np.uint8))
+    loaded = await load_image(data_url(image), PARAM, ImageLimits())
+    assert loaded.pixels.shape == (30, 50, 3)
+    assert (loaded.pixels == 7).all()
+
+
+async def test_transparency_is_laid_over_white():
+    rgba = np.zeros((4, 4, 4), dtype=np.uint8)  # fully transparent black
+    loaded = await load_image(data_url(Image.fromarray(rgba, "RGBA")), PARAM, ImageLimits())
+    assert (loaded.pixels == 255).all()
+
+
+async def test_a_gif_gives_its_first_frame():
+    frames = [Image.fromarray(np.full((8, 8, 3), value, dtype=np.uint8)) for value in (10, 200)]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
+    url = "data:image/gif;base64," + base64.b64encode(buffer.getvalue()).decode()
+    loaded = await load_image(url, PARAM, ImageLimits())
+    assert abs(int(loaded.pixels.mean()) - 10) <= 2
+
+
+async def test_an_image_declaring_a_huge_canvas_is_refused_before_it_is_decoded():
+    buffer = io.BytesIO()
+    Image.new("L", (20000, 20000)).save(buffer, "PNG")  # about 400 megapixels, a few hundred kB compressed
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    with pytest.raises(ImageError) as caught:
+        await load_image(url, PARAM, ImageLimits())
+    assert caught.value.param == PARAM and caught.value.code == "image_too_large"
+
+
+async def test_base64_longer_than_the_limit_is_refused_before_decoding():
+    url = "data:image/png;base64," + "A" * 4000
+    with pytest.raises(ImageError) as caught:
+        await load_image(url, PARAM, ImageLimits(max_bytes=1000))
+    assert caught.value.code == "image_too_large"
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "javascript:alert(1)", "no-scheme-at-all", "HTTP://example.com/a.png"])
+async def test_urls_other_than_data_urls_are_refused_by_default(url):
+    with pytest.raises(ImageError) as caught:
+        await load_image(url, PARAM, ImageLimits())
+    assert caught.value.param == PARAM
