@@ -246,6 +246,8 @@ class ModelService:
                 max_side=self.settings.max_image_side,
                 fetch_urls=self.settings.image_urls,
                 fetch_timeout=self.settings.image_fetch_timeout,
+                model_short_side=model.vision.short_side if model.vision else None,
+                model_max_pixels=model.vision.max_pixels if model.vision else None,
             ),
             image_prepared=getattr(observer, "image_prepared", lambda seconds: None),
         )

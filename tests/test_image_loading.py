@@ -71,3 +71,13 @@ async def test_urls_other_than_data_urls_are_refused_by_default(url):
     with pytest.raises(ImageError) as caught:
         await load_image(url, PARAM, ImageLimits())
     assert caught.value.param == PARAM
+
+
+async def test_an_image_is_brought_down_to_the_models_own_preprocessing_size():
+    image = Image.fromarray(np.zeros((300, 600, 3), dtype=np.uint8))
+    loaded = await load_image(data_url(image), PARAM, ImageLimits(model_short_side=100))
+    assert loaded.pixels.shape == (100, 200, 3)
+    loaded = await load_image(data_url(image), PARAM, ImageLimits(model_max_pixels=200 * 100))
+    assert loaded.pixels.shape == (100, 200, 3)
+    small = Image.fromarray(np.zeros((50, 80, 3), dtype=np.uint8))
+    assert (await load_image(data_url(small), PARAM, ImageLimits(model_short_side=100))).pixels.shape == (50, 80, 3)

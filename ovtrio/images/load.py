@@ -47,6 +47,11 @@ class ImageLimits:
     max_side: int = 2048  # longer side in pixels; larger images are resized down
     fetch_urls: bool = False  # http(s) URLs
     fetch_timeout: float = 10.0  # seconds, per image
+    # The model's own preprocessing sizes (vision.py), when its preprocessor names them:
+    # images are brought down to them here, off the event loop, so the engine's resize
+    # (inside add_request, which holds the GIL) has next to nothing left to do.
+    model_short_side: int | None = None
+    model_max_pixels: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,10 @@ async def load_image(url: str, param: str, limits: ImageLimits) -> LoadedImage:
     started = time.perf_counter()
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "data":
-        data = _data_url_bytes(url, param, limits)
-    elif scheme in ("http", "https"):
+        # Base64 of megabytes takes milliseconds: decoded in the worker thread too.
+        pixels = await trio.to_thread.run_sync(_decode_data_url, url, param, limits)
+        return LoadedImage(pixels, time.perf_counter() - started)
+    if scheme in ("http", "https"):
         if not limits.fetch_urls:
             raise ImageError(
                 f"Invalid value for '{param}': this server takes images as data: URLs (base64) only; it does not"
@@ -77,8 +84,12 @@ async def load_image(url: str, param: str, limits: ImageLimits) -> LoadedImage:
             param,
             "invalid_image_url",
         )
-    pixels = await trio.to_thread.run_sync(_decode, data, param, limits.max_side)
+    pixels = await trio.to_thread.run_sync(_decode, data, param, limits)
     return LoadedImage(pixels, time.perf_counter() - started)
+
+
+def _decode_data_url(url: str, param: str, limits: ImageLimits) -> Any:
+    return _decode(_data_url_bytes(url, param, limits), param, limits)
 
 
 def _data_url_bytes(url: str, param: str, limits: ImageLimits) -> bytes:
@@ -163,8 +174,10 @@ async def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
         ) from None
 
 
-def _decode(data: bytes, param: str, max_side: int) -> Any:
-    """Decoded, RGB, at most `max_side` pixels on its longer side (in a worker thread)."""
+def _decode(data: bytes, param: str, limits: ImageLimits) -> Any:
+    """Decoded, RGB, at most `limits.max_side` pixels on its longer side, and no larger
+    than the model's preprocessing makes it (in a worker thread)."""
+    max_side = limits.max_side
     import numpy as np
     from PIL import Image, ImageOps, UnidentifiedImageError
 
@@ -194,9 +207,24 @@ def _decode(data: bytes, param: str, max_side: int) -> Any:
         if not isinstance(exc, UnidentifiedImageError):
             reason = "could not be decoded (truncated or corrupt)"
         raise ImageError(f"Invalid value for '{param}': the image {reason}.", param, "invalid_image_format") from None
-    if max(rgb.size) > max_side:
-        rgb.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
+    size = _fitted(rgb.size, limits)
+    if size != rgb.size:
+        rgb = rgb.resize(size, Image.Resampling.BICUBIC)
     return np.asarray(rgb, dtype=np.uint8)
+
+
+def _fitted(size: tuple[int, int], limits: ImageLimits) -> tuple[int, int]:
+    """The size to bring an image down to (never up): the server's longest side, then the
+    model's shortest side and pixel count."""
+    width, height = size
+    scale = min(1.0, limits.max_side / max(width, height))
+    if limits.model_short_side:
+        scale = min(scale, limits.model_short_side / min(width, height))
+    if limits.model_max_pixels:
+        scale = min(scale, (limits.model_max_pixels / (width * height)) ** 0.5)
+    if scale >= 1.0:
+        return size
+    return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 def _to_rgb(image: Any) -> Any:

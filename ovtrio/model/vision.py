@@ -54,6 +54,10 @@ class VisionModel:
     tokens_per_image: int  # measured at load (see the module docstring)
     fixed: bool  # every image costs tokens_per_image, whatever its size
     probe_side: int  # the side of the square image that was measured
+    # What the model's preprocessor brings images down to, when it says (the server
+    # does it first, off the event loop).
+    short_side: int | None = None
+    max_pixels: int | None = None
 
 
 def model_type(path: Path) -> str:
@@ -62,6 +66,22 @@ def model_type(path: Path) -> str:
     except (OSError, ValueError):
         return "unknown"
     return str(config.get("model_type") or "unknown") if isinstance(config, dict) else "unknown"
+
+
+def preprocessor_sizes(path: Path) -> tuple[int | None, int | None]:
+    """(shortest edge, most pixels) the model's preprocessor resizes images to, where
+    its preprocessor_config.json says: CLIP-style `size.shortest_edge` (LLaVA), or
+    `max_pixels` (Qwen2-VL)."""
+    try:
+        config = json.loads((path / "preprocessor_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(config, dict):
+        return None, None
+    size = config.get("size")
+    short = size.get("shortest_edge") if isinstance(size, dict) else None
+    most = config.get("max_pixels")
+    return (short if isinstance(short, int) and short > 0 else None, most if isinstance(most, int) and most > 0 else None)
 
 
 def probe_side(path: Path) -> int:
@@ -104,4 +124,5 @@ def measure_image_tokens(pipeline: Any, path: Path, config: Any, stateful: bool 
         handle.read_all()
         counts.append(handle.get_perf_metrics().get_num_input_tokens())
     kind = model_type(path)
-    return VisionModel(kind, counts[1] - counts[0], kind in FIXED_IMAGE_TOKENS, side)
+    short, most = preprocessor_sizes(path)
+    return VisionModel(kind, counts[1] - counts[0], kind in FIXED_IMAGE_TOKENS, side, short, most)

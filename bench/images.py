@@ -1,0 +1,200 @@
+"""Images through the server: preprocessing time, time to first token with 0, 1 and 4
+images beside the raw engine's, and /health while large images decode.
+
+    python bench/images.py [--turns 7] [--side 1024]
+
+Builds the tiny VLM test fixture (tests/tiny_vlm.py: random weights, 16 tokens an
+image) and starts `ovtrio serve` on it. Then, in turns:
+
+- time to first token of a streamed chat completion with 0, 1 and 4 PNG images of
+  side x side noise (as base64 data URLs), beside the raw engine's time to first token
+  for the same text and images (a ContinuousBatchingPipeline in this process, images
+  already decoded): the server's extra is reading the data URLs, decoding, HTTP and
+  scheduling;
+- the server's own image preprocessing time (ovtrio_image_preprocess_seconds);
+- /health every 5 ms from another thread while 8 requests of 4 images each arrive at
+  once: p50 and p99 (the goal: p99 at most 20 ms, since decoding runs off the loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import tiny_vlm  # noqa: E402
+
+MODEL = "vlm"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def png(seed: int, side: int) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def messages(urls: list[str]) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": [{"type": "text", "text": "Describe the images."}, *parts]}]
+
+
+def server_ttft(client: httpx.Client, base: str, urls: list[str]) -> float:
+    body = {"model": MODEL, "messages": messages(urls), "max_tokens": 4, "temperature": 0, "stream": True}
+    started = time.perf_counter()
+    with client.stream("POST", base + "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                return time.perf_counter() - started
+    raise RuntimeError("no token")
+
+
+def engine_ttft(pipeline, text: str, images: list) -> float:
+    import openvino_genai
+
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = 4
+    config.apply_chat_template = False
+    started = time.perf_counter()
+    handle = pipeline.add_request(0, text, images, config)
+    while True:
+        pipeline.step()
+        if handle.can_read():
+            elapsed = time.perf_counter() - started
+            break
+    while pipeline.has_non_finished_requests():
+        pipeline.step()
+    return elapsed
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, default=7)
+    parser.add_argument("--side", type=int, default=1024, help="side of the square test images in pixels")
+    args = parser.parse_args()
+    import openvino as ov
+    import openvino_genai
+    from PIL import Image
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-vlm-"))
+    tiny_vlm.build(folder)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ovtrio", "serve", "--model", str(folder), "--served-model-name", MODEL,
+         "--port", str(port), "--log-level", "warning"],  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        client = httpx.Client(timeout=120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if client.get(base + "/health/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        images = [png(seed, args.side) for seed in range(4)]
+        urls = ["data:image/png;base64," + base64.b64encode(data).decode() for data in images]
+        decoded = [np.asarray(Image.open(io.BytesIO(data)).convert("RGB")) for data in images]
+        pipeline = openvino_genai.ContinuousBatchingPipeline(str(folder), openvino_genai.SchedulerConfig(), "CPU")
+        tokenizer = pipeline.get_tokenizer()
+
+        def engine_text(count: int) -> str:
+            content = "Describe the images." + "".join(tiny_vlm_tag(i) for i in range(count))
+            return tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+
+        server_times: dict[int, list[float]] = {0: [], 1: [], 4: []}
+        engine_times: dict[int, list[float]] = {0: [], 1: [], 4: []}
+        for count in server_times:  # warm-up
+            server_ttft(client, base, urls[:count])
+            engine_ttft(pipeline, engine_text(count), [ov.Tensor(image) for image in decoded[:count]])
+        for _ in range(args.turns):
+            for count in server_times:
+                server_times[count].append(server_ttft(client, base, urls[:count]))
+                engine_times[count].append(
+                    engine_ttft(pipeline, engine_text(count), [ov.Tensor(image) for image in decoded[:count]])
+                )
+        exposition = client.get(base + "/metrics").text
+        preprocess_sum = metric(exposition, "ovtrio_image_preprocess_seconds_sum")
+        preprocess_count = metric(exposition, "ovtrio_image_preprocess_seconds_count")
+
+        # /health while 8 requests of 4 images each arrive at once.
+        health: list[float] = []
+        stop = threading.Event()
+
+        def poll() -> None:
+            with httpx.Client(timeout=10) as poller:
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    poller.get(base + "/health")
+                    health.append(time.perf_counter() - started)
+                    time.sleep(0.005)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.3)
+        burst = [threading.Thread(target=server_ttft, args=(httpx.Client(timeout=120), base, urls)) for _ in range(8)]
+        for thread in burst:
+            thread.start()
+        for thread in burst:
+            thread.join()
+        stop.set()
+        poller.join()
+    finally:
+        server.terminate()
+        server.wait(30)
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    print(f"images: tiny VLM fixture, {args.side}x{args.side} PNG noise ({len(images[0]) / 1e6:.1f} MB each),"
+          f" {args.turns} turns, medians; {cpu}, {os.cpu_count()} cores")  # fmt: skip
+    print(f"image preprocessing in the server: {1000 * preprocess_sum / max(preprocess_count, 1):.1f} ms per image"
+          f" ({int(preprocess_count)} images)")  # fmt: skip
+    print(f"{'images':>6} {'server TTFT ms':>15} {'engine TTFT ms':>15} {'server/engine':>14}")
+    for count in server_times:
+        served, raw = statistics.median(server_times[count]), statistics.median(engine_times[count])
+        print(f"{count:>6} {1000 * served:>15.1f} {1000 * raw:>15.1f} {served / raw:>14.2f}")
+    health.sort()
+    p99 = health[min(len(health) - 1, int(len(health) * 0.99))]
+    print(f"/health while 8 requests x 4 images decode: p50 {1000 * statistics.median(health):.1f} ms,"
+          f" p99 {1000 * p99:.1f} ms ({len(health)} probes)")  # fmt: skip
+    print(json.dumps({"preprocess_ms": 1000 * preprocess_sum / max(preprocess_count, 1), "health_p99_ms": 1000 * p99}))
+
+
+def tiny_vlm_tag(index: int) -> str:
+    return f"<ov_genai_image_{index}>"
+
+
+if __name__ == "__main__":
+    main()
