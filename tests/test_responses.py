@@ -150,7 +150,7 @@ def test_echoed_settings(server):
 
 
 BAD = [
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}, "input[0].content"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}, "input[0].content[0].image_url"),
     ({"input": "x", "max_tokens": 5}, "max_tokens"),
     ({"input": []}, "input"),
     ({}, "input"),
