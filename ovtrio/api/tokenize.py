@@ -17,6 +17,7 @@ from ovtrio.api.conversation import template_messages
 from ovtrio.api.errors import invalid
 from ovtrio.api.pipeline import parse_body
 from ovtrio.api.protocol import ChatMessage, _Body
+from ovtrio.api.text_limits import check_prompt_chars, message_texts, tokenized
 
 blueprint = Blueprint("tokenize", __name__)
 
@@ -47,13 +48,19 @@ async def tokenize() -> Any:
     if (body.prompt is None) == (body.messages is None):
         raise invalid("Send either 'prompt' or 'messages'.", "prompt" if body.prompt is not None else "messages")
     if body.messages is not None:
-        ids = model.prompts.encode_chat(
+        chars = check_prompt_chars(model, message_texts(body.messages), "messages")
+        prompt = await tokenized(
+            chars,
+            model.prompts.encode_chat,
             template_messages(body.messages),
             template_kwargs=body.chat_template_kwargs,
             add_generation_prompt=body.add_generation_prompt,
-        ).ids
+        )
+        ids = prompt.ids
     else:
-        ids = model.prompts.encode_raw(body.prompt or "", add_special_tokens=body.add_special_tokens)
+        text = body.prompt or ""
+        chars = check_prompt_chars(model, [text], "prompt")
+        ids = await tokenized(chars, model.prompts.encode_raw, text, add_special_tokens=body.add_special_tokens)
     reply: dict[str, Any] = {"count": len(ids), "max_model_len": model.sequence_limit.tokens, "tokens": ids}
     if body.return_token_strs:
         reply["token_strs"] = [model.prompts.token_bytes(i).decode("utf-8", errors="replace") for i in ids]

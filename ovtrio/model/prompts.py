@@ -8,6 +8,7 @@ its request models out that way), so this module knows nothing of HTTP.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ class PromptBuilder:
         self._vocab_size = vocab_size
         self._vocabulary = vocabulary
         self._cut_at = cut_at
+        self.longest_token_chars = _longest_token_chars(tokenizer)
 
     def encode_completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """A string, a list of strings, a list of token ids, or a list of those lists."""
@@ -177,8 +179,22 @@ class PromptBuilder:
         ids = []
         for i, piece in enumerate(word_pieces(text, max(1, self._cut_at // 4))):
             ids.extend(self._tokenize(piece, add_special_tokens and i == 0))
+            # The tokenizer holds the GIL; between pieces the event loop gets it at once
+            # (long texts are tokenized in a worker thread, see api/text_limits.py).
+            time.sleep(0)
         return ids
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         encoded = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return encoded.input_ids.data[0].tolist()
+
+
+def _longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the vocabulary's longest token as written in the vocabulary (a
+    byte-level vocabulary writes each byte as one character, so this bounds the
+    characters of text one token stands for); 64 when the tokenizer lists no vocabulary."""
+    try:
+        vocabulary = tokenizer.get_vocab()
+    except (AttributeError, RuntimeError):
+        vocabulary = None
+    return max((len(token) for token in vocabulary), default=64) if vocabulary else 64

@@ -54,9 +54,9 @@ async def prepare(model: ServingModel, body: ResponsesRequest, *stores: Response
             raise not_found(body.previous_response_id, "previous_response_id")
         previous = [ChatMessage.model_validate(m) for m in earlier.conversation]
     envelope = partial(response_envelope, body, new_id("resp_"), int(time.time()), model.name)
-    prompt, tools = encode_conversation(model, body, body.chat_messages(previous))
+    prompt, tools = await encode_conversation(model, body, body.chat_messages(previous))
     stage, markers = chat_stage(model, body, prompt, tools)
-    constraint = output_constraint(body, from_responses_format)
+    constraint = output_constraint(body, from_responses_format, model.caps.schema_bytes)
     generation = generation_request(model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers)
     return PreparedResponse(body, envelope, generation, stage, previous)
 
