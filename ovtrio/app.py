@@ -57,7 +57,7 @@ def create_app(
         settings.response_store_path,
         max_bytes=settings.response_store_bytes,
     )
-    context.attach(app, registry, store, metrics.registry_for(registry, server_metrics))
+    context.attach(app, registry, store, metrics.registry_for(registry, server_metrics, store))
     metrics.install(app, server_metrics)
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):

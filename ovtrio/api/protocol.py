@@ -23,7 +23,8 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # NaN and Infinity (which Python's JSON reader takes) are no value any field means.
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
