@@ -18,6 +18,12 @@ from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.parsing import THINK_OPEN
 
 
+# Texts up to this long are tokenized in one call (about 5 ms at most); longer ones in
+# pieces (ovtrio.model.pieces). Such a text fits a context of 8,192 tokens only at over
+# 8 characters a token.
+WHOLE_TEXT_CHARS = 64 * 1024
+
+
 class PromptError(ValueError):
     """The prompt cannot be made from what the client sent; `param` names the field."""
 
@@ -171,11 +177,14 @@ class PromptBuilder:
         return list(ids)
 
     def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        ids = self._tokenize(text, add_special_tokens)
-        if self._cut_at is None or len(ids) < self._cut_at:
-            return ids
+        if self._cut_at is None or len(text) <= WHOLE_TEXT_CHARS:
+            ids = self._tokenize(text, add_special_tokens)
+            if self._cut_at is None or len(ids) < self._cut_at:
+                return ids
         # Perhaps cut short by the tokenizer (see ovtrio.model.pieces): tokenize in pieces
-        # small enough to stay under the cut even at several tokens per character.
+        # small enough to stay under the cut even at several tokens per character. A
+        # text longer than WHOLE_TEXT_CHARS goes to pieces at once: tokenizing it whole
+        # would hold the GIL, and with it the event loop, for tens of milliseconds.
         ids = []
         for i, piece in enumerate(word_pieces(text, max(1, self._cut_at // 4))):
             ids.extend(self._tokenize(piece, add_special_tokens and i == 0))
