@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, NoReturn
 
+import trio
 from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
-from ovtrio import closing
+from ovtrio import closing, memory
 from ovtrio.api import auth, context, health, metrics, models, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
@@ -63,6 +64,8 @@ def create_app(
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
 
+    trimming: list[trio.CancelScope] = []  # the task that returns free memory, ended at shutdown
+
     @app.before_serving
     async def start_models() -> None:
         try:
@@ -72,6 +75,7 @@ def create_app(
             # traceback; there is nothing to clean up yet.
             _exit_with(exc)
         await app.nursery.start(registry.run)
+        trimming.append(await app.nursery.start(memory.trim_periodically))
 
     @app.after_serving
     async def release_models() -> None:
@@ -81,6 +85,8 @@ def create_app(
         # nothing left in flight. Either way nothing can reach the engine any more.
         await registry.drain("hypercorn stopping")
         await registry.close()
+        for scope in trimming:
+            scope.cancel()
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:

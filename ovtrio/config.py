@@ -188,7 +188,7 @@ class Settings(BaseModel):
         " ones get 400 naming the parameter",
     )
     grammar_cache_bytes: int = Field(
-        64 * 1024 * 1024,
+        32 * 1024 * 1024,
         ge=0,
         description="bytes of compiled grammars (structured output) each model's engine keeps for reuse, by"
         " XGrammar's estimate; least recently used dropped first",
