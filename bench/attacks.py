@@ -5,9 +5,11 @@
 
 Starts `ovtrio serve` (default settings, plus any --server-arg) and runs, one after
 another, the attacks below. During each, a prober asks `/health` every 20 ms on fresh
-connections; beside each attack the run prints that probe's p99 (target: at most 50 ms),
-the server's resident memory before and after (RSS growth; target for the grammar and
-store attacks: at most 100 MB) and what the attack's requests got back.
+connections, and reads the server's resident memory (RSS); beside each attack the run
+prints that probe's p99 (target: at most 50 ms), the RSS growth at its peak during the
+attack and 5 s after it (the server returns free memory to the system every 2 s; target
+for the grammar and store attacks, 5 s after: at most 100 MB), and what the attack's
+requests got back.
 
 1. fd exhaustion: `--connections` TCP connections opened and closed at once by the
    client, then, 5 s later, the server's sockets still in CLOSE-WAIT (`ss`; target: at
@@ -76,14 +78,19 @@ class HealthProbe:
     own (so that the attacks' own work in this process, such as encoding a 15 MB body,
     does not delay the probe), and keeps the latencies (a failed probe counts as 10 s)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, server_pid: int) -> None:
         self.base_url = base_url
+        self.server_pid = server_pid
         self.latencies: list[float] = []
+        self.peak_rss_mb = 0.0
         self._process: subprocess.Popen | None = None
 
     def __enter__(self) -> "HealthProbe":
         self._process = subprocess.Popen(
-            [sys.executable, __file__, "--probe", self.base_url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, __file__, "--probe", self.base_url, str(self.server_pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self._process.stdout is not None
         self._process.stdout.readline()  # started
@@ -92,7 +99,7 @@ class HealthProbe:
     def __exit__(self, *exc: object) -> None:
         assert self._process is not None
         output, _ = self._process.communicate("stop\n", timeout=60)
-        self.latencies = json.loads(output)
+        self.latencies, self.peak_rss_mb = json.loads(output)
 
     def p99_ms(self) -> float:
         return percentile(self.latencies, 99) * 1000
@@ -101,9 +108,11 @@ class HealthProbe:
         return max(self.latencies, default=float("nan")) * 1000
 
 
-def probe(base_url: str) -> None:
-    """The prober's process: probe until told to stop on stdin, then print the latencies."""
+def probe(base_url: str, server_pid: int) -> None:
+    """The prober's process: probe until told to stop on stdin, then print the latencies
+    and the server's peak RSS (read at each probe)."""
     stop = threading.Event()
+    peak = 0.0
     threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
     latencies: list[float] = []
     print("started", flush=True)
@@ -115,8 +124,15 @@ def probe(base_url: str) -> None:
             except httpx.HTTPError:
                 ok = False
             latencies.append(time.perf_counter() - started if ok else 10.0)
+            with open(f"/proc/{server_pid}/statm") as file:
+                peak = max(peak, int(file.read().split()[1]) * 4096 / 1e6)
             stop.wait(0.02)
-    print(json.dumps(latencies), flush=True)
+    print(json.dumps([latencies, peak]), flush=True)
+
+
+# Free memory is returned to the system every 2 s (ovtrio/memory.py): RSS is read again
+# after this long, beside its peak during the attack.
+SETTLE_SECONDS = 5.0
 
 
 @dataclass
@@ -126,6 +142,7 @@ class Result:
     health_max_ms: float
     probes: int
     rss_before: float
+    rss_peak: float
     rss_after: float
     notes: list[str] = field(default_factory=list)
     rss_target: bool = False
@@ -136,16 +153,21 @@ class Result:
         rss = "" if not self.rss_target else (" ok" if growth <= RSS_TARGET_MB else " OVER")
         return (
             f"{self.name:<14} /health p99 {self.health_p99_ms:7.1f} ms ({health} <= {HEALTH_TARGET_MS:.0f}),"
-            f" max {self.health_max_ms:7.1f} ms, {self.probes} probes | RSS {self.rss_before:6.0f} ->"
-            f" {self.rss_after:6.0f} MB ({growth:+.0f}{rss}) | " + "; ".join(self.notes)
+            f" max {self.health_max_ms:7.1f} ms, {self.probes} probes | RSS {self.rss_before:4.0f} MB, peak"
+            f" {self.rss_peak - self.rss_before:+4.0f}, {SETTLE_SECONDS:.0f} s after {growth:+4.0f}{rss} | "
+            + "; ".join(self.notes)
         )
 
 
 def attack(server: Server, name: str, run, rss_target: bool = False) -> Result:
     before = server.rss_mb()
-    with HealthProbe(server.base_url) as probe:
+    with HealthProbe(server.base_url, server.process.pid) as probe:
         notes = run()
-    return Result(name, probe.p99_ms(), probe.max_ms(), len(probe.latencies), before, server.rss_mb(), notes, rss_target)
+    time.sleep(SETTLE_SECONDS)
+    return Result(
+        name, probe.p99_ms(), probe.max_ms(), len(probe.latencies), before, max(probe.peak_rss_mb, before),
+        server.rss_mb(), notes, rss_target,
+    )
 
 
 def statuses(responses: list[httpx.Response | Exception]) -> str:
@@ -306,6 +328,19 @@ def response_store(server: Server, client: httpx.Client, count: int) -> tuple[li
     ], before_delete
 
 
+def store_attack(server: Server, client: httpx.Client, count: int) -> Result:
+    before_delete: list[float] = []
+
+    def run() -> list[str]:
+        notes, rss = response_store(server, client, count)
+        before_delete.append(rss)
+        return notes
+
+    result = attack(server, "response store", run, rss_target=True)
+    result.notes.append(f"RSS before DELETE {before_delete[0]:.0f} MB, {SETTLE_SECONDS:.0f} s after {result.rss_after:.0f} MB")
+    return result
+
+
 def start_server(args: list[str]) -> Server:
     port = free_port()
     process = subprocess.Popen(
@@ -335,6 +370,7 @@ def main() -> None:
     parser.add_argument("--responses", type=int, default=60)
     parser.add_argument("--max-schema-bytes", type=int, default=64 * 1024, help="the server's --max-schema-bytes")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
+    parser.add_argument("--only", default="fd,huge,grammar,store", help="the attacks to run, comma-separated")
     options = parser.parse_args()
 
     server = start_server(options.server_arg)
@@ -342,26 +378,21 @@ def main() -> None:
     try:
         with httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as client:
             limit_chars = probe_character_bound(client, server)
-            with HealthProbe(server.base_url) as idle:
-                time.sleep(3)
-            results.append(Result("idle", idle.p99_ms(), idle.max_ms(), len(idle.latencies), server.rss_mb(), server.rss_mb()))
-            results.append(attack(server, "fd exhaustion", lambda: fd_exhaustion(server, options.connections)))
-            results.append(attack(server, "huge prompts", lambda: huge_prompts(server, client, limit_chars)))
-            constrained(client, server, largest_enum("warm-up-", options.max_schema_bytes))
-            results.append(
-                attack(server, "grammar cache",
-                       lambda: grammar_cache(server, client, options.schemas, options.max_schema_bytes), rss_target=True)
-            )
-            store_notes: list[str] = []
-
-            def store() -> list[str]:
-                notes, before_delete = response_store(server, client, options.responses)
-                store_notes.append(f"RSS before DELETE {before_delete:.0f} MB")
-                return notes
-
-            result = attack(server, "response store", store, rss_target=True)
-            result.notes += store_notes
-            results.append(result)
+            results.append(attack(server, "idle", lambda: time.sleep(3) or []))
+            only = set(options.only.split(","))
+            if "fd" in only:
+                results.append(attack(server, "fd exhaustion", lambda: fd_exhaustion(server, options.connections)))
+            if "huge" in only:
+                results.append(attack(server, "huge prompts", lambda: huge_prompts(server, client, limit_chars)))
+            if "grammar" in only:
+                constrained(client, server, largest_enum("warm-up-", options.max_schema_bytes))
+                results.append(
+                    attack(server, "grammar cache",
+                           lambda: grammar_cache(server, client, options.schemas, options.max_schema_bytes),
+                           rss_target=True)
+                )
+            if "store" in only:
+                results.append(store_attack(server, client, options.responses))
     finally:
         server.process.terminate()
         try:
@@ -386,7 +417,7 @@ def probe_character_bound(client: httpx.Client, server: Server) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--probe":
-        probe(sys.argv[2])
+    if len(sys.argv) == 4 and sys.argv[1] == "--probe":
+        probe(sys.argv[2], int(sys.argv[3]))
     else:
         main()
