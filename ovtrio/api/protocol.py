@@ -2,8 +2,9 @@
 
 Validation is strict (no "5" for 5, no 1 for true), as OpenAI's API is. Unknown fields
 are ignored, so do the fields OpenAI clients routinely send that change nothing here
-(`user`, `metadata`, `service_tier`, `store`, ...). Fields whose meaning the server
-cannot honour are refused by name (see UNSUPPORTED).
+(`user`, `service_tier`, `store`, ...; `metadata` once checked by OpenAI's rules). An
+optional field sent as null takes its default, as OpenAI's nullable fields do. Fields
+whose meaning the server cannot honour are refused by name (see UNSUPPORTED).
 """
 
 from __future__ import annotations
