@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, NoReturn
 
+import trio
 from quart import Response
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException, MethodNotAllowed
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
-from ovtrio import closing
+from ovtrio import closing, memory
 from ovtrio.api import auth, context, health, metrics, models, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
@@ -25,7 +26,7 @@ from ovtrio.config import Settings, SettingsError, api_keys, settings_from_env
 from ovtrio.config_file import model_settings
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
-from ovtrio.model import LoadedModel, ModelLoadError
+from ovtrio.model import LoadedModel, ModelLoadError, grammar_cache
 from ovtrio.registry import ModelRegistry
 
 log = logging.getLogger("ovtrio")
@@ -45,15 +46,25 @@ def create_app(
     # Streams may run for minutes: no response timeout; request bodies are small.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 60
-    app.config["MAX_CONTENT_LENGTH"] = 32 * 1024 * 1024
+    # A body over the limit is refused (413) before it is read when its Content-Length
+    # says so, and as soon as it passes the limit otherwise.
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    grammar_cache.install(settings.grammar_cache_bytes)
     server_metrics = ServerMetrics()
     registry = ModelRegistry(each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading)
-    store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)
-    context.attach(app, registry, store, metrics.registry_for(registry, server_metrics))
+    store = ResponseStore(
+        settings.response_store_size,
+        settings.response_store_ttl,
+        settings.response_store_path,
+        max_bytes=settings.response_store_bytes,
+    )
+    context.attach(app, registry, store, metrics.registry_for(registry, server_metrics, store))
     metrics.install(app, server_metrics)
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
+
+    trimming: list[trio.CancelScope] = []  # the task that returns free memory, ended at shutdown
 
     @app.before_serving
     async def start_models() -> None:
@@ -64,6 +75,7 @@ def create_app(
             # traceback; there is nothing to clean up yet.
             _exit_with(exc)
         await app.nursery.start(registry.run)
+        trimming.append(await app.nursery.start(memory.trim_periodically))
 
     @app.after_serving
     async def release_models() -> None:
@@ -73,9 +85,16 @@ def create_app(
         # nothing left in flight. Either way nothing can reach the engine any more.
         await registry.drain("hypercorn stopping")
         await registry.close()
+        for scope in trimming:
+            scope.cancel()
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
+        if isinstance(error, RequestEntityTooLarge):
+            error = RequestEntityTooLarge(
+                f"The request body is larger than the {settings.max_body_bytes} bytes this server accepts"
+                " (--max-body-bytes)."
+            )
         response = error_response(api_error(error))
         # A 405 must say which methods the route does allow (RFC 9110, 15.5.6).
         if isinstance(error, MethodNotAllowed) and error.valid_methods:

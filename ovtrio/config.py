@@ -188,6 +188,29 @@ class Settings(BaseModel):
     image_fetch_timeout: float = Field(10.0, gt=0, description="seconds to fetch one image URL (with --image-urls)")
     response_store_size: int = Field(1000, ge=0, description="stored responses kept for retrieval and chaining")
     response_store_ttl: float = Field(3600.0, gt=0, description="seconds a stored response is kept")
+    response_store_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="bytes of memory the stored responses may take (oldest dropped first), beside"
+        " response_store_size",
+    )
+    max_body_bytes: int = Field(
+        2 * 1024 * 1024,
+        ge=1024,
+        description="largest request body (and Responses WebSocket frame) in bytes; larger ones get 413",
+    )
+    max_schema_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="largest JSON schema of one response format or tool, in bytes of compact JSON; larger"
+        " ones get 400 naming the parameter",
+    )
+    grammar_cache_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=0,
+        description="bytes of compiled grammars (structured output) each model's engine keeps for reuse, by"
+        " XGrammar's estimate; least recently used dropped first",
+    )
     response_store_path: str | None = Field(
         None, description="SQLite file that keeps stored responses across restarts (default: memory only)"
     )

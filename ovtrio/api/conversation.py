@@ -12,9 +12,10 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from ovtrio.api.formats import FunctionTool, forced_call_constraint
 from ovtrio.api.errors import invalid
+from ovtrio.api.formats import FunctionTool, forced_call_constraint
 from ovtrio.api.protocol import ChatMessage, FunctionSpec, NamedToolChoice, TextPart, ToolAndReasoningFields
+from ovtrio.api.text_limits import check_prompt_chars, message_texts, tokenized
 from ovtrio.model.prompts import ChatPrompt
 from ovtrio.model.vision import IMAGE_TAG
 from ovtrio.output import OutputStage
@@ -25,7 +26,7 @@ from ovtrio.service import ServingModel
 FormatReader = Callable[[Any], OutputConstraint | None]
 
 
-def encode_conversation(
+async def encode_conversation(
     model: ServingModel,
     body: ToolAndReasoningFields,
     messages: list[ChatMessage],
@@ -33,23 +34,29 @@ def encode_conversation(
     image_params: Callable[[int, int], str] = lambda message, part: f"messages[{message}].content[{part}].image_url",
 ) -> tuple[ChatPrompt, list[FunctionSpec]]:
     """The prompt for a conversation and the tools shown to the model; with `raw`, the
-    messages' text as is (nvext.use_raw_prompt). `image_params` names the request
-    field of an image (message index, part index), for errors. For a vision-language
-    model the prompt keeps its text with the images' tags, and their URLs.
+    messages' text as is (nvext.use_raw_prompt). A conversation too long to fit the
+    context is refused before it is tokenized (api/text_limits.py). `image_params`
+    names the request field of an image (message index, part index), for errors. For
+    a vision-language model the prompt keeps its text with the images' tags, and their
+    URLs.
 
     OpenVINO GenAI's template engine gives templates without tool support a polyfill
     (a system prompt listing the tools and a {"tool_calls": [...]} reply format), so
     every model can be shown tools.
     """
+    chars = check_prompt_chars(model, message_texts(messages), body.prompt_field)
     tools = body.tool_specs() if body.effective_tool_choice() != "none" else []
     images = _image_refs(model, messages, image_params)
     if raw:
         if model.vision is not None:  # the engine puts the images before the text
             text = "".join(m.text() for m in messages)
-            ids = model.prompts.encode_raw_chat(text).ids + [0] * (model.vision.tokens_per_image * len(images))
+            ids = (await tokenized(chars, model.prompts.encode_raw_chat, text)).ids
+            ids += [0] * (model.vision.tokens_per_image * len(images))
             return ChatPrompt(ids, False, text=text, images=tuple(images)), tools
-        return model.prompts.encode_raw_chat("".join(m.text() for m in messages)), tools
-    prompt = model.prompts.encode_chat(
+        return await tokenized(chars, model.prompts.encode_raw_chat, "".join(m.text() for m in messages)), tools
+    prompt = await tokenized(
+        chars,
+        model.prompts.encode_chat,
         template_messages(messages, tagged=model.vision is not None),
         tools=[_template_tool(spec) for spec in tools],
         template_kwargs=body.template_kwargs(),
@@ -92,14 +99,42 @@ def forced(body: ToolAndReasoningFields) -> bool:
     return body.effective_tool_choice() in ("required", "function")
 
 
-def output_constraint(body: ToolAndReasoningFields, read_format: FormatReader) -> OutputConstraint | None:
+def output_constraint(
+    body: ToolAndReasoningFields, read_format: FormatReader, max_schema_bytes: int | None = None
+) -> OutputConstraint | None:
     """What constrained decoding holds the reply to: the forced tool call, or the
-    requested output format (read by the endpoint's own rules)."""
+    requested output format (read by the endpoint's own rules). Each tool's parameters
+    and the output format are first held to `max_schema_bytes` of JSON: the engine
+    compiles a schema into a grammar hundreds of times its size (an enum of 20,000
+    strings, 200 KB, takes 34 MB), and checking it takes time proportional to it."""
+    if max_schema_bytes is not None:
+        check_schema_sizes(body, max_schema_bytes)
     if not forced(body):
         return read_format(body.output_format())
     tools = [FunctionTool(t.name, t.description, t.parameters) for t in body.tool_specs()]
     only = body.tool_choice.function_name() if isinstance(body.tool_choice, NamedToolChoice) else None
     return forced_call_constraint(tools, only=only, parallel=body.parallel_tool_calls is not False)
+
+
+def check_schema_sizes(body: ToolAndReasoningFields, max_bytes: int) -> None:
+    for i, spec in enumerate(body.tool_specs()):
+        _check_size(spec.parameters, max_bytes, f"tools[{i}].function.parameters")
+    fmt = body.output_format()
+    text = getattr(body, "text", None)
+    _check_size(fmt, max_bytes, "text.format" if text is not None and text.format is not None else "response_format")
+
+
+def _check_size(schema: Any, max_bytes: int, param: str) -> None:
+    if schema is None:
+        return
+    size = len(json.dumps(schema, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > max_bytes:
+        raise invalid(
+            f"Invalid value for '{param}': the schema is {size} bytes of JSON; this server takes schemas of at"
+            f" most {max_bytes} bytes (--max-schema-bytes).",
+            param,
+            "schema_too_large",
+        )
 
 
 def chat_stage(

@@ -23,7 +23,9 @@ from prometheus_client.registry import Collector
 from quart import Blueprint, Quart, Response, request
 
 from ovtrio.api.context import metrics_registry
+from ovtrio.api.responses.store import ResponseStore
 from ovtrio.metrics import ENGINE, LABELS, ServerMetrics
+from ovtrio.model import grammar_cache
 from ovtrio.registry import ModelRegistry
 from ovtrio.scheduler import SchedulerStats
 
@@ -143,9 +145,31 @@ class SchedulerCollector(Collector):
             yield family
 
 
-def registry_for(models: ModelRegistry, metrics: ServerMetrics) -> CollectorRegistry:
-    """The app's registry: what `metrics` records, and the schedulers' numbers."""
+class MemoryCollector(Collector):
+    """What the server keeps between requests, in bytes: compiled grammars (XGrammar's
+    estimate, every model's engine together) and stored responses."""
+
+    def __init__(self, store: ResponseStore | None) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(
+            "ovtrio_grammar_cache_bytes",
+            "Bytes of compiled grammars the engines keep for reuse (XGrammar's estimate)",
+            value=grammar_cache.cache_bytes(),
+        )
+        if self._store is not None:
+            yield GaugeMetricFamily(
+                "ovtrio_response_store_bytes", "Bytes of memory the stored responses take", value=self._store.bytes
+            )
+            yield GaugeMetricFamily("ovtrio_response_store_entries", "Stored responses in memory", value=len(self._store))
+
+
+def registry_for(models: ModelRegistry, metrics: ServerMetrics, store: ResponseStore | None = None) -> CollectorRegistry:
+    """The app's registry: what `metrics` records, the schedulers' numbers, and the
+    memory kept between requests."""
     metrics.registry.register(SchedulerCollector(models))
+    metrics.registry.register(MemoryCollector(store))
     return metrics.registry
 
 

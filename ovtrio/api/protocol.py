@@ -2,8 +2,9 @@
 
 Validation is strict (no "5" for 5, no 1 for true), as OpenAI's API is. Unknown fields
 are ignored, so do the fields OpenAI clients routinely send that change nothing here
-(`user`, `metadata`, `service_tier`, `store`, ...). Fields whose meaning the server
-cannot honour are refused by name (see UNSUPPORTED).
+(`user`, `service_tier`, `store`, ...; `metadata` once checked by OpenAI's rules). An
+optional field sent as null takes its default, as OpenAI's nullable fields do. Fields
+whose meaning the server cannot honour are refused by name (see UNSUPPORTED).
 """
 
 from __future__ import annotations
@@ -23,7 +24,69 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # NaN and Infinity (which Python's JSON reader takes) are no value any field means.
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """OpenAI's spec marks most optional fields nullable, with null meaning "not
+        set": an optional field sent as null takes its default. (A required one sent as
+        null is still refused, naming it.)"""
+        if isinstance(data, dict) and None in data.values():
+            fields = cls.model_fields
+            return {
+                key: value
+                for key, value in data.items()
+                if value is not None or key not in fields or fields[key].is_required()
+            }
+        return data
+
+
+# Bounds of integer fields that have no natural limit of their own, so that a value
+# the engine would store in a narrower integer (or spend memory on) is refused by name.
+MAX_TOP_K = 2**31 - 1
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
+# OpenAI's rules for `metadata`: at most 16 pairs, keys of at most 64 characters,
+# values strings of at most 512.
+METADATA_PAIRS = 16
+METADATA_KEY_CHARS = 64
+METADATA_VALUE_CHARS = 512
+
+
+def check_metadata(value: Any, param: str = "metadata") -> dict[str, str] | None:
+    """`metadata` as OpenAI validates it; a 400 naming the offending pair otherwise."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid(f"Invalid type for '{param}': expected an object of string values.", param, "invalid_type")
+    if len(value) > METADATA_PAIRS:
+        raise invalid(
+            f"Invalid '{param}': too many properties. Expected an object with at most {METADATA_PAIRS}"
+            f" properties, but got an object with {len(value)} properties instead.",
+            param,
+            "object_above_max_length",
+        )
+    for key, item in value.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise invalid(
+                f"Invalid '{param}': keys may be at most {METADATA_KEY_CHARS} characters long, and one has"
+                f" {len(key)}.",
+                f"{param}.{key[:METADATA_KEY_CHARS]}",
+                "string_above_max_length",
+            )
+        if not isinstance(item, str):
+            raise invalid(f"Invalid type for '{param}.{key}': expected a string.", f"{param}.{key}", "invalid_type")
+        if len(item) > METADATA_VALUE_CHARS:
+            raise invalid(
+                f"Invalid '{param}.{key}': string too long. Expected a string with maximum length"
+                f" {METADATA_VALUE_CHARS}, but got a string with length {len(item)} instead.",
+                f"{param}.{key}",
+                "string_above_max_length",
+            )
+    return value
 
 
 class StreamOptions(_Body):
@@ -34,7 +97,7 @@ class NvExt(_Body):
     """Dynamo's NVIDIA extension object; its fields override the top-level ones."""
 
     ignore_eos: bool | None = None
-    top_k: int | None = None
+    top_k: Annotated[int, Field(ge=-1, le=MAX_TOP_K)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
     greedy_sampling: bool | None = None
     use_raw_prompt: bool | None = None
@@ -81,7 +144,7 @@ class SamplingFields(_Body):
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: int | None = None
+    top_k: Annotated[int, Field(ge=-1, le=MAX_TOP_K)] | None = None
     min_p: Annotated[float, Field(ge=0.0, lt=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
     frequency_penalty: Penalty | None = None
@@ -90,10 +153,10 @@ class SamplingFields(_Body):
     diversity_penalty: Annotated[float, Field(ge=0.0)] | None = None
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     stop: StopField = None
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)]] | None = None
     include_stop_str_in_output: bool | None = None
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)] = 0
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -103,11 +166,15 @@ class SamplingFields(_Body):
     num_assistant_tokens: Annotated[int, Field(ge=1, le=MAX_ASSISTANT_TOKENS)] | None = None
     assistant_confidence_threshold: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     max_ngram_size: Annotated[int, Field(ge=1, le=MAX_NGRAM_SIZE)] | None = None
+    # Accepted on every endpoint (OpenAI's chat completions and Responses take it), and
+    # checked by OpenAI's rules so that a client cannot park megabytes in a request.
+    metadata: dict[str, str] | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            check_metadata(data.get("metadata"))
             for name, why in UNSUPPORTED.items():
                 if name not in cls.served_fields and data.get(name) not in (None, {}, [], ""):
                     raise invalid(f"{why} by this server.", name, "unsupported_parameter")

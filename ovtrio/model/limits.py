@@ -79,6 +79,7 @@ class RequestCaps:
     prompts: int
     choices: int
     prompt_tokens: int
+    schema_bytes: int | None = None  # JSON of one output format or tool's parameters
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def request_caps(settings: Settings, source: ModelSource, kv_capacity: int, limi
     if prompt_tokens is None:
         # More than the cache holds could never be in the engine together.
         prompt_tokens = kv_capacity if kv_capacity > 0 else settings.max_prompts_per_request * source.context_length
-    return RequestCaps(settings.max_prompts_per_request, choices, prompt_tokens)
+    return RequestCaps(settings.max_prompts_per_request, choices, prompt_tokens, settings.max_schema_bytes)
 
 
 def prefill_slice_tokens(settings: Settings, device: str) -> int:

@@ -9,6 +9,7 @@ its request models out that way), so this module knows nothing of HTTP.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,12 @@ from typing import Any
 from ovtrio.model.pieces import word_pieces
 from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.parsing import THINK_OPEN
+
+
+# Texts up to this long are tokenized in one call (about 5 ms at most); longer ones in
+# pieces (ovtrio.model.pieces). Such a text fits a context of 8,192 tokens only at over
+# 8 characters a token.
+WHOLE_TEXT_CHARS = 64 * 1024
 
 
 class PromptError(ValueError):
@@ -55,6 +62,7 @@ class PromptBuilder:
         self._vocab_size = vocab_size
         self._vocabulary = vocabulary
         self._cut_at = cut_at
+        self.longest_token_chars = _longest_token_chars(tokenizer)
 
     def encode_completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """A string, a list of strings, a list of token ids, or a list of those lists."""
@@ -196,16 +204,33 @@ class PromptBuilder:
         return list(ids)
 
     def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        ids = self._tokenize(text, add_special_tokens)
-        if self._cut_at is None or len(ids) < self._cut_at:
-            return ids
+        if self._cut_at is None or len(text) <= WHOLE_TEXT_CHARS:
+            ids = self._tokenize(text, add_special_tokens)
+            if self._cut_at is None or len(ids) < self._cut_at:
+                return ids
         # Perhaps cut short by the tokenizer (see ovtrio.model.pieces): tokenize in pieces
-        # small enough to stay under the cut even at several tokens per character.
+        # small enough to stay under the cut even at several tokens per character. A
+        # text longer than WHOLE_TEXT_CHARS goes to pieces at once: tokenizing it whole
+        # would hold the GIL, and with it the event loop, for tens of milliseconds.
         ids = []
         for i, piece in enumerate(word_pieces(text, max(1, self._cut_at // 4))):
             ids.extend(self._tokenize(piece, add_special_tokens and i == 0))
+            # The tokenizer holds the GIL; between pieces the event loop gets it at once
+            # (long texts are tokenized in a worker thread, see api/text_limits.py).
+            time.sleep(0)
         return ids
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         encoded = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return encoded.input_ids.data[0].tolist()
+
+
+def _longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the vocabulary's longest token as written in the vocabulary (a
+    byte-level vocabulary writes each byte as one character, so this bounds the
+    characters of text one token stands for); 64 when the tokenizer lists no vocabulary."""
+    try:
+        vocabulary = tokenizer.get_vocab()
+    except (AttributeError, RuntimeError):
+        vocabulary = None
+    return max((len(token) for token in vocabulary), default=64) if vocabulary else 64

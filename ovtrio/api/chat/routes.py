@@ -21,9 +21,9 @@ blueprint = Blueprint("chat", __name__)
 async def create_chat_completion() -> Any:
     body, model = await accept(ChatCompletionRequest)
     raw = bool(body.nvext and body.nvext.use_raw_prompt)
-    prompt, tools = encode_conversation(model, body, body.messages, raw)
+    prompt, tools = await encode_conversation(model, body, body.messages, raw)
     stage, markers = chat_stage(model, body, prompt, tools)
-    constraint = output_constraint(body, from_response_format)
+    constraint = output_constraint(body, from_response_format, model.caps.schema_bytes)
     texts = await text_prompts(model, prompt)
     generation = generation_request(
         model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts

@@ -10,6 +10,7 @@ from ovtrio.api.completions.writer import CompletionWriter
 from ovtrio.api.errors import APIError, invalid
 from ovtrio.api.pipeline import accept, check_request_size, envelope, generation_request, respond
 from ovtrio.api.protocol import CompletionRequest
+from ovtrio.api.text_limits import check_prompt_chars, tokenized
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import TextPrompt
 from ovtrio.service import ServingModel
@@ -22,7 +23,11 @@ blueprint = Blueprint("completions", __name__)
 async def create_completion() -> Any:
     body, model = await accept(CompletionRequest)
     check_request_size(model, body, _prompt_count(body.prompt))
-    prompts = model.prompts.encode_completion_prompts(body.prompt)
+    texts = _prompt_texts(body.prompt)
+    for text in texts:
+        check_prompt_chars(model, [text], "prompt")
+    chars = sum(len(text) for text in texts)
+    prompts = await tokenized(chars, model.prompts.encode_completion_prompts, body.prompt)
     echo = model.prompts.prompt_texts(body.prompt, prompts) if body.echo else None
     scored = body.scores_prompt()
     if scored and model.prefix_caching:
@@ -60,6 +65,13 @@ def _text_prompts(model: ServingModel, prompt: str | list[Any]) -> list[TextProm
         "prompt",
         "unsupported_parameter",
     )
+
+
+def _prompt_texts(prompt: str | list[Any]) -> list[str]:
+    """The prompts sent as text (token ids are counted by the token limits)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    return [item for item in prompt if isinstance(item, str)]
 
 
 def _prompt_count(prompt: str | list[Any]) -> int:

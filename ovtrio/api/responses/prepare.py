@@ -57,11 +57,11 @@ async def prepare(model: ServingModel, body: ResponsesRequest, *stores: Response
     envelope = partial(response_envelope, body, new_id("resp_"), int(time.time()), model.name)
     # Images of this input name their own field; those of earlier turns come with the
     # previous response.
-    prompt, tools = encode_conversation(
+    prompt, tools = await encode_conversation(
         model, body, body.chat_messages(previous), image_params=lambda message, part: "previous_response_id"
     )
     stage, markers = chat_stage(model, body, prompt, tools)
-    constraint = output_constraint(body, from_responses_format)
+    constraint = output_constraint(body, from_responses_format, model.caps.schema_bytes)
     texts = await text_prompts(model, prompt)
     generation = generation_request(
         model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts

@@ -70,7 +70,6 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
     logprobs: bool = False
     store: bool = True
     previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
 
     @model_validator(mode="after")
     def _check_responses(self) -> "ResponsesRequest":

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, request
 
 from ovtrio.api.context import response_store
+from ovtrio.api.errors import invalid
 from ovtrio.api.pipeline import accept, event_stream, unary_outcome
 from ovtrio.api.responses.body import unary_response
 from ovtrio.api.responses.events import ResponseEvents
@@ -71,11 +72,38 @@ async def delete_response(response_id: str) -> Any:
 @blueprint.get("/v3/responses/<response_id>/input_items")
 @blueprint.get("/v1/responses/<response_id>/input_items")
 async def list_input_items(response_id: str) -> Any:
+    """A page of the input items, as OpenAI lists them: `limit` 1-100 (default 20),
+    `order` asc or desc (default desc), after the item `after`."""
+    limit, order, after = _page_arguments()
     items = (await _stored(response_id)).input_items
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        if after not in ids:
+            raise invalid(f"Invalid value for 'after': no input item '{after}' in this response.", "after")
+        ordered = ordered[ids.index(after) + 1 :]
+    page = ordered[:limit]
     return {
         "object": "list",
-        "data": items,
-        "first_id": items[0]["id"] if items else None,
-        "last_id": items[-1]["id"] if items else None,
-        "has_more": False,
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(ordered) > limit,
     }
+
+
+MAX_PAGE = 100
+
+
+def _page_arguments() -> tuple[int, str, str | None]:
+    raw_limit = request.args.get("limit", "20")
+    try:
+        limit = int(raw_limit)
+    except ValueError:
+        raise invalid(f"Invalid type for 'limit': expected an integer, got '{raw_limit[:40]}'.", "limit", "invalid_type") from None
+    if not 1 <= limit <= MAX_PAGE:
+        raise invalid(f"Invalid value for 'limit': must be between 1 and {MAX_PAGE}, got {limit}.", "limit")
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid(f"Invalid value for 'order': must be 'asc' or 'desc', got '{order[:40]}'.", "order")
+    return limit, order, request.args.get("after")

@@ -48,6 +48,7 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 # Events waiting for the writer; beyond this the responses producing them wait.
 OUTGOING_EVENTS = 256
 CONNECTION_RESPONSES = 100
+CONNECTION_RESPONSE_BYTES = 16 * 1024 * 1024
 # Responses one socket may have running at once.
 MAX_IN_FLIGHT = 16
 
@@ -80,7 +81,7 @@ async def _stop_at_end_of_drain(reading: trio.CancelScope) -> None:
 
 async def _serve_frames(responses: trio.Nursery, send: trio.MemorySendChannel[dict[str, Any]]) -> None:
     """Read response.create frames for ever, each response a task of `responses`."""
-    local = ResponseStore(CONNECTION_RESPONSES, math.inf)
+    local = ResponseStore(CONNECTION_RESPONSES, math.inf, max_bytes=CONNECTION_RESPONSE_BYTES)
     in_flight: set[Any] = set()
     while True:
         frame = await websocket.receive()

@@ -1,0 +1,147 @@
+"""A byte bound on the engine's cache of compiled grammars (structured output).
+
+OpenVINO GenAI compiles every output constraint (a JSON schema, structural tags) with
+XGrammar's GrammarCompiler and keeps each compiled grammar in that compiler's cache. It
+builds the compiler with XGrammar's defaults, and the default cache is unlimited: every
+distinct schema a client ever sent stays in memory (four JSON schemas, each an enum of
+100,000 strings, held 865 MB). XGrammar itself has the remedy, an LRU bounded in bytes
+(its fourth constructor argument, `max_memory_bytes`, sized by XGrammar's own estimate
+of each compiled grammar), but OpenVINO GenAI offers no way to pass it.
+
+So the call is redirected: libopenvino_genai calls the compiler's constructor through
+its procedure linkage table, and `install` points that one entry at a function that
+calls the real constructor with the byte limit (and fewer compiling threads than cores,
+see compile_threads). Nothing else changes: the compiler, its cache and its eviction are
+XGrammar's. The compiler's address is kept, so the cache's
+size (`cache_bytes`, XGrammar's estimate) can be read for /metrics and tests.
+
+The entry is found by reading the library's ELF relocation table (pyelftools). A
+library built otherwise (the call inlined or bound directly) has no such entry:
+`install` then returns False, and the cache stays unbounded (the server says so at
+startup); the size of one schema is still bounded by the API layer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+
+log = logging.getLogger("ovtrio")
+
+# xgrammar::GrammarCompiler::GrammarCompiler(TokenizerInfo const&, int max_threads,
+# bool cache_enabled, long max_memory_bytes), the complete-object constructor.
+CONSTRUCTOR = "_ZN8xgrammar15GrammarCompilerC1ERKNS_13TokenizerInfoEibl"
+CACHE_SIZE = "_ZNK8xgrammar15GrammarCompiler17GetCacheSizeBytesEv"
+
+_Constructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_bool, ctypes.c_int64)
+_CacheSize = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)
+
+
+class _Hook:
+    """The installed redirection: the limit, the real constructor, the compilers made."""
+
+    def __init__(self) -> None:
+        self.limit = -1
+        self.real: ctypes._CFuncPtr | None = None
+        self.cache_size: ctypes._CFuncPtr | None = None
+        self.compilers: list[int] = []
+        self.lock = threading.Lock()
+        self.callback = _Constructor(self._construct)  # kept alive: the library calls it
+
+    def _construct(self, this: int, tokenizer_info: int, max_threads: int, cache_enabled: bool, _limit: int) -> None:
+        # Called by the engine (with the GIL, which ctypes takes for the call) whenever a
+        # pipeline first needs a grammar compiled. Must construct the object, whatever.
+        assert self.real is not None
+        self.real(this, tokenizer_info, compile_threads(max_threads), cache_enabled, self.limit)
+        with self.lock:
+            self.compilers.append(this)
+
+
+_hook: _Hook | None = None
+
+
+def compile_threads(asked: int) -> int:
+    """Threads one grammar compiles on: XGrammar's default (8), but at most one fewer
+    than the machine's cores. On 2 cores, 8 compiling threads left the event loop one
+    runnable thread in nine, and /health's p99 went past 50 ms while schemas compiled."""
+    return max(1, min(asked, (os.cpu_count() or 2) - 1))
+
+
+def install(limit_bytes: int) -> bool:
+    """Make every grammar compiler OpenVINO GenAI builds from now on keep at most
+    `limit_bytes` of compiled grammars (least recently used dropped first; -1: no limit).
+    Call before the first pipeline compiles a grammar. True when the limit is in force."""
+    global _hook
+    if _hook is not None:
+        _hook.limit = limit_bytes
+        return True
+    try:
+        hook = _Hook()
+        hook.limit = limit_bytes
+        library = _genai_library()
+        handle = ctypes.CDLL(str(library))
+        real_address = ctypes.cast(getattr(handle, CONSTRUCTOR), ctypes.c_void_p).value
+        hook.real = _Constructor(real_address)
+        hook.cache_size = _CacheSize(ctypes.cast(getattr(handle, CACHE_SIZE), ctypes.c_void_p).value)
+        value, slot_offset = _symbol_value_and_slot(library, CONSTRUCTOR)
+        base = real_address - value
+        _write_pointer(base + slot_offset, ctypes.cast(hook.callback, ctypes.c_void_p).value)
+    except Exception as exc:  # noqa: BLE001 - any build we cannot redirect keeps working unbounded
+        log.warning("cannot bound the engine's compiled-grammar cache (%s): it grows with every distinct schema", exc)
+        return False
+    _hook = hook
+    return True
+
+
+def cache_bytes() -> int:
+    """Bytes of compiled grammars held by every compiler built since `install`, by
+    XGrammar's own estimate (0 before any grammar was compiled)."""
+    if _hook is None or _hook.cache_size is None:
+        return 0
+    with _hook.lock:
+        compilers = list(_hook.compilers)
+    return sum(max(0, _hook.cache_size(address)) for address in compilers)
+
+
+def _genai_library() -> Path:
+    import openvino_genai
+
+    folder = Path(openvino_genai.__file__).parent
+    found = sorted(folder.glob("libopenvino_genai.so*"))
+    if not found:
+        raise FileNotFoundError(f"no libopenvino_genai.so in {folder}")
+    return found[0]
+
+
+def _symbol_value_and_slot(library: Path, name: str) -> tuple[int, int]:
+    """The symbol's address in the file, and the offset of the PLT slot through which
+    the library calls it."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.relocation import RelocationSection
+
+    with open(library, "rb") as file:
+        elf = ELFFile(file)
+        dynsym = elf.get_section_by_name(".dynsym")
+        index = next(i for i, symbol in enumerate(dynsym.iter_symbols()) if symbol.name == name)
+        value = dynsym.get_symbol(index)["st_value"]
+        plt = elf.get_section_by_name(".rela.plt")
+        if not isinstance(plt, RelocationSection):
+            raise LookupError("no .rela.plt section")
+        for relocation in plt.iter_relocations():
+            if relocation["r_info_sym"] == index:
+                return value, relocation["r_offset"]
+    raise LookupError(f"the library does not call {name} through its PLT")
+
+
+def _write_pointer(address: int, value: int) -> None:
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = address & ~(page - 1)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    read_write = 0x1 | 0x2  # PROT_READ | PROT_WRITE
+    if libc.mprotect(start, page * (2 if address + 8 > start + page else 1), read_write) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect failed")
+    ctypes.c_void_p.from_address(address).value = value
