@@ -28,7 +28,9 @@ def has_body(content_length: int | None, transfer_encoding: str | None) -> bool:
     return bool(content_length) or "chunked" in (transfer_encoding or "").lower()
 
 
-def refusal(content_type: str | None, mimetype: str, content_length: int | None, transfer_encoding: str | None) -> APIError | None:
+def refusal(
+    content_type: str | None, mimetype: str, content_length: int | None, transfer_encoding: str | None
+) -> APIError | None:
     """None if the request may go on, else the 415 to answer with."""
     if not has_body(content_length, transfer_encoding) or is_json(mimetype):
         return None

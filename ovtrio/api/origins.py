@@ -154,13 +154,15 @@ def install(app: Quart, policy: OriginPolicy) -> None:
 
     @app.before_request
     async def check_origin() -> Response | None:
-        origin = request.headers.get("Origin")
-        error = policy.refusal(request.path, request.headers.get("Host"), origin, _local_address(request.scope))
+        host, origin = request.headers.get("Host"), request.headers.get("Origin")
+        error = policy.refusal(request.path, host, origin, _local_address(request.scope))
         if error is not None:
             return error_response(error)
-        if origin is not None and request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        preflight = request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
+        granted = origin is not None and (policy.same_origin(origin, host) or policy.cross_origin_allowed(origin))
+        if preflight and granted:
             return _preflight(policy, origin)
-        return None
+        return None  # the probes answer any origin, but grant none
 
     @app.after_request
     async def allow_origin(response: Response) -> Response:
@@ -178,9 +180,8 @@ def install(app: Quart, policy: OriginPolicy) -> None:
     @app.before_websocket
     async def check_socket_origin() -> Response | None:
         # A response before accept() becomes the HTTP answer to the handshake.
-        error = policy.refusal(
-            websocket.path, websocket.headers.get("Host"), websocket.headers.get("Origin"), _local_address(websocket.scope)
-        )
+        host, origin = websocket.headers.get("Host"), websocket.headers.get("Origin")
+        error = policy.refusal(websocket.path, host, origin, _local_address(websocket.scope))
         return None if error is None else error_response(error)
 
 
