@@ -20,6 +20,7 @@ import loopback
 from browser import REBOUND_DOMAIN, browser, page, page_server_fixture  # noqa: F401 (fixtures)
 from conftest import MODEL, RunningServer
 from guarded_servers import PAGE_ORIGIN, PAGE_PORT, open_hypercorn, origin_server  # noqa: F401 (fixtures)
+from test_api_keys import FLAG_KEYS, keyed_server  # noqa: F401 (fixture)
 from ovtrio.api.json_bodies import refusal as body_refusal
 from ovtrio.api.origins import OriginPolicy
 from ovtrio.config import SettingsError, settings_from_env
@@ -156,6 +157,18 @@ def test_allowed_origin_gets_preflight_and_cors_headers(origin_server):
     assert bad.status_code == 400 and bad.headers["access-control-allow-origin"] == PAGE_ORIGIN
     # Another origin is still refused.
     assert_refused(post_chat(origin_server, {**JSON, "Origin": "http://evil.example"}), 403, "origin_not_allowed")
+
+
+def test_origin_is_checked_before_the_key_and_a_preflight_needs_none(keyed_server):
+    url = keyed_server.base_url + "/v1/chat/completions"
+    own = {"Origin": keyed_server.base_url, "Access-Control-Request-Method": "POST"}
+    preflight = loopback.request("OPTIONS", url, headers={**own, "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status_code == 204, preflight.text  # a browser's preflight never carries the key
+    assert preflight.headers["access-control-allow-headers"] == "authorization"
+    foreign = post_chat(keyed_server, {**JSON, "Origin": "http://evil.example"})
+    assert_refused(foreign, 403, "origin_not_allowed")
+    keyed = post_chat(keyed_server, {**JSON, "Origin": keyed_server.base_url, "Authorization": f"Bearer {FLAG_KEYS[0]}"})
+    assert keyed.status_code == 200, keyed.text
 
 
 def test_any_origin_when_asked(open_hypercorn):
