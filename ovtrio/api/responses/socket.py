@@ -94,7 +94,7 @@ class IdleClock:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.running = 0
+        self.running = 0  # the socket's responses running now
         self.expired = False
         self._idle_since = trio.current_time()
         self._waiting = trio.CancelScope()
@@ -135,7 +135,6 @@ async def _serve_frames(
     """Read response.create frames until the socket is idle too long, each response a
     task of `responses`."""
     local = ResponseStore(CONNECTION_RESPONSES, math.inf)
-    in_flight: set[Any] = set()
     while True:
         frame = await idle.receive(websocket.receive)
         if frame is None:
@@ -148,7 +147,7 @@ async def _serve_frames(
             await send.send(request.event())
             continue
         stream_id, body = request
-        if len(in_flight) >= MAX_IN_FLIGHT:
+        if idle.running >= MAX_IN_FLIGHT:
             busy = APIError(
                 429, f"At most {MAX_IN_FLIGHT} responses may run at once on one socket.", code="too_many_responses"
             )
@@ -162,15 +161,8 @@ async def _serve_frames(
             await send.send(api_error(error).event(stream_id))
             continue
         keep = partial(_keep, ready, local, response_store())
-        token = object()
-        in_flight.add(token)
         idle.response_started()
-
-        def done(token: object = token) -> None:
-            in_flight.discard(token)
-            idle.response_ended()
-
-        responses.start_soon(_run, model.scheduler, ready, keep, stream_id, send.clone(), done)
+        responses.start_soon(_run, model.scheduler, ready, keep, stream_id, send.clone(), idle.response_ended)
 
 
 async def _write(receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
