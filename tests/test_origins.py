@@ -141,6 +141,7 @@ def test_allowed_origin_gets_preflight_and_cors_headers(origin_server):
             "Origin": PAGE_ORIGIN,
             "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os",
+            "Access-Control-Request-Private-Network": "true",
         },
     )
     assert preflight.status_code == 204, preflight.text
@@ -148,6 +149,7 @@ def test_allowed_origin_gets_preflight_and_cors_headers(origin_server):
     assert "POST" in preflight.headers["access-control-allow-methods"]
     assert preflight.headers["access-control-allow-headers"] == "authorization, content-type, x-stainless-os"
     assert "origin" in preflight.headers["vary"].lower()
+    assert preflight.headers["access-control-allow-private-network"] == "true"
 
     answered = post_chat(origin_server, {**JSON, "Origin": PAGE_ORIGIN})
     assert answered.status_code == 200 and answered.headers["access-control-allow-origin"] == PAGE_ORIGIN

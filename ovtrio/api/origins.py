@@ -203,5 +203,9 @@ def _preflight(policy: OriginPolicy, origin: str) -> Response:
     if requested:
         response.headers["Access-Control-Allow-Headers"] = requested
     response.headers["Access-Control-Max-Age"] = PREFLIGHT_MAX_AGE
+    # Chrome's Private Network Access: a public page reaching a loopback or private
+    # address asks for this too; an allowed origin gets it.
+    if request.headers.get("Access-Control-Request-Private-Network", "").lower() == "true":
+        response.headers["Access-Control-Allow-Private-Network"] = "true"
     response.vary.update(("Access-Control-Request-Method", "Access-Control-Request-Headers"))
     return response
