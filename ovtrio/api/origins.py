@@ -16,8 +16,8 @@ model writes. So, before routing and before the API key:
   from the connection's own address, not from the address the server was told to
   bind, gives the same answer under `ovtrio serve` and `hypercorn ovtrio.app:app`,
   and guards loopback connections to a server bound to 0.0.0.0 as well.
-- **Origin.** A request with an Origin header (every browser request but a plain
-  navigation) must come from the server's own origin (the Origin's host:port equals
+- **Origin.** A request with an Origin header (browsers send one with cross-origin
+  requests, POSTs and WebSocket handshakes) must come from the server's own origin (the Origin's host:port equals
   the Host header; the scheme is not compared, so a TLS proxy in front does not
   matter) or from one of `allowed_origins` ('*' allows every page). Requests without
   Origin (curl, the SDKs, servers) pass. The WebSocket handshake is checked alike.
