@@ -221,7 +221,7 @@ async def wait_ready(port: int, process: subprocess.Popen, path: bytes = b"/heal
             await trio.sleep(0.05)
             continue
         async with stream:
-            await stream.send_all(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            await stream.send_all(b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             reply = b""
             while b"\r\n" not in reply and (data := await stream.receive_some(4096)):
                 reply += data
@@ -277,7 +277,7 @@ async def server_figures(
 async def metric(port: int, name: str) -> float:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
-        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         reply = b""
         while (data := await stream.receive_some(65536)):
             reply += data

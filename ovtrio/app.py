@@ -14,8 +14,8 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
-from ovtrio import closing, memory
-from ovtrio.api import auth, context, health, metrics, models, tokenize
+from ovtrio import closing, memory, websocket_messages
+from ovtrio.api import auth, context, health, json_bodies, metrics, models, origins, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
@@ -60,7 +60,14 @@ def create_app(
     )
     context.attach(app, registry, store, metrics.registry_for(registry, server_metrics, store))
     metrics.install(app, server_metrics)
+    # Host and Origin first: a preflight carries no key, and a refused page learns nothing.
+    origins.install(app, origins.OriginPolicy.from_settings(settings.allowed_hosts, settings.allowed_origins))
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
+    json_bodies.install(app)
+    context.attach_socket_limits(
+        app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)
+    )
+    websocket_messages.apply(settings.websocket_max_message_bytes)
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
 

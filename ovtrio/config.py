@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import typing
 from typing import Any, Literal, Mapping
 
@@ -223,6 +224,31 @@ class Settings(BaseModel):
         None, description="file of accepted API keys, one a line (blank lines and # comments skipped)"
     )
     protect_metrics: bool = Field(False, description="require an API key for /metrics too")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host header values the server answers, names with or without a port (a name alone allows"
+        " every port), comma-separated or the flag repeated; '*' allows any (default: on a connection to a loopback"
+        " address, only localhost, 127.0.0.1 and [::1]; any host on other addresses). Refused hosts get 403: a"
+        " page that rebinds its own name to this address cannot use the server",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="web origins (scheme://host[:port]) whose pages may call the server from a browser, HTTP and"
+        " WebSocket, comma-separated or the flag repeated; '*' allows every page (default: none but the server's"
+        " own origin). Other origins get 403 and a refused WebSocket handshake",
+    )
+    websocket_max_message_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="largest Responses WebSocket message, in bytes (all of its frames); a larger one is dropped"
+        " unread and answered with an error event, and the socket stays open",
+    )
+    websocket_idle_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="seconds a Responses WebSocket may stay open with no message from the client and no response"
+        " running; then it is closed (code 1000)",
+    )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
     drain_timeout: float = Field(
@@ -232,6 +258,24 @@ class Settings(BaseModel):
         " error (new ones are refused meanwhile)",
     )
     log_level: str = Field("info", description="debug, info, warning or error")
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """Several values in one flag or variable, separated by commas."""
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if origin not in ("*", "null") and not re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#\s]+/?", origin):
+                raise ValueError(f"{origin!r} is not an origin: scheme://host[:port], '*' or 'null'")
+        return value
 
     @field_validator("plugin_config", mode="before")
     @classmethod

@@ -28,7 +28,7 @@ def completion_request(version: str, model: str) -> bytes:
     body = json.dumps({"model": model, "prompt": "Hi", "max_tokens": 2}).encode()
     close = b"Connection: close\r\n" if version == "HTTP/1.1" else b""
     return (
-        f"POST /v1/completions {version}\r\nHost: test\r\nContent-Type: application/json\r\n".encode()
+        f"POST /v1/completions {version}\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
         + close
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body

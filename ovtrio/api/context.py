@@ -4,6 +4,8 @@ else from the app's config."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry
 from quart import Quart, current_app
 
@@ -15,6 +17,7 @@ from ovtrio.service import ModelService, ServingModel
 _MODELS = "OVTRIO_MODELS"
 _RESPONSES = "OVTRIO_RESPONSE_STORE"
 _METRICS = "OVTRIO_METRICS"
+_SOCKET_LIMITS = "OVTRIO_SOCKET_LIMITS"
 
 
 def attach(app: Quart, models: ModelRegistry, responses: ResponseStore, metrics: CollectorRegistry) -> None:
@@ -75,3 +78,20 @@ def metrics_registry() -> CollectorRegistry:
 def registry_of(app: Quart) -> ModelRegistry:
     """The served models of `app`, outside a request (the launcher)."""
     return app.config[_MODELS]
+
+
+@dataclass(frozen=True)
+class SocketLimits:
+    """What one Responses WebSocket may do: its largest message, and how long it may
+    stay open idle."""
+
+    max_message_bytes: int
+    idle_timeout: float
+
+
+def attach_socket_limits(app: Quart, limits: SocketLimits) -> None:
+    app.config[_SOCKET_LIMITS] = limits
+
+
+def socket_limits() -> SocketLimits:
+    return current_app.config[_SOCKET_LIMITS]

@@ -7,6 +7,12 @@ response.create is carried on every event of that response. Anything wrong with 
 frame is an `error` event, and the socket stays usable; so is a server too busy to take
 a response on (code `rate_limit_exceeded`, the WebSocket form of HTTP's 429).
 
+A message over `websocket_max_message_bytes` is dropped as it arrives, unread and
+unkept (ovtrio/websocket_messages.py), and answered with an `error` event (code
+frame_too_large); the socket stays usable. A socket with no message from the client
+for `websocket_idle_timeout` seconds while none of its responses runs is closed with
+code 1000 and a reason saying so.
+
 Each response is a task of the connection's nursery, so closing the socket cancels
 every one of them, and with them their engine requests. Responses are also kept in a
 store that lives as long as the connection, so previous_response_id chains work with
@@ -33,7 +39,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 from quart import Blueprint, websocket
 
-from ovtrio.api.context import generation_model, model_registry, response_store
+from ovtrio.api.context import generation_model, model_registry, response_store, socket_limits
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
 from ovtrio.api.pipeline import submitted, written
 from ovtrio.api.responses.events import ResponseEvents
@@ -41,10 +47,10 @@ from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_respon
 from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.scheduler import GenerationScheduler
+from ovtrio.websocket_messages import OversizedMessage
 
 blueprint = Blueprint("responses_socket", __name__)
 
-MAX_FRAME_BYTES = 4 * 1024 * 1024
 # Events waiting for the writer; beyond this the responses producing them wait.
 OUTGOING_EVENTS = 256
 CONNECTION_RESPONSES = 100
@@ -57,6 +63,8 @@ MAX_IN_FLIGHT = 16
 @blueprint.websocket("/v1/responses")
 async def responses_socket() -> None:
     await websocket.accept()
+    limits = socket_limits()
+    idle = IdleClock(limits.idle_timeout)
     send, receive = trio.open_memory_channel[dict[str, Any]](OUTGOING_EVENTS)
     async with trio.open_nursery() as connection:
         connection.start_soon(_write, receive)
@@ -64,12 +72,55 @@ async def responses_socket() -> None:
             async with trio.open_nursery() as responses:
                 with trio.CancelScope() as reading:
                     responses.start_soon(_stop_at_end_of_drain, reading)
-                    await _serve_frames(responses, send)
-            # Reading stops here only when the server's drain has ended (a client that
-            # leaves cancels everything instead). This socket's responses have finished
-            # or been cut by now: say why the socket closes, then close it.
-            await send.send(shutting_down().event())
-    await websocket.close(1001, "server shutting down")
+                    await _serve_frames(responses, send, limits.max_message_bytes, idle)
+                # Reading stops here only when the socket was idle too long (no response
+                # runs then: what is left is the drain's watch) or the server's drain has
+                # ended (a client that leaves cancels everything instead).
+                if idle.expired:
+                    responses.cancel_scope.cancel()
+            if not idle.expired:
+                # This socket's responses have finished or been cut by now: say why the
+                # socket closes, then close it.
+                await send.send(shutting_down().event())
+    if idle.expired:
+        await websocket.close(1000, f"idle for {limits.idle_timeout:g} s")
+    else:
+        await websocket.close(1001, "server shutting down")
+
+
+class IdleClock:
+    """Whether a socket has been idle for `seconds`: no message from the client, and no
+    response running. The time counts from the last message or the end of the last
+    response, whichever came later, and only while the socket waits for a message."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.running = 0  # the socket's responses running now
+        self.expired = False
+        self._idle_since = trio.current_time()
+        self._waiting = trio.CancelScope()
+
+    async def receive(self, receive: Callable[[], Awaitable[str | bytes]]) -> str | bytes | None:
+        """The client's next message (from `receive`), or None once the socket has been
+        idle too long."""
+        with trio.CancelScope(deadline=self._deadline()) as self._waiting:
+            message = await receive()
+            self._idle_since = trio.current_time()
+            return message
+        self.expired = True
+        return None
+
+    def response_started(self) -> None:
+        self.running += 1
+        self._waiting.deadline = self._deadline()
+
+    def response_ended(self) -> None:
+        self.running -= 1
+        self._idle_since = trio.current_time()
+        self._waiting.deadline = self._deadline()
+
+    def _deadline(self) -> float:
+        return math.inf if self.running else self._idle_since + self.seconds
 
 
 async def _stop_at_end_of_drain(reading: trio.CancelScope) -> None:
@@ -79,21 +130,25 @@ async def _stop_at_end_of_drain(reading: trio.CancelScope) -> None:
     reading.cancel()
 
 
-async def _serve_frames(responses: trio.Nursery, send: trio.MemorySendChannel[dict[str, Any]]) -> None:
-    """Read response.create frames for ever, each response a task of `responses`."""
+async def _serve_frames(
+    responses: trio.Nursery, send: trio.MemorySendChannel[dict[str, Any]], max_bytes: int, idle: IdleClock
+) -> None:
+    """Read response.create frames until the socket is idle too long, each response a
+    task of `responses`."""
     local = ResponseStore(CONNECTION_RESPONSES, math.inf, max_bytes=CONNECTION_RESPONSE_BYTES)
-    in_flight: set[Any] = set()
     while True:
-        frame = await websocket.receive()
+        frame = await idle.receive(websocket.receive)
+        if frame is None:
+            return
         try:
-            request = _read_frame(frame)
+            request = _read_frame(frame, max_bytes)
         except Exception as error:  # whatever a frame does, the socket stays usable
             request = api_error(error)
         if isinstance(request, APIError):
             await send.send(request.event())
             continue
         stream_id, body = request
-        if len(in_flight) >= MAX_IN_FLIGHT:
+        if idle.running >= MAX_IN_FLIGHT:
             busy = APIError(
                 429, f"At most {MAX_IN_FLIGHT} responses may run at once on one socket.", code="too_many_responses"
             )
@@ -107,10 +162,8 @@ async def _serve_frames(responses: trio.Nursery, send: trio.MemorySendChannel[di
             await send.send(api_error(error).event(stream_id))
             continue
         keep = partial(_keep, ready, local, response_store())
-        token = object()
-        in_flight.add(token)
-        done = partial(in_flight.discard, token)
-        responses.start_soon(_run, model.scheduler, ready, keep, stream_id, send.clone(), done)
+        idle.response_started()
+        responses.start_soon(_run, model.scheduler, ready, keep, stream_id, send.clone(), idle.response_ended)
 
 
 async def _write(receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
@@ -119,9 +172,15 @@ async def _write(receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
             await websocket.send(json.dumps(event, ensure_ascii=False, separators=(",", ":")))
 
 
-def _read_frame(frame: str | bytes) -> APIError | tuple[Any, ResponsesRequest]:
-    if len(frame) > MAX_FRAME_BYTES:
-        return APIError(400, f"Frames may be at most {MAX_FRAME_BYTES} bytes.", code="frame_too_large")
+def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[Any, ResponsesRequest]:
+    if isinstance(frame, OversizedMessage) or len(frame) > max_bytes:  # the latter if Hypercorn's own buffer runs
+        size = frame.length if isinstance(frame, OversizedMessage) else len(frame)
+        return APIError(
+            400,
+            f"The message is {size} bytes long; messages may be at most {max_bytes} bytes"
+            " (--websocket-max-message-bytes).",
+            code="frame_too_large",
+        )
     try:
         # pydantic's parser, as for HTTP bodies: nesting beyond its depth limit is a
         # ValueError here, where json.loads would raise RecursionError.
