@@ -26,6 +26,7 @@ from ovtrio.config_file import model_settings
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
 from ovtrio.model import LoadedModel, ModelLoadError
+from ovtrio.playground import routes as playground
 from ovtrio.registry import ModelRegistry
 
 log = logging.getLogger("ovtrio")
@@ -51,7 +52,11 @@ def create_app(
     store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)
     context.attach(app, registry, store, metrics.registry_for(registry, server_metrics))
     metrics.install(app, server_metrics)
-    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
+    page_paths: frozenset[str] = frozenset()
+    if settings.playground:
+        page, page_paths = playground.create_blueprint()
+        app.register_blueprint(page)
+    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics, page_paths))
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
 

@@ -182,6 +182,9 @@ class Settings(BaseModel):
         None, description="file of accepted API keys, one a line (blank lines and # comments skipped)"
     )
     protect_metrics: bool = Field(False, description="require an API key for /metrics too")
+    playground: bool = Field(
+        True, description="serve the browser playground at / (--no-playground leaves / a 404)"
+    )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
     drain_timeout: float = Field(
