@@ -10,7 +10,11 @@ export function probabilityClass(logprob) {
   return "tok p" + Math.min(9, Math.floor(p * 10));
 }
 
+// Whitespace made visible; a token with no text of its own (a special token, or bytes
+// that complete a character only with the next token) as a small mark, so it can be
+// hovered like the others.
 function visible(text) {
+  if (!text) return "∅";
   return text.replace(/\n/g, "↵\n").replace(/\t/g, "→\t");
 }
 
@@ -18,7 +22,7 @@ export function renderTokens(tokens) {
   const wrap = h("div", { class: "tokens" });
   for (const token of tokens) {
     const span = h("span", { class: probabilityClass(token.lp), text: visible(token.t) });
-    if (!token.t.trim()) span.classList.add("blank");
+    if (!token.t) span.classList.add("empty");
     tokenOf.set(span, token);
     wrap.append(span);
   }
