@@ -456,7 +456,7 @@ def test_token_view_colours_each_token_and_shows_alternatives_on_hover(watched):
     send(page, "Name a colour.")
     wait_for_reply(page)
     page.check("#token-view")
-    tokens = page.locator(".msg.assistant .tok")
+    tokens = page.locator(".msg.assistant .tokens .tok")
     assert tokens.count() == 8
     assert all(cls.startswith("tok p") for cls in tokens.evaluate_all("els => els.map(e => e.className)"))
     reply = last_reply(page)

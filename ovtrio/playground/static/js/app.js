@@ -141,7 +141,7 @@ function renderMessages() {
 function emptyState() {
   return h(
     "div",
-    { class: "empty" },
+    { class: "empty-state" },
     h("div", { class: "empty-mark", "aria-hidden": "true" }),
     h("h1", { text: "Try the model" }),
     h("p", { text: "Ask anything below. Replies stream from this server; switch the API above to compare Chat Completions, Responses and Responses over a WebSocket." }),

@@ -14,19 +14,26 @@ export function probabilityClass(logprob) {
 // that complete a character only with the next token) as a small mark, so it can be
 // hovered like the others.
 function visible(text) {
-  if (!text) return "∅";
+  if (!text) return "";
   return text.replace(/\n/g, "↵\n").replace(/\t/g, "→\t");
 }
 
 export function renderTokens(tokens) {
+  const legend = h(
+    "div",
+    { class: "legend", "aria-hidden": "true" },
+    "unlikely",
+    [0, 2, 4, 6, 8, 9].map((k) => h("span", { class: "tok p" + k })),
+    "certain · hover a token for its alternatives"
+  );
   const wrap = h("div", { class: "tokens" });
   for (const token of tokens) {
     const span = h("span", { class: probabilityClass(token.lp), text: visible(token.t) });
-    if (!token.t) span.classList.add("empty");
+    if (!token.t) span.classList.add("no-text");
     tokenOf.set(span, token);
     wrap.append(span);
   }
-  return wrap;
+  return h("div", null, legend, wrap);
 }
 
 function percent(logprob) {
