@@ -203,6 +203,18 @@ def test_the_page_and_its_files_are_served_with_a_policy_for_its_own_origin_only
     assert again.status_code == 304
 
 
+def test_every_file_of_the_page_ships_in_the_wheel():
+    import fnmatch
+    import tomllib
+
+    config = tomllib.loads((STATIC.parents[2] / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["ovtrio.playground"]
+    for path in STATIC.rglob("*"):
+        if path.is_file():
+            relative = path.relative_to(STATIC.parent).as_posix()
+            assert any(fnmatch.fnmatch(relative, pattern) and relative.count("/") == pattern.count("/") for pattern in patterns), relative
+
+
 def test_the_page_needs_no_key_but_the_api_does(keyed_playground_server):
     base = keyed_playground_server.base_url
     assert loopback.get(base + "/").status_code == 200

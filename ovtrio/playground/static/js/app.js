@@ -16,6 +16,8 @@ const state = {
   currentId: null,
   key: store.rememberedKey(),
   models: [],
+  modelCards: [],
+  images: [], // data URLs waiting for the next message
   running: null,
   probabilities: { logprobs: true, top: null },
   socket: new ResponsesSocket(),
@@ -295,7 +297,10 @@ function submitPrompt() {
     state.conversations.unshift(conversation);
     state.currentId = conversation.id;
   }
-  conversation.messages.push({ role: "user", content: text });
+  const message = { role: "user", content: text };
+  if (state.images.length) message.images = state.images.splice(0);
+  $("#attach").textContent = "Image";
+  conversation.messages.push(message);
   if (conversation.title === "New chat") conversation.title = text.trim().replace(/\s+/g, " ").slice(0, 48);
   ui.prompt.value = "";
   autosize();
@@ -448,7 +453,8 @@ function setRunning(running) {
 async function loadModels() {
   try {
     const list = await getJSON("/v1/models", state.key);
-    state.models = (list.data || []).map((m) => m.id);
+    state.modelCards = list.data || [];
+    state.models = state.modelCards.map((m) => m.id);
     hideKeyBanner();
   } catch (error) {
     state.models = [];
@@ -459,6 +465,7 @@ async function loadModels() {
   ui.model.replaceChildren(...state.models.map((id) => h("option", { value: id, text: id })));
   if (state.models.includes(wanted)) ui.model.value = wanted;
   ui.model.disabled = !state.models.length;
+  showAttach();
 }
 
 function showKeyBanner(sentence) {
@@ -587,6 +594,53 @@ async function importConversations(file) {
 // (`input_modalities` containing "image"), the attach button, paste and drop put data
 // URLs on the next user message as `images`; api.js sends them as image parts.
 
+function modelTakesImages() {
+  const card = state.modelCards.find((m) => m.id === ui.model.value);
+  const modalities = (card && (card.input_modalities || (card.capabilities && card.capabilities.input_modalities))) || [];
+  return Array.isArray(modalities) && modalities.includes("image");
+}
+
+function showAttach() {
+  $("#attach").hidden = !modelTakesImages();
+}
+
+async function attachImages(files) {
+  if (!modelTakesImages()) return;
+  for (const file of files) {
+    if (!file.type.startsWith("image/")) continue;
+    state.images.push(await new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    }));
+  }
+  $("#attach").textContent = state.images.length ? `Image (${state.images.length})` : "Image";
+}
+
+function bindImages() {
+  const picker = $("#attach-file");
+  $("#attach").addEventListener("click", () => picker.click());
+  picker.addEventListener("change", () => {
+    attachImages([...picker.files]);
+    picker.value = "";
+  });
+  ui.prompt.addEventListener("paste", (event) => {
+    const files = [...(event.clipboardData ? event.clipboardData.files : [])];
+    if (files.length && modelTakesImages()) {
+      event.preventDefault();
+      attachImages(files);
+    }
+  });
+  ui.composer.addEventListener("dragover", (event) => modelTakesImages() && event.preventDefault());
+  ui.composer.addEventListener("drop", (event) => {
+    if (!modelTakesImages()) return;
+    event.preventDefault();
+    attachImages([...event.dataTransfer.files]);
+  });
+  ui.model.addEventListener("change", showAttach);
+}
+
 // ---- little things --------------------------------------------------------------------------
 
 let toastTimer = null;
@@ -626,6 +680,7 @@ function bindComposer() {
 function init() {
   bindComposer();
   bindSettings();
+  bindImages();
   $("#new-chat").addEventListener("click", startNew);
   $("#export").addEventListener("click", exportConversations);
   const importFile = $("#import-file");

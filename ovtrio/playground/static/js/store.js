@@ -124,6 +124,7 @@ function cleanMessage(m) {
   if (typeof m.reasoning === "string" && m.reasoning) out.reasoning = m.reasoning;
   if (typeof m.responseId === "string") out.responseId = m.responseId;
   if (typeof m.error === "string") out.error = m.error;
+  if (Array.isArray(m.images)) out.images = m.images.filter((url) => typeof url === "string" && url.startsWith("data:image/"));
   if (m.stats && typeof m.stats === "object") {
     out.stats = {};
     for (const [k, v] of Object.entries(m.stats)) if (typeof v === "number" || typeof v === "string") out.stats[k] = v;
