@@ -201,6 +201,8 @@ def test_the_page_and_its_files_are_served_with_a_policy_for_its_own_origin_only
     assert "<script>" not in page and "<style" not in page and " style=" not in page and "http" not in page
     again = loopback.get(server.base_url + "/", headers={"If-None-Match": loopback.get(server.base_url + "/").headers["etag"]})
     assert again.status_code == 304
+    missing = loopback.get(server.base_url + "/playground/js/missing.js")
+    assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_every_file_of_the_page_ships_in_the_wheel():

@@ -48,7 +48,9 @@ class KeyCheck:
         """`open_paths`: more paths that need no key (the playground's page and files,
         which hold no secret and must load before the user has typed the key)."""
         self._keys = tuple(key.encode() for key in keys)
-        self._open = OPEN_PATHS | frozenset(open_paths) if protect_metrics else OPEN_PATHS | {METRICS_PATH, *open_paths}
+        self._open = OPEN_PATHS | frozenset(open_paths)
+        if not protect_metrics:
+            self._open |= {METRICS_PATH}
 
     @property
     def enabled(self) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from quart import Blueprint, Response, request
+from werkzeug.exceptions import NotFound
 
 STATIC_PREFIX = "/playground/"
 
@@ -81,7 +82,7 @@ def create_blueprint() -> tuple[Blueprint, frozenset[str]]:
     async def serve(path: str) -> Response:
         found = files.get(path)
         if found is None:
-            return Response("Not found", status=404, content_type="text/plain; charset=utf-8", headers=SECURITY_HEADERS)
+            raise NotFound()  # the app's 404, in OpenAI's error shape
         headers = {**SECURITY_HEADERS, "ETag": f'"{found.etag}"'}
         if request.headers.get("If-None-Match") == f'"{found.etag}"':
             return Response(b"", status=304, headers=headers)
