@@ -3,9 +3,9 @@ the embedded model (tests/browser.py launches the browser).
 
 Every page a test opens is watched: a request to any other origin, an uncaught
 exception or a console error fails the test (`Watched.check`). The one console error
-allowed is the browser's own line about a 400 the page was told to expect: a server
-that refuses `top_logprobs` (today's engine reports the chosen token only), after which
-the page asks again without it.
+allowed is the browser's own line about a refusal the page answers by asking again
+without the refused field (DEGRADES_ON): `top_logprobs` (today's engine reports the
+chosen token only), or a `previous_response_id` the server no longer has.
 
 Nothing here asserts what the model writes: replies are forced through the API
 (max_tokens with ignore_eos, a JSON schema's enum) or compared with themselves.
@@ -14,6 +14,7 @@ Nothing here asserts what the model writes: replies are forced through the API
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -42,6 +43,9 @@ HOSTILE = (
     "[click](javascript:window.pwned=1) <a href=javascript:window.pwned=1>a</a> "
     "<svg onload=window.pwned=1></svg>"
 )
+# Refusals the page answers by asking again without the field: alternatives the server
+# cannot give, a previous response it no longer has.
+DEGRADES_ON = ("top_logprobs", "previous_response_id")
 DONE = 60_000  # ms a reply may take on a loaded 2-core machine
 
 
@@ -62,7 +66,7 @@ class Watched:
         assert not self.foreign, f"requests left the page's origin: {self.foreign}"
         assert not self.page_errors, f"uncaught errors: {self.page_errors}"
         errors = [e for e in self.console_errors if not (allow_refused_key and _about_a_refused_key(e))]
-        loads = [e for e in errors if e.startswith("Failed to load resource: the server responded with a status of 400")]
+        loads = [e for e in errors if re.match(r"Failed to load resource: the server responded with a status of 40[04]", e)]
         assert len(loads) <= self.expected_refusals and len(errors) == len(loads), f"console errors: {errors}"
 
 
@@ -91,9 +95,9 @@ def open_page(browser, server: RunningServer, **context_options) -> Watched:
                 pass
 
     def on_response(response) -> None:
-        if response.status == 400 and response.request.method == "POST":
+        if response.status in (400, 404) and response.request.method == "POST":
             try:
-                if response.json()["error"]["param"] == "top_logprobs":
+                if response.json()["error"]["param"] in DEGRADES_ON:
                     watched.expected_refusals += 1
             except Exception:
                 pass
@@ -355,6 +359,37 @@ def test_each_api_mode_answers_and_responses_chain(watched, mode):
         assert body["previous_response_id"] == first["responseId"]
         assert body["input"] == [{"role": "user", "content": "And again."}]
         assert second["responseId"] != first["responseId"]
+
+
+@browser_test
+def test_a_forgotten_previous_response_is_replaced_by_the_whole_conversation(watched):
+    page = watched.page
+    choose_mode(page, "responses")
+    configure(page, **forced(4))
+    send(page, "Remember this.")
+    wait_for_reply(page)
+    first = last_reply(page)
+    page.evaluate(
+        """() => {
+        const list = JSON.parse(localStorage.getItem('ovtrio.conversations'));
+        list[0].messages[1].responseId = 'resp_forgotten';
+        localStorage.setItem('ovtrio.conversations', JSON.stringify(list));
+    }"""
+    )
+    page.reload()
+    page_ready(page)
+    send(page, "What was it?")
+    wait_for_reply(page)
+    chained, whole = watched.sent[-2]["body"], watched.sent[-1]["body"]
+    assert chained["previous_response_id"] == "resp_forgotten"
+    assert "previous_response_id" not in whole
+    assert whole["input"] == [
+        {"role": "user", "content": "Remember this."},
+        {"role": "assistant", "content": first["content"]},
+        {"role": "user", "content": "What was it?"},
+    ]
+    reply = last_reply(page)
+    assert "error" not in reply and reply["stats"]["completion"] == 4
 
 
 @browser_test
