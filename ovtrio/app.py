@@ -27,6 +27,7 @@ from ovtrio.config_file import model_settings
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
 from ovtrio.model import LoadedModel, ModelLoadError, grammar_cache
+from ovtrio.playground import routes as playground
 from ovtrio.registry import ModelRegistry
 
 log = logging.getLogger("ovtrio")
@@ -62,7 +63,11 @@ def create_app(
     metrics.install(app, server_metrics)
     # Host and Origin first: a preflight carries no key, and a refused page learns nothing.
     origins.install(app, origins.OriginPolicy.from_settings(settings.allowed_hosts, settings.allowed_origins))
-    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
+    page_paths: frozenset[str] = frozenset()
+    if settings.playground:
+        page, page_paths = playground.create_blueprint()
+        app.register_blueprint(page)
+    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics, page_paths))
     json_bodies.install(app)
     context.attach_socket_limits(
         app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)

@@ -249,6 +249,9 @@ class Settings(BaseModel):
         description="seconds a Responses WebSocket may stay open with no message from the client and no response"
         " running; then it is closed (code 1000)",
     )
+    playground: bool = Field(
+        True, description="serve the browser playground at / (--no-playground leaves / a 404)"
+    )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
     drain_timeout: float = Field(

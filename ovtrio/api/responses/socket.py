@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 from quart import Blueprint, websocket
 
+from ovtrio.api.auth import offered_subprotocols, socket_subprotocol
 from ovtrio.api.context import generation_model, model_registry, response_store, socket_limits
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
 from ovtrio.api.pipeline import submitted, written
@@ -62,7 +63,7 @@ MAX_IN_FLIGHT = 16
 @blueprint.websocket("/v3/responses")
 @blueprint.websocket("/v1/responses")
 async def responses_socket() -> None:
-    await websocket.accept()
+    await websocket.accept(subprotocol=socket_subprotocol(offered_subprotocols(websocket.headers)))
     limits = socket_limits()
     idle = IdleClock(limits.idle_timeout)
     send, receive = trio.open_memory_channel[dict[str, Any]](OUTGOING_EVENTS)

@@ -1,0 +1,322 @@
+// Requests to the server in the three ways the page speaks: Chat Completions (SSE),
+// Responses (SSE) and Responses over the WebSocket. Each way turns the server's stream
+// into the same calls on a `sink`: text(delta, tokens), reasoning(delta),
+// usage({prompt, completion, cached}), responseId(id), finish(reason).
+
+export const API_MODES = { chat: "Chat Completions", responses: "Responses", socket: "Responses · WebSocket" };
+
+export class ApiError extends Error {
+  constructor(status, message, param = null, code = null) {
+    super(message);
+    this.status = status;
+    this.param = param;
+    this.code = code;
+  }
+}
+
+function number(value, parse = parseFloat) {
+  if (value === "" || value == null) return undefined;
+  const parsed = parse(String(value), 10);
+  return Number.isFinite(parsed) ? parsed : undefined;
+}
+
+// The stop field holds one stop string per line; "\n" written out means a newline.
+export function stopStrings(text) {
+  return String(text || "")
+    .split("\n")
+    .map((s) => s.replace(/\\n/g, "\n").replace(/\\t/g, "\t"))
+    .filter((s) => s.length > 0)
+    .slice(0, 4);
+}
+
+// The user's extra JSON fields (an object), or an Error with a sentence.
+export function extraFields(text) {
+  if (!String(text || "").trim()) return {};
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    throw new Error("Extra request fields are not valid JSON.");
+  }
+  if (!value || typeof value !== "object" || Array.isArray(value)) throw new Error("Extra request fields must be a JSON object.");
+  return value;
+}
+
+function sampling(settings, maxName) {
+  const fields = {
+    temperature: number(settings.temperature),
+    top_p: number(settings.top_p),
+    [maxName]: number(settings.max_tokens, parseInt),
+    seed: number(settings.seed, parseInt),
+  };
+  const stop = stopStrings(settings.stop);
+  if (stop.length) fields.stop = stop;
+  return Object.fromEntries(Object.entries(fields).filter(([, v]) => v !== undefined));
+}
+
+// Images: the hook for when the server serves them. A user message may carry
+// `images` (data URLs); they become image parts beside the text.
+function chatContent(message) {
+  if (!message.images || !message.images.length) return message.content;
+  return [{ type: "text", text: message.content }, ...message.images.map((url) => ({ type: "image_url", image_url: { url } }))];
+}
+
+function responsesContent(message) {
+  if (!message.images || !message.images.length) return message.content;
+  return [{ type: "input_text", text: message.content }, ...message.images.map((url) => ({ type: "input_image", image_url: url }))];
+}
+
+// The request for answering the last (user) message of `history`.
+// `probabilities`: {logprobs: bool, top: number|null}; `chain`: whether a Responses
+// request may continue from the previous reply's stored response.
+export function buildRequest({ mode, model, settings, history, probabilities, chain = true }) {
+  const extra = extraFields(settings.extra);
+  const logprobs = {};
+  if (probabilities.logprobs) {
+    logprobs.logprobs = true;
+    if (probabilities.top) logprobs.top_logprobs = probabilities.top;
+  }
+  if (mode === "chat") {
+    const messages = [];
+    if (settings.system.trim()) messages.push({ role: "system", content: settings.system });
+    for (const m of history) messages.push({ role: m.role, content: chatContent(m) });
+    const body = {
+      model,
+      messages,
+      stream: true,
+      stream_options: { include_usage: true },
+      ...sampling(settings, "max_tokens"),
+      ...logprobs,
+      ...extra,
+    };
+    return { mode, path: "/v1/chat/completions", body };
+  }
+  const previous = history.length >= 2 ? history[history.length - 2] : null;
+  const chained = chain && previous && previous.role === "assistant" && previous.responseId;
+  const turns = chained ? history.slice(-1) : history;
+  const body = { model };
+  if (settings.system.trim()) body.instructions = settings.system;
+  if (chained) body.previous_response_id = previous.responseId;
+  body.input = turns.map((m) => ({ role: m.role, content: m.role === "user" ? responsesContent(m) : m.content }));
+  if (mode === "responses") body.stream = true;
+  Object.assign(body, sampling(settings, "max_output_tokens"), logprobs, extra);
+  return { mode, path: "/v1/responses", body };
+}
+
+function headers(key) {
+  const out = { "Content-Type": "application/json", Accept: "text/event-stream" };
+  if (key) out.Authorization = "Bearer " + key;
+  return out;
+}
+
+async function errorOf(response) {
+  let message = `The server answered ${response.status} ${response.statusText}.`;
+  let param = null;
+  let code = null;
+  try {
+    const body = await response.json();
+    if (body && body.error) {
+      message = body.error.message || message;
+      param = body.error.param || null;
+      code = body.error.code || null;
+    }
+  } catch {
+    // not JSON: the status line says enough
+  }
+  return new ApiError(response.status, message, param, code);
+}
+
+export async function getJSON(path, key, signal) {
+  const response = await fetch(path, { headers: key ? { Authorization: "Bearer " + key } : {}, signal, cache: "no-store" });
+  if (!response.ok) throw await errorOf(response);
+  return response.json();
+}
+
+// Server-sent events of a fetch response: {event, data} for each.
+async function* serverSentEvents(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value.replace(/\r\n?/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let event = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+        else if (line.startsWith("event:")) event = line.slice(6).trim();
+      }
+      if (data.length) yield { event, data: data.join("\n") };
+    }
+  }
+}
+
+export function tokensOf(entries) {
+  return (entries || []).map((entry) => ({
+    t: entry.token,
+    lp: entry.logprob,
+    top: (entry.top_logprobs || []).map((alt) => ({ t: alt.token, lp: alt.logprob })),
+  }));
+}
+
+export async function send(request, { key, signal, sink, socket }) {
+  if (request.mode === "socket") return socket.run(request.body, key, signal, sink);
+  const response = await fetch(request.path, { method: "POST", headers: headers(key), body: JSON.stringify(request.body), signal });
+  if (!response.ok) throw await errorOf(response);
+  for await (const { data } of serverSentEvents(response)) {
+    if (data === "[DONE]") break;
+    let message;
+    try {
+      message = JSON.parse(data);
+    } catch {
+      continue;
+    }
+    if (request.mode === "chat") chatChunk(message, sink);
+    else if (responsesEvent(message, sink)) break;
+  }
+}
+
+function chatChunk(chunk, sink) {
+  if (chunk.error) throw new ApiError(chunk.error.code === "invalid_api_key" ? 401 : 500, chunk.error.message, chunk.error.param);
+  const choice = chunk.choices && chunk.choices[0];
+  if (choice) {
+    const delta = choice.delta || {};
+    const reasoning = delta.reasoning_content || delta.reasoning;
+    if (reasoning) sink.reasoning(reasoning);
+    const tokens = choice.logprobs && choice.logprobs.content ? tokensOf(choice.logprobs.content) : [];
+    if (delta.content || tokens.length) sink.text(delta.content || "", tokens);
+    if (choice.finish_reason) sink.finish(choice.finish_reason);
+  }
+  if (chunk.usage) {
+    const details = chunk.usage.prompt_tokens_details || {};
+    sink.usage({ prompt: chunk.usage.prompt_tokens, completion: chunk.usage.completion_tokens, cached: details.cached_tokens });
+  }
+}
+
+// One Responses event; true once the response is over.
+function responsesEvent(event, sink) {
+  switch (event.type) {
+    case "response.created":
+      sink.responseId(event.response.id);
+      return false;
+    case "response.output_text.delta":
+      sink.text(event.delta || "", tokensOf(event.logprobs));
+      return false;
+    case "response.reasoning_summary_text.delta":
+    case "response.reasoning_text.delta":
+      sink.reasoning(event.delta || "");
+      return false;
+    case "response.completed":
+    case "response.incomplete": {
+      const response = event.response || {};
+      const usage = response.usage;
+      if (usage) {
+        const details = usage.input_tokens_details || {};
+        sink.usage({ prompt: usage.input_tokens, completion: usage.output_tokens, cached: details.cached_tokens });
+      }
+      sink.finish(event.type === "response.completed" ? "stop" : (response.incomplete_details || {}).reason || "incomplete");
+      return true;
+    }
+    case "response.failed": {
+      const error = (event.response && event.response.error) || {};
+      throw new ApiError(500, error.message || "The response failed.", null, error.code);
+    }
+    case "error": {
+      const error = event.error || event;
+      throw new ApiError(error.code === "invalid_api_key" ? 401 : 400, error.message || "The server sent an error.", error.param, error.code);
+    }
+    default:
+      return false;
+  }
+}
+
+// Responses over one WebSocket, kept open between requests. Browsers cannot set an
+// Authorization header on a WebSocket: the key is offered as the subprotocol
+// `openai-insecure-api-key.<key>` beside `responses` (the server's README says more).
+// There is no cancel frame, so Stop closes the socket: the server then cancels every
+// response on it. The next request opens a new one.
+export class ResponsesSocket {
+  constructor() {
+    this.ws = null;
+    this.key = null;
+    this.streams = new Map();
+    this.counter = 0;
+  }
+
+  url() {
+    return (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/v1/responses";
+  }
+
+  open(key) {
+    if (this.ws && this.ws.readyState <= WebSocket.OPEN && this.key === key) return this.ready;
+    this.close();
+    const protocols = key ? ["responses", "openai-insecure-api-key." + key] : [];
+    const ws = new WebSocket(this.url(), protocols);
+    this.ws = ws;
+    this.key = key;
+    this.ready = new Promise((resolve, reject) => {
+      ws.addEventListener("open", () => resolve(ws), { once: true });
+      ws.addEventListener("close", () => reject(new ApiError(0, "The WebSocket could not connect.", null, "socket_failed")), { once: true });
+    });
+    ws.addEventListener("message", (message) => this.dispatch(message.data));
+    ws.addEventListener("close", () => {
+      if (this.ws === ws) this.ws = null;
+      for (const stream of this.streams.values()) stream.fail(new ApiError(0, "The WebSocket closed before the reply ended.", null, "socket_closed"));
+      this.streams.clear();
+    });
+    this.ready.catch(() => {});
+    return this.ready;
+  }
+
+  close() {
+    if (this.ws) {
+      const ws = this.ws;
+      this.ws = null;
+      ws.close();
+    }
+  }
+
+  dispatch(data) {
+    let event;
+    try {
+      event = JSON.parse(data);
+    } catch {
+      return;
+    }
+    const targets = event.stream_id != null ? [this.streams.get(event.stream_id)] : [...this.streams.values()];
+    for (const stream of targets) if (stream) stream.handle(event);
+  }
+
+  async run(body, key, signal, sink) {
+    await this.open(key);
+    const streamId = "s" + ++this.counter;
+    return new Promise((resolve, reject) => {
+      const finish = (error) => {
+        this.streams.delete(streamId);
+        signal.removeEventListener("abort", onAbort);
+        if (error) reject(error);
+        else resolve();
+      };
+      const onAbort = () => {
+        finish(new DOMException("Stopped", "AbortError"));
+        this.close(); // the server cancels the response with the socket
+      };
+      this.streams.set(streamId, {
+        handle: (event) => {
+          try {
+            if (responsesEvent(event, sink)) finish();
+          } catch (error) {
+            finish(error);
+          }
+        },
+        fail: finish,
+      });
+      signal.addEventListener("abort", onAbort);
+      this.ws.send(JSON.stringify({ type: "response.create", stream_id: streamId, ...body }));
+    });
+  }
+}

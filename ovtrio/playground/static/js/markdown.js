@@ -1,0 +1,266 @@
+// A small Markdown renderer that builds DOM nodes. There is no HTML pass-through: a
+// `<script>` or `<img onerror=...>` in the text stays visible text. Links keep only
+// http:, https: and mailto: targets; anything else (javascript:, data:, ...) is shown
+// as plain text. It covers what chat models write: fenced code (with a copy button),
+// headings, lists, quotes, tables, rules, emphasis, inline code, links.
+
+import { h, copyText, flash } from "./dom.js";
+
+const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)[^`]*$/;
+const HEADING = /^ {0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$/;
+const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
+const QUOTE = /^ {0,3}>\s?(.*)$/;
+const LIST_ITEM = /^( *)([-*+]|\d{1,9}[.)])\s+(.*)$/;
+const TABLE_DIVIDER = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
+const SAFE_SCHEMES = new Set(["http:", "https:", "mailto:"]);
+
+export function renderMarkdown(text) {
+  const fragment = document.createDocumentFragment();
+  blocks(text.replace(/\r\n?/g, "\n").split("\n"), fragment);
+  return fragment;
+}
+
+export function safeHref(url) {
+  try {
+    const parsed = new URL(url, document.baseURI);
+    return SAFE_SCHEMES.has(parsed.protocol) ? parsed.href : null;
+  } catch {
+    return null;
+  }
+}
+
+function startsBlock(line) {
+  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || LIST_ITEM.test(line);
+}
+
+function blocks(lines, parent) {
+  let i = 0;
+  while (i < lines.length) {
+    const line = lines[i];
+    let match;
+    if (!line.trim()) {
+      i++;
+    } else if ((match = FENCE.exec(line))) {
+      const fence = match[1];
+      const body = [];
+      i++;
+      while (i < lines.length && !(lines[i].trim().startsWith(fence[0].repeat(fence.length)) && !lines[i].trim().slice(fence.length).trim())) {
+        body.push(lines[i]);
+        i++;
+      }
+      i++; // the closing fence (or the end of a reply still streaming)
+      parent.append(codeBlock(body.join("\n"), match[2]));
+    } else if ((match = HEADING.exec(line))) {
+      parent.append(inline(match[2], h("h" + Math.min(match[1].length + 2, 6), { class: "md-h" + match[1].length })));
+      i++;
+    } else if (RULE.test(line)) {
+      parent.append(h("hr"));
+      i++;
+    } else if (QUOTE.test(line)) {
+      const quoted = [];
+      while (i < lines.length && (match = QUOTE.exec(lines[i]))) {
+        quoted.push(match[1]);
+        i++;
+      }
+      const quote = h("blockquote");
+      blocks(quoted, quote);
+      parent.append(quote);
+    } else if (LIST_ITEM.test(line)) {
+      i = list(lines, i, parent);
+    } else if (line.includes("|") && i + 1 < lines.length && TABLE_DIVIDER.test(lines[i + 1]) && lines[i + 1].includes("-")) {
+      i = table(lines, i, parent);
+    } else {
+      const paragraph = [];
+      while (i < lines.length && lines[i].trim() && (paragraph.length === 0 || !startsBlock(lines[i]))) {
+        paragraph.push(lines[i].trim());
+        i++;
+      }
+      parent.append(inline(paragraph.join("\n"), h("p")));
+    }
+  }
+}
+
+function list(lines, start, parent) {
+  const first = LIST_ITEM.exec(lines[start]);
+  const indent = first[1].length;
+  const ordered = /\d/.test(first[2]);
+  const el = ordered ? h("ol") : h("ul");
+  if (ordered && parseInt(first[2], 10) !== 1) el.start = parseInt(first[2], 10);
+  let i = start;
+  let loose = false;
+  const items = [];
+  while (i < lines.length) {
+    const match = LIST_ITEM.exec(lines[i]);
+    if (!match || match[1].length !== indent || /\d/.test(match[2]) !== ordered) break;
+    const content = [match[3]];
+    const inner = indent + match[2].length + 1;
+    i++;
+    while (i < lines.length) {
+      const next = lines[i];
+      if (!next.trim()) {
+        const following = lines[i + 1];
+        if (following !== undefined && following.search(/\S/) >= inner) {
+          content.push("");
+          loose = true;
+          i++;
+          continue;
+        }
+        break;
+      }
+      const item = LIST_ITEM.exec(next);
+      if (item && item[1].length <= indent) break;
+      if (next.search(/\S/) < inner && !item && startsBlock(next)) break;
+      content.push(next.slice(Math.min(inner, next.search(/\S/))));
+      i++;
+    }
+    items.push(content);
+    if (i < lines.length && !lines[i].trim() && LIST_ITEM.test(lines[i + 1] || "")) {
+      const nextItem = LIST_ITEM.exec(lines[i + 1]);
+      if (nextItem[1].length === indent) {
+        loose = true;
+        i++;
+      }
+    }
+  }
+  for (const content of items) {
+    const li = h("li");
+    if (!loose && content.length && !content.slice(1).some((l) => startsBlock(l) || !l.trim())) {
+      inline(content.join("\n"), li);
+    } else {
+      blocks(content, li);
+    }
+    el.append(li);
+  }
+  parent.append(el);
+  return i;
+}
+
+function cells(line) {
+  let row = line.trim();
+  if (row.startsWith("|")) row = row.slice(1);
+  if (row.endsWith("|") && !row.endsWith("\\|")) row = row.slice(0, -1);
+  return row.split(/(?<!\\)\|/).map((cell) => cell.trim().replace(/\\\|/g, "|"));
+}
+
+function table(lines, start, parent) {
+  const head = cells(lines[start]);
+  const aligns = cells(lines[start + 1]).map((c) => (c.startsWith(":") && c.endsWith(":") ? "center" : c.endsWith(":") ? "right" : null));
+  const thead = h("thead", null, h("tr", null, head.map((cell, k) => inline(cell, h("th", { class: aligns[k] ? "align-" + aligns[k] : null })))));
+  const tbody = h("tbody");
+  let i = start + 2;
+  while (i < lines.length && lines[i].includes("|") && lines[i].trim()) {
+    const row = cells(lines[i]);
+    tbody.append(h("tr", null, head.map((_, k) => inline(row[k] || "", h("td", { class: aligns[k] ? "align-" + aligns[k] : null })))));
+    i++;
+  }
+  parent.append(h("div", { class: "table-wrap" }, h("table", null, thead, tbody)));
+  return i;
+}
+
+function codeBlock(code, language) {
+  const copy = h("button", { class: "code-copy", type: "button", title: "Copy the code", text: "Copy" });
+  copy.addEventListener("click", async () => flash(copy, (await copyText(code)) ? "Copied" : "Copy failed"));
+  return h(
+    "div",
+    { class: "code" },
+    h("div", { class: "code-bar" }, h("span", { class: "code-lang", text: language || "text" }), copy),
+    h("pre", null, h("code", { text: code }))
+  );
+}
+
+// Inline spans: `code`, **strong**, *em*, ~~del~~, [links](url), bare URLs, \escapes,
+// line breaks. Emphasis markers without a closing partner stay as text.
+function inline(text, parent) {
+  let plain = "";
+  const flush = () => {
+    if (plain) parent.append(document.createTextNode(plain));
+    plain = "";
+  };
+  let i = 0;
+  while (i < text.length) {
+    const c = text[i];
+    if (c === "\\" && i + 1 < text.length && /[!-/:-@[-`{-~]/.test(text[i + 1])) {
+      plain += text[i + 1];
+      i += 2;
+      continue;
+    }
+    if (c === "\n") {
+      flush();
+      parent.append(h("br"));
+      i++;
+      continue;
+    }
+    if (c === "`") {
+      const run = /^`+/.exec(text.slice(i))[0];
+      const end = text.indexOf(run, i + run.length);
+      if (end > 0) {
+        flush();
+        parent.append(h("code", { text: text.slice(i + run.length, end).replace(/^ (.*) $/, "$1") }));
+        i = end + run.length;
+        continue;
+      }
+      plain += run;
+      i += run.length;
+      continue;
+    }
+    const pair = text.slice(i, i + 2);
+    if (pair === "**" || pair === "__" || pair === "~~") {
+      const end = text.indexOf(pair, i + 2);
+      if (end > i + 2 && !/\s/.test(text[i + 2])) {
+        flush();
+        parent.append(inline(text.slice(i + 2, end), h(pair === "~~" ? "del" : "strong")));
+        i = end + 2;
+        continue;
+      }
+    }
+    if ((c === "*" || c === "_") && text[i + 1] !== c && text[i + 1] && !/\s/.test(text[i + 1])) {
+      const wordBefore = c === "_" && i > 0 && /\w/.test(text[i - 1]);
+      let end = i + 1;
+      while ((end = text.indexOf(c, end)) > 0 && (text[end + 1] === c || /\s/.test(text[end - 1]) || (c === "_" && /\w/.test(text[end + 1] || "")))) end++;
+      if (!wordBefore && end > i + 1) {
+        flush();
+        parent.append(inline(text.slice(i + 1, end), h("em")));
+        i = end + 1;
+        continue;
+      }
+    }
+    if (c === "[") {
+      const link = /^\[([^\]\n]*)\]\(\s*<?([^\s()<>]*(?:\([^\s()]*\)[^\s()<>]*)*)>?(?:\s+"[^"]*")?\s*\)/.exec(text.slice(i));
+      if (link) {
+        flush();
+        parent.append(anchor(link[1], link[2]));
+        i += link[0].length;
+        continue;
+      }
+    }
+    if ((c === "h" || c === "w") && (i === 0 || /[\s(]/.test(text[i - 1]))) {
+      const bare = /^(?:https?:\/\/|www\.)[^\s<>"]+/.exec(text.slice(i));
+      if (bare) {
+        const url = bare[0].replace(/[.,;:!?)'"]+$/, "");
+        flush();
+        parent.append(anchor(url, url.startsWith("www.") ? "https://" + url : url, true));
+        i += url.length;
+        continue;
+      }
+    }
+    plain += c;
+    i++;
+  }
+  flush();
+  return parent;
+}
+
+function anchor(label, url, bare = false) {
+  const href = safeHref(url);
+  if (!href) {
+    // Not a scheme we link to: the text stays, inert.
+    return h("span", { class: "link-refused", title: "Link not followed: " + url.slice(0, 200) }, bare ? url : inline(label, h("span")));
+  }
+  const a = h("a", { href, target: "_blank", rel: "noopener noreferrer nofollow" });
+  return bare ? append(a, url) : inline(label || url, a);
+}
+
+function append(el, text) {
+  el.textContent = text;
+  return el;
+}
