@@ -408,3 +408,9 @@ def test_the_stateful_backend_serves_images_through_the_vlm_pipeline(vlm_statefu
         model=MODEL, messages=user_with_image(image_url(1)), max_tokens=8, temperature=0, stream=True
     )
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == first
+
+
+def test_the_model_list_says_the_vlm_takes_images(client, server):
+    assert client.models.retrieve(MODEL).model_extra["input_modalities"] == ["text", "image"]
+    text_only = httpx.get(server.v1 + "/models/SmolLM2-135M-Instruct", timeout=10).json()
+    assert text_only["input_modalities"] == ["text"]

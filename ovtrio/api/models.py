@@ -14,7 +14,12 @@ blueprint = Blueprint("models", __name__)
 
 
 def _model_card(service: ModelService) -> dict[str, Any]:
-    return {"id": service.model_name, "object": "model", "created": int(service.started_at), "owned_by": "ovtrio"}
+    card = {"id": service.model_name, "object": "model", "created": int(service.started_at), "owned_by": "ovtrio"}
+    # What the model reads (as OpenRouter and the playground read it): a vision-language
+    # model takes images too.
+    vision = service.source is not None and service.source.vision
+    card["input_modalities"] = ["text", "image"] if vision else ["text"]
+    return card
 
 
 @blueprint.get("/v1/models")
