@@ -1,0 +1,45 @@
+"""Requests whose body length is ambiguous are refused, and their connection closed.
+
+A request with both `Content-Length` and `Transfer-Encoding` can be read two ways: the
+server (h11) goes by `Transfer-Encoding`, as HTTP says, but a proxy in front may go by
+`Content-Length`, and then what the proxy took for the next request is part of this
+one's body, or the other way round: request smuggling. RFC 9112 (6.3) lets a server
+refuse such a request and says it must close the connection after answering it. So the
+answer is a 400 in OpenAI's shape with `Connection: close` (Hypercorn then closes the
+connection), before the body is read or the request routed.
+"""
+
+from __future__ import annotations
+
+from quart import Quart, Response, request, websocket
+
+from ovtrio.api.errors import APIError, error_response
+
+AMBIGUOUS = (
+    "The request has both a Content-Length and a Transfer-Encoding header, so its length is ambiguous;"
+    " send one of them."
+)
+
+
+def install(app: Quart) -> None:
+    """Check every HTTP request and WebSocket handshake first, before anything else."""
+
+    @app.before_request
+    async def refuse_ambiguous_length() -> Response | None:
+        return _refusal(request.headers)
+
+    @app.before_websocket
+    async def refuse_ambiguous_handshake() -> Response | None:
+        return _refusal(websocket.headers)
+
+    # Quart runs these hooks in the order they were added: put these before any other.
+    for hooks in (app.before_request_funcs, app.before_websocket_funcs):
+        hooks[None].insert(0, hooks[None].pop())
+
+
+def _refusal(headers: object) -> Response | None:
+    if "Content-Length" in headers and "Transfer-Encoding" in headers:  # type: ignore[operator]
+        response = error_response(APIError(400, AMBIGUOUS, code="ambiguous_request_length"))
+        response.headers["Connection"] = "close"
+        return response
+    return None
