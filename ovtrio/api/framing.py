@@ -6,12 +6,21 @@ server (h11) goes by `Transfer-Encoding`, as HTTP says, but a proxy in front may
 one's body, or the other way round: request smuggling. RFC 9112 (6.3) lets a server
 refuse such a request and says it must close the connection after answering it. So the
 answer is a 400 in OpenAI's shape with `Connection: close` (Hypercorn then closes the
-connection), before the body is read or the request routed.
+connection), before the request is routed.
+
+The body is read (and dropped) first, within the body timeout: Hypercorn closes a
+connection at once when bytes arrive after a request it has been told ends the
+connection, and a response sent while the body was still coming in would then be cut
+off by that close whenever the client sent more after it (as a smuggling client does).
 """
 
 from __future__ import annotations
 
+import math
+
+import trio
 from quart import Quart, Response, request, websocket
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from ovtrio.api.errors import APIError, error_response
 
@@ -26,7 +35,15 @@ def install(app: Quart) -> None:
 
     @app.before_request
     async def refuse_ambiguous_length() -> Response | None:
-        return _refusal(request.headers)
+        refusal = _refusal(request.headers)
+        if refusal is not None:
+            with trio.move_on_after(request.body_timeout or math.inf):
+                try:
+                    async for _ in request.body:
+                        pass
+                except RequestEntityTooLarge:
+                    pass  # answered all the same; the close ends the rest
+        return refusal
 
     @app.before_websocket
     async def refuse_ambiguous_handshake() -> Response | None:
