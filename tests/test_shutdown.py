@@ -274,3 +274,26 @@ async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(ser
 
     assert_phases(server, command, 4, "drain timed out after")
     assert any("cut 4 requests" in line for line in log_lines(server))
+
+
+def test_the_drain_patch_leaves_other_hypercorn_code_alone(monkeypatch):
+    """A Hypercorn whose worker or trigger differs (fixed, or reworked) keeps its own
+    trigger, and the log says that a shutdown will not drain."""
+    import hypercorn.trio.run as trio_run
+
+    from ovtrio import hypercorn_drain
+
+    said: list[str] = []
+    monkeypatch.setattr(hypercorn_drain, "_applied", False)
+    monkeypatch.setattr(
+        hypercorn_drain, "PATCHED_SOURCES", {**hypercorn_drain.PATCHED_SOURCES, "hypercorn.trio.run.trio_worker": "0" * 64}
+    )
+    monkeypatch.setattr(hypercorn_drain.log, "warning", lambda message, *args: said.append(message % args))
+    before = trio_run.check_multiprocess_shutdown_event
+
+    async def drain(cause: str) -> None:
+        raise AssertionError("never called")
+
+    assert hypercorn_drain.apply(drain) is False
+    assert trio_run.check_multiprocess_shutdown_event is before
+    assert len(said) == 1 and "trio_worker" in said[0] and "will not drain" in said[0]
