@@ -289,10 +289,31 @@ def _websocket(sock: socket.socket) -> None:
     assert _read_until(sock, b"\r\n\r\n").startswith(b"HTTP/1.1 101")
 
 
+def _text_frame(text: bytes) -> bytes:
+    """A client's WebSocket text frame (masked, as clients must send them)."""
+    mask = b"\x5a\x17\xc3\x81"
+    length = bytes([0x80 | len(text)]) if len(text) < 126 else bytes([0x80 | 126]) + len(text).to_bytes(2, "big")
+    return b"\x81" + length + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(text))
+
+
+def _websocket_mid_response(sock: socket.socket) -> None:
+    _websocket(sock)
+    sock.sendall(_text_frame(json.dumps({
+        "type": "response.create", "model": MODEL, "input": "Once", "max_output_tokens": 3000, "ignore_eos": True,
+    }).encode()))
+    _read_until(sock, b"response.output_text.delta")
+
+
 @pytest.mark.parametrize(
     "before_closing",
-    [_nothing, _after_a_request, _after_a_stream, _mid_headers, _mid_body, _mid_stream, _websocket],
-    ids=["idle", "between requests", "after a stream", "mid-headers", "mid-body", "mid-stream", "websocket"],
+    [
+        _nothing, _after_a_request, _after_a_stream, _mid_headers, _mid_body, _mid_stream, _websocket,
+        _websocket_mid_response,
+    ],
+    ids=[
+        "idle", "between requests", "after a stream", "mid-headers", "mid-body", "mid-stream", "websocket",
+        "websocket mid-response",
+    ],
 )
 def test_the_server_closes_its_end_as_soon_as_the_client_closes(server, before_closing):
     """Whatever the connection was doing, the server closes its end once it reads the
