@@ -108,7 +108,7 @@ def apply() -> bool:
             await self._close()
 
     protocol_send.__doc__ = original_send.__doc__
-    TCPServer.protocol_send = protocol_send
-    TCPServer._read_data = _read_data
+    TCPServer.protocol_send = protocol_send  # type: ignore[method-assign]
+    TCPServer._read_data = _read_data  # type: ignore[method-assign]
     _applied = True
     return True

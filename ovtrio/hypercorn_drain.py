@@ -54,9 +54,9 @@ def apply(drain: Callable[[str], Awaitable[None]]) -> bool:
     if _applied:
         return True
     import hypercorn.trio.run as trio_run
-    import hypercorn.utils as utils
+    from hypercorn import utils
 
-    found = {
+    found: dict[str, Callable[..., Any]] = {
         "hypercorn.utils.check_multiprocess_shutdown_event": utils.check_multiprocess_shutdown_event,
         "hypercorn.trio.run.trio_worker": trio_run.trio_worker,
     }

@@ -49,9 +49,11 @@ def install(app: Quart) -> None:
     async def refuse_ambiguous_handshake() -> Response | None:
         return _refusal(websocket.headers)
 
-    # Quart runs these hooks in the order they were added: put these before any other.
+    # Quart runs these hooks in the order they were added: put these before any other
+    # (a refusal by another hook would answer before the body is read, on a connection
+    # that then stays open).
     for hooks in (app.before_request_funcs, app.before_websocket_funcs):
-        hooks[None].insert(0, hooks[None].pop())
+        hooks[None].insert(0, hooks[None].pop())  # type: ignore[arg-type]
 
 
 def _refusal(headers: object) -> Response | None:
