@@ -33,13 +33,17 @@ cancel scope and leaves every other event to the original, and wraps `_read_data
 that once it returns (EOF, a reset, or a socket already closed) the idle timer is
 stopped and the socket closed at once. A client that only half-closes (shuts down its
 sending side and still waits for an answer) is treated as gone, as Hypercorn already
-treats it for a request in flight. It only patches the exact code it was written for
+treats it for a request in flight. The wrapper also keeps an error that a client's bytes
+raise in Hypercorn's protocol (a WebSocket handshake that carries a body makes it send
+two responses, and h11 raises LocalProtocolError) to that one connection: unhandled, it
+ended the server's task group and with it the whole server. It only patches the exact code it was written for
 (Hypercorn 0.18.0's methods, identified by hashes of their source): any other version is
 left alone, with a log line, so a fixed or reworked Hypercorn is never patched blindly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import logging
@@ -100,7 +104,16 @@ def apply() -> bool:
             await original_send(self, event)
 
     async def _read_data(self: Any) -> None:
-        await original_read(self)
+        try:
+            await original_read(self)
+        except Exception as error:  # noqa: BLE001 (whatever it is, it is this connection's)
+            # What the client sent drove Hypercorn's protocol into an error it does not
+            # handle (a WebSocket handshake with a body does): close this connection
+            # rather than let the error end the server's task group, and every other
+            # connection with it.
+            log.warning("closing a connection Hypercorn could not handle: %s: %s", type(error).__name__, error)
+            with contextlib.suppress(Exception):
+                await self.protocol.handle(Closed())
         # Nothing more can come in, and the protocol has been told (a request in flight
         # is ending as a disconnect): release the socket now, not after the idle timer.
         with trio.CancelScope(shield=True):

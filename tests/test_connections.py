@@ -385,6 +385,29 @@ def test_a_request_with_an_ambiguous_length_is_refused_and_its_connection_closed
     assert error["code"] == "ambiguous_request_length"
 
 
+@pytest.mark.parametrize("name", LAUNCHED)
+@pytest.mark.parametrize(
+    "framing",
+    [b"Content-Length: 5\r\n\r\nhello", b"Content-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"],
+    ids=["content-length", "both"],
+)
+def test_a_websocket_handshake_with_a_body_is_refused_and_the_server_serves_on(name, framing, request):
+    """A handshake carrying a body made Hypercorn's protocol raise in the connection's
+    reading task, which ended the server's task group: one request took the whole
+    server down. Now that connection gets a 400 and is closed, and nothing else is hurt."""
+    server = request.getfixturevalue(name)
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=HANG_GUARD) as sock:
+        sock.sendall(
+            b"GET /v1/responses HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n" + framing
+        )
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert status(reply) == b"400", reply
+    assert loopback.get(server.base_url + "/health", timeout=HANG_GUARD).status_code == 200
+
+
 def _server_pid(name: str, server: RunningServer) -> int:
     return worker_pid(server.process.pid) if name == "hypercorn_server" else server.process.pid
 

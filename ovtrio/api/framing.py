@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 import trio
-from quart import Quart, Response, request, websocket
+from quart import Quart, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ovtrio.api.errors import APIError, error_response
@@ -31,7 +31,8 @@ AMBIGUOUS = (
 
 
 def install(app: Quart) -> None:
-    """Check every HTTP request and WebSocket handshake first, before anything else."""
+    """Check every HTTP request first, before anything else. (A WebSocket handshake that
+    carries a body is refused by Hypercorn itself, with a 400 and a close.)"""
 
     @app.before_request
     async def refuse_ambiguous_length() -> Response | None:
@@ -45,15 +46,11 @@ def install(app: Quart) -> None:
                     pass  # answered all the same; the close ends the rest
         return refusal
 
-    @app.before_websocket
-    async def refuse_ambiguous_handshake() -> Response | None:
-        return _refusal(websocket.headers)
-
-    # Quart runs these hooks in the order they were added: put these before any other
+    # Quart runs these hooks in the order they were added: put this one before any other
     # (a refusal by another hook would answer before the body is read, on a connection
     # that then stays open).
-    for hooks in (app.before_request_funcs, app.before_websocket_funcs):
-        hooks[None].insert(0, hooks[None].pop())  # type: ignore[arg-type]
+    hooks = app.before_request_funcs[None]
+    hooks.insert(0, hooks.pop())  # type: ignore[arg-type]
 
 
 def _refusal(headers: object) -> Response | None:
