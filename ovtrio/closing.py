@@ -36,9 +36,11 @@ sending side and still waits for an answer) is treated as gone, as Hypercorn alr
 treats it for a request in flight. The wrapper also keeps an error that a client's bytes
 raise in Hypercorn's protocol (a WebSocket handshake that carries a body makes it send
 two responses, and h11 raises LocalProtocolError) to that one connection: unhandled, it
-ended the server's task group and with it the whole server. It only patches the exact code it was written for
-(Hypercorn 0.18.0's methods, identified by hashes of their source): any other version is
-left alone, with a log line, so a fixed or reworked Hypercorn is never patched blindly.
+ended the server's task group and with it the whole server.
+
+It only patches the exact code it was written for (Hypercorn 0.18.0's methods,
+identified by hashes of their source): any other version is left alone, with a log line,
+so a fixed or reworked Hypercorn is never patched blindly.
 """
 
 from __future__ import annotations
