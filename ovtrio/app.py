@@ -1,5 +1,6 @@
-"""The Quart-Trio application. `hypercorn -k trio ovtrio.app:app` serves it configured
-from OVTRIO_* environment variables; `ovtrio serve` builds the same app from flags."""
+"""The Quart-Trio application. `hypercorn -k trio --config python:ovtrio.hypercorn_config
+ovtrio.app:app` serves it configured from OVTRIO_* environment variables; `ovtrio serve`
+builds the same app from flags."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
-from ovtrio import closing, memory, websocket_messages
-from ovtrio.api import auth, context, health, json_bodies, metrics, models, origins, tokenize
+from ovtrio import accept_errors, closing, hypercorn_drain, memory, websocket_messages
+from ovtrio.api import auth, context, framing, health, json_bodies, metrics, models, origins, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
@@ -43,7 +44,9 @@ def create_app(
     each_model = model_settings(settings)
     configure_logging(settings.log_level)
     closing.apply()
+    accept_errors.install()
     app = QuartTrio("ovtrio")
+    framing.install(app)
     # Streams may run for minutes: no response timeout; request bodies are small.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 60
@@ -91,10 +94,10 @@ def create_app(
 
     @app.after_serving
     async def release_models() -> None:
-        # Hypercorn runs this once every connection has ended. Under `ovtrio serve` the
-        # drain is over by then (the launcher ran it while still listening); under a bare
-        # `hypercorn` this is the first the app hears of the shutdown, and the drain finds
-        # nothing left in flight. Either way nothing can reach the engine any more.
+        # Hypercorn runs this once every connection has ended. The drain is over by then:
+        # `ovtrio serve` runs it while still listening, and so does Hypercorn's own worker
+        # (ovtrio/hypercorn_drain.py), unless that patch could not be applied, and then the
+        # drain finds nothing left in flight. Either way nothing can reach the engine any more.
         await registry.drain("hypercorn stopping")
         await registry.close()
         for scope in trimming:
@@ -128,9 +131,14 @@ def _exit_with(error: Exception) -> NoReturn:
 
 class _LazyApp:
     """Builds the app on first use, so importing ovtrio.app has no side effects beyond
-    reading the environment when a server actually starts."""
+    reading the environment when a server actually starts (and hypercorn_drain's patch)."""
 
     _app: QuartTrio | None = None
+
+    async def drain(self, cause: str) -> None:
+        """Drain the app's requests in flight, if it has been built (ovtrio/shutdown.py)."""
+        if self._app is not None:
+            await context.registry_of(self._app).drain(cause)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self._app is None:
@@ -142,3 +150,6 @@ class _LazyApp:
 
 
 app = _LazyApp()
+# Hypercorn's worker builds its shutdown trigger right after importing this module, and
+# only a patch applied now makes it drain first (see ovtrio/hypercorn_drain.py).
+hypercorn_drain.apply(app.drain)

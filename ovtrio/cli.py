@@ -21,17 +21,6 @@ from ovtrio.model import LoadedModel, ModelLoadError, resolve_model, start_loadi
 
 log = logging.getLogger("ovtrio")
 
-# Connections the kernel queues before the server accepts them. Hypercorn's default
-# (100) resets connections in a burst of clients arriving at once; the kernel caps the
-# value at net.core.somaxconn (4096 on current Linux).
-LISTEN_BACKLOG = 4096
-
-# How long Hypercorn lets connections run on once the shutdown trigger returns, before it
-# cancels them. The trigger returns only after the drain, which has ended every request
-# by then (finished or cut with an error), so this covers writing their last bytes and
-# closing; Hypercorn's default (3 s) is the same idea, with a little more room here.
-FLUSH_SECONDS = 5
-
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -68,14 +57,13 @@ async def serve(settings: Settings, loading: Sequence[Future[tuple[LoadedModel, 
     app = create_app(settings, loading)
     models = registry_of(app)
     models.set_base_url(f"http://{settings.host}:{settings.port}")
-    config = Config()
+    # The listen backlog, keep-alive and graceful timeouts that the hypercorn command
+    # gets from the same module (it says why each).
+    config = Config.from_object("ovtrio.hypercorn_config")
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None
     config.errorlog = "-"
     config.loglevel = "WARNING"
-    config.keep_alive_timeout = 75
-    config.backlog = LISTEN_BACKLOG
-    config.graceful_timeout = FLUSH_SECONDS
     failed = False
 
     # Installed before Hypercorn starts, so a signal that comes while the model loads waits

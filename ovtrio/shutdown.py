@@ -15,10 +15,10 @@ On SIGTERM or SIGINT the server goes through four phases, with one log line each
 Why the drain belongs to the launcher and the release to the app: late requests should
 get a 503 that says what is going on, not a refused connection, so the drain has to run
 while the server still listens; only the launcher can arrange that (`ovtrio serve`
-drains inside Hypercorn's shutdown trigger, before Hypercorn closes its listeners). The
-engine may go only once no handler can reach it any more, which is when Hypercorn runs
-the app's lifespan shutdown. Under a bare `hypercorn` that shutdown is the first the app
-hears of it, so the drain finds nothing left to wait for (see the README).
+drains inside Hypercorn's shutdown trigger, before Hypercorn closes its listeners, and
+under the hypercorn command ovtrio/hypercorn_drain.py has Hypercorn's worker do the
+same). The engine may go only once no handler can reach it any more, which is when
+Hypercorn runs the app's lifespan shutdown.
 """
 
 from __future__ import annotations

@@ -87,19 +87,24 @@ def sample_value(exposition: str, name: str, **labels: str) -> float:
 EXACT_REPEATS = ("--no-enable-prefix-caching",)
 
 
-# Seconds hypercorn-launched test servers keep an idle connection open (Hypercorn's
-# default is 5): the keep-alive test waits that long.
+# Seconds hypercorn-launched test servers keep an idle connection open (ovtrio's
+# Hypercorn settings say 75): the keep-alive test waits that long.
 HYPERCORN_KEEP_ALIVE = 2
+
+# The hypercorn command as the README gives it (the test servers then override the bind
+# address and the keep-alive timeout on the command line).
+HYPERCORN_COMMAND = ("-m", "hypercorn", "-k", "trio", "--config", "python:ovtrio.hypercorn_config")
 
 
 def launch_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None, hypercorn: bool = False) -> RunningServer:
     """Start a server on a free port without waiting for it: `ovtrio serve` with the
-    test servers' flags and `args`, or (`hypercorn`) `hypercorn -k trio ovtrio.app:app`,
-    configured by the environment alone. `env` is added to the environment."""
+    test servers' flags and `args`, or (`hypercorn`) `hypercorn -k trio --config
+    python:ovtrio.hypercorn_config ovtrio.app:app`, configured by the environment alone.
+    `env` is added to the environment."""
     port = free_port()
     if hypercorn:
         command = [
-            sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{port}",
+            sys.executable, *HYPERCORN_COMMAND, "-b", f"127.0.0.1:{port}",
             "--keep-alive", str(HYPERCORN_KEEP_ALIVE), "ovtrio.app:app",
         ]
     else:
@@ -166,7 +171,7 @@ def stop_server(server: RunningServer) -> None:
 
 @contextmanager
 def hypercorn_app(tmp_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`hypercorn -k trio ovtrio.app:app` on a free port, configured by the environment
+    """The hypercorn command on a free port, configured by the environment
     (`env` added to it), once it is ready; its base URL and process. Stopped after."""
     server = wait_until_ready(launch_server(tmp_dir, env=env, hypercorn=True))
     try:
@@ -179,8 +184,8 @@ def hypercorn_app(tmp_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, sub
 HYPERCORN_MODEL = "tiny-chat"
 
 
-# The app as `hypercorn -k trio ovtrio.app:app` serves it, configured by environment
-# variables only, with the prefix cache on (the default, unlike the other test servers).
+# The app as the hypercorn command serves it, configured by environment variables only,
+# with the prefix cache on (the default, unlike the other test servers).
 # Shared by the tests that need this entry point or the prefix cache. Its `process` is
 # hypercorn's launcher, which serves from one worker child.
 hypercorn_server = server_fixture(
@@ -300,7 +305,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     others = (_NEEDS_A_MODEL | set(registered())) - {"server", "embedded_pipeline"}
 
     def readiness(item: pytest.Item) -> int:
-        needs = set(getattr(item, "fixturenames", ()))
+        needs = set(_needs(item))
         if needs & others:
             return 2
         return 1 if needs & {"server", "embedded_pipeline"} else 0
@@ -314,7 +319,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     order of use."""
     used: dict[str, None] = {}
     for item in session.items:
-        used.update(dict.fromkeys(getattr(item, "fixturenames", ())))
+        used.update(dict.fromkeys(_needs(item)))
     wanted = [name for name in ("server", *used) if name in used and name in registered()]
     # The first server converts the model into the session's cache; the others start
     # once it is there and load it (about 3 s of CPU each instead of 6).
@@ -322,6 +327,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _pool().start_in_background(wanted[0], _model_cached, wanted[1:])
     if "embedded_pipeline" in used:
         _pipeline(after_conversion=bool(wanted))
+
+
+def _needs(item: pytest.Item) -> list[str]:
+    """The fixtures a test uses, and the servers it is parametrized over (a test run
+    against each of several servers gets their names as a parameter and asks the pool)."""
+    names = list(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        names += [value for value in callspec.params.values() if isinstance(value, str) and value in registered()]
+    return names
 
 
 def _model_cached() -> bool:

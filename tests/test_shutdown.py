@@ -1,12 +1,13 @@
-"""Graceful shutdown of `ovtrio serve` on SIGTERM: readiness turns 503 at once, new
-requests are refused with a 503 that says why, the requests in flight (SSE, unary,
-WebSocket) run to their end within the drain timeout or are cut with an error event
-after it, and the process exits 0 with one log line per phase.
+"""Graceful shutdown on SIGTERM, under `ovtrio serve` and under the hypercorn command
+alike: readiness turns 503 at once, new requests are refused with a 503 that says why,
+the requests in flight (SSE, unary, WebSocket) run to their end within the drain timeout
+or are cut with an error event after it, and the process exits 0 with one log line per
+phase.
 
-Two servers, one per outcome of the drain: every request finishes, or none can. Each
-test takes its server out of the pool, since stopping it is the point. Requests are
-kept running by asking for many tokens with ignore_eos; nothing here depends on what
-the model writes.
+Two servers per command, one per outcome of the drain: every request finishes, or none
+can. Each test takes its server out of the pool, since stopping it is the point.
+Requests are kept running by asking for many tokens with ignore_eos; nothing here
+depends on what the model writes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
@@ -37,6 +39,14 @@ HANG_GUARD = 90
 
 draining_server = server_fixture("draining_server")
 short_drain_server = server_fixture("short_drain_server", "--drain-timeout", "1")
+hypercorn_draining_server = server_fixture("hypercorn_draining_server", hypercorn=True)
+hypercorn_short_drain_server = server_fixture(
+    "hypercorn_short_drain_server", env={"OVTRIO_DRAIN_TIMEOUT": "1"}, hypercorn=True
+)
+
+# What the drain's first log line names as its cause, by command: Hypercorn's worker is
+# not told which signal its main process received.
+CAUSES = {"serve": "SIGTERM", "hypercorn": "hypercorn shutdown"}
 
 
 def ws_url(server: RunningServer) -> str:
@@ -134,21 +144,27 @@ def log_lines(server: RunningServer) -> list[str]:
     return server.log_path.read_text().splitlines()
 
 
-def assert_phases(server: RunningServer, draining: int, outcome: str) -> None:
-    """One line per phase, in order: draining, drained or cut, engine released, exit."""
+def assert_phases(server: RunningServer, command: str, draining: int, outcome: str) -> None:
+    """One line per phase, in order: draining, drained or cut, engine released, exit
+    (Hypercorn's worker cannot say with which code its process will exit)."""
     lines = log_lines(server)
     phases = [
-        f"SIGTERM: shutting down, draining {draining} requests",
+        f"{CAUSES[command]}: shutting down, draining {draining} requests",
         outcome,
         "engine released",
-        "exiting with code 0",
+        *(["exiting with code 0"] if command == "serve" else []),
     ]
     found = [next((i for i, line in enumerate(lines) if phase in line), None) for phase in phases]
     assert None not in found and found == sorted(found), "\n".join(lines)
 
 
-async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(server_pool, draining_server):
-    server = server_pool.take("draining_server")
+def server_name(command: str, name: str) -> str:
+    return name if command == "serve" else f"hypercorn_{name}"
+
+
+@pytest.mark.parametrize(("command", "name"), [(command, server_name(command, "draining_server")) for command in CAUSES])
+async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(server_pool, command, name):
+    server = server_pool.take(name)
     try:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=HANG_GUARD) as http:
             with trio.fail_after(HANG_GUARD):
@@ -204,11 +220,14 @@ async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(serve
     assert finals[-1]["type"] == "response.incomplete"
     assert finals[-1]["response"]["usage"]["output_tokens"] == FINISHES
 
-    assert_phases(server, 3, "drained in")
+    assert_phases(server, command, 3, "drained in")
 
 
-async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(server_pool, short_drain_server):
-    server = server_pool.take("short_drain_server")
+@pytest.mark.parametrize(
+    ("command", "name"), [(command, server_name(command, "short_drain_server")) for command in CAUSES]
+)
+async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(server_pool, command, name):
+    server = server_pool.take(name)
     try:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=HANG_GUARD) as http:
             with trio.fail_after(HANG_GUARD):
@@ -253,5 +272,28 @@ async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(ser
     for event in (events[-1], *socket_events[-3:-1]):
         validate(event, "ResponseStreamEvent")
 
-    assert_phases(server, 4, "drain timed out after")
+    assert_phases(server, command, 4, "drain timed out after")
     assert any("cut 4 requests" in line for line in log_lines(server))
+
+
+def test_the_drain_patch_leaves_other_hypercorn_code_alone(monkeypatch):
+    """A Hypercorn whose worker or trigger differs (fixed, or reworked) keeps its own
+    trigger, and the log says that a shutdown will not drain."""
+    import hypercorn.trio.run as trio_run
+
+    from ovtrio import hypercorn_drain
+
+    said: list[str] = []
+    monkeypatch.setattr(hypercorn_drain, "_applied", False)
+    monkeypatch.setattr(
+        hypercorn_drain, "PATCHED_SOURCES", {**hypercorn_drain.PATCHED_SOURCES, "hypercorn.trio.run.trio_worker": "0" * 64}
+    )
+    monkeypatch.setattr(hypercorn_drain.log, "warning", lambda message, *args: said.append(message % args))
+    before = trio_run.check_multiprocess_shutdown_event
+
+    async def drain(cause: str) -> None:
+        raise AssertionError("never called")
+
+    assert hypercorn_drain.apply(drain) is False
+    assert trio_run.check_multiprocess_shutdown_event is before
+    assert len(said) == 1 and "trio_worker" in said[0] and "will not drain" in said[0]
