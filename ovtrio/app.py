@@ -17,6 +17,8 @@ from ovtrio import closing
 from ovtrio.api import auth, context, health, metrics, models, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
+from ovtrio.api.messages import errors as messages_errors
+from ovtrio.api.messages import routes as messages
 from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
@@ -54,6 +56,8 @@ def create_app(
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
+    app.register_blueprint(messages.blueprint)
+    messages_errors.install()
 
     @app.before_serving
     async def start_models() -> None:

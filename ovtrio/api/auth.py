@@ -9,6 +9,10 @@ wrong key, none for a missing one), checked before routing, so an unknown path g
 away nothing either. Keys are compared with `hmac.compare_digest` against every
 configured key, so the time taken says nothing about how much of a key matched or
 which key it was.
+
+Anthropic's Messages API sends its key as `x-api-key`: under its paths that header is
+accepted as well as the bearer token (and a refusal is written in Anthropic's shape,
+ovtrio/api/messages/errors.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ovtrio.api.errors import APIError, error_response
 
 OPEN_PATHS = frozenset({"/health", "/health/ready", "/ready", "/v2/health/live", "/v2/health/ready"})
 METRICS_PATH = "/metrics"
+X_API_KEY_PATHS = ("/v1/messages", "/v3/messages")
 
 MISSING = (
     "You didn't provide an API key. You need to provide your API key in an Authorization header"
@@ -41,10 +46,12 @@ class KeyCheck:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def refusal(self, path: str, authorization: str | None) -> APIError | None:
+    def refusal(self, path: str, authorization: str | None, x_api_key: str | None = None) -> APIError | None:
         """None if the request may pass, else the 401 to answer with."""
         if not self._keys or path in self._open:
             return None
+        if x_api_key and not authorization and path.startswith(X_API_KEY_PATHS):
+            authorization = f"Bearer {x_api_key}"
         scheme, _, token = (authorization or "").strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -67,7 +74,8 @@ def install(app: Quart, check: KeyCheck) -> None:
 
     @app.before_request
     async def require_key() -> Response | None:
-        return _refused(check.refusal(request.path, request.headers.get("Authorization")))
+        headers = request.headers
+        return _refused(check.refusal(request.path, headers.get("Authorization"), headers.get("x-api-key")))
 
     @app.before_websocket
     async def require_key_for_socket() -> Response | None:
