@@ -67,7 +67,7 @@ thinking_server = server_fixture(
 
 KEY = "messages-key"
 # Keys on, and room for one running request and one waiting: for refusals and pings.
-limited_server = server_fixture(
+messages_limited_server = server_fixture(
     "messages_limited_server", "--api-key", KEY, "--max-running-sequences", "1", "--max-queued-requests", "1"
 )
 
@@ -383,37 +383,39 @@ def test_a_body_beyond_the_size_limit_is_413(server):
     assert big.value.body["error"]["type"] == "request_too_large"
 
 
-def test_keys_are_taken_from_x_api_key_or_bearer(limited_server):
-    with sdk(limited_server, key="wrong") as client, pytest.raises(anthropic.AuthenticationError) as refused:
+def test_keys_are_taken_from_x_api_key_or_bearer(messages_limited_server):
+    with sdk(messages_limited_server, key="wrong") as client, pytest.raises(anthropic.AuthenticationError) as refused:
         client.messages.create(model=MODEL, max_tokens=2, messages=STORY)
     assert refused.value.body["error"]["type"] == "authentication_error"
-    with sdk(limited_server, key=KEY) as client:  # x-api-key
+    with sdk(messages_limited_server, key=KEY) as client:  # x-api-key
         assert client.messages.create(model=MODEL, max_tokens=2, messages=STORY).usage.output_tokens <= 2
-    url = limited_server.base_url + "/v1/messages/count_tokens"
+    url = messages_limited_server.base_url + "/v1/messages/count_tokens"
     body = {"model": MODEL, "messages": STORY}
     assert loopback.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60).status_code == 200
     error_of(loopback.post(url, json=body, timeout=60), 401, "authentication_error")
     # x-api-key is Anthropic's header: the OpenAI routes still want a bearer token.
-    chat = loopback.post(limited_server.base_url + "/v1/chat/completions", headers={"x-api-key": KEY}, timeout=60,
+    chat = loopback.post(messages_limited_server.base_url + "/v1/chat/completions", headers={"x-api-key": KEY}, timeout=60,
                          json={"model": MODEL, "messages": STORY, "max_tokens": 1})
     assert chat.status_code == 401 and "error" in chat.json() and "type" not in chat.json()
 
 
-async def _hold(http: httpx.AsyncClient, started: trio.Event) -> None:
-    """A chat stream that runs until cancelled (ignore_eos), taking the one running slot."""
+async def _hold(http: httpx.AsyncClient, started: trio.Event, scope: trio.CancelScope) -> None:
+    """A chat stream that runs until `scope` is cancelled (ignore_eos), taking the one
+    running slot."""
     body = {"model": MODEL, "messages": STORY, "max_tokens": 4000, "ignore_eos": True, "stream": True}
-    async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-        assert reply.status_code == 200
-        async for _ in reply.aiter_bytes():
-            started.set()
+    with scope:
+        async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+            assert reply.status_code == 200
+            async for _ in reply.aiter_bytes():
+                started.set()
 
 
-async def test_a_queued_stream_pings_and_a_full_queue_is_429(limited_server):
-    headers = {"x-api-key": KEY}
-    async with httpx.AsyncClient(base_url=limited_server.base_url, timeout=120, headers=headers) as http:
+async def test_a_queued_stream_pings_and_a_full_queue_is_429(messages_limited_server):
+    headers = {"x-api-key": KEY, "Authorization": f"Bearer {KEY}"}  # the holder is a chat stream
+    async with httpx.AsyncClient(base_url=messages_limited_server.base_url, timeout=120, headers=headers) as http:
         async with trio.open_nursery() as holders:
-            started = trio.Event()
-            holders.start_soon(_hold, http, started)
+            started, holding = trio.Event(), trio.CancelScope()
+            holders.start_soon(_hold, http, started, holding)
             with trio.fail_after(120):
                 await started.wait()
             body = message_body(max_tokens=4, stream=True)
@@ -428,15 +430,15 @@ async def test_a_queued_stream_pings_and_a_full_queue_is_429(limited_server):
                             break
                 names = [line[len("event: "):] for line in seen if line.startswith("event: ")]
                 assert names == ["message_start", "ping"], seen
-                assert limited_server.metric("ovtrio_requests_waiting") == 1
+                assert messages_limited_server.metric("ovtrio_requests_waiting") == 1
 
                 # Now the queue is full: the SDK raises RateLimitError, with Retry-After.
-                with sdk(limited_server, key=KEY) as client, pytest.raises(anthropic.RateLimitError) as limited:
+                with sdk(messages_limited_server, key=KEY) as client, pytest.raises(anthropic.RateLimitError) as limited:
                     client.messages.create(model=MODEL, max_tokens=2, messages=STORY)
                 assert limited.value.body["error"]["type"] == "rate_limit_error"
                 assert int(limited.value.response.headers["retry-after"]) >= 1
 
-                holders.cancel_scope.cancel()  # room again: the queued stream runs to its end
+                holding.cancel()  # room again: the queued stream runs to its end
                 with trio.fail_after(120):
                     seen += [line async for line in lines]
     walk([json.loads(line[len("data: "):]) for line in seen if line.startswith("data: ")])
@@ -458,8 +460,9 @@ def test_a_disconnect_frees_the_engine_request(server):
     with ExitStack() as stack:
         http = stack.enter_context(httpx.Client(base_url=server.base_url, timeout=60))
         reply = stack.enter_context(http.stream("POST", "/v1/messages", json={**body, "stream": True}))
+        lines = reply.iter_lines()  # kept: a closed line iterator closes the connection
         deltas = 0
-        for line in reply.iter_lines():
+        for line in lines:
             deltas += line == "event: content_block_delta"
             if deltas == 3:
                 break
