@@ -90,3 +90,18 @@ def test_a_failure_after_the_stream_began_is_an_error_event():
 def test_errors_take_anthropics_types_and_status_codes(error, status, kind):
     assert status_of(error) == status
     assert error_body(error) == {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def test_disable_parallel_tool_use_keeps_the_first_call():
+    calls = []
+    for call, name in enumerate(("first", "second")):
+        calls += [ToolCallStarted(0, call, f"call_{call}", name), ToolCallArguments(0, call, "{}"),
+                  ToolCallDone(0, call, f"call_{call}", name, "{}")]
+    events = calls + [ChoiceFinished(0, "tool_calls"), Completed(7, 9)]
+    writer = MessageWriter("msg_test", "model", 7, one_call=True)
+    written = writer.opening() + writer.write(events)
+    assert walk(written) == writer.message
+    assert [block["name"] for block in writer.message["content"]] == ["first"]
+    assert writer.message["stop_reason"] == "tool_use"
+    _, both = run(events)
+    assert [block["name"] for block in both["content"]] == ["first", "second"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, Response
 
 from ovtrio.api.context import ready_model
 from ovtrio.api.messages.prepare import count_tokens, prepare
@@ -14,7 +14,6 @@ from ovtrio.api.messages.writer import MessageWriter
 from ovtrio.api.pipeline import accept, parse_body
 from ovtrio.api.sse import HEADERS
 from ovtrio.ids import new_id
-from quart import Response
 
 blueprint = Blueprint("messages", __name__)
 
@@ -24,7 +23,8 @@ blueprint = Blueprint("messages", __name__)
 async def create_message() -> Any:
     body, model = await accept(MessagesRequest)
     ready = prepare(model, body)
-    writer = MessageWriter(new_id("msg_"), model.name, ready.input_tokens, ready.stop_sequences)
+    one_call = bool(body.tool_choice and body.tool_choice.disable_parallel_tool_use)
+    writer = MessageWriter(new_id("msg_"), model.name, ready.input_tokens, ready.stop_sequences, one_call)
     if body.stream:
         return Response(MessageStream.of(model.scheduler, ready, writer), mimetype="text/event-stream", headers=HEADERS)
     return await unary_message(model.scheduler, ready, writer)

@@ -62,7 +62,11 @@ def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 
 
 class MessageWriter:
-    def __init__(self, message_id: str, model: str, input_tokens: int, stop_sequences: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, message_id: str, model: str, input_tokens: int, stop_sequences: tuple[str, ...] = (), one_call: bool = False
+    ) -> None:
+        """`one_call`: disable_parallel_tool_use; a model that writes more calls anyway
+        has only its first one returned."""
         self.message: dict[str, Any] = {
             "id": message_id,
             "type": "message",
@@ -82,6 +86,7 @@ class MessageWriter:
         self._calls: dict[int, dict[str, Any]] = {}  # call index -> its tool_use block
         self._arguments: dict[int, str] = {}
         self._reason = "stop"
+        self._one_call = one_call
 
     # ---- the stream ----------------------------------------------------------------------
 
@@ -91,6 +96,8 @@ class MessageWriter:
     def write(self, events: list[OutputEvent]) -> list[dict[str, Any]]:
         written: list[dict[str, Any]] = []
         for event in events:
+            if self._one_call and isinstance(event, (ToolCallStarted, ToolCallArguments, ToolCallDone)) and event.call > 0:
+                continue
             if isinstance(event, TextDelta):
                 if event.text:
                     written += self._text("text", event.text)
