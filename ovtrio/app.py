@@ -17,9 +17,9 @@ from ovtrio import closing
 from ovtrio.api import auth, context, health, metrics, models, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
+from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.messages import errors as messages_errors
 from ovtrio.api.messages import routes as messages
-from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore

@@ -19,10 +19,9 @@ from typing import Any
 import anthropic
 import httpx
 import jsonschema
+import loopback
 import pytest
 import trio
-
-import loopback
 from conftest import MODEL, RunningServer
 from helpers import pick_stop_word
 from messages_stream import check_message, parse_named_sse, walk
@@ -245,7 +244,7 @@ def test_a_forced_tool_loop(claude):
     # An error result is marked as one; string content reads like a text block.
     as_string = [*history[:2], {"role": "user", "content": [{**result, "content": "Sunny, 21 C"}]}]
     as_error = [*history[:2], {"role": "user", "content": [{**result, "is_error": True}]}]
-    count = lambda messages: claude.messages.count_tokens(model=MODEL, messages=messages).input_tokens  # noqa: E731
+    count = lambda messages: claude.messages.count_tokens(model=MODEL, messages=messages).input_tokens
     assert count(as_string) == count(history)
     assert count(as_error) > count(history)
 
@@ -416,35 +415,37 @@ async def _hold(http: httpx.AsyncClient, started: trio.Event, scope: trio.Cancel
 
 async def test_a_queued_stream_pings_and_a_full_queue_is_429(messages_limited_server):
     headers = {"x-api-key": KEY, "Authorization": f"Bearer {KEY}"}  # the holder is a chat stream
-    async with httpx.AsyncClient(base_url=messages_limited_server.base_url, timeout=120, headers=headers) as http:
-        async with trio.open_nursery() as holders:
-            started, holding = trio.Event(), trio.CancelScope()
-            holders.start_soon(_hold, http, started, holding)
+    async with (
+        httpx.AsyncClient(base_url=messages_limited_server.base_url, timeout=120, headers=headers) as http,
+        trio.open_nursery() as holders,
+    ):
+        started, holding = trio.Event(), trio.CancelScope()
+        holders.start_soon(_hold, http, started, holding)
+        with trio.fail_after(120):
+            await started.wait()
+        body = message_body(max_tokens=4, stream=True)
+        async with http.stream("POST", "/v1/messages", json=body) as queued:
+            assert queued.status_code == 200
+            lines = queued.aiter_lines()
+            seen: list[str] = []
+            with trio.fail_after(60):
+                async for line in lines:
+                    seen.append(line)
+                    if line == "event: ping":
+                        break
+            names = [line[len("event: "):] for line in seen if line.startswith("event: ")]
+            assert names == ["message_start", "ping"], seen
+            assert messages_limited_server.metric("ovtrio_requests_waiting") == 1
+
+            # Now the queue is full: the SDK raises RateLimitError, with Retry-After.
+            with sdk(messages_limited_server, key=KEY) as client, pytest.raises(anthropic.RateLimitError) as limited:
+                client.messages.create(model=MODEL, max_tokens=2, messages=STORY)
+            assert limited.value.body["error"]["type"] == "rate_limit_error"
+            assert int(limited.value.response.headers["retry-after"]) >= 1
+
+            holding.cancel()  # room again: the queued stream runs to its end
             with trio.fail_after(120):
-                await started.wait()
-            body = message_body(max_tokens=4, stream=True)
-            async with http.stream("POST", "/v1/messages", json=body) as queued:
-                assert queued.status_code == 200
-                lines = queued.aiter_lines()
-                seen: list[str] = []
-                with trio.fail_after(60):
-                    async for line in lines:
-                        seen.append(line)
-                        if line == "event: ping":
-                            break
-                names = [line[len("event: "):] for line in seen if line.startswith("event: ")]
-                assert names == ["message_start", "ping"], seen
-                assert messages_limited_server.metric("ovtrio_requests_waiting") == 1
-
-                # Now the queue is full: the SDK raises RateLimitError, with Retry-After.
-                with sdk(messages_limited_server, key=KEY) as client, pytest.raises(anthropic.RateLimitError) as limited:
-                    client.messages.create(model=MODEL, max_tokens=2, messages=STORY)
-                assert limited.value.body["error"]["type"] == "rate_limit_error"
-                assert int(limited.value.response.headers["retry-after"]) >= 1
-
-                holding.cancel()  # room again: the queued stream runs to its end
-                with trio.fail_after(120):
-                    seen += [line async for line in lines]
+                seen += [line async for line in lines]
     walk([json.loads(line[len("data: "):]) for line in seen if line.startswith("data: ")])
 
 

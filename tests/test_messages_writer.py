@@ -8,12 +8,19 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from messages_stream import walk
+
 from ovtrio.api.errors import APIError, api_error
 from ovtrio.api.messages.errors import error_body, status_of
 from ovtrio.api.messages.writer import MessageWriter
-from ovtrio.output import ChoiceFinished, ReasoningDelta, TextDelta, ToolCallArguments, ToolCallDone, ToolCallStarted
+from ovtrio.output import (
+    ChoiceFinished,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArguments,
+    ToolCallDone,
+    ToolCallStarted,
+)
 from ovtrio.scheduler import Completed, Failed, Overloaded
 
 

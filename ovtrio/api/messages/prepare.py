@@ -31,6 +31,14 @@ from typing import Any
 
 from ovtrio.api.conversation import chat_stage, output_constraint, template_messages
 from ovtrio.api.formats import ConstraintError, checked_schema, from_response_format
+from ovtrio.api.messages.protocol import (
+    InputMessage,
+    MessagesInput,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from ovtrio.api.pipeline import generation_request
 from ovtrio.api.protocol import (
     ChatCompletionRequest,
@@ -40,14 +48,6 @@ from ovtrio.api.protocol import (
     NamedToolChoice,
     Tool,
     ToolCallRef,
-)
-from ovtrio.api.messages.protocol import (
-    InputMessage,
-    MessagesInput,
-    MessagesRequest,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
 )
 from ovtrio.model.prompts import ChatPrompt
 from ovtrio.output import OutputStage

@@ -164,7 +164,7 @@ class MessagesInput(_Strict):
     workspace_id: Any = None
 
     @model_validator(mode="after")
-    def _check_input(self) -> "MessagesInput":
+    def _check_input(self) -> MessagesInput:
         for i, message in enumerate(self.messages):
             for j, block in enumerate(message.content if isinstance(message.content, list) else []):
                 where = f"messages[{i}].content[{j}]"
@@ -253,7 +253,7 @@ class MessagesRequest(MessagesInput):
     top_k: Annotated[int, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
-    def _check_budget(self) -> "MessagesRequest":
+    def _check_budget(self) -> MessagesRequest:
         budget = self.thinking.budget_tokens if self.thinking else None
         if budget is not None and budget >= self.max_tokens:
             raise invalid(

@@ -58,7 +58,7 @@ async def _produce(
                         await send.send(joined(named_frame, bodies))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return  # the client is gone; leaving the submission cancelled the engine request
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 (whatever fails, the client hears of it as an event)
             try:
                 await send.send(named_frame(error_body(api_error(error))))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -98,10 +98,10 @@ class MessageStream:
     @classmethod
     def of(
         cls, scheduler: GenerationScheduler, ready: PreparedMessage, writer: MessageWriter, interval: float = PING_INTERVAL
-    ) -> "MessageStream":
+    ) -> MessageStream:
         return cls(lambda: _frames(scheduler, ready, writer, interval))
 
-    def __aiter__(self) -> "MessageStream":
+    def __aiter__(self) -> MessageStream:
         return self
 
     async def __anext__(self) -> bytes:
