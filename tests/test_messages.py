@@ -492,3 +492,15 @@ def test_the_routes_show_in_request_metrics(server, claude):
         claude.messages.create(model=MODEL, max_tokens=1, messages=STORY, extra_body={"bogus": 1})
     after = count("/v1/messages", "200"), count("/v1/messages/count_tokens", "200"), count("/v1/messages", "400")
     assert [a - b for a, b in zip(after, before)] == [1, 1, 1]
+
+
+def test_routing_errors_under_the_messages_paths_take_anthropics_shape(server):
+    # Message batches are not served: the SDK's client.messages.batches raises NotFoundError.
+    with sdk(server) as client, pytest.raises(anthropic.NotFoundError):
+        client.messages.batches.list()
+    error_of(loopback.post(server.base_url + "/v1/messages/batches", json={}, timeout=60), 404, "not_found_error")
+    wrong_method = loopback.get(server.base_url + "/v1/messages", timeout=60)
+    assert wrong_method.status_code == 405 and wrong_method.json()["type"] == "error"
+    # Paths that merely start alike keep OpenAI's shape.
+    other = loopback.post(server.base_url + "/v1/messagesx", json={}, timeout=60)
+    assert other.status_code == 404 and set(other.json()) == {"error"}

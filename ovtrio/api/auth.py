@@ -50,7 +50,7 @@ class KeyCheck:
         """None if the request may pass, else the 401 to answer with."""
         if not self._keys or path in self._open:
             return None
-        if x_api_key and not authorization and path.startswith(X_API_KEY_PATHS):
+        if x_api_key and not authorization and any(path == p or path.startswith(p + "/") for p in X_API_KEY_PATHS):
             authorization = f"Bearer {x_api_key}"
         scheme, _, token = (authorization or "").strip().partition(" ")
         token = token.strip()

@@ -79,7 +79,7 @@ def error_response(error: APIError) -> Response:
     """An APIError as an HTTP response (in the shape the request's path speaks)."""
     if _SHAPES and has_request_context():
         for prefixes, respond in _SHAPES.items():
-            if request.path.startswith(prefixes):
+            if any(request.path == prefix or request.path.startswith(prefix + "/") for prefix in prefixes):
                 return respond(error)
     response = Response(json.dumps(error.body(), ensure_ascii=False), status=error.status, mimetype="application/json")
     if error.retry_after is not None:
