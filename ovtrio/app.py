@@ -20,6 +20,8 @@ from ovtrio.api import auth, context, framing, health, json_bodies, metrics, mod
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
+from ovtrio.api.messages import errors as messages_errors
+from ovtrio.api.messages import routes as messages
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
@@ -78,6 +80,8 @@ def create_app(
     websocket_messages.apply(settings.websocket_max_message_bytes)
     for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
+    app.register_blueprint(messages.blueprint)
+    messages_errors.install()
 
     trimming: list[trio.CancelScope] = []  # the task that returns free memory, ended at shutdown
 

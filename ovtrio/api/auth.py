@@ -16,6 +16,10 @@ client offers the subprotocols `responses` and `openai-insecure-api-key.<key>`, 
 server answers with `responses` (never echoing the key). The Authorization header wins
 when both are sent. A subprotocol travels like a header, in the handshake, not in the
 URL, so the key does not end up in access logs or the browser's history.
+
+Anthropic's Messages API sends its key as `x-api-key`: under its paths that header is
+accepted as well as the bearer token (and a refusal is written in Anthropic's shape,
+ovtrio/api/messages/errors.py).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ METRICS_PATH = "/metrics"
 # The subprotocol a WebSocket client offers with its key, and the one it is answered with.
 SOCKET_KEY_PREFIX = "openai-insecure-api-key."
 SOCKET_SUBPROTOCOL = "responses"
+X_API_KEY_PATHS = ("/v1/messages", "/v3/messages")
 
 MISSING = (
     "You didn't provide an API key. You need to provide your API key in an Authorization header"
@@ -56,10 +61,12 @@ class KeyCheck:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def refusal(self, path: str, authorization: str | None) -> APIError | None:
+    def refusal(self, path: str, authorization: str | None, x_api_key: str | None = None) -> APIError | None:
         """None if the request may pass, else the 401 to answer with."""
         if not self._keys or path in self._open:
             return None
+        if x_api_key and not authorization and any(path == p or path.startswith(p + "/") for p in X_API_KEY_PATHS):
+            authorization = f"Bearer {x_api_key}"
         scheme, _, token = (authorization or "").strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -82,7 +89,8 @@ def install(app: Quart, check: KeyCheck) -> None:
 
     @app.before_request
     async def require_key() -> Response | None:
-        return _refused(check.refusal(request.path, request.headers.get("Authorization")))
+        headers = request.headers
+        return _refused(check.refusal(request.path, headers.get("Authorization"), headers.get("x-api-key")))
 
     @app.before_websocket
     async def require_key_for_socket() -> Response | None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
-from quart import Response
+from quart import Response, has_request_context, request
 from werkzeug.exceptions import HTTPException
 
 from ovtrio.api.formats import ConstraintError
@@ -64,8 +65,22 @@ class APIError(Exception):
         return event
 
 
+# Paths that answer errors in another API's shape (Anthropic's Messages API), and how.
+_SHAPES: dict[tuple[str, ...], Callable[[APIError], Response]] = {}
+
+
+def register_error_shape(prefixes: tuple[str, ...], respond: Callable[[APIError], Response]) -> None:
+    """Answer every error on paths starting with one of `prefixes` with `respond`:
+    errors raised by handlers, routing errors and refused API keys alike."""
+    _SHAPES[prefixes] = respond
+
+
 def error_response(error: APIError) -> Response:
-    """An APIError as an HTTP response."""
+    """An APIError as an HTTP response (in the shape the request's path speaks)."""
+    if _SHAPES and has_request_context():
+        for prefixes, respond in _SHAPES.items():
+            if any(request.path == prefix or request.path.startswith(prefix + "/") for prefix in prefixes):
+                return respond(error)
     response = Response(json.dumps(error.body(), ensure_ascii=False), status=error.status, mimetype="application/json")
     if error.retry_after is not None:
         response.headers["Retry-After"] = str(error.retry_after)

@@ -1,0 +1,61 @@
+"""Errors in Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`, with
+the status codes Anthropic documents, so that Anthropic's SDKs raise their own classes
+(BadRequestError, AuthenticationError, NotFoundError, RateLimitError, OverloadedError,
+...). Every refusal on the Messages routes is written this way, including those made
+before routing (API keys, unknown paths under /v1/messages): see `install`.
+
+A server that cannot take the request now (a model still loading, a drain, a full KV
+cache: 503 elsewhere) answers 529 `overloaded_error`, Anthropic's word for it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quart import Response
+
+from ovtrio.api import errors
+from ovtrio.api.errors import APIError
+
+PATHS = ("/v1/messages", "/v3/messages")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+def status_of(error: APIError) -> int:
+    if error.status == 503:
+        return 529
+    if error.status > 500:
+        return 500
+    return error.status
+
+
+def error_body(error: APIError) -> dict[str, Any]:
+    """The error object: a response body, and the stream's `error` event."""
+    status = status_of(error)
+    kind = _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def error_response(error: APIError) -> Response:
+    response = Response(
+        json.dumps(error_body(error), ensure_ascii=False), status=status_of(error), mimetype="application/json"
+    )
+    if error.retry_after is not None:
+        response.headers["Retry-After"] = str(error.retry_after)
+    return response
+
+
+def install() -> None:
+    """Write every error answered under the Messages paths in Anthropic's shape."""
+    errors.register_error_shape(PATHS, error_response)

@@ -1,0 +1,114 @@
+"""The Messages writer and error shapes on their own (no engine): output events in any
+order a reply can produce them become Anthropic's events in order, adding up to the
+unary message; stop sequences are cut off wherever the text splits; failures and
+refusals take Anthropic's error types and status codes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from messages_stream import walk
+
+from ovtrio.api.errors import APIError, api_error
+from ovtrio.api.messages.errors import error_body, status_of
+from ovtrio.api.messages.writer import MessageWriter
+from ovtrio.output import (
+    ChoiceFinished,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArguments,
+    ToolCallDone,
+    ToolCallStarted,
+)
+from ovtrio.scheduler import Completed, Failed, Overloaded
+
+
+def pieces(text: str, rng: random.Random) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 6))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+def run(events: list, stops: tuple[str, ...] = (), batch: int = 1) -> tuple[list[dict], dict]:
+    writer = MessageWriter("msg_test", "model", 7, stops)
+    written = writer.opening()
+    for at in range(0, len(events), batch):
+        written += writer.write(events[at : at + batch])
+    return written, writer.message
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_thinking_text_and_calls_add_up_to_the_message(seed):
+    rng = random.Random(seed)
+    arguments = '{"city": "Paris", "days": [1, 2]}'
+    events = [ReasoningDelta(0, p) for p in pieces("Let me think about it.", rng)]
+    events += [TextDelta(0, p) for p in pieces("Calling the tool now.", rng)]
+    events.append(ToolCallStarted(0, 0, "call_abc", "get_weather"))
+    events += [ToolCallArguments(0, 0, p) for p in pieces(arguments, rng)]
+    events += [ToolCallDone(0, 0, "call_abc", "get_weather", arguments), ChoiceFinished(0, "tool_calls"), Completed(7, 30)]
+    written, message = run(events, batch=rng.randint(1, 4))
+    streamed = walk(written)
+    assert streamed == message
+    assert message["content"] == [
+        {"type": "thinking", "thinking": "Let me think about it.", "signature": ""},
+        {"type": "text", "text": "Calling the tool now."},
+        {"type": "tool_use", "id": "toolu_abc", "name": "get_weather", "input": {"city": "Paris", "days": [1, 2]}},
+    ]
+    assert message["stop_reason"] == "tool_use" and message["usage"]["output_tokens"] == 30
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_stop_sequence_at_the_end_is_cut_off_and_named(seed):
+    rng = random.Random(seed)
+    text = "The keeper climbed the stairs. THE END"
+    events = [TextDelta(0, p) for p in pieces(text, rng)] + [ChoiceFinished(0, "stop"), Completed(7, 9)]
+    written, message = run(events, stops=("END", " THE END", "zzz"))
+    assert walk(written) == message
+    assert message["content"] == [{"type": "text", "text": "The keeper climbed the stairs."}]
+    assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", " THE END")
+    # The same text ended by the model itself, or cut by max_tokens, keeps every character.
+    for reason, stop_reason in (("length", "max_tokens"), ("stop", "end_turn")):
+        ending = [ChoiceFinished(0, reason), Completed(7, 9)]
+        _, message = run([TextDelta(0, text.replace("END", "FIN"))] + ending, stops=("END",))
+        assert message["content"][0]["text"] == text.replace("END", "FIN")
+        assert (message["stop_reason"], message["stop_sequence"]) == (stop_reason, None)
+
+
+def test_a_failure_after_the_stream_began_is_an_error_event():
+    written, _ = run([TextDelta(0, "Hello"), Failed("the engine failed", "engine_error")])
+    assert written[-1] == {"type": "error", "error": {"type": "api_error", "message": "the engine failed"}}
+    written, _ = run([Failed("KV cache full", "out_of_memory")])
+    assert written[-1]["error"]["type"] == "overloaded_error"
+
+
+@pytest.mark.parametrize(
+    "error, status, kind",
+    [
+        (APIError(400, "bad"), 400, "invalid_request_error"),
+        (APIError(401, "who"), 401, "authentication_error"),
+        (APIError(404, "none"), 404, "not_found_error"),
+        (APIError(413, "big"), 413, "request_too_large"),
+        (api_error(Overloaded("full", 2)), 429, "rate_limit_error"),
+        (APIError(500, "oops"), 500, "api_error"),
+        (APIError(503, "loading"), 529, "overloaded_error"),
+        (APIError(504, "slow"), 500, "api_error"),
+    ],
+)
+def test_errors_take_anthropics_types_and_status_codes(error, status, kind):
+    assert status_of(error) == status
+    assert error_body(error) == {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def test_disable_parallel_tool_use_keeps_the_first_call():
+    calls = []
+    for call, name in enumerate(("first", "second")):
+        calls += [ToolCallStarted(0, call, f"call_{call}", name), ToolCallArguments(0, call, "{}"),
+                  ToolCallDone(0, call, f"call_{call}", name, "{}")]
+    events = calls + [ChoiceFinished(0, "tool_calls"), Completed(7, 9)]
+    writer = MessageWriter("msg_test", "model", 7, one_call=True)
+    written = writer.opening() + writer.write(events)
+    assert walk(written) == writer.message
+    assert [block["name"] for block in writer.message["content"]] == ["first"]
+    assert writer.message["stop_reason"] == "tool_use"
+    _, both = run(events)
+    assert [block["name"] for block in both["content"]] == ["first", "second"]
