@@ -414,3 +414,33 @@ def test_the_model_list_says_the_vlm_takes_images(client, server):
     assert client.models.retrieve(MODEL).model_extra["input_modalities"] == ["text", "image"]
     text_only = httpx.get(server.v1 + "/models/SmolLM2-135M-Instruct", timeout=10).json()
     assert text_only["input_modalities"] == ["text"]
+
+
+def test_the_messages_api_takes_image_blocks(vlm_server, client):
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=vlm_server.base_url, api_key="unused", max_retries=0)
+
+    def ask_claude(seed: int) -> tuple[str, int]:
+        data = base64.b64encode(encoded(Image.fromarray(pixels(seed)))).decode()
+        reply = claude.messages.create(
+            model=MODEL, max_tokens=8, extra_body={"temperature": 0},
+            messages=[{"role": "user", "content": [
+                {"type": "text", "text": "Describe this image."},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+            ]}],
+        )  # fmt: skip
+        return "".join(block.text for block in reply.content if block.type == "text"), reply.usage.input_tokens
+
+    first, tokens = ask_claude(1)
+    assert ask_claude(1) == (first, tokens)
+    assert ask_claude(2)[0] != first
+    # The same conversation as chat completions' (same template, same image).
+    assert (first, tokens) == ask(client, user_with_image(image_url(1)))
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model=MODEL, max_tokens=4,
+            messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}],
+        )  # fmt: skip
+    assert "messages[0].content[0].source" in caught.value.message

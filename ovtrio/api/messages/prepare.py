@@ -26,12 +26,13 @@ What the translation decides:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ovtrio.api.conversation import chat_stage, output_constraint, template_messages
+from ovtrio.api.conversation import chat_stage, encode_conversation, output_constraint
 from ovtrio.api.formats import ConstraintError, checked_schema, from_response_format
 from ovtrio.api.messages.protocol import (
+    ImageBlock,
     InputMessage,
     MessagesInput,
     MessagesRequest,
@@ -40,12 +41,15 @@ from ovtrio.api.messages.protocol import (
     ToolUseBlock,
 )
 from ovtrio.api.pipeline import generation_request
+from ovtrio.api.vision import text_prompts
 from ovtrio.api.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
     FunctionSpec,
+    ImagePart,
     NamedToolChoice,
+    TextPart,
     Tool,
     ToolCallRef,
 )
@@ -113,12 +117,12 @@ def chat_messages(body: MessagesInput) -> list[ChatMessage]:
     if body.system:
         system = body.system if isinstance(body.system, str) else "".join(b.text for b in body.system)
         messages.append(ChatMessage.model_construct(role="system", content=system))
-    for message in body.messages:
-        messages += _translated(message)
+    for index, message in enumerate(body.messages):
+        messages += _translated(message, index)
     return messages
 
 
-def _translated(message: InputMessage) -> list[ChatMessage]:
+def _translated(message: InputMessage, index: int) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [_message(message.role, message.content)]
     if message.role == "assistant":
@@ -132,29 +136,41 @@ def _translated(message: InputMessage) -> list[ChatMessage]:
         ]
         return [_message("assistant", text, tool_calls=calls or None)]
     translated: list[ChatMessage] = []
-    text: list[str] = []
-    for block in message.content:
+    # Text and images of the user's turn, in their order, as chat content parts.
+    parts: list[TextPart | ImagePart] = []
+    for j, block in enumerate(message.content):
         if isinstance(block, TextBlock):
-            text.append(block.text)
+            parts.append(TextPart.model_construct(type="text", text=block.text))
+        elif isinstance(block, ImageBlock):
+            image = ImagePart.model_construct(type="image_url", image_url=block.source.as_url())
+            parts.append(image.held_in(f"messages[{index}].content[{j}].source"))
         elif isinstance(block, ToolResultBlock):
-            if text:
-                translated.append(_message(message.role, "".join(text)))
-                text = []
+            if parts:
+                translated.append(_message(message.role, _content(parts)))
+                parts = []
             content = (ERROR_RESULT if block.is_error else "") + block.text()
             translated.append(_message("tool", content, tool_call_id=block.tool_use_id))
-    if text or not translated:
-        translated.append(_message(message.role, "".join(text)))
+    if parts or not translated:
+        translated.append(_message(message.role, _content(parts)))
     return translated
 
 
-def _message(role: str, content: str, **fields: Any) -> ChatMessage:
+def _content(parts: list[TextPart | ImagePart]) -> str | list[TextPart | ImagePart]:
+    """Plain text when there are no images (the form every template reads)."""
+    if any(isinstance(part, ImagePart) for part in parts):
+        return parts
+    return "".join(part.text for part in parts if isinstance(part, TextPart))
+
+
+def _message(role: str, content: str | list[TextPart | ImagePart], **fields: Any) -> ChatMessage:
     return ChatMessage.model_construct(**{"role": role, "content": content, "name": None, "tool_calls": None, "tool_call_id": None, **fields})
 
 
-def encode(model: ServingModel, body: MessagesInput, chat: ChatCompletionRequest) -> ChatPrompt:
+async def encode(model: ServingModel, body: MessagesInput, chat: ChatCompletionRequest) -> ChatPrompt:
     """The prompt the request is answered from: its conversation through the chat
-    template, with the tools shown to the model; a trailing assistant message is
-    continued rather than answered."""
+    template (encode_conversation, as chat completions encodes its own: size checks,
+    long prompts tokenized off the event loop, images), with the tools shown to the
+    model; a trailing assistant message is continued rather than answered."""
     messages = chat_messages(body)
     prefill = ""
     if len(messages) > 1 and messages[-1].role == "assistant" and not messages[-1].tool_calls:
@@ -162,39 +178,35 @@ def encode(model: ServingModel, body: MessagesInput, chat: ChatCompletionRequest
     tools = chat.tool_specs() if chat.effective_tool_choice() != "none" else []
     for i, spec in enumerate(tools):
         checked_schema(spec.parameters, f"tools[{i}].input_schema")
-    prompt = model.prompts.encode_chat(
-        template_messages(messages),
-        tools=[_template_tool(spec) for spec in tools],
-        template_kwargs=chat.template_kwargs(),
-    )
+    prompt, _ = await encode_conversation(model, chat, messages)
     if prefill:
-        return ChatPrompt(prompt.ids + model.prompts.encode_raw(prefill, add_special_tokens=False), prompt.opens_reasoning)
+        ids = prompt.ids + model.prompts.encode_raw(prefill, add_special_tokens=False)
+        text = prompt.text + prefill if prompt.text is not None else None
+        return replace(prompt, ids=ids, text=text)
     return prompt
 
 
-def _template_tool(spec: FunctionSpec) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": spec.name, "parameters": spec.parameters}
-    if spec.description:
-        function["description"] = spec.description
-    return {"type": "function", "function": function}
+async def count_tokens(model: ServingModel, body: MessagesInput) -> int:
+    return len((await encode(model, body, chat_body(body))).ids)
 
 
-def count_tokens(model: ServingModel, body: MessagesInput) -> int:
-    return len(encode(model, body, chat_body(body)).ids)
-
-
-def prepare(model: ServingModel, body: MessagesRequest) -> PreparedMessage:
+async def prepare(model: ServingModel, body: MessagesRequest) -> PreparedMessage:
     """Everything checked and built before the client is answered; raises what the
     client is to be told."""
     chat = chat_body(body)
-    prompt = encode(model, body, chat)
+    prompt = await encode(model, body, chat)
     tools = chat.tool_specs() if chat.effective_tool_choice() != "none" else []
     stage, markers = chat_stage(model, chat, prompt, tools)
     try:
-        constraint = output_constraint(chat, lambda fmt: from_response_format(fmt, "output_config.format"))
+        constraint = output_constraint(
+            chat, lambda fmt: from_response_format(fmt, "output_config.format"), model.caps.schema_bytes
+        )
     except ConstraintError as exc:
         raise ConstraintError(str(exc).replace("output_config.format.json_schema", "output_config.format"), _param(exc)) from None
-    generation = generation_request(model, chat, [prompt.ids], constraint=constraint, keep_special_token_ids=markers)
+    texts = await text_prompts(model, prompt)
+    generation = generation_request(
+        model, chat, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts
+    )
     return PreparedMessage(body, generation, stage, len(prompt.ids), tuple(body.stop_sequences or ()))
 
 

@@ -52,11 +52,32 @@ class TextBlock(_Block):
     citations: list[Any] | None = None  # passed back from an earlier reply: ignored
 
 
+class ImageSource(_Strict):
+    type: Literal["base64", "url"]
+    media_type: str | None = None  # base64
+    data: str | None = None  # base64
+    url: str | None = None  # url
+
+    @model_validator(mode="after")
+    def _check_source(self) -> "ImageSource":
+        if self.type == "base64" and not (self.media_type and self.data is not None):
+            raise ValueError("a base64 image source needs media_type and data")
+        if self.type == "url" and not self.url:
+            raise ValueError("a url image source needs url")
+        return self
+
+    def as_url(self) -> str:
+        """The source as the URL the chat path reads (a data: URL for base64)."""
+        if self.type == "base64":
+            return f"data:{self.media_type};base64,{self.data}"
+        return self.url or ""
+
+
 class ImageBlock(_Block):
-    """Read only to refuse it by name: no served model takes images here."""
+    """An image, for a vision-language model (a text-only model refuses it by name)."""
 
     type: Literal["image"]
-    source: dict[str, Any]
+    source: ImageSource
 
 
 class ToolResultBlock(_Block):
@@ -169,9 +190,10 @@ class MessagesInput(_Strict):
             for j, block in enumerate(message.content if isinstance(message.content, list) else []):
                 where = f"messages[{i}].content[{j}]"
                 nested = block.content if isinstance(block, ToolResultBlock) and isinstance(block.content, list) else []
-                if isinstance(block, ImageBlock) or any(isinstance(b, ImageBlock) for b in nested):
+                if any(isinstance(b, ImageBlock) for b in nested):
                     raise invalid(
-                        f"Invalid value for '{where}': this server's models read text only; image blocks cannot be used.",
+                        f"Invalid value for '{where}': images inside a tool_result are not supported; send them in a"
+                        " user message's own image block.",
                         where,
                         "unsupported_input",
                     )

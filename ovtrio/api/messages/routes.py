@@ -22,7 +22,7 @@ blueprint = Blueprint("messages", __name__)
 @blueprint.post("/v1/messages")
 async def create_message() -> Any:
     body, model = await accept(MessagesRequest)
-    ready = prepare(model, body)
+    ready = await prepare(model, body)
     one_call = bool(body.tool_choice and body.tool_choice.disable_parallel_tool_use)
     writer = MessageWriter(new_id("msg_"), model.name, ready.input_tokens, ready.stop_sequences, one_call)
     if body.stream:
@@ -34,4 +34,4 @@ async def create_message() -> Any:
 @blueprint.post("/v1/messages/count_tokens")
 async def count_message_tokens() -> Any:
     body = await parse_body(MessagesInput)
-    return {"input_tokens": count_tokens(ready_model(body.model), body)}
+    return {"input_tokens": await count_tokens(ready_model(body.model), body)}
