@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, NoReturn
 
 import trio
@@ -31,6 +32,7 @@ from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
 from ovtrio.model import LoadedModel, ModelLoadError, grammar_cache
 from ovtrio.playground import routes as playground
+from ovtrio.model.vision import is_vision_folder
 from ovtrio.registry import ModelRegistry
 
 log = logging.getLogger("ovtrio")
@@ -54,7 +56,8 @@ def create_app(
     app.config["BODY_TIMEOUT"] = 60
     # A body over the limit is refused (413) before it is read when its Content-Length
     # says so, and as soon as it passes the limit otherwise.
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    body_limit = body_bytes(settings, each_model)
+    app.config["MAX_CONTENT_LENGTH"] = body_limit
     grammar_cache.install(settings.grammar_cache_bytes)
     server_metrics = ServerMetrics()
     registry = ModelRegistry(each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading)
@@ -111,8 +114,8 @@ def create_app(
     async def http_error(error: HTTPException) -> Response:
         if isinstance(error, RequestEntityTooLarge):
             error = RequestEntityTooLarge(
-                f"The request body is larger than the {settings.max_body_bytes} bytes this server accepts"
-                " (--max-body-bytes)."
+                f"The request body is larger than the {body_limit} bytes this server accepts"
+                " (--max-body-bytes, and for images --max-image-bytes x --max-images-per-request)."
             )
         response = error_response(api_error(error))
         # A 405 must say which methods the route does allow (RFC 9110, 15.5.6).
@@ -125,6 +128,15 @@ def create_app(
         return error_response(api_error(error))
 
     return app
+
+
+def body_bytes(settings: Settings, each_model: Sequence[Settings]) -> int:
+    """The largest request body: --max-body-bytes, plus room for the most images a
+    request may carry (as base64, 4 characters for 3 bytes) when a vision-language
+    model is served."""
+    if not any(model.model and is_vision_folder(Path(model.model).expanduser()) for model in each_model):
+        return settings.max_body_bytes
+    return settings.max_body_bytes + settings.max_images_per_request * (settings.max_image_bytes * 4 // 3 + 4)
 
 
 def _exit_with(error: Exception) -> NoReturn:

@@ -170,10 +170,13 @@ class Settings(BaseModel):
         " (falls back to the binding's step() if the check at startup fails)",
     )
     max_images_per_request: int = Field(
-        8, ge=0, description="vision-language models: most images in one request (a conversation's included)"
+        4, ge=0, description="vision-language models: most images in one request (a conversation's included)"
     )
     max_image_bytes: int = Field(
-        20 * 1024 * 1024, ge=1, description="vision-language models: largest image, in bytes as sent (decoded from base64)"
+        10 * 1024 * 1024,
+        ge=1,
+        description="vision-language models: largest image, in bytes (decoded from base64); a server serving one"
+        " takes bodies this much larger for each image a request may carry",
     )
     max_image_side: int = Field(
         2048,

@@ -42,8 +42,8 @@ class ImageError(ValueError):
 
 @dataclass(frozen=True)
 class ImageLimits:
-    max_images: int = 8  # per request
-    max_bytes: int = 20 * 1024 * 1024  # per image, encoded
+    max_images: int = 4  # per request
+    max_bytes: int = 10 * 1024 * 1024  # per image, encoded
     max_side: int = 2048  # longer side in pixels; larger images are resized down
     fetch_urls: bool = False  # http(s) URLs
     fetch_timeout: float = 10.0  # seconds, per image
