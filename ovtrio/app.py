@@ -14,7 +14,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ovtrio import closing
-from ovtrio.api import auth, context, health, metrics, models, tokenize
+from ovtrio.api import auth, context, embeddings, health, metrics, models, rerank, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
@@ -22,7 +22,9 @@ from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.config import Settings, SettingsError, api_keys, settings_from_env
-from ovtrio.config_file import model_settings
+from ovtrio.embedding.kinds import served_models
+from ovtrio.embedding.service import EncoderService, encoders_to_serve
+from ovtrio.embedding.metrics import EncoderMetrics
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
 from ovtrio.model import LoadedModel, ModelLoadError
@@ -38,7 +40,7 @@ def create_app(
     name or those of their config file; `loading`, when given, is each model's load
     already under way (ovtrio.model.start_loading_in_order). Raises SettingsError."""
     settings = settings or settings_from_env()
-    each_model = model_settings(settings)
+    each_model, configured_encoders = served_models(settings)
     configure_logging(settings.log_level)
     closing.apply()
     app = QuartTrio("ovtrio")
@@ -47,12 +49,19 @@ def create_app(
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = 32 * 1024 * 1024
     server_metrics = ServerMetrics()
-    registry = ModelRegistry(each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading)
+    encoder_metrics = EncoderMetrics(server_metrics.registry)
+    encoders = [
+        EncoderService(name, kind, encoder_settings, folder, observer=encoder_metrics.for_model)
+        for name, kind, encoder_settings, folder in encoders_to_serve(settings, configured_encoders)
+    ]
+    registry = ModelRegistry(
+        each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading, encoders=encoders
+    )
     store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)
     context.attach(app, registry, store, metrics.registry_for(registry, server_metrics))
     metrics.install(app, server_metrics)
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
-    for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
+    for module in (completions, chat, responses, responses_socket, embeddings, rerank, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
 
     @app.before_serving

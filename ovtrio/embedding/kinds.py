@@ -144,3 +144,18 @@ def max_input_tokens(folder: Path) -> int:
 def hidden_size(folder: Path) -> int | None:
     size = _read_json(folder / "config.json").get("hidden_size")
     return size if isinstance(size, int) else None
+
+
+def served_models(settings: Settings) -> tuple[list[Settings], list[tuple[Settings, ModelKind]]]:
+    """The generation models and the encoders of the config file (or of the flags' one
+    model). Raises SettingsError when no generation model is left."""
+    from ovtrio.config import SettingsError
+    from ovtrio.config_file import model_settings
+
+    generation, encoders = split_by_kind(model_settings(settings))
+    if not generation:
+        raise SettingsError(
+            "no generation model to serve: every model configured is an embedding or rerank model (serve those"
+            " beside one with --embedding-model, --rerank-model or a config file entry)"
+        )
+    return generation, encoders
