@@ -86,7 +86,10 @@ async def embeddings() -> Any:
     truncate = body.truncate_prompt_tokens
     if truncate == 0:
         raise invalid("Invalid value for 'truncate_prompt_tokens': it must be -1 or at least 1.", "truncate_prompt_tokens")
-    job = await run(encoder, EmbeddingWork(inputs, None if truncate is None else truncate), len(inputs))
+    names = ["input"] if isinstance(body.input, str) or inputs == [body.input] else [
+        f"input[{index}]" for index in range(len(inputs))
+    ]
+    job = await run(encoder, EmbeddingWork(inputs, truncate, names), len(inputs))
     vectors: np.ndarray = job.result
     data = [
         {"object": "embedding", "index": index, "embedding": _encoded(vector, body.encoding_format)}

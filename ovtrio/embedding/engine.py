@@ -135,15 +135,18 @@ class Embedder:
         self.dimensions = int(vectors.shape[1])
         self.load_seconds = time.perf_counter() - started
 
-    def prepare(self, inputs: Sequence[EmbeddingInput], truncate: int | None) -> tuple[list[str], int]:
+    def prepare(
+        self, inputs: Sequence[EmbeddingInput], truncate: int | None, names: Sequence[str]
+    ) -> tuple[list[str], int]:
         """The texts to embed and their tokens in all. Raises InputError naming the input
-        that is too long (when `truncate` does not allow cutting it) or unusable."""
+        (as `names` call them) that is too long (when `truncate` does not allow cutting
+        it) or unusable."""
         texts = []
         total = 0
         if truncate == -1:
             truncate = self.limit
         for index, item in enumerate(inputs):
-            param = f"input[{index}]" if len(inputs) > 1 or not isinstance(item, str) else "input"
+            param = names[index]
             text = item if isinstance(item, str) else self.tokens.text_of(item, param)
             count = self.tokens.count(text)
             if truncate is not None and count > truncate:

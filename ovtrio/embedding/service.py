@@ -34,6 +34,7 @@ log = logging.getLogger("ovtrio")
 class EmbeddingWork:
     inputs: Sequence[EmbeddingInput]
     truncate: int | None
+    names: Sequence[str]  # how errors name each input: "input", "input[3]"
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def _embed_batch(embedder: Embedder, jobs: Sequence[Job]) -> None:
     for job in jobs:
         work: EmbeddingWork = job.payload
         try:
-            prepared, job.tokens = embedder.prepare(work.inputs, work.truncate)
+            prepared, job.tokens = embedder.prepare(work.inputs, work.truncate, work.names)
         except Exception as exc:  # InputError, or the tokenizer refusing the text
             job.error = exc
             continue
