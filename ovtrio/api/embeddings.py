@@ -91,14 +91,13 @@ async def embeddings() -> Any:
     ]
     job = await run(encoder, EmbeddingWork(inputs, truncate, names), len(inputs))
     vectors: np.ndarray = job.result
-    data = [
-        {"object": "embedding", "index": index, "embedding": _encoded(vector, body.encoding_format)}
-        for index, vector in enumerate(vectors)
-    ]
-    reply = {
-        "object": "list",
-        "data": data,
-        "model": encoder.name,
-        "usage": {"prompt_tokens": job.tokens, "total_tokens": job.tokens},
-    }
-    return await json_reply(reply, vectors.size if body.encoding_format == "float" else 0)
+
+    def reply() -> dict[str, Any]:
+        data = [
+            {"object": "embedding", "index": index, "embedding": _encoded(vector, body.encoding_format)}
+            for index, vector in enumerate(vectors)
+        ]
+        usage = {"prompt_tokens": job.tokens, "total_tokens": job.tokens}
+        return {"object": "list", "data": data, "model": encoder.name, "usage": usage}
+
+    return await json_reply(reply, vectors.size)

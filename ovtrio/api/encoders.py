@@ -4,6 +4,7 @@ turning what an encoder raises into OpenAI's error shape."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -51,10 +52,12 @@ async def run(encoder: EncoderService, work: EmbeddingWork | RerankWork, size: i
         raise APIError(503, str(exc), code=exc.code) from None
 
 
-async def json_reply(body: dict[str, Any], numbers: int) -> Response:
-    """`body` as a JSON response; serialized off the event loop when it is big."""
-    if numbers > _JSON_IN_THREAD:
-        text = await trio.to_thread.run_sync(json.dumps, body)
-    else:
-        text = json.dumps(body)
-    return Response(text, status=200, mimetype="application/json")
+async def json_reply(build: Callable[[], dict[str, Any]], numbers: int) -> Response:
+    """The body `build` makes, as a JSON response; built and serialized off the event
+    loop when it holds more than a few thousand numbers."""
+
+    def text() -> str:
+        return json.dumps(build())
+
+    body = await trio.to_thread.run_sync(text) if numbers > _JSON_IN_THREAD else text()
+    return Response(body, status=200, mimetype="application/json")

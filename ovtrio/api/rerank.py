@@ -74,4 +74,4 @@ async def rerank() -> Any:
         "results": results,
         "usage": {"prompt_tokens": job.tokens, "total_tokens": job.tokens},
     }
-    return await json_reply(reply, 0)
+    return await json_reply(lambda: reply, len(results))
