@@ -80,6 +80,12 @@ class _Tokens:
     def count(self, text: str) -> int:
         return int(self.tokenizer.encode(text).input_ids.data.shape[1])
 
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        mask = self.tokenizer.encode(list(texts)).attention_mask.data
+        return [int(row.sum()) for row in mask]
+
     def text_of(self, ids: list[int], param: str) -> str:
         """The text whose tokens are exactly `ids` (without the special tokens); an
         InputError when there is none, since the pipeline takes text only."""
@@ -135,20 +141,26 @@ class Embedder:
         self.dimensions = int(vectors.shape[1])
         self.load_seconds = time.perf_counter() - started
 
-    def prepare(
-        self, inputs: Sequence[EmbeddingInput], truncate: int | None, names: Sequence[str]
+    def texts_of(self, inputs: Sequence[EmbeddingInput], names: Sequence[str]) -> list[str]:
+        """The text of each input: token ids become the text they are the tokens of."""
+        return [item if isinstance(item, str) else self.tokens.text_of(item, name) for item, name in zip(inputs, names)]
+
+    def counts(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each text, special ones included, in one call of the tokenizer (one
+        call a text costs about as much as a call for 32 texts)."""
+        return self.tokens.counts(texts)
+
+    def fit(
+        self, texts: Sequence[str], counts: Sequence[int], truncate: int | None, names: Sequence[str]
     ) -> tuple[list[str], int]:
-        """The texts to embed and their tokens in all. Raises InputError naming the input
-        (as `names` call them) that is too long (when `truncate` does not allow cutting
-        it) or unusable."""
-        texts = []
-        total = 0
+        """The texts to embed and their tokens in all: cut to `truncate` tokens when it
+        is set (-1: the model's limit). Raises InputError naming the first input over the
+        limit."""
         if truncate == -1:
             truncate = self.limit
-        for index, item in enumerate(inputs):
-            param = names[index]
-            text = item if isinstance(item, str) else self.tokens.text_of(item, param)
-            count = self.tokens.count(text)
+        fitted = []
+        total = 0
+        for text, count, param in zip(texts, counts, names):
             if truncate is not None and count > truncate:
                 text = self.tokens.cut(text, truncate)
                 count = self.tokens.count(text)
@@ -158,9 +170,9 @@ class Embedder:
                     f" {self.limit}; shorten it, or set truncate_prompt_tokens to cut it.",
                     param,
                 )
-            texts.append(text)
+            fitted.append(text)
             total += count
-        return texts, total
+        return fitted, total
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """One unit vector per text (float32 [texts, dimensions]), `max_batch` at a time."""
@@ -197,8 +209,10 @@ class Reranker:
 
     def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[tuple[int, float]], int]:
         """(index, score) of every document, best first, and the tokens of the pairs."""
-        tokens = sum(min(self.limit, self.tokens.count(query) + self.tokens.count(doc) - self.tokens.special // 2)
-                     for doc in documents)
+        # A pair is [CLS] query [SEP] document [SEP]: one special token fewer than the two
+        # texts alone have.
+        query_tokens, *document_tokens = self.tokens.counts([query, *documents])
+        tokens = sum(min(self.limit, query_tokens + count - self.tokens.special // 2) for count in document_tokens)
         scores = [(int(index), float(score)) for index, score in self.pipeline.rerank(query, list(documents))]
         scores.sort(key=lambda pair: (-pair[1], pair[0]))
         return scores, tokens

@@ -44,19 +44,30 @@ class RerankWork:
 
 
 def _embed_batch(embedder: Embedder, jobs: Sequence[Job]) -> None:
-    """Every job's inputs in one list for the pipeline; a job with an unusable input
-    gets its error and the others go on."""
-    texts: list[str] = []
-    spans: list[tuple[Job, int, int]] = []
+    """Every job's inputs in one list for the pipeline, counted in one call of the
+    tokenizer; a job with an unusable input gets its error and the others go on."""
+    converted: list[tuple[Job, list[str]]] = []
     for job in jobs:
         work: EmbeddingWork = job.payload
         try:
-            prepared, job.tokens = embedder.prepare(work.inputs, work.truncate, work.names)
-        except Exception as exc:  # InputError, or the tokenizer refusing the text
+            converted.append((job, embedder.texts_of(work.inputs, work.names)))
+        except Exception as exc:  # InputError, or the tokenizer refusing the ids
+            job.error = exc
+    counts = embedder.counts([text for _, texts in converted for text in texts])
+    texts: list[str] = []
+    spans: list[tuple[Job, int, int]] = []
+    offset = 0
+    for job, job_texts in converted:
+        work = job.payload
+        job_counts = counts[offset : offset + len(job_texts)]
+        offset += len(job_texts)
+        try:
+            fitted, job.tokens = embedder.fit(job_texts, job_counts, work.truncate, work.names)
+        except Exception as exc:  # InputError
             job.error = exc
             continue
-        spans.append((job, len(texts), len(prepared)))
-        texts.extend(prepared)
+        spans.append((job, len(texts), len(fitted)))
+        texts.extend(fitted)
     if not texts:
         return
     vectors = embedder.embed(texts)
