@@ -99,6 +99,8 @@ def _complete(folder: Path) -> bool:
 
 def convert(zip_path: Path, target: Path) -> None:
     """Write the IR folder of the sentence-transformers model in `zip_path` into `target`."""
+    # transformers warns at import that torch is missing: the tokenizer needs none.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import openvino as ov
     import openvino_tokenizers
     from safetensors.numpy import load as load_safetensors
