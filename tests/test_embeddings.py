@@ -177,6 +177,10 @@ def test_models_of_another_kind_or_unknown(encoder_server: RunningServer) -> Non
                  code="model_not_found")
     assert_error(post(encoder_server.base_url, "/v1/rerank", {"model": EMBEDDER, "query": "q", "documents": ["d"]}),
                  400, param="model", code="model_kind_mismatch")
+    chat = {"model": EMBEDDER, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    error = assert_error(post(encoder_server.base_url, "/v1/chat/completions", chat), 400, param="model",
+                         code="model_kind_mismatch")
+    assert "/v1/embeddings" in error["message"]
 
 
 def test_the_embedder_is_listed_and_defaults_when_model_is_left_out(server: RunningServer) -> None:
