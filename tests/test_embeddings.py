@@ -340,3 +340,9 @@ def test_bad_rerank_requests_get_a_400_naming_the_field(
     encoder_server: RunningServer, body: dict[str, Any], param: str
 ) -> None:
     assert_error(post(encoder_server.base_url, "/v1/rerank", body), 400, param=param)
+
+
+def test_the_hypercorn_entry_point_serves_embeddings_too(hypercorn_server: RunningServer) -> None:
+    response = httpx.post(hypercorn_server.v1 + "/embeddings", json={"input": ["A man is eating food."]}, timeout=600)
+    assert response.status_code == 200, response.text
+    assert cosine(response.json()["data"][0]["embedding"], reference("A man is eating food.")) > 0.999
