@@ -7,7 +7,6 @@ lays one out."""
 from __future__ import annotations
 
 import importlib.util
-
 import json
 import zipfile
 from functools import lru_cache

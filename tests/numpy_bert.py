@@ -54,7 +54,7 @@ def hidden_states(
     for layer in range(int(config["num_hidden_layers"])):  # type: ignore[call-overload]
         p = f"encoder.layer.{layer}."
 
-        def dense(v: np.ndarray, name: str) -> np.ndarray:
+        def dense(v: np.ndarray, name: str, p: str = p) -> np.ndarray:
             return v @ w[p + name + ".weight"].T + w[p + name + ".bias"]
 
         q = dense(x, "attention.self.query").reshape(tokens, heads, size).transpose(1, 0, 2)

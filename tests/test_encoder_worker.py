@@ -21,7 +21,7 @@ class GatedModel:
         self.batches: list[list[str]] = []
         self.gate = threading.Event()
 
-    def run(self, model: "GatedModel", jobs: Sequence[Job]) -> None:
+    def run(self, model: GatedModel, jobs: Sequence[Job]) -> None:
         if not self.batches:
             self.gate.wait(30)
         self.batches.append([job.payload for job in jobs])
@@ -55,7 +55,7 @@ async def test_waiting_jobs_share_a_batch_up_to_the_limit() -> None:
         await _wait_until(lambda: worker.stats().running == 1)
         for queued, (name, size) in enumerate((("a", 2), ("bad", 1), ("b", 1), ("c", 3)), start=1):
             nursery.start_soon(submit, name, size)
-            await _wait_until(lambda: worker.stats().queued == queued)
+            await _wait_until(lambda queued=queued: worker.stats().queued == queued)
         model.gate.set()
         await _wait_until(lambda: len(results) == 5)
         nursery.cancel_scope.cancel()

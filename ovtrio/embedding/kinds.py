@@ -16,10 +16,10 @@ read from the sentence-transformers files the export keeps (`1_Pooling/config.js
 from __future__ import annotations
 
 import json
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
+from xml.etree import ElementTree
 
 from ovtrio.config import Settings
 
