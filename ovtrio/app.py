@@ -14,16 +14,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from ovtrio import closing
-from ovtrio.api import (
-    auth,
-    context,
-    embeddings,
-    health,
-    metrics,
-    models,
-    rerank,
-    tokenize,
-)
+from ovtrio.api import auth, context, embeddings, health, metrics, models, rerank, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
@@ -32,8 +23,8 @@ from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.config import Settings, SettingsError, api_keys, settings_from_env
 from ovtrio.embedding.kinds import served_models
-from ovtrio.embedding.metrics import EncoderMetrics
 from ovtrio.embedding.service import EncoderService, encoders_to_serve
+from ovtrio.embedding.metrics import EncoderMetrics
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
 from ovtrio.model import LoadedModel, ModelLoadError

@@ -14,22 +14,10 @@ from typing import Any
 import trio
 
 from ovtrio import __version__
-from ovtrio.config import (
-    ENV_PREFIX,
-    Settings,
-    SettingsError,
-    api_keys,
-    is_list_setting,
-    settings_from_env,
-)
+from ovtrio.config import ENV_PREFIX, Settings, SettingsError, api_keys, is_list_setting, settings_from_env
 from ovtrio.embedding.kinds import served_models
 from ovtrio.logs import configure_logging
-from ovtrio.model import (
-    LoadedModel,
-    ModelLoadError,
-    resolve_model,
-    start_loading_in_order,
-)
+from ovtrio.model import LoadedModel, ModelLoadError, resolve_model, start_loading_in_order
 
 log = logging.getLogger("ovtrio")
 

@@ -22,13 +22,7 @@ from ovtrio.config import Settings
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME, embedded_embedder_folder
 from ovtrio.embedding.engine import Embedder, EmbeddingInput, EncoderOptions, Reranker
 from ovtrio.embedding.kinds import ModelKind
-from ovtrio.embedding.worker import (
-    EncoderObserver,
-    EncoderUnavailable,
-    EncoderWorker,
-    Job,
-    WorkerStats,
-)
+from ovtrio.embedding.worker import EncoderObserver, EncoderUnavailable, EncoderWorker, Job, WorkerStats
 from ovtrio.model.cache import default_cache_dir
 from ovtrio.model.source import ModelLoadError
 
