@@ -17,7 +17,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
 from ovtrio import accept_errors, closing, hypercorn_drain, memory, websocket_messages
-from ovtrio.api import auth, context, framing, health, json_bodies, metrics, models, origins, tokenize
+from ovtrio.api import auth, context, embeddings, framing, health, json_bodies, metrics, models, origins, rerank, tokenize
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
@@ -27,7 +27,9 @@ from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.config import Settings, SettingsError, api_keys, settings_from_env
-from ovtrio.config_file import model_settings
+from ovtrio.embedding.kinds import served_models
+from ovtrio.embedding.service import EncoderService, encoders_to_serve
+from ovtrio.embedding.metrics import EncoderMetrics
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
 from ovtrio.model import LoadedModel, ModelLoadError, grammar_cache
@@ -45,7 +47,7 @@ def create_app(
     name or those of their config file; `loading`, when given, is each model's load
     already under way (ovtrio.model.start_loading_in_order). Raises SettingsError."""
     settings = settings or settings_from_env()
-    each_model = model_settings(settings)
+    each_model, configured_encoders = served_models(settings)
     configure_logging(settings.log_level)
     closing.apply()
     accept_errors.install()
@@ -60,7 +62,14 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = body_limit
     grammar_cache.install(settings.grammar_cache_bytes)
     server_metrics = ServerMetrics()
-    registry = ModelRegistry(each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading)
+    encoder_metrics = EncoderMetrics(server_metrics.registry)
+    encoders = [
+        EncoderService(name, kind, encoder_settings, folder, observer=encoder_metrics.for_model)
+        for name, kind, encoder_settings, folder in encoders_to_serve(settings, configured_encoders)
+    ]
+    registry = ModelRegistry(
+        each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading, encoders=encoders
+    )
     store = ResponseStore(
         settings.response_store_size,
         settings.response_store_ttl,
@@ -81,7 +90,7 @@ def create_app(
         app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)
     )
     websocket_messages.apply(settings.websocket_max_message_bytes)
-    for module in (completions, chat, responses, responses_socket, models, tokenize, health, metrics):
+    for module in (completions, chat, responses, responses_socket, embeddings, rerank, models, tokenize, health, metrics):
         app.register_blueprint(module.blueprint)
     app.register_blueprint(messages.blueprint)
     messages_errors.install()

@@ -15,7 +15,7 @@ import trio
 
 from ovtrio import __version__
 from ovtrio.config import ENV_PREFIX, Settings, SettingsError, api_keys, is_list_setting, settings_from_env
-from ovtrio.config_file import model_settings
+from ovtrio.embedding.kinds import served_models
 from ovtrio.logs import configure_logging
 from ovtrio.model import LoadedModel, ModelLoadError, resolve_model, start_loading_in_order
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
     try:
         settings = settings_from_env(**overrides)
-        each_model = model_settings(settings)
+        each_model, _ = served_models(settings)
         sources = [resolve_model(model) for model in each_model]  # fail fast, before binding the port
         api_keys(settings)
     except (SettingsError, ModelLoadError) as exc:

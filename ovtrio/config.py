@@ -190,6 +190,46 @@ class Settings(BaseModel):
         " the URLs it is sent can be made to reach addresses only it can reach)",
     )
     image_fetch_timeout: float = Field(10.0, gt=0, description="seconds to fetch one image URL (with --image-urls)")
+    model_kind: Literal["auto", "generation", "embedding", "rerank"] = Field(
+        "auto",
+        description="what the model is: generation (chat and completions), embedding (/v1/embeddings) or rerank"
+        " (a cross-encoder, /v1/rerank); auto reads it off the IR's outputs (last_hidden_state: embedding,"
+        " logits of rank 2: rerank)",
+    )
+    embeddings: bool = Field(
+        True,
+        description="serve the embedded all-MiniLM-L6-v2 at /v1/embeddings when no other embedding model is"
+        " configured (--no-embeddings turns it off)",
+    )
+    embedding_model: str | None = Field(
+        None,
+        description="OpenVINO IR folder of an embedding model to serve at /v1/embeddings instead of the embedded"
+        " one (optimum-cli export openvino --task feature-extraction)",
+    )
+    rerank_model: str | None = Field(
+        None,
+        description="OpenVINO IR folder of a cross-encoder to serve at /v1/rerank (optimum-cli export openvino"
+        " --task text-classification)",
+    )
+    encoder_preload: bool = Field(
+        False,
+        description="load the embedding and rerank models at start, not on their first request",
+    )
+    encoder_device: str | None = Field(None, description="device of the embedding and rerank models (default: device)")
+    encoder_inference_precision: Literal["auto", "f32", "bf16", "f16"] = Field(
+        "auto", description="precision the embedding and rerank models compute in (auto: the device's choice)"
+    )
+    encoder_max_batch: int = Field(
+        32, ge=1, description="most inputs an embedding model computes at once (requests waiting together are batched)"
+    )
+    encoder_max_queued_requests: int = Field(
+        64,
+        ge=0,
+        description="embedding or rerank requests waiting for their model; beyond them requests get 429",
+    )
+    max_inputs_per_request: int = Field(
+        2048, ge=1, description="most inputs in one embeddings request, and documents in one rerank request"
+    )
     response_store_size: int = Field(1000, ge=0, description="stored responses kept for retrieval and chaining")
     response_store_ttl: float = Field(3600.0, gt=0, description="seconds a stored response is kept")
     response_store_bytes: int = Field(
@@ -308,6 +348,7 @@ class Settings(BaseModel):
 # cache) are the server's, and are set once, on the command line or in the environment.
 PER_MODEL_SETTINGS = (
     "model",
+    "model_kind",
     "served_model_name",
     "chat_template",
     "tool_parser",

@@ -25,6 +25,7 @@ from typing import Literal
 import trio
 
 from ovtrio.config import Settings
+from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
 from ovtrio.scheduler import RequestObserver
 from ovtrio.service import ModelService, ObserverFactory
@@ -42,6 +43,7 @@ class ModelRegistry:
         drain_timeout: float,
         observer: ObserverFactory | None = None,
         loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None,
+        encoders: Sequence[EncoderService] = (),
     ) -> None:
         """`models`: each model's settings (config_file.model_settings). `observer` makes
         each model's request observer (the metrics). `loading`, when given, is the load
@@ -53,6 +55,7 @@ class ModelRegistry:
             ModelService(settings, observer=self._observer_of if observer else None, loading=future)
             for settings, future in zip(models, futures)
         ]
+        self.encoders = list(encoders)
         self.shutdown = Shutdown(drain_timeout)
         # Set when every model has failed to load: the server has nothing to serve.
         self.failed = trio.Event()
@@ -69,6 +72,12 @@ class ModelRegistry:
                 raise ModelLoadError(f"two models are served as '{source.name}'; give each its own served_model_name")
             self._by_name[source.name] = service
             self._longest_context = max(self._longest_context, source.context_length)
+        names = set(self._by_name)
+        for encoder in self.encoders:
+            check_encoder_folder(encoder.name, encoder.folder)
+            if encoder.name in names:
+                raise ModelLoadError(f"two models are served as '{encoder.name}'; give each its own served_model_name")
+            names.add(encoder.name)
 
     @property
     def default(self) -> ModelService:
@@ -77,6 +86,13 @@ class ModelRegistry:
 
     def find(self, name: str) -> ModelService | None:
         return self._by_name.get(name)
+
+    def find_encoder(self, name: str | None, kind: str) -> EncoderService | None:
+        """The encoder of `kind` named `name` (None: the first of that kind)."""
+        for encoder in self.encoders:
+            if encoder.kind == kind and (name is None or encoder.name == name):
+                return encoder
+        return None
 
     def status(self, service: ModelService) -> ModelStatus:
         if service.failed.is_set():
@@ -102,6 +118,8 @@ class ModelRegistry:
             async with trio.open_nursery() as nursery:
                 for service in self.services:
                     await nursery.start(service.run)
+                for encoder in self.encoders:
+                    await nursery.start(encoder.run)
                 nursery.start_soon(self._watch_failures)
                 task_status.started()
 

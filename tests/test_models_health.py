@@ -10,6 +10,8 @@ from helpers import complete
 from openai_schema import validate
 from sse import MODEL
 
+EMBEDDER = "all-MiniLM-L6-v2"  # served beside the generation model by default
+
 
 def get(server, path: str) -> httpx.Response:
     response = loopback.get(server.base_url + path, timeout=10)
@@ -21,8 +23,9 @@ def get(server, path: str) -> httpx.Response:
 def test_list_models(server, path):
     body = get(server, path).json()
     validate(body, "ListModelsResponse")
-    assert [card["id"] for card in body["data"]] == [MODEL]
-    assert body["data"][0]["object"] == "model"
+    # The generation model, then the embedded embedder (served beside it by default).
+    assert [card["id"] for card in body["data"]] == [MODEL, EMBEDDER]
+    assert all(card["object"] == "model" for card in body["data"])
 
 
 @pytest.mark.parametrize("path", ["/v1/models/", "/v3/models/"])
@@ -34,8 +37,9 @@ def test_retrieve_model(server, path):
 
 
 def test_sdk_lists_and_retrieves_the_model(client):
-    assert [model.id for model in client.models.list()] == [MODEL]
+    assert [model.id for model in client.models.list()] == [MODEL, EMBEDDER]
     assert client.models.retrieve(MODEL).id == MODEL
+    assert client.models.retrieve(EMBEDDER).id == EMBEDDER
 
 
 def test_liveness(server):

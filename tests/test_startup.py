@@ -117,7 +117,7 @@ def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
 
 def test_hypercorn_entry_point_serves_with_environment_settings(hypercorn_server):
     models = loopback.get(hypercorn_server.base_url + "/v1/models").json()
-    assert [m["id"] for m in models["data"]] == [HYPERCORN_MODEL]
+    assert [m["id"] for m in models["data"]] == [HYPERCORN_MODEL, "all-MiniLM-L6-v2"]  # and the embedded embedder
     with openai.OpenAI(base_url=hypercorn_server.base_url + "/v3", api_key="unused", max_retries=0) as sdk:
         reply = sdk.chat.completions.create(
             model=HYPERCORN_MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0,

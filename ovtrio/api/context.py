@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from quart import Quart, current_app
 
-from ovtrio.api.errors import APIError, model_not_found, shutting_down
+from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.registry import ModelRegistry
 from ovtrio.service import ModelService, ServingModel
@@ -39,6 +39,14 @@ def model_service(name: str | None = None) -> ModelService:
         return models.default
     service = models.find(name)
     if service is None:
+        encoder = next((encoder for encoder in models.encoders if encoder.name == name), None)
+        if encoder is not None:
+            raise invalid(
+                f"The model '{name}' is a{'n' if encoder.kind == 'embedding' else ''} {encoder.kind} model; it serves"
+                f" /v1/{'embeddings' if encoder.kind == 'embedding' else 'rerank'}, not this endpoint.",
+                "model",
+                "model_kind_mismatch",
+            )
         raise model_not_found(name)
     return service
 

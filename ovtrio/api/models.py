@@ -8,6 +8,7 @@ from typing import Any
 from quart import Blueprint
 
 from ovtrio.api.context import model_registry, model_service
+from ovtrio.embedding.service import EncoderService
 from ovtrio.service import ModelService
 
 blueprint = Blueprint("models", __name__)
@@ -22,13 +23,22 @@ def _model_card(service: ModelService) -> dict[str, Any]:
     return card
 
 
+def _encoder_card(encoder: EncoderService) -> dict[str, Any]:
+    return {"id": encoder.name, "object": "model", "created": int(encoder.started_at), "owned_by": "ovtrio"}
+
+
 @blueprint.get("/v1/models")
 @blueprint.get("/v3/models")
 async def list_models() -> Any:
-    return {"object": "list", "data": [_model_card(service) for service in model_registry().services]}
+    registry = model_registry()
+    cards = [_model_card(service) for service in registry.services]
+    return {"object": "list", "data": cards + [_encoder_card(encoder) for encoder in registry.encoders]}
 
 
 @blueprint.get("/v1/models/<path:model_id>")
 @blueprint.get("/v3/models/<path:model_id>")
 async def retrieve_model(model_id: str) -> Any:
+    for encoder in model_registry().encoders:
+        if encoder.name == model_id:
+            return _encoder_card(encoder)
     return _model_card(model_service(model_id))

@@ -1,0 +1,63 @@
+"""What the embeddings and rerank routes share: finding the encoder a request names, and
+turning what an encoder raises into OpenAI's error shape."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from quart import Response
+
+from ovtrio.api.context import model_registry
+from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
+from ovtrio.embedding.engine import InputError
+from ovtrio.embedding.service import EmbeddingWork, EncoderService, RerankWork
+from ovtrio.embedding.worker import EncoderUnavailable, Job
+
+# Replies bigger than this many numbers are serialized in a worker thread: a few
+# thousand vectors as JSON take long enough to hold up the event loop.
+_JSON_IN_THREAD = 16 * 1024
+
+
+def encoder_for(name: str | None, kind: str, missing: str) -> EncoderService:
+    """The encoder of `kind` that `name` names (None: the first); `missing` is the 404's
+    message when the server has none of that kind."""
+    registry = model_registry()
+    if registry.shutdown.draining.is_set():
+        raise shutting_down()
+    encoder = registry.find_encoder(name, kind)
+    if encoder is not None:
+        return encoder
+    if name is None:
+        raise APIError(404, missing, param="model", code="model_not_found")
+    if registry.find(name) is None and not any(e.name == name for e in registry.encoders):
+        raise model_not_found(name)
+    served = [f"'{e.name}'" for e in registry.encoders if e.kind == kind]
+    where = f"; this server's are {', '.join(served)}" if served else f". {missing}"
+    raise invalid(f"The model '{name}' is not a {kind} model{where}.", "model", "model_kind_mismatch")
+
+
+async def run(encoder: EncoderService, work: EmbeddingWork | RerankWork, size: int) -> Job:
+    """`work` computed by `encoder`; its errors as APIErrors (Overloaded passes on: the
+    app maps it to a 429)."""
+    try:
+        return await encoder.submit(work, size)
+    except InputError as exc:
+        raise invalid(str(exc), exc.param) from None
+    except EncoderUnavailable as exc:
+        if exc.code == "shutting_down":
+            raise shutting_down(cut=True) from None
+        raise APIError(503, str(exc), code=exc.code) from None
+
+
+async def json_reply(build: Callable[[], dict[str, Any]], numbers: int) -> Response:
+    """The body `build` makes, as a JSON response; built and serialized off the event
+    loop when it holds more than a few thousand numbers."""
+
+    def text() -> str:
+        return json.dumps(build())
+
+    body = await trio.to_thread.run_sync(text) if numbers > _JSON_IN_THREAD else text()
+    return Response(body, status=200, mimetype="application/json")

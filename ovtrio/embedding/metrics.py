@@ -1,0 +1,59 @@
+"""The encoders' Prometheus metrics, per model (label `model_name`) and kind (`kind`:
+embedding or rerank): requests served, inputs (texts, or documents to rerank), tokens,
+requests refused with 429, and the number of inputs of each batch the model computed."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ovtrio.embedding.worker import EncoderObserver
+
+_LABELS = ("model_name", "kind")
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+class _ModelObserver(EncoderObserver):
+    def __init__(self, metrics: EncoderMetrics, labels: tuple[str, str]) -> None:
+        self._requests = metrics.requests.labels(*labels)
+        self._inputs = metrics.inputs.labels(*labels)
+        self._tokens = metrics.tokens.labels(*labels)
+        self._rejected = metrics.rejected.labels(*labels)
+        self._batch = metrics.batch_size.labels(*labels)
+
+    def finished(self, inputs: int, tokens: int) -> None:
+        self._requests.inc()
+        self._inputs.inc(inputs)
+        self._tokens.inc(tokens)
+
+    def batch(self, inputs: int) -> None:
+        self._batch.observe(inputs)
+
+    def rejected(self) -> None:
+        self._rejected.inc()
+
+
+class EncoderMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "ovtrio_encoder_requests", "Embedding and rerank requests served", _LABELS, registry=registry
+        )
+        self.inputs = Counter(
+            "ovtrio_encoder_inputs", "Texts embedded, or documents reranked", _LABELS, registry=registry
+        )
+        self.tokens = Counter("ovtrio_encoder_tokens", "Tokens of the inputs computed", _LABELS, registry=registry)
+        self.rejected = Counter(
+            "ovtrio_encoder_requests_rejected",
+            "Embedding and rerank requests refused with 429 because the model's queue was full",
+            _LABELS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "ovtrio_encoder_batch_size", "Inputs computed in one batch", _LABELS, buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+        self._observers: dict[str, _ModelObserver] = {}
+
+    def for_model(self, name: str, kind: str) -> EncoderObserver:
+        if name not in self._observers:
+            self._observers[name] = _ModelObserver(self, (name, kind))
+        return self._observers[name]

@@ -1,0 +1,69 @@
+"""Which models are encoders, and what an encoder folder says of itself: the kind read
+off the IR's outputs (the embedded embedder as the server converts it, the test
+cross-encoder), or named in the config file; the pooling and the input limit read from
+the sentence-transformers files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from encoder_fixtures import write_reranker
+
+from ovtrio.config import Settings, SettingsError
+from ovtrio.embedding.embedded import embedded_embedder_folder
+from ovtrio.embedding.kinds import detect_kind, max_input_tokens, normalizes, pooling_of, served_models
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return embedded_embedder_folder(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_reranker(tmp_path_factory.mktemp("models") / "reranker")
+
+
+def test_kinds_are_read_off_the_ir(converted: Path, reranker: Path, tmp_path: Path) -> None:
+    assert detect_kind(converted) == "embedding"
+    assert detect_kind(reranker) == "rerank"
+    assert detect_kind(tmp_path) == "generation"  # no IR: the generation loader says what is wrong
+    assert detect_kind(tmp_path / "model.gguf") == "generation"
+
+
+def test_the_converted_embedder_pools_by_mean_over_256_tokens(converted: Path) -> None:
+    assert pooling_of(converted) == "MEAN"
+    assert normalizes(converted)
+    assert max_input_tokens(converted) == 256
+    # A second call finds the entry: nothing is converted again.
+    modified = (converted / "openvino_model.bin").stat().st_mtime_ns
+    assert embedded_embedder_folder(converted.parent.parent) == converted
+    assert (converted / "openvino_model.bin").stat().st_mtime_ns == modified
+
+
+@pytest.mark.parametrize(
+    ("pooling", "expected"),
+    [({"pooling_mode_cls_token": True}, "CLS"), ({"pooling_mode_lasttoken": True}, "LAST_TOKEN"), (None, "CLS")],
+)
+def test_pooling_comes_from_the_model(tmp_path: Path, pooling: dict | None, expected: str) -> None:
+    if pooling is not None:
+        (tmp_path / "1_Pooling").mkdir()
+        (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    assert pooling_of(tmp_path) == expected
+
+
+def test_the_config_file_serves_encoders_beside_generation_models(reranker: Path, converted: Path, tmp_path: Path) -> None:
+    config = tmp_path / "models.json"
+    config.write_text(json.dumps({"models": [
+        {"served_model_name": "chat"},
+        {"served_model_name": "vectors", "model": str(converted)},
+        {"served_model_name": "scores", "model": str(reranker), "model_kind": "rerank"},
+    ]}))
+    generation, encoders = served_models(Settings(config=str(config)))
+    assert [model.served_model_name for model in generation] == ["chat"]
+    assert [(model.served_model_name, kind) for model, kind in encoders] == [("vectors", "embedding"), ("scores", "rerank")]
+    config.write_text(json.dumps({"models": [{"served_model_name": "vectors", "model": str(converted)}]}))
+    with pytest.raises(SettingsError, match="no generation model"):
+        served_models(Settings(config=str(config)))
