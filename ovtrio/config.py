@@ -82,7 +82,9 @@ class Settings(BaseModel):
         " (default: $XDG_CACHE_HOME/ovtrio, or ~/.cache/ovtrio)",
     )
     model_cache: bool = Field(
-        True, description="use cache_dir; --no-model-cache converts a GGUF file afresh at every start and writes nothing"
+        True,
+        description="use cache_dir; --no-model-cache converts a GGUF file afresh at every start and writes nothing"
+        " (but a temporary copy of a GGUF file the server cannot write)",
     )
     inference_precision: Literal["auto", "f32", "bf16", "f16"] = Field(
         "auto",

@@ -19,6 +19,7 @@ from typing import Any
 from ovtrio.config import Settings
 from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, default_cache_dir, engine_versions, entry_key, model_identity
+from ovtrio.model.engine_file import openable_by_engine
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
 from ovtrio.model.vocabulary import Vocabulary, load_vocabulary
@@ -151,7 +152,8 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
             tokenizer, pipeline = _build(path, settings, phases, save=True)
     except OSError as exc:
         log.warning("cannot keep the converted model in %s (%s); converting at every start", cache.root, exc)
-        tokenizer, pipeline = _build(source.path, settings, phases)
+        with openable_by_engine(source.path) as path:
+            tokenizer, pipeline = _build(path, settings, phases)
         return tokenizer, pipeline, "converted, not cached"
     return tokenizer, pipeline, f"converted and cached in {cache.entry(key)}"
 
@@ -163,9 +165,13 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     try:
         if source.kind == "gguf" and settings.model_cache:
             tokenizer, pipeline, origin = _build_with_cache(source, settings, phases)
+        elif source.kind == "gguf":
+            with openable_by_engine(source.path) as path:
+                tokenizer, pipeline = _build(path, settings, phases)
+            origin = "converted"
         else:
             tokenizer, pipeline = _build(source.path, settings, phases)
-            origin = "converted" if source.kind == "gguf" else "IR"
+            origin = "IR"
     except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
         hints = engine_properties(settings)
         with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""

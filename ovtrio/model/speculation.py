@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ovtrio.config import Settings
+from ovtrio.model.engine_file import place_for_engine
 from ovtrio.model.source import ModelLoadError, ModelSource
 
 log = logging.getLogger("ovtrio")
@@ -127,7 +128,7 @@ def draft_folder(path: Path) -> Path:
     `openvino_genai.draft_model()` reads only IR folders (openvino_model.xml and the
     tokenizer's IR). A GGUF file is converted once by the engine's own GGUF reader
     (`enable_save_ov_model`, which writes next to the file it reads, so it reads a link
-    in a cache folder), and the folder is reused while the file is unchanged.
+    or a copy in a cache folder: engine_file.py), and the folder is reused while the file is unchanged.
     """
     if path.is_dir():
         if not (path / "openvino_model.xml").is_file():
@@ -156,9 +157,8 @@ def _convert_gguf(path: Path, folder: Path) -> None:
 
     work = folder.with_name(folder.name + f".tmp{os.getpid()}")
     work.mkdir(parents=True, exist_ok=True)
-    link = work / path.name
-    if not link.exists():
-        link.symlink_to(path.resolve())
+    (work / path.name).unlink(missing_ok=True)  # left by an earlier try of this process
+    link = place_for_engine(path, work)
     try:
         # The pipeline's GGUF reader writes the model; the tokenizer's writes the
         # tokenizer and detokenizer. A one-block cache keeps the throwaway pipeline small.
