@@ -21,7 +21,7 @@ from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.config import Settings, SettingsError, api_keys, settings_from_env
+from ovtrio.config import Settings, SettingsError, api_keys, in_data_dir, settings_from_env
 from ovtrio.config_file import model_settings
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
@@ -48,7 +48,9 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = 32 * 1024 * 1024
     server_metrics = ServerMetrics()
     registry = ModelRegistry(each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading)
-    store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)
+    store = ResponseStore(
+        settings.response_store_size, settings.response_store_ttl, in_data_dir(settings, settings.response_store_path)
+    )
     context.attach(app, registry, store, metrics.registry_for(registry, server_metrics))
     metrics.install(app, server_metrics)
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))

@@ -70,6 +70,16 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "ovtrio"
 
 
+def cache_folder(cache_dir: str | None, data_dir: str | None, environ: Mapping[str, str] | None = None) -> Path:
+    """The model cache's folder: cache_dir; else DATA_DIR/cache; else the user's
+    (default_cache_dir)."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    if data_dir:
+        return Path(data_dir).expanduser() / "cache"
+    return default_cache_dir(environ)
+
+
 @dataclass(frozen=True)
 class ModelIdentity:
     """What tells one model file from another without reading all of it."""
