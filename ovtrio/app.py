@@ -48,9 +48,10 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = 32 * 1024 * 1024
     server_metrics = ServerMetrics()
     registry = ModelRegistry(each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading)
-    store = ResponseStore(
-        settings.response_store_size, settings.response_store_ttl, in_data_dir(settings, settings.response_store_path)
-    )
+    store_path = in_data_dir(settings, settings.response_store_path)
+    if store_path is not None and settings.data_dir is not None:
+        os.makedirs(os.path.expanduser(settings.data_dir), exist_ok=True)  # an empty volume may lack it
+    store = ResponseStore(settings.response_store_size, settings.response_store_ttl, store_path)
     context.attach(app, registry, store, metrics.registry_for(registry, server_metrics))
     metrics.install(app, server_metrics)
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics))
