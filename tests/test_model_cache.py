@@ -339,3 +339,20 @@ def test_a_prebuilt_entry_is_loaded_and_the_server_writes_only_in_its_data_dir(s
     assert response.status_code == 200, response.text
     assert (folder / "data" / "responses.sqlite").is_file()
     assert not (folder / "responses.sqlite").exists()
+
+
+def test_ovtrio_convert_fills_the_cache_and_exits(tmp_path):
+    """`ovtrio convert` (what an image's build runs): the entry a server would load."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    done = subprocess.run([sys.executable, "-m", "ovtrio", "convert", "--cache-dir", str(cache)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    key = entry_key(model_identity(embedded_model_path()), engine_versions())
+    assert done.stdout.strip() == f"{MODEL}: converted and cached in {cache / 'gguf' / key}"
+    assert ModelCache(cache).lookup(key) == cache / "gguf" / key
+    refused = subprocess.run([sys.executable, "-m", "ovtrio", "convert", "--no-model-cache"],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 1 and "--no-model-cache" in refused.stderr
