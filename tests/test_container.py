@@ -68,9 +68,9 @@ def image_id(name: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def built() -> tuple[str, str]:
+def built() -> tuple[str, str, str]:
     """The image, built now from the checkout (the base image is reused for the day),
-    and its base."""
+    its base, and the checkout's commit when the build began."""
     missing = [tool for tool in ("podman", "runc", "mmdebstrap") if shutil.which(tool) is None]
     require(not missing, f"needs {', '.join(missing)} (apt-get install podman runc mmdebstrap)")
     require(os.geteuid() == 0, "builds and runs images as root")
@@ -81,6 +81,8 @@ def built() -> tuple[str, str]:
     assert base.returncode == 0, base.stderr
     based = time.monotonic()
     previous = image_id(IMAGE)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    revision = head.stdout.strip() if head.returncode == 0 else "unknown"
     build = subprocess.run(
         # chroot isolation: builds where the runtime cannot make cgroups; no layers kept:
         # every build's install differs (ovtrio's wheel), and kept layers would pile up.
@@ -94,11 +96,11 @@ def built() -> tuple[str, str]:
     size = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE))
     print(f"\nimage {IMAGE}: {size / 1e6:.0f} MB; base {base.stdout.strip()} in {based - started:.0f} s,"
           f" wheelhouse and image in {time.monotonic() - based:.0f} s")
-    return IMAGE, base.stdout.strip()
+    return IMAGE, base.stdout.strip(), revision
 
 
 @pytest.fixture(scope="module")
-def image(built: tuple[str, str]) -> str:
+def image(built: tuple[str, str, str]) -> str:
     return built[0]
 
 
@@ -229,7 +231,7 @@ def test_the_image_holds_no_build_tools(built):
     """Only the installed environment reached the final stage: beside what the base image
     has (Debian's python3-venv brings the wheels of pip and setuptools that ensurepip
     installs), no compiler, no wheels, no pip cache, and no pip in ovtrio's environment."""
-    image, base = built
+    image, base, revision = built
     base_root = Path(podman("image", "mount", base))
     try:
         in_base = files_of(base_root)
@@ -256,5 +258,4 @@ def test_the_image_holds_no_build_tools(built):
     labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", image))
     assert labels["org.opencontainers.image.version"] == VERSION
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert labels["org.opencontainers.image.revision"] == (head or "unknown")
+    assert labels["org.opencontainers.image.revision"] == revision
