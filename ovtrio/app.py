@@ -26,7 +26,7 @@ from ovtrio.api.messages import routes as messages
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.config import Settings, SettingsError, api_keys, settings_from_env
+from ovtrio.config import Settings, SettingsError, api_keys, in_data_dir, settings_from_env
 from ovtrio.embedding.kinds import served_models
 from ovtrio.embedding.service import EncoderService, encoders_to_serve
 from ovtrio.embedding.metrics import EncoderMetrics
@@ -70,10 +70,13 @@ def create_app(
     registry = ModelRegistry(
         each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading, encoders=encoders
     )
+    store_path = in_data_dir(settings, settings.response_store_path)
+    if store_path is not None and settings.data_dir is not None:
+        os.makedirs(os.path.expanduser(settings.data_dir), exist_ok=True)  # an empty volume may lack it
     store = ResponseStore(
         settings.response_store_size,
         settings.response_store_ttl,
-        settings.response_store_path,
+        store_path,
         max_bytes=settings.response_store_bytes,
     )
     context.attach(app, registry, store, metrics.registry_for(registry, server_metrics, store))

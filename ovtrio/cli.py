@@ -17,7 +17,8 @@ from ovtrio import __version__
 from ovtrio.config import ENV_PREFIX, Settings, SettingsError, api_keys, is_list_setting, settings_from_env
 from ovtrio.embedding.kinds import served_models
 from ovtrio.logs import configure_logging
-from ovtrio.model import LoadedModel, ModelLoadError, resolve_model, start_loading_in_order
+from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, resolve_model, start_loading_in_order
+from ovtrio.model.loading import convert_into_cache
 
 log = logging.getLogger("ovtrio")
 
@@ -44,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model over the OpenAI API")
     _add_setting_flags(serve)
+    convert = commands.add_parser(
+        "convert",
+        help="convert the GGUF model (each GGUF model of --config) into the model cache and exit, so that the"
+        " next start loads the cached entry (an image's build does this)",
+    )
+    _add_setting_flags(convert)
     return parser
 
 
@@ -126,6 +133,18 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to any interface
 
 
+def convert(sources: Sequence[ModelSource], each_model: Sequence[Settings]) -> int:
+    """`ovtrio convert`: each model into the model cache, one line each; 1 if any failed."""
+    code = 0
+    for source, settings in zip(sources, each_model):
+        try:
+            print(f"{source.name}: {convert_into_cache(source, settings)}", flush=True)
+        except ModelLoadError as exc:
+            print(f"ovtrio: {exc}", file=sys.stderr)
+            code = 1
+    return code
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in Settings.model_fields}
@@ -138,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ovtrio: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     configure_logging(settings.log_level)
+    if args.command == "convert":
+        raise SystemExit(convert(sources, each_model))
     if not api_keys(settings) and not is_loopback(settings.host):
         log.warning(
             "listening on %s without an API key: anyone who can reach it can use the model"

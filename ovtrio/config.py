@@ -83,7 +83,19 @@ class Settings(BaseModel):
         " (default: $XDG_CACHE_HOME/ovtrio, or ~/.cache/ovtrio)",
     )
     model_cache: bool = Field(
-        True, description="use cache_dir; --no-model-cache converts a GGUF file afresh at every start and writes nothing"
+        True,
+        description="use cache_dir; --no-model-cache converts a GGUF file afresh at every start and writes nothing"
+        " (but a temporary copy of a GGUF file the server cannot write)",
+    )
+    data_dir: str | None = Field(
+        None,
+        description="the one folder the server writes to, when set (a container's volume): the model cache is"
+        " DATA_DIR/cache unless cache_dir is set, and a relative response_store_path is taken in it",
+    )
+    prebuilt_cache_dir: str | None = Field(
+        None,
+        description="a model cache that is only read, looked in before cache_dir (an image's, filled when it was"
+        " built, so its first start skips the conversion); a model it lacks is converted into cache_dir",
     )
     inference_precision: Literal["auto", "f32", "bf16", "f16"] = Field(
         "auto",
@@ -389,6 +401,13 @@ OWN_SETTING_PROPERTIES = {
     "KV_CACHE_PRECISION": "kv_cache_precision",
     "INFERENCE_NUM_THREADS": "num_threads",
 }
+
+
+def in_data_dir(settings: Settings, path: str | None) -> str | None:
+    """`path` as the server opens it: a relative path is taken in data_dir, when that is set."""
+    if path is None or settings.data_dir is None or os.path.isabs(os.path.expanduser(path)):
+        return path
+    return os.path.join(os.path.expanduser(settings.data_dir), path)
 
 
 class SettingsError(ValueError):

@@ -26,6 +26,7 @@ from ovtrio.model.cache import (
     CacheEntryError,
     ModelCache,
     ModelIdentity,
+    cache_folder,
     default_cache_dir,
     engine_versions,
     entry_key,
@@ -301,3 +302,57 @@ def test_a_damaged_entry_is_rebuilt_and_another_files_entry_is_not_taken(server,
     assert (folder / "cache" / "gguf" / copy / "openvino_model.xml").read_bytes().startswith(b"<?xml")
     assert sorted(p.name for p in (folder / "cache" / "gguf").iterdir()) == sorted([original, copy])
     assert greedy_text(damaged_cache_server, NAME) == greedy_text(server)
+
+
+# A cache that is only read (an image's), and the one folder the server writes to.
+
+
+def test_the_folder_is_cache_dir_else_in_the_data_dir_else_the_users():
+    assert cache_folder("/c", "/d") == Path("/c")
+    assert cache_folder(None, "/d") == Path("/d/cache")
+    assert cache_folder(None, None, {"XDG_CACHE_HOME": "/x"}) == Path("/x/ovtrio")
+
+
+def _seed_prebuilt_cache(folder: Path) -> None:
+    """The session's entry of the embedded model, in a cache of its own."""
+    key = entry_key(model_identity(embedded_model_path()), engine_versions())
+    shutil.copytree(SESSION_CACHE / "gguf" / key, folder / "prebuilt" / "gguf" / key)
+
+
+prebuilt_cache_server = server_fixture(
+    "prebuilt_cache_server",
+    "--prebuilt-cache-dir", "{folder}/prebuilt", "--data-dir", "{folder}/data",
+    "--response-store-path", "responses.sqlite",
+    env={"OVTRIO_CACHE_DIR": ""},  # the session's (conftest.py): unset, so the cache is the data dir's
+    prepare=_seed_prebuilt_cache,
+)
+
+
+def test_a_prebuilt_entry_is_loaded_and_the_server_writes_only_in_its_data_dir(server, prebuilt_cache_server):
+    folder = prebuilt_cache_server.log_path.parent
+    line = load_line(prebuilt_cache_server.log_path.read_text())
+    assert f"(cached in {folder}/prebuilt/gguf/" in line, line
+    assert not (folder / "data" / "cache").exists()  # nothing converted
+    response = loopback.post(
+        prebuilt_cache_server.v1 + "/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 2}, timeout=60
+    )
+    assert response.status_code == 200, response.text
+    assert (folder / "data" / "responses.sqlite").is_file()
+    assert not (folder / "responses.sqlite").exists()
+
+
+def test_ovtrio_convert_fills_the_cache_and_exits(tmp_path):
+    """`ovtrio convert` (what an image's build runs): the entry a server would load."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    done = subprocess.run([sys.executable, "-m", "ovtrio", "convert", "--cache-dir", str(cache)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    key = entry_key(model_identity(embedded_model_path()), engine_versions())
+    assert done.stdout.strip() == f"{MODEL}: converted and cached in {cache / 'gguf' / key}"
+    assert ModelCache(cache).lookup(key) == cache / "gguf" / key
+    refused = subprocess.run([sys.executable, "-m", "ovtrio", "convert", "--no-model-cache"],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 1 and "--no-model-cache" in refused.stderr

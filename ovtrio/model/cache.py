@@ -10,7 +10,8 @@ load the entry.
 The engine writes what it converts only next to the GGUF file it was given
 (`enable_save_ov_model`), and the user's model folder is not ours to write. So the
 build happens in a temporary folder of the cache holding a symbolic link to the GGUF
-file, and the finished folder is renamed into place: a reader sees a whole entry or
+file (or a copy, when this process cannot write the file: engine_file.py), and the
+finished folder is renamed into place: a reader sees a whole entry or
 none, and of two servers building the same entry at once, the second rename loses
 and its copy is dropped.
 
@@ -39,6 +40,8 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from ovtrio.model.engine_file import place_for_engine
+
 log = logging.getLogger("ovtrio")
 
 # Bumped when the layout of an entry changes, so older entries are not read.
@@ -65,6 +68,16 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     environ = os.environ if environ is None else environ
     base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ovtrio"
+
+
+def cache_folder(cache_dir: str | None, data_dir: str | None, environ: Mapping[str, str] | None = None) -> Path:
+    """The model cache's folder: cache_dir; else DATA_DIR/cache; else the user's
+    (default_cache_dir)."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    if data_dir:
+        return Path(data_dir).expanduser() / "cache"
+    return default_cache_dir(environ)
 
 
 @dataclass(frozen=True)
@@ -153,9 +166,8 @@ class ModelCache:
         self.entries.mkdir(parents=True, exist_ok=True)
         building = self.entries / f".building-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         building.mkdir()
-        link = building / model_path.name
         try:
-            link.symlink_to(model_path.resolve())
+            link = place_for_engine(model_path, building)
             yield link
             link.unlink()
             missing = [name for name in ENTRY_FILES if not (building / name).is_file()]

@@ -18,7 +18,8 @@ from typing import Any
 
 from ovtrio.config import Settings
 from ovtrio.model.backend import engine_backend, stateful_properties
-from ovtrio.model.cache import CacheEntryError, ModelCache, default_cache_dir, engine_versions, entry_key, model_identity
+from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
+from ovtrio.model.engine_file import openable_by_engine
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
 from ovtrio.model.vision import VisionModel, is_vision_folder, measure_image_tokens
@@ -123,6 +124,25 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
     return tokenizer, pipeline
 
 
+def _from_prebuilt(cache: ModelCache, key: str, settings: Settings, phases: dict[str, float]) -> tuple[Any, Any, str] | None:
+    """Tokenizer and pipeline from the entry of a cache that is only read, or None
+    (with a warning line when it has one the engine cannot use: the writable cache
+    takes over, and this one is left as it is)."""
+    try:
+        folder = cache.lookup(key)
+    except CacheEntryError as exc:
+        log.warning("prebuilt model cache entry %s is unusable (%s)", cache.entry(key), exc)
+        return None
+    if folder is None:
+        return None
+    try:
+        tokenizer, pipeline = _build(folder, settings, phases)
+    except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
+        log.warning("prebuilt model cache entry %s is unusable (%s)", folder, engine_error_reason(exc))
+        return None
+    return tokenizer, pipeline, f"cached in {folder}"
+
+
 def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str, float]) -> tuple[Any, Any, str]:
     """Tokenizer and pipeline for a GGUF file, from the cache entry when there is a
     good one, else converted and kept as a new entry. Also says which happened.
@@ -131,9 +151,13 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
     it only once the conversion has loaded: a failure that is not the entry's (settings
     the engine refuses, too little memory) fails the conversion too and leaves the
     entry for the next start."""
-    cache = ModelCache(Path(settings.cache_dir).expanduser() if settings.cache_dir else default_cache_dir())
+    cache = ModelCache(cache_folder(settings.cache_dir, settings.data_dir))
     identity = model_identity(source.path)
     key = entry_key(identity, engine_versions())
+    if settings.prebuilt_cache_dir:
+        prebuilt = _from_prebuilt(ModelCache(Path(settings.prebuilt_cache_dir).expanduser()), key, settings, phases)
+        if prebuilt is not None:
+            return prebuilt
     try:
         folder = cache.lookup(key)
     except CacheEntryError as exc:
@@ -155,9 +179,35 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
             tokenizer, pipeline = _build(path, settings, phases, save=True)
     except OSError as exc:
         log.warning("cannot keep the converted model in %s (%s); converting at every start", cache.root, exc)
-        tokenizer, pipeline = _build(source.path, settings, phases)
+        with openable_by_engine(source.path) as path:
+            tokenizer, pipeline = _build(path, settings, phases)
         return tokenizer, pipeline, "converted, not cached"
     return tokenizer, pipeline, f"converted and cached in {cache.entry(key)}"
+
+
+def convert_into_cache(source: ModelSource, settings: Settings) -> str:
+    """Convert a GGUF model into the model cache, unless it is there already, without
+    serving it; say where its entry is. The engine runs it on the CPU with a KV cache of
+    one block (the entry is the same for every device and setting). Raises
+    ModelLoadError, also when the cache cannot keep the entry."""
+    if source.kind != "gguf":
+        return f"{source.path} is an OpenVINO IR folder, served as it is"
+    if not settings.model_cache:
+        raise ModelLoadError("the model cache is off (--no-model-cache): there is nothing to convert into")
+    quick = settings.model_copy(
+        update={
+            "device": "CPU", "backend": "continuous_batching", "num_kv_blocks": 1, "draft_model": None,
+            "prompt_lookup": False, "plugin_config": {}, "inference_precision": "auto",
+            "kv_cache_precision": "auto", "num_threads": None,
+        }
+    )
+    try:
+        _tokenizer, _pipeline, origin = _build_with_cache(source, quick, {})
+    except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
+        raise ModelLoadError(f"cannot convert model {source.path}: {engine_error_reason(exc)}") from None
+    if "not cached" in origin:
+        raise ModelLoadError(f"cannot keep the converted model {source.path} in the model cache (see the warning)")
+    return origin
 
 
 def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
@@ -167,9 +217,13 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     try:
         if source.kind == "gguf" and settings.model_cache:
             tokenizer, pipeline, origin = _build_with_cache(source, settings, phases)
+        elif source.kind == "gguf":
+            with openable_by_engine(source.path) as path:
+                tokenizer, pipeline = _build(path, settings, phases)
+            origin = "converted"
         else:
             tokenizer, pipeline = _build(source.path, settings, phases)
-            origin = "converted" if source.kind == "gguf" else "IR"
+            origin = "IR"
     except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
         hints = engine_properties(settings)
         with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ovtrio.config import Settings
+from ovtrio.model.cache import cache_folder
+from ovtrio.model.engine_file import place_for_engine
 from ovtrio.model.source import ModelLoadError, ModelSource
 
 log = logging.getLogger("ovtrio")
@@ -102,7 +104,7 @@ def pipeline_properties(settings: Settings, device_properties: dict[str, str]) -
         return {}
     import openvino_genai
 
-    folder = draft_folder(Path(settings.draft_model).expanduser())
+    folder = draft_folder(Path(settings.draft_model).expanduser(), cache_folder(settings.cache_dir, settings.data_dir))
     kwargs: dict[str, Any] = dict(device_properties)
     if settings.draft_cache_size is not None:
         # Without a scheduler config of its own, the engine splits the main KV cache
@@ -121,13 +123,14 @@ def pipeline_properties(settings: Settings, device_properties: dict[str, str]) -
     return {"draft_model": draft}
 
 
-def draft_folder(path: Path) -> Path:
+def draft_folder(path: Path, cache: Path) -> Path:
     """An OpenVINO IR folder for the draft model at `path`.
 
     `openvino_genai.draft_model()` reads only IR folders (openvino_model.xml and the
     tokenizer's IR). A GGUF file is converted once by the engine's own GGUF reader
     (`enable_save_ov_model`, which writes next to the file it reads, so it reads a link
-    in a cache folder), and the folder is reused while the file is unchanged.
+    or a copy in a folder of the model cache `cache`: engine_file.py), and the folder is
+    reused while the file is unchanged.
     """
     if path.is_dir():
         if not (path / "openvino_model.xml").is_file():
@@ -137,7 +140,7 @@ def draft_folder(path: Path) -> Path:
         raise ModelLoadError(f"draft model {path} is neither an OpenVINO IR folder nor a .gguf file")
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = _cache_root() / "drafts" / key
+    folder = cache / "drafts" / key
     done = folder / "openvino_tokenizer.xml"
     if (folder / "openvino_model.xml").is_file() and done.is_file():
         return folder
@@ -146,19 +149,13 @@ def draft_folder(path: Path) -> Path:
     return folder
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "ovtrio"
-
-
 def _convert_gguf(path: Path, folder: Path) -> None:
     import openvino_genai
 
     work = folder.with_name(folder.name + f".tmp{os.getpid()}")
     work.mkdir(parents=True, exist_ok=True)
-    link = work / path.name
-    if not link.exists():
-        link.symlink_to(path.resolve())
+    (work / path.name).unlink(missing_ok=True)  # left by an earlier try of this process
+    link = place_for_engine(path, work)
     try:
         # The pipeline's GGUF reader writes the model; the tokenizer's writes the
         # tokenizer and detokenizer. A one-block cache keeps the throwaway pipeline small.

@@ -1,0 +1,122 @@
+"""Container start benchmark: the image from `podman run` to /health/ready, warm (the
+model cache built into the image) and cold (without it: the conversion into the
+volume), beside `ovtrio serve` on this machine with a warm model cache, as reference.
+
+    python bench/container_start.py [--image localhost/ovtrio:0.1.0] [--runs 3]
+
+Build the image first (scripts/build-image). Each run starts, one at a time: the image
+warm, the image cold (a new empty volume), and the host's server on a cache converted
+before the first run. The container runs as tests/test_container.py runs it: podman
+with runc, a read-only root and one volume. Figures are medians; each run's are printed.
+Needs root and podman.
+"""
+
+from __future__ import annotations
+
+import http.client
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+from serving import free_port  # noqa: E402  (bench/ is the script's folder)
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+PODMAN_RUN = [
+    "podman", "--runtime", "runc", "run", "--detach", "--read-only", "--read-only-tmpfs=false", "--network=host",
+    "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+]
+
+
+def ready(port: int, alive, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError("the server exited before it was ready")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/health/ready")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("the server did not become ready")
+
+
+def container_start(image: str, *flags: str) -> float:
+    """Seconds from `podman run` to ready, on a new empty volume; the container removed after."""
+    volume = Path(tempfile.mkdtemp(prefix="ovtrio-bench-volume-"))
+    os.chown(volume, 1000, 1000)
+    port = free_port()
+    name = f"ovtrio-bench-{port}"
+    started = time.monotonic()
+    try:
+        subprocess.run(
+            [*PODMAN_RUN, "--name", name, "--volume", f"{volume}:/var/lib/ovtrio", *flags, image,
+             "serve", "--host", "127.0.0.1", "--port", str(port)],
+            check=True, capture_output=True, timeout=120,
+        )
+
+        def alive() -> bool:
+            state = subprocess.run(["podman", "inspect", "--format", "{{.State.Running}}", name],
+                                   capture_output=True, text=True)
+            return state.stdout.strip() == "true"
+
+        ready(port, alive)
+        return time.monotonic() - started
+    finally:
+        subprocess.run(["podman", "rm", "--force", "--time", "0", name], capture_output=True, timeout=120)
+        shutil.rmtree(volume, ignore_errors=True)
+
+
+def host_start(cache: Path) -> float:
+    port = free_port()
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--cache-dir", str(cache)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+    )
+    try:
+        ready(port, lambda: process.poll() is None)
+        return time.monotonic() - started
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--image", default=f"localhost/ovtrio:{VERSION}")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    size = subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", args.image],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    print(f"image {args.image}: {int(size) / 1e6:.0f} MB")
+    cache = Path(tempfile.mkdtemp(prefix="ovtrio-bench-cache-"))
+    try:
+        subprocess.run([sys.executable, "-m", "ovtrio", "convert", "--cache-dir", str(cache)], check=True,
+                       capture_output=True, cwd=ROOT)
+        figures: dict[str, list[float]] = {"warm": [], "cold": [], "host": []}
+        for run in range(args.runs):
+            figures["warm"].append(container_start(args.image))
+            figures["cold"].append(container_start(args.image, "--env", "OVTRIO_PREBUILT_CACHE_DIR="))
+            figures["host"].append(host_start(cache))
+            print(f"run {run + 1}: " + ", ".join(f"{name} {values[-1]:.1f} s" for name, values in figures.items()),
+                  flush=True)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    warm, cold, host = (statistics.median(figures[name]) for name in ("warm", "cold", "host"))
+    print(f"start to ready (median of {args.runs}): container warm {warm:.1f} s, container cold {cold:.1f} s,"
+          f" host (warm cache) {host:.1f} s; cold/warm {cold / warm:.2f}x, warm container/host {warm / host:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
