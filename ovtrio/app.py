@@ -46,6 +46,9 @@ def create_app(
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 60
     app.config["MAX_CONTENT_LENGTH"] = 32 * 1024 * 1024
+    # Bodies keep the order they are built in: a top_logprobs object lists the most
+    # likely token first (Quart would sort the keys).
+    app.json.sort_keys = False
     server_metrics = ServerMetrics()
     registry = ModelRegistry(each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading)
     store = ResponseStore(settings.response_store_size, settings.response_store_ttl, settings.response_store_path)

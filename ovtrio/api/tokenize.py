@@ -56,7 +56,14 @@ async def tokenize() -> Any:
         ids = model.prompts.encode_raw(body.prompt or "", add_special_tokens=body.add_special_tokens)
     reply: dict[str, Any] = {"count": len(ids), "max_model_len": model.sequence_limit.tokens, "tokens": ids}
     if body.return_token_strs:
-        reply["token_strs"] = [model.prompts.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
+        pieces = [model.prompts.token_piece(i) for i in ids]
+        if None in pieces:
+            raise invalid(
+                "return_token_strs needs the model's vocabulary, which this tokenizer does not expose.",
+                "return_token_strs",
+                "unsupported_parameter",
+            )
+        reply["token_strs"] = pieces
     return reply
 
 

@@ -45,6 +45,9 @@ class LoadedModel:
     phases: dict[str, float] = field(default_factory=dict)  # seconds per loading phase
     origin: str = ""  # where the engine's models came from: "IR", "cached in ...", "converted ..."
     speculation: Speculation = Speculation()
+    # The IR the engine serves (the scoring path compiles it too); None when a GGUF file
+    # was converted in memory only (--no-model-cache, or an unwritable cache).
+    model_xml: Path | None = None
 
 
 def engine_error_reason(exc: Exception) -> str:
@@ -119,7 +122,9 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
     return tokenizer, pipeline
 
 
-def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str, float]) -> tuple[Any, Any, str]:
+def _build_with_cache(
+    source: ModelSource, settings: Settings, phases: dict[str, float]
+) -> tuple[Any, Any, str, Path | None]:
     """Tokenizer and pipeline for a GGUF file, from the cache entry when there is a
     good one, else converted and kept as a new entry. Also says which happened.
 
@@ -140,7 +145,7 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
     if folder is not None:
         try:
             tokenizer, pipeline = _build(folder, settings, phases)
-            return tokenizer, pipeline, f"cached in {folder}"
+            return tokenizer, pipeline, f"cached in {folder}", folder
         except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
             log.warning(
                 "model cache entry %s is unusable (%s); rebuilding it", folder, engine_error_reason(exc)
@@ -152,8 +157,8 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
     except OSError as exc:
         log.warning("cannot keep the converted model in %s (%s); converting at every start", cache.root, exc)
         tokenizer, pipeline = _build(source.path, settings, phases)
-        return tokenizer, pipeline, "converted, not cached"
-    return tokenizer, pipeline, f"converted and cached in {cache.entry(key)}"
+        return tokenizer, pipeline, "converted, not cached", None
+    return tokenizer, pipeline, f"converted and cached in {cache.entry(key)}", cache.entry(key)
 
 
 def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
@@ -161,11 +166,13 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     started = time.perf_counter()
     phases: dict[str, float] = {}
     try:
+        ir_folder: Path | None = None
         if source.kind == "gguf" and settings.model_cache:
-            tokenizer, pipeline, origin = _build_with_cache(source, settings, phases)
+            tokenizer, pipeline, origin, ir_folder = _build_with_cache(source, settings, phases)
         else:
             tokenizer, pipeline = _build(source.path, settings, phases)
             origin = "converted" if source.kind == "gguf" else "IR"
+            ir_folder = source.path if source.kind != "gguf" else None
     except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
         hints = engine_properties(settings)
         with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""
@@ -191,6 +198,7 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         phases=phases,
         origin=origin,
         speculation=speculation_for(settings, source),
+        model_xml=ir_folder / "openvino_model.xml" if ir_folder is not None else None,
     )
 
 

@@ -160,6 +160,36 @@ class RequestIntake:
         finally:
             self._abort(request_id)
 
+    @asynccontextmanager
+    async def reserve(self, places: int) -> AsyncIterator[None]:
+        """Hold `places` running places for work done beside the engine (scoring), from
+        when the loop admits it, in arrival order with the requests submitted, until the
+        block ends. Refused as submit() refuses (Overloaded, NotAccepting)."""
+        if not self._running:
+            raise NotAccepting("the scheduler is not running")
+        if not self._accepting:
+            raise NotAccepting("the scheduler is draining")
+        self.check_capacity()
+        request_id = next(self._ids)
+        send, receive = trio.open_memory_channel[Message](0)
+        receive.close()  # nothing is ever sent: a reservation has no output
+        active = ActiveRequest(
+            request_id=request_id,
+            channel=send,
+            prompt_tokens=0,
+            logprobs=False,
+            weight=max(1, places),
+            submitted_at=time.monotonic(),
+        )
+        admission = Admission(active, None)
+        self._queued[request_id] = admission
+        self._wake()
+        try:
+            await admission.added.wait()
+            yield
+        finally:
+            self._abort(request_id)
+
     def _abort(self, request_id: int, outcome: str | None = "abort") -> None:
         """End a request, running or waiting: cancel its engine requests and close its
         channel. Its choices still unfinished are reported to the observer as ended with

@@ -106,17 +106,20 @@ class ActiveRequest:
 
 @dataclass(eq=False)
 class Admission:
-    """A submitted request waiting for the loop to add it to the engine between steps."""
+    """A submitted request waiting for the loop to add it to the engine between steps,
+    or a reservation of running places (intake.reserve) waiting for room."""
 
     active: ActiveRequest
-    request: GenerationRequest
+    request: GenerationRequest | None  # None: places reserved for work beside the engine
     added: trio.Event = field(default_factory=trio.Event)
     error: UnsupportedParams | None = None
 
     @property
     def engine_requests(self) -> int:
         """How many engine requests it will become: one per prompt and sibling, or one
-        beam search per prompt."""
+        beam search per prompt (none for a reservation)."""
+        if self.request is None:
+            return 0
         params = self.request.params
         return len(self.request.prompts) * (1 if params.beam_search else params.n)
 

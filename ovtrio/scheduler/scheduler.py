@@ -237,6 +237,9 @@ class Scheduler(RequestIntake):
             self._running_sequences += active.weight
             waited = now - active.submitted_at
             self._retry_hint.observe(waited)
+            if admission.request is None:  # a reservation: its holder does the work
+                admission.added.set()
+                continue
             if not self._register_sliced_prefill(admission, waited):
                 self._add_admitted(admission, waited)
                 added = True
