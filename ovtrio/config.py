@@ -77,7 +77,7 @@ class Settings(BaseModel):
         " prefix caching (default: three eighths of max_num_batched_tokens; 0 turns it off)",
     )
     scoring_chunk_tokens: int = Field(
-        256,
+        128,
         ge=1,
         description="positions the scoring path (prompt logprobs, top logprobs) runs through the model in one"
         " inference; bounds its memory (chunk x vocabulary floats)",

@@ -71,7 +71,7 @@ def check_request_size(model: ServingModel, body: SamplingFields, prompts: int) 
             f"Invalid value for 'stop': this server takes at most {caps.stop_strings} stop strings, and this"
             f" request has {len(stops)}.",
             "stop",
-            "too_many_stop_strings",
+            "invalid_value",
         )
     if prompts > caps.prompts:
         raise invalid(
