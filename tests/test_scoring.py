@@ -101,6 +101,38 @@ def test_top_logprobs_lead_with_the_token_greedy_decoding_picks(exact_scoring_se
         assert next(iter(scored["top_logprobs"][end])) == greedy["choices"][0]["text"], end
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_top_logprobs_lead_with_the_token_greedy_decoding_picks(exact_scoring_server, stream):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Name three colours."}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 4,
+        "skip_special_tokens": False,
+    }
+    if stream:
+        entries, text = [], ""
+        for chunk in stream_post(exact_scoring_server.base_url, "/v1/chat/completions", {**body, "stream": True}):
+            for choice in chunk["choices"]:
+                text += choice["delta"].get("content") or ""
+                if choice["logprobs"]:
+                    entries += choice["logprobs"]["content"]
+    else:
+        reply = post(exact_scoring_server.base_url, "/v1/chat/completions", body)
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        entries, text = choice["logprobs"]["content"], choice["message"]["content"]
+    assert entries and "".join(entry["token"] for entry in entries) == text
+    for entry in entries:
+        top = entry["top_logprobs"]
+        assert len(top) == 4
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert top[0]["token"] == entry["token"] and top[0]["logprob"] == entry["logprob"]
+        assert bytes(top[0]["bytes"]) == bytes(entry["bytes"])
+
+
 def test_sampled_tokens_get_their_own_scores_beside_the_top_list(exact_scoring_server):
     """With sampling the chosen token need not be the most likely; its entry holds its own
     log-probability, and the top list the k most likely, sorted."""

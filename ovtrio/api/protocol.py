@@ -354,7 +354,7 @@ class ChatCompletionRequest(SamplingFields, ToolAndReasoningFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: dict[str, Any] | None = None
 
     def output_format(self) -> dict[str, Any] | None:
@@ -373,8 +373,4 @@ class ChatCompletionRequest(SamplingFields, ToolAndReasoningFields):
     def _check_logprobs(self) -> "ChatCompletionRequest":
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid("top_logprobs requires logprobs=true.", "top_logprobs")
-        if self.top_logprobs:
-            raise invalid(
-                "Only the chosen token's log-probability is available: top_logprobs must be 0.", "top_logprobs"
-            )
         return self

@@ -143,7 +143,7 @@ class RequestIntake:
             request_id=request_id,
             channel=send,
             prompt_tokens=sum(len(p) for p in request.prompts),
-            logprobs=self._scores_tokens and (params.logprobs or params.prompt_logprobs),
+            logprobs=self._scores_tokens and params.logprobs,
             weight=len(request.prompts) * max(params.n, params.best_of),  # beams count too
             pause_at=self._limits.slow_reader_buffer,
             submitted_at=time.monotonic(),

@@ -14,7 +14,6 @@ from typing import Any
 
 import trio
 
-from ovtrio.scheduler.echo import EchoedPrompt
 from ovtrio.scheduler.messages import Message
 from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams
 from ovtrio.scheduler.speculation import SpeculationTally
@@ -38,7 +37,6 @@ class Sequence:
     held_text: str = ""
     held_ids: list[int] = field(default_factory=list)
     held_logprobs: list[float] | None = None
-    echo: EchoedPrompt | None = None  # the scored prompt still to split off the output's front
     speculation: SpeculationTally | None = None  # counts drafted and accepted tokens when speculating
 
 

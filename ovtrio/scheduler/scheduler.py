@@ -247,11 +247,10 @@ class Scheduler(RequestIntake):
 
     def _register_sliced_prefill(self, admission: Admission, waited: float) -> bool:
         """Register an admitted request with long prompts to be prefilled in slices
-        (prefill.py); False if it has none, or scores its prompt (which the engine must
-        compute whole)."""
+        (prefill.py); False if it has none."""
         request = admission.request
         threshold = self._prefill_slice_tokens
-        if not threshold or request.params.prompt_logprobs:
+        if not threshold:
             return False
         long_prompts = [prompt for prompt in request.prompts if len(prompt) > threshold]
         if not long_prompts:

@@ -67,7 +67,7 @@ class ScoringEngine:
         self._request = self._compiled.create_infer_request()
         self.chunk_tokens = chunk_tokens
 
-    def start(self, token_ids: list[int], top: int) -> "SequenceRun":
+    def start(self, token_ids: list[int], top: int) -> SequenceRun:
         """A run over `token_ids`, reading the `top` most likely tokens of each position."""
         self._request.reset_state()
         return SequenceRun(self, list(token_ids), min(top, MAX_TOP_LOGPROBS))

@@ -58,16 +58,15 @@ class Scorer:
         if self._load is None:
             raise ScoringUnavailable(self._unavailable)
         distinct = list(dict.fromkeys(tuple(ids) for ids in sequences))
-        async with self._reserve(len(distinct)):
-            async with self._lock:
-                engine = await self._loaded_engine()
-                scored: dict[tuple[int, ...], SequenceScores] = {}
-                for ids in distinct:
-                    run = engine.start(list(ids), top)
-                    while not run.done:
-                        await trio.to_thread.run_sync(run.step)
-                    scored[ids] = run.result()
-                    self.scored_tokens += len(ids)
+        async with self._reserve(len(distinct)), self._lock:
+            engine = await self._loaded_engine()
+            scored: dict[tuple[int, ...], SequenceScores] = {}
+            for ids in distinct:
+                run = engine.start(list(ids), top)
+                while not run.done:
+                    await trio.to_thread.run_sync(run.step)
+                scored[ids] = run.result()
+                self.scored_tokens += len(ids)
         return [scored[tuple(ids)] for ids in sequences]
 
     async def _loaded_engine(self) -> ScoringEngine:

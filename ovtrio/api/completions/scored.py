@@ -16,26 +16,26 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
-from quart import Response
-
 from ovtrio.api.completions.writer import CompletionWriter
-from ovtrio.api.errors import api_error, invalid
-from ovtrio.api.pipeline import submitted
 from ovtrio.api.protocol import CompletionRequest
-from ovtrio.api.sse import DONE, HEADERS, data_frame, joined
+from ovtrio.api.rescoring import (
+    fill,
+    fill_generated,
+    generated_entries,
+    generated_events,
+    respond_with_events,
+    scored_sequences,
+)
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.output import (
     ChoiceFinished,
     OutputEvent,
     OutputStage,
     PromptScored,
-    ResultCollector,
-    TextDelta,
     TokenLogprob,
-    TopLogprob,
 )
-from ovtrio.scheduler import Completed, Failed, GenerationRequest
-from ovtrio.scoring import ScoringUnavailable, SequenceScores
+from ovtrio.scheduler import Completed, GenerationRequest
+from ovtrio.scoring import SequenceScores
 from ovtrio.service import ServingModel
 
 
@@ -56,20 +56,21 @@ async def scored_completion(
 ) -> Any:
     generates = body.max_tokens != 0
     if generates:
-        events = await _generated(model, body, generation, choices)
+        stage = OutputStage(
+            logprobs=model.prompts.output_bytes(body.skip_special_tokens) if body.wants_logprobs() else None
+        )
+        events = await generated_events(model, generation, stage)
     else:
         events = [ChoiceFinished(choice, "length") for choice in range(choices)]
         events.append(Completed(sum(len(p) for p in prompts), 0))
-    generated: list[list[TokenLogprob]] = [[] for _ in range(choices)]
-    for event in events:
-        if isinstance(event, TextDelta) and event.logprobs:
-            generated[event.choice] += event.logprobs
+    generated = generated_entries(events, choices)
     rescored = generates and body.top_logprobs() > 0
     sequences = [
         prompts[choice // body.n] + ([entry.token_id for entry in generated[choice]] if rescored else [])
         for choice in range(choices)
     ]
-    scores = await _scores(model, body, sequences) if body.needs_scoring() else []
+    top = max(body.top_logprobs(), body.prompt_logprobs or 0)
+    scores = await scored_sequences(model, sequences, top, scoring_param(body)) if body.needs_scoring() else []
     leading: list[OutputEvent] = []
     if body.scores_prompt():
         texts = model.prompts.prompt_texts(body.prompt, prompts)
@@ -77,46 +78,8 @@ async def scored_completion(
             prompt = prompts[choice // body.n]
             leading.append(PromptScored(choice, prompt_entries(model.prompts, prompt, texts[choice // body.n], scores[choice])))
     if rescored:
-        for choice in range(choices):
-            offset = len(prompts[choice // body.n])
-            for position, entry in enumerate(generated[choice], start=offset):
-                fill(entry, scores[choice], position, model.prompts)
-    events = leading + events
-    if body.stream:
-        bodies = writer.opening() + writer.write(events)
-        return Response(joined(data_frame, bodies) + DONE, mimetype="text/event-stream", headers=HEADERS)
-    outcome = ResultCollector(choices).add(events)
-    assert outcome is not None and not isinstance(outcome, Failed)
-    return writer.completion(outcome)
-
-
-async def _scores(model: ServingModel, body: CompletionRequest, sequences: list[list[int]]) -> list[SequenceScores]:
-    scorer = model.scorer
-    try:
-        if scorer is None:
-            raise ScoringUnavailable("this server's engine backend has no scoring path")
-        return await scorer.score(sequences, max(body.top_logprobs(), body.prompt_logprobs or 0))
-    except ScoringUnavailable as exc:
-        raise invalid(
-            f"The log-probabilities asked for need the scoring path, which cannot run here: {exc}.",
-            scoring_param(body),
-            "unsupported_parameter",
-        ) from None
-
-
-async def _generated(model: ServingModel, body: CompletionRequest, generation: GenerationRequest, choices: int) -> list[OutputEvent]:
-    """Every event of the generation, once it has ended."""
-    stage = OutputStage(logprobs=model.prompts.output_bytes(body.skip_special_tokens) if body.wants_logprobs() else None)
-    events: list[OutputEvent] = []
-    async with submitted(model.scheduler, generation) as stream:
-        while messages := await stream.receive_available():
-            for event in stage.feed(messages):
-                if isinstance(event, Failed):
-                    raise api_error(event)
-                events.append(event)
-                if isinstance(event, Completed):
-                    return events
-    raise api_error(Failed("the request ended without a result", "engine_error"))
+        fill_generated(model, [prompts[choice // body.n] for choice in range(choices)], generated, scores)
+    return respond_with_events(body, writer, leading + events, choices)
 
 
 def prompt_entries(prompts: PromptBuilder, ids: list[int], text: str, scores: SequenceScores) -> list[TokenLogprob]:
@@ -129,22 +92,3 @@ def prompt_entries(prompts: PromptBuilder, ids: list[int], text: str, scores: Se
         fill(entry, scores, position, prompts)
         entries.append(entry)
     return entries
-
-
-def fill(entry: TokenLogprob, scores: SequenceScores, position: int, prompts: PromptBuilder) -> None:
-    """Set `entry`'s log-probability, rank and most likely tokens from the scoring pass."""
-    if position == 0:
-        entry.logprob, entry.rank, entry.top = None, None, None
-        return
-    entry.logprob = scores.logprob(position)
-    entry.rank = int(scores.ranks[position])
-    entry.top = [top_logprob(prompts, token_id, value) for token_id, value in scores.top(position)]
-
-
-def top_logprob(prompts: PromptBuilder, token_id: int, value: float) -> TopLogprob:
-    data = prompts.token_bytes(token_id)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = "bytes:" + "".join(f"\\x{byte:02x}" for byte in data)
-    return TopLogprob(token_id, data, text, value)
