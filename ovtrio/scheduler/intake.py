@@ -189,6 +189,7 @@ class RequestIntake:
             yield
         finally:
             self._abort(request_id)
+            self._wake()  # its places are free: the loop may admit waiting requests
 
     def _abort(self, request_id: int, outcome: str | None = "abort") -> None:
         """End a request, running or waiting: cancel its engine requests and close its
