@@ -414,3 +414,9 @@ def test_many_stop_strings_are_taken_up_to_the_cap(hypercorn_server, path, body)
     assert reply.status_code == 200, reply.text
     too_many = post(base, path, {"model": HYPERCORN_MODEL, **body, "stop": many + ["one more"]})
     assert "64" in assert_error(too_many, 400, param="stop")["message"]
+
+
+def test_responses_top_logprobs_is_refused_not_ignored(hypercorn_server):
+    reply = post(hypercorn_server.base_url, "/v1/responses",
+                 {"model": HYPERCORN_MODEL, "input": "Hi", "max_output_tokens": 2, "top_logprobs": 2})
+    assert_error(reply, 400, param="top_logprobs")
