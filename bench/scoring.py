@@ -14,9 +14,9 @@ on, so the prefix cache never saves work):
 
 Both in prompt tokens per second, at each concurrency, as medians of turns taken in
 alternation (this machine's speed drifts), with their ratio. The memory figure is the
-server's resident size once the engine has served the prefill requests, against the
-same after the first scoring request has compiled the scoring model (it loads lazily),
-and after all scoring.
+server's resident size once the engine has served prefill requests at every
+concurrency, against the same after the first scoring request has compiled the scoring
+model (it loads lazily), and after all the runs.
 """
 
 from __future__ import annotations
@@ -105,7 +105,9 @@ def main() -> None:
                 pass
             time.sleep(0.2)
         model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
-        run(base, model, prompt_texts(args.prompts, args.prompt_words, rng), PREFILL, 1)  # warm the engine's shapes
+        # Warm the engine at every concurrency first, so its own growth is not counted below.
+        for concurrency in args.concurrency:
+            run(base, model, prompt_texts(args.prompts, args.prompt_words, rng), PREFILL, concurrency)
         time.sleep(1)
         before = rss_mb(process.pid)
         run(base, model, prompt_texts(1, args.prompt_words, rng), SCORING, 1)  # compiles the scoring model
