@@ -420,3 +420,36 @@ def test_responses_top_logprobs_is_refused_not_ignored(hypercorn_server):
     reply = post(hypercorn_server.base_url, "/v1/responses",
                  {"model": HYPERCORN_MODEL, "input": "Hi", "max_output_tokens": 2, "top_logprobs": 2})
     assert_error(reply, 400, param="top_logprobs")
+
+
+def test_the_server_answers_while_a_long_prompt_is_scored(hypercorn_server):
+    """Scoring runs in a worker thread, a chunk at a time, without the GIL: /health
+    answers within a fraction of the scoring's time while it runs."""
+    import threading
+    import time
+
+    base = hypercorn_server.base_url
+    text = " ".join(f"word{i % 97}" for i in range(700))
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def score() -> None:
+        started = time.monotonic()
+        outcome["reply"] = post(base, "/v1/completions",
+                                {"model": HYPERCORN_MODEL, "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1})
+        outcome["seconds"] = time.monotonic() - started
+        done.set()
+
+    worker = threading.Thread(target=score)
+    worker.start()
+    waits = []
+    while not done.is_set():
+        started = time.monotonic()
+        assert loopback.get(base + "/health", timeout=30).status_code == 200
+        waits.append(time.monotonic() - started)
+        time.sleep(0.05)
+    worker.join()
+    assert outcome["reply"].status_code == 200, outcome["reply"].text
+    assert outcome["reply"].json()["usage"]["prompt_tokens"] > 1000
+    assert len(waits) >= 3
+    assert max(waits) < max(1.0, outcome["seconds"] / 3), (max(waits), outcome["seconds"])
