@@ -61,6 +61,9 @@ def create_app(
     body_limit = body_bytes(settings, each_model)
     app.config["MAX_CONTENT_LENGTH"] = body_limit
     grammar_cache.install(settings.grammar_cache_bytes)
+    # Bodies keep the order they are built in: a top_logprobs object lists the most
+    # likely token first (Quart would sort the keys).
+    app.json.sort_keys = False
     server_metrics = ServerMetrics()
     encoder_metrics = EncoderMetrics(server_metrics.registry)
     encoders = [

@@ -77,6 +77,13 @@ class Settings(BaseModel):
         " blocks), so requests arriving meanwhile start between slices instead of after the whole prompt; needs"
         " prefix caching (default: three eighths of max_num_batched_tokens; 0 turns it off)",
     )
+    scoring_chunk_tokens: int = Field(
+        128,
+        ge=1,
+        description="positions the scoring path (prompt logprobs, top logprobs) runs through the model in one"
+        " inference; bounds its memory (chunk x vocabulary floats)",
+    )
+    max_stop_strings: int = Field(64, ge=1, description="most strings a request's `stop` may hold")
     cache_dir: str | None = Field(
         None,
         description="folder that keeps the model and tokenizer converted from a GGUF file, for faster later starts"
@@ -375,6 +382,8 @@ PER_MODEL_SETTINGS = (
     "max_num_batched_tokens",
     "enable_prefix_caching",
     "long_prefill_token_threshold",
+    "scoring_chunk_tokens",
+    "max_stop_strings",
     "inference_precision",
     "kv_cache_precision",
     "num_threads",

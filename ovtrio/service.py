@@ -38,7 +38,7 @@ from ovtrio.model.limits import (
     server_defaults,
     work_limits,
 )
-from ovtrio.model.loading import block_tokens
+from ovtrio.model.loading import block_tokens, engine_properties
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.model.speculation import apply_defaults
 from ovtrio.images import ImageLimits
@@ -46,6 +46,7 @@ from ovtrio.model.vision import VisionModel
 from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import AdmissionLimits, GenerationScheduler, RequestObserver, Scheduler, StatefulScheduler
 from ovtrio.scheduler.engine_step import choose_step
+from ovtrio.scoring import Scorer, ScoringEngine
 
 log = logging.getLogger("ovtrio")
 
@@ -63,8 +64,8 @@ class ServingModel:
     defaults: ServerDefaults
     tool_parser: type[ToolCallParser] | None  # None: the model's tool calls are not read
     reasoning: bool  # replies start with <think> reasoning
-    # The engine reuses cached prompt blocks, and then cannot score those prompt tokens.
-    prefix_caching: bool
+    # The scoring path (prompt logprobs, top logprobs); None where the backend has none.
+    scorer: Scorer | None
     # What the engine backend can do for a request (the API refuses the rest).
     capabilities: Capabilities = Capabilities()
     # A vision-language model: it takes images, and its prompts go to the engine as text.
@@ -87,6 +88,24 @@ def load_summary(model: LoadedModel) -> str:
         for name, seconds in model.phases.items()
     )
     return f"loaded in {total:.1f} s: {phases}"
+
+
+def scorer_for(model: LoadedModel, settings: Settings, scheduler: Scheduler) -> Scorer:
+    """The scoring path of `model`: its IR compiled with the engine's precision hints
+    and plugin properties (so its scores are the engine's arithmetic), on the first
+    scoring request."""
+    xml = model.model_xml
+    if xml is None:
+        return Scorer(
+            None,
+            scheduler.reserve,
+            "scoring needs the model as OpenVINO IR, and this GGUF file was converted without the model cache"
+            " (start the server without --no-model-cache, with a writable --cache-dir)",
+        )
+    def load() -> ScoringEngine:
+        return ScoringEngine(xml, model.device, engine_properties(settings), settings.scoring_chunk_tokens)
+
+    return Scorer(load, scheduler.reserve)
 
 
 # Makes the observer of a model's requests from its served name, its context length and
@@ -237,7 +256,7 @@ class ModelService:
             defaults=server_defaults(source, self.settings),
             tool_parser=tool_parser_for(self.settings, template),
             reasoning=thinks(self.settings, template),
-            prefix_caching=self.settings.enable_prefix_caching and not stateful,  # no prefix cache in LLMPipeline
+            scorer=None if isinstance(scheduler, StatefulScheduler) else scorer_for(model, self.settings, scheduler),
             capabilities=capabilities_for(self.settings, vision=source.vision),
             vision=model.vision,
             image_limits=ImageLimits(

@@ -144,3 +144,37 @@ def test_default_limits_come_from_the_kv_cache():
     work = work_limits(explicit, kv_capacity=78_464)
     assert (work.running_sequences, work.queued_requests) == (3, 0)
     assert request_caps(explicit, source, 78_464, work).choices == 5
+
+
+async def test_scoring_takes_running_places_in_the_same_queue(nursery, gil_free):
+    """A scoring request (scheduler.reserve) waits for room like a generation, holds its
+    places while it runs (a generation submitted meanwhile waits), and gives them back."""
+    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=2, max_queued_requests=4), gil_free=gil_free)
+    scheduler = engine.scheduler
+    events: list[str] = []
+    release = trio.Event()
+
+    async def generate(name: str, max_new_tokens: int) -> None:
+        await received(scheduler, request(max_new_tokens))
+        events.append(name)
+
+    async def score() -> None:
+        async with scheduler.reserve(2):
+            events.append("scoring admitted")
+            await release.wait()
+        events.append("scoring done")
+
+    nursery.start_soon(generate, "long", 10_000)
+    await wait_until(lambda: scheduler.stats().running == 1)
+    nursery.start_soon(score)
+    await wait_until(lambda: scheduler.stats().queued == 1)
+    assert events == []  # two places asked for, one free: it waits
+    engine.pipeline.handles[0].left = 1  # the long generation ends
+    await wait_until(lambda: events == ["long", "scoring admitted"])
+    assert scheduler.stats().running_sequences == 2
+    nursery.start_soon(generate, "after", 2)
+    await wait_until(lambda: scheduler.stats().queued == 1)
+    assert len(engine.pipeline.handles) == 1  # the new generation waits for the scoring's places
+    release.set()
+    await wait_until(lambda: events == ["long", "scoring admitted", "scoring done", "after"])
+    assert scheduler.stats().running_sequences == 0

@@ -69,7 +69,7 @@ BAD_BODIES = [
     ("max_completion_tokens-0", CHAT, chat_body(max_completion_tokens=0), "max_completion_tokens", "invalid_value"),
     ("seed-negative", CHAT, chat_body(seed=-1), "seed", "invalid_value"),
     ("seed-too-big", COMPLETIONS, completion_body(seed=4294967296), "seed", "invalid_value"),
-    ("stop-5", CHAT, chat_body(stop=["a", "b", "c", "d", "e"]), "stop", "invalid_value"),
+    ("stop-65", CHAT, chat_body(stop=[f"s{i}" for i in range(65)]), "stop", "invalid_value"),
     ("stop-int", COMPLETIONS, completion_body(stop=5), "stop", "invalid_type"),
     (
         "context-max_tokens",

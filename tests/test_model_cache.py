@@ -191,7 +191,7 @@ def test_an_entry_the_engine_cannot_load_is_replaced_by_a_conversion_that_loads(
     key = entry_key(model_identity(model), engine_versions())
     _build(cache, model, key)
     asked = _loading_with_a_fake_engine(monkeypatch, fails_on={"entry"})
-    _, _, origin = _build_with_cache(source, settings, {})
+    _, _, origin, _ = _build_with_cache(source, settings, {})
     assert asked == ["entry", "conversion"]
     assert origin.startswith("converted and cached in ")
     assert (cache.lookup(key) / "openvino_model.xml").read_text() == "converted"

@@ -199,11 +199,6 @@ async def test_shutdown_during_the_prefill_fails_the_request(engine):
     assert engine.observed.ends == ["error"]
 
 
-async def test_a_request_that_scores_its_prompt_is_not_sliced(engine):
-    await received(engine.scheduler, request(0, LONG, prompt_logprobs=True))
-    assert prompts_added(engine) == [LONG]  # the engine scores only the tokens it computes
-
-
 async def test_several_prompts_and_choices_run_once_every_long_prompt_is_prefilled(engine):
     other = list(range(200, 209))
     generation = GenerationRequest([LONG, [1], other], SamplingParams(max_new_tokens=2, n=2, temperature=1.0, seed=0))

@@ -167,17 +167,19 @@ def test_echo_through_the_sdk(server, client):
 # ---- completions logprobs ----------------------------------------------------------------------
 
 
-def check_completion_logprobs(logprobs: dict, text: str, first_offset: int) -> None:
+def check_completion_logprobs(logprobs: dict, text: str, first_offset: int, top: int = 1) -> None:
     """OpenAI's legacy logprobs object: one entry per generated token, whose token is the
-    text it added (empty for a skipped special token), the chosen token standing as its
-    own top entry, offsets into the returned text."""
+    text it added (empty for a skipped special token), the `top` most likely tokens (none
+    less likely than the chosen one), offsets into the returned text."""
     tokens = logprobs["tokens"]
     assert tokens and all(isinstance(token, str) for token in tokens)
     assert "".join(tokens) == text
     assert len(logprobs["token_logprobs"]) == len(tokens)
     for logprob in logprobs["token_logprobs"]:
         assert isinstance(logprob, float) and logprob <= 0.0
-    assert logprobs["top_logprobs"] == [{t: lp} for t, lp in zip(tokens, logprobs["token_logprobs"])]
+    for value, alternatives in zip(logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        assert len(alternatives) == top
+        assert all(alternative >= value for alternative in list(alternatives.values())[:1])
     offsets = logprobs["text_offset"]
     assert offsets[0] == first_offset
     for i in range(1, len(offsets)):
@@ -188,7 +190,7 @@ def check_completion_logprobs(logprobs: dict, text: str, first_offset: int) -> N
 def test_completion_logprobs(server, logprobs):
     result = complete(server.base_url, prompt=COUNT, logprobs=logprobs, **GREEDY)
     choice = result.body["choices"][0]
-    check_completion_logprobs(choice["logprobs"], result.text, 0)
+    check_completion_logprobs(choice["logprobs"], result.text, 0, top=logprobs)
     assert len(choice["logprobs"]["tokens"]) == result.usage["completion_tokens"] == GREEDY["max_tokens"]
     assert result.text == complete(server.base_url, prompt=COUNT, **GREEDY).text
 
@@ -229,18 +231,19 @@ def test_completion_logprobs_stream(server, echo):
     if echo:  # the prompt's scores came with the echoed prompt; the rest is the completion's
         assert choice.echo_logprobs == {key: values[: len(choice.echo_logprobs["tokens"])] for key, values in expected.items()}
         expected = {key: values[len(choice.echo_logprobs["tokens"]) :] for key, values in expected.items()}
-    tokens, offsets, token_logprobs = [], [], []
+    tokens, offsets, token_logprobs, top_logprobs = [], [], [], []
     for text, logprobs in choice.pieces:
         assert logprobs is not None
         assert "".join(logprobs["tokens"]) == text  # each chunk's entries cover its own text
         tokens += logprobs["tokens"]
         offsets += logprobs["text_offset"]
         token_logprobs += logprobs["token_logprobs"]
+        top_logprobs += logprobs["top_logprobs"]
     assert len(tokens) == streamed.usage["completion_tokens"] == GREEDY["max_tokens"]
     merged = {
         "tokens": tokens,
         "token_logprobs": token_logprobs,
-        "top_logprobs": [{t: lp} for t, lp in zip(tokens, token_logprobs)],
+        "top_logprobs": top_logprobs,
         "text_offset": offsets,
     }
     check_completion_logprobs(merged, choice.text[len(choice.echo) :], len(COUNT) if echo else 0)

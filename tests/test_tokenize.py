@@ -36,10 +36,13 @@ def test_messages_are_rendered_by_the_chat_template(server):
 
 
 def test_token_strings_and_detokenize_round_trip(server):
+    """token_strs are the vocabulary's own spelling of each token (vLLM's raw pieces,
+    byte-level stand-ins: "Ġcapital" for " capital")."""
     body = post(server.base_url, "/tokenize", {"prompt": PROMPT, "return_token_strs": True}).json()
-    assert "".join(body["token_strs"]) == PROMPT
     vocabulary = embedded_vocabulary()
-    assert body["tokens"] == [vocabulary.token_id(token) for token in body["token_strs"]]
+    assert body["token_strs"] == [vocabulary.table.pieces[i] for i in body["tokens"]]
+    assert b"".join(vocabulary.table.token_bytes[i] for i in body["tokens"]).decode() == PROMPT
+    assert " " not in "".join(body["token_strs"])
     assert post(server.base_url, "/v1/detokenize", {"tokens": body["tokens"]}).json() == {"prompt": PROMPT}
 
 

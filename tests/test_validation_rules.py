@@ -138,8 +138,8 @@ REJECTED = [
     (CHAT, {"best_of": 3, "n": 4}, "best_of"),
     (COMPLETIONS, {"best_of": 2, "diversity_penalty": -0.1}, "diversity_penalty"),
     (COMPLETIONS, {"length_penalty": "long"}, "length_penalty"),
-    (COMPLETIONS, {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    (CHAT, {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    (COMPLETIONS, {"stop": [f"s{i}" for i in range(65)]}, "stop"),
+    (CHAT, {"stop": [f"s{i}" for i in range(65)]}, "stop"),
     (COMPLETIONS, {"stop_token_ids": [-1]}, "stop_token_ids[0]"),
     (CHAT, {"stop_token_ids": [28, -5]}, "stop_token_ids[1]"),
     (COMPLETIONS, {"min_tokens": -1}, "min_tokens"),
@@ -148,11 +148,9 @@ REJECTED = [
     (CHAT, {"min_tokens": 4, "max_completion_tokens": 3, "max_tokens": 10}, "min_tokens"),
     (COMPLETIONS, {"min_tokens": CONTEXT, "max_tokens": None}, "min_tokens"),
     (CHAT, {"min_tokens": CONTEXT, "max_tokens": None}, "min_tokens"),
-    (COMPLETIONS, {"logprobs": 2}, "logprobs"),
-    (COMPLETIONS, {"logprobs": 6}, "logprobs"),
+    (COMPLETIONS, {"logprobs": 21}, "logprobs"),
     (COMPLETIONS, {"logprobs": -1}, "logprobs"),
     (COMPLETIONS, {"logprobs": True}, "logprobs"),
-    (CHAT, {"logprobs": True, "top_logprobs": 1}, "top_logprobs"),
     (CHAT, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     (CHAT, {"top_logprobs": 0}, "top_logprobs"),
     (CHAT, {"logprobs": False, "top_logprobs": 0}, "top_logprobs"),
@@ -200,16 +198,16 @@ def test_sdk_best_of_below_n(client):
     assert caught.value.code == "invalid_value"
 
 
-def test_sdk_logprobs_above_one(client):
+def test_sdk_logprobs_above_twenty(client):
     with pytest.raises(openai.BadRequestError) as caught:
-        client.completions.create(model=MODEL, prompt=PROMPT, logprobs=2, max_tokens=3, stream=True)
+        client.completions.create(model=MODEL, prompt=PROMPT, logprobs=21, max_tokens=3, stream=True)
     assert caught.value.param == "logprobs"
 
 
 def test_sdk_top_logprobs(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Hi"}], logprobs=True, top_logprobs=1, max_tokens=3
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], logprobs=True, top_logprobs=21, max_tokens=3
         )
     assert caught.value.param == "top_logprobs"
 
@@ -301,7 +299,6 @@ REFUSED = [
     (CHAT, {"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),
     (CHAT, {"function_call": "auto"}, "function_call"),
     (CHAT, {"function_call": {"name": "f"}}, "function_call"),
-    (COMPLETIONS, {"prompt_logprobs": 2}, "prompt_logprobs"),
     (CHAT, {"prompt_logprobs": 0}, "prompt_logprobs"),
 ]
 

@@ -21,10 +21,17 @@ def usage_body(done: Completed) -> dict[str, int]:
 
 
 def logprob_entries(logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
-    """Chat's (and the Responses API's) form: each chosen token with its bytes. The
-    engine reports the chosen token only, so there are no alternatives."""
+    """Chat's (and the Responses API's) form: each chosen token with its bytes, and the
+    most likely tokens at its position when they were asked for (and scored)."""
     return [
-        {"token": entry.text, "logprob": entry.logprob, "bytes": list(entry.token), "top_logprobs": []}
+        {
+            "token": entry.text,
+            "logprob": entry.logprob,
+            "bytes": list(entry.token),
+            "top_logprobs": [
+                {"token": top.text, "logprob": top.logprob, "bytes": list(top.token)} for top in entry.top or []
+            ],
+        }
         for entry in logprobs
     ]
 

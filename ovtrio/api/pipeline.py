@@ -73,6 +73,14 @@ def check_request_size(model: ServingModel, body: SamplingFields, prompts: int) 
     prompts are tokenized."""
     check_capabilities(model.capabilities, body, prompts)
     caps = model.caps
+    stops = body.stop_strings()
+    if len(stops) > caps.stop_strings:
+        raise invalid(
+            f"Invalid value for 'stop': this server takes at most {caps.stop_strings} stop strings, and this"
+            f" request has {len(stops)}.",
+            "stop",
+            "invalid_value",
+        )
     if prompts > caps.prompts:
         raise invalid(
             f"Invalid value for 'prompt': this server takes at most {caps.prompts} prompts in one request,"

@@ -14,8 +14,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ovtrio.api.errors import invalid
+from ovtrio.scoring import MAX_TOP_LOGPROBS
 
-MAX_STOP_STRINGS = 4
 MAX_SEED = 4294967295
 MAX_N = 16
 
@@ -104,10 +104,9 @@ class NvExt(_Body):
     annotations: list[str] | None = None
 
 
-StopField = Annotated[
-    str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None,
-    Field(description="up to 4 strings where generation stops"),
-]
+# How many strings a request may hold is a setting (max_stop_strings), checked with the
+# request's other sizes (api/pipeline.py).
+StopField = Annotated[str | list[str] | None, Field(description="strings where generation stops")]
 
 # Fields whose meaning ovtrio cannot honour: sending a non-empty value is a 400 naming
 # the field, rather than a silent difference. (Fields that change nothing, such as
@@ -239,9 +238,11 @@ class CompletionRequest(SamplingFields):
     # 0 with echo scores the prompt and generates nothing (OpenAI's legacy scoring).
     max_tokens: Annotated[int, Field(ge=0)] | None = None
     echo: bool = False
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
-    # vLLM's: each prompt token's log-probability, in the choice's `prompt_logprobs`.
-    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # The chosen token's log-probability and the `logprobs` most likely tokens'.
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    # vLLM's: each prompt token's log-probability and rank, and the `prompt_logprobs`
+    # most likely tokens', in the choice's `prompt_logprobs`.
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None  # 0 asks for them too: the chosen token only
@@ -251,20 +252,20 @@ class CompletionRequest(SamplingFields):
         return self.echo and self.logprobs is not None
 
     def scores_prompt(self) -> bool:
-        return self.echoes_logprobs() or self.prompt_logprobs is not None or self.max_tokens == 0
+        """Whether the prompt's log-probabilities are asked for (the scoring path)."""
+        return self.echoes_logprobs() or self.prompt_logprobs is not None
+
+    def top_logprobs(self) -> int:
+        """How many of the most likely tokens each logprobs entry lists."""
+        return self.logprobs or 0
+
+    def needs_scoring(self) -> bool:
+        """Whether the scoring path runs: the prompt is scored, or the generated tokens'
+        most likely alternatives are asked for (the engine reports the chosen token's only)."""
+        return self.scores_prompt() or (self.top_logprobs() > 0 and self.max_tokens != 0)
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> "CompletionRequest":
-        if self.logprobs is not None and self.logprobs > 1:
-            raise invalid(
-                "Only the chosen token's log-probability is available: logprobs must be 0 or 1.", "logprobs"
-            )
-        if self.prompt_logprobs is not None and self.prompt_logprobs > 1:
-            raise invalid(
-                "Only each prompt token's own log-probability is available: prompt_logprobs must be 0 or 1.",
-                "prompt_logprobs",
-                "unsupported_parameter",
-            )
         if self.max_tokens == 0 and not self.echo:
             raise invalid(
                 "Invalid value for 'max_tokens': 0 generates nothing, which is only useful with echo=true"
@@ -457,7 +458,7 @@ class ChatCompletionRequest(SamplingFields, ToolAndReasoningFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: dict[str, Any] | None = None
 
     def output_format(self) -> dict[str, Any] | None:
@@ -476,8 +477,4 @@ class ChatCompletionRequest(SamplingFields, ToolAndReasoningFields):
     def _check_logprobs(self) -> "ChatCompletionRequest":
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid("top_logprobs requires logprobs=true.", "top_logprobs")
-        if self.top_logprobs:
-            raise invalid(
-                "Only the chosen token's log-probability is available: top_logprobs must be 0.", "top_logprobs"
-            )
         return self

@@ -163,9 +163,9 @@ def sampling_params(
         min_new_tokens=body.min_tokens,
         skip_special_tokens=body.skip_special_tokens,
         logprobs=body.wants_logprobs(),
-        prompt_logprobs=body.scores_prompt(),
         constraint=constraint,
         **speculative,
     )
-    check_params(params)  # UnsupportedParams: the engine refuses the combination
+    if max_new_tokens > 0:  # max_tokens 0 (scoring, echo) never reaches the engine
+        check_params(params)  # UnsupportedParams: the engine refuses the combination
     return params

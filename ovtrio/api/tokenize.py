@@ -67,9 +67,14 @@ async def tokenize() -> Any:
         ids = await tokenized(chars, model.prompts.encode_raw, text, add_special_tokens=body.add_special_tokens)
     reply: dict[str, Any] = {"count": len(ids), "max_model_len": model.sequence_limit.tokens, "tokens": ids}
     if body.return_token_strs:
-        reply["token_strs"] = await tokenized(
-            len(ids), lambda: [model.prompts.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
-        )
+        pieces = [model.prompts.token_piece(i) for i in ids]
+        if None in pieces:
+            raise invalid(
+                "return_token_strs needs the model's vocabulary, which this tokenizer does not expose.",
+                "return_token_strs",
+                "unsupported_parameter",
+            )
+        reply["token_strs"] = pieces
     if len(ids) <= OFF_LOOP_TOKENS:
         return reply
     # Writing 100,000 ids as JSON takes 10 ms: in a worker thread, in parts, handing the

@@ -73,13 +73,14 @@ DEFAULT_MAX_CHOICES = 64
 
 @dataclass(frozen=True)
 class RequestCaps:
-    """The most one request may ask for: prompts (completions), choices (n x prompts)
-    and prompt tokens (all prompts together)."""
+    """The most one request may ask for: prompts (completions), choices (n x prompts),
+    prompt tokens (all prompts together) and stop strings."""
 
     prompts: int
     choices: int
     prompt_tokens: int
     schema_bytes: int | None = None  # JSON of one output format or tool's parameters
+    stop_strings: int = 64
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,9 @@ def request_caps(settings: Settings, source: ModelSource, kv_capacity: int, limi
     if prompt_tokens is None:
         # More than the cache holds could never be in the engine together.
         prompt_tokens = kv_capacity if kv_capacity > 0 else settings.max_prompts_per_request * source.context_length
-    return RequestCaps(settings.max_prompts_per_request, choices, prompt_tokens, settings.max_schema_bytes)
+    return RequestCaps(
+        settings.max_prompts_per_request, choices, prompt_tokens, settings.max_schema_bytes, settings.max_stop_strings
+    )
 
 
 def prefill_slice_tokens(settings: Settings, device: str) -> int:

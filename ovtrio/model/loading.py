@@ -48,6 +48,9 @@ class LoadedModel:
     origin: str = ""  # where the engine's models came from: "IR", "cached in ...", "converted ..."
     speculation: Speculation = Speculation()
     vision: VisionModel | None = None  # a vision-language model: what its images cost
+    # The IR the engine serves (the scoring path compiles it too); None when a GGUF file
+    # was converted in memory only (--no-model-cache, or an unwritable cache).
+    model_xml: Path | None = None
 
 
 def engine_error_reason(exc: Exception) -> str:
@@ -124,7 +127,9 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
     return tokenizer, pipeline
 
 
-def _from_prebuilt(cache: ModelCache, key: str, settings: Settings, phases: dict[str, float]) -> tuple[Any, Any, str] | None:
+def _from_prebuilt(
+    cache: ModelCache, key: str, settings: Settings, phases: dict[str, float]
+) -> tuple[Any, Any, str, Path] | None:
     """Tokenizer and pipeline from the entry of a cache that is only read, or None
     (with a warning line when it has one the engine cannot use: the writable cache
     takes over, and this one is left as it is)."""
@@ -140,10 +145,12 @@ def _from_prebuilt(cache: ModelCache, key: str, settings: Settings, phases: dict
     except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
         log.warning("prebuilt model cache entry %s is unusable (%s)", folder, engine_error_reason(exc))
         return None
-    return tokenizer, pipeline, f"cached in {folder}"
+    return tokenizer, pipeline, f"cached in {folder}", folder
 
 
-def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str, float]) -> tuple[Any, Any, str]:
+def _build_with_cache(
+    source: ModelSource, settings: Settings, phases: dict[str, float]
+) -> tuple[Any, Any, str, Path | None]:
     """Tokenizer and pipeline for a GGUF file, from the cache entry when there is a
     good one, else converted and kept as a new entry. Also says which happened.
 
@@ -168,7 +175,7 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
     if folder is not None:
         try:
             tokenizer, pipeline = _build(folder, settings, phases)
-            return tokenizer, pipeline, f"cached in {folder}"
+            return tokenizer, pipeline, f"cached in {folder}", folder
         except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
             log.warning(
                 "model cache entry %s is unusable (%s); rebuilding it", folder, engine_error_reason(exc)
@@ -181,8 +188,8 @@ def _build_with_cache(source: ModelSource, settings: Settings, phases: dict[str,
         log.warning("cannot keep the converted model in %s (%s); converting at every start", cache.root, exc)
         with openable_by_engine(source.path) as path:
             tokenizer, pipeline = _build(path, settings, phases)
-        return tokenizer, pipeline, "converted, not cached"
-    return tokenizer, pipeline, f"converted and cached in {cache.entry(key)}"
+        return tokenizer, pipeline, "converted, not cached", None
+    return tokenizer, pipeline, f"converted and cached in {cache.entry(key)}", cache.entry(key)
 
 
 def convert_into_cache(source: ModelSource, settings: Settings) -> str:
@@ -202,7 +209,7 @@ def convert_into_cache(source: ModelSource, settings: Settings) -> str:
         }
     )
     try:
-        _tokenizer, _pipeline, origin = _build_with_cache(source, quick, {})
+        _tokenizer, _pipeline, origin, _folder = _build_with_cache(source, quick, {})
     except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
         raise ModelLoadError(f"cannot convert model {source.path}: {engine_error_reason(exc)}") from None
     if "not cached" in origin:
@@ -215,8 +222,9 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     started = time.perf_counter()
     phases: dict[str, float] = {}
     try:
+        ir_folder: Path | None = None
         if source.kind == "gguf" and settings.model_cache:
-            tokenizer, pipeline, origin = _build_with_cache(source, settings, phases)
+            tokenizer, pipeline, origin, ir_folder = _build_with_cache(source, settings, phases)
         elif source.kind == "gguf":
             with openable_by_engine(source.path) as path:
                 tokenizer, pipeline = _build(path, settings, phases)
@@ -224,6 +232,8 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         else:
             tokenizer, pipeline = _build(source.path, settings, phases)
             origin = "IR"
+            # A vision-language model's language model takes embeddings: nothing to score with.
+            ir_folder = None if source.vision else source.path
     except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
         hints = engine_properties(settings)
         with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""
@@ -249,6 +259,7 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         phases=phases,
         origin=origin,
         speculation=speculation_for(settings, source),
+        model_xml=ir_folder / "openvino_model.xml" if ir_folder is not None else None,
     )
 
 

@@ -82,6 +82,34 @@ class PromptBuilder:
             return list(prompt)
         return [self.decode(ids) for ids in encoded]
 
+    def prompt_pieces(self, ids: list[int], text: str) -> list[bytes]:
+        """The bytes each prompt token adds to `text`, the prompt as echoed, so that they
+        join to exactly it: a token's own bytes, or none for a special token the text
+        does not spell at that point (one the tokenizer added, such as BOS)."""
+        data = text.encode()
+        at = 0
+        pieces = []
+        for token_id in ids:
+            piece = self.token_bytes(token_id)
+            if data.startswith(piece, at):
+                at += len(piece)
+            elif self._is_special(token_id):
+                piece = b""
+            pieces.append(piece)
+        return pieces
+
+    def token_piece(self, token_id: int) -> str | None:
+        """The token as the vocabulary spells it (vLLM's token strings); None when the
+        vocabulary is not known."""
+        if self._vocabulary is None or token_id >= len(self._vocabulary.pieces):
+            return None
+        return self._vocabulary.pieces[token_id]
+
+    def _is_special(self, token_id: int) -> bool:
+        if self._vocabulary is not None:
+            return token_id in self._vocabulary.special_ids
+        return not self._tokenizer.decode([token_id], skip_special_tokens=True)
+
     def encode_raw(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Any text, as the tokenizer splits it (empty text gives no ids)."""
         return self._encode(text, add_special_tokens=add_special_tokens)
@@ -166,7 +194,9 @@ class PromptBuilder:
         return info
 
     def decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids)
+        """The text of `ids`, special tokens included (vLLM's /detokenize keeps them, and
+        text made from ids, such as an echoed prompt, must tokenize back to them)."""
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes of one token (a partial UTF-8 character for some)."""

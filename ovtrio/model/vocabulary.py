@@ -50,6 +50,8 @@ _TO_LATIN1.update({code: "\uffff" for code in range(256) if chr(code) not in _AL
 class Vocabulary:
     token_bytes: list[bytes]
     special_ids: frozenset[int]
+    # Each token as the vocabulary spells it (byte-level stand-ins: "Ġthe" for " the").
+    pieces: tuple[str, ...] = ()
 
     @classmethod
     def from_byte_level(cls, tokens: list[str], special_ids: set[int]) -> "Vocabulary | None":
@@ -61,7 +63,7 @@ class Vocabulary:
                 if token_id not in special_ids:
                     return None  # not a byte-level vocabulary
                 table.append(token.encode())
-        return cls(table, frozenset(special_ids))
+        return cls(table, frozenset(special_ids), tuple(tokens))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Whole-sequence decode (for checking against the engine's detokenizer)."""

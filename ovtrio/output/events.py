@@ -17,18 +17,34 @@ from ovtrio.scheduler import Completed, Failed
 
 
 @dataclass(slots=True)
+class TopLogprob:
+    """One of the most likely tokens at a position: its id, bytes, text (the bytes as
+    UTF-8, or `bytes:\\xNN...` for bytes that are not whole UTF-8 characters, so no two
+    tokens share a text) and log-probability."""
+
+    token_id: int
+    token: bytes
+    text: str
+    logprob: float
+
+
+@dataclass(slots=True)
 class TokenLogprob:
     """One generated (or prompt) token and its log-probability. `token` is the bytes it
     added to the choice's text (none for a special token the text leaves out); `text` is
     the text it added: empty for a token that ends inside a UTF-8 character, whose
     character the token completing it carries. So a choice's entries join to exactly its
     text. A prompt's first token has no log-probability (None): nothing precedes it.
-    `token_id` is the vocabulary id (vLLM's prompt_logprobs are keyed by it)."""
+    `token_id` is the vocabulary id (vLLM's prompt_logprobs are keyed by it). `top`, when
+    the most likely tokens were asked for and scored, holds them, most likely first;
+    `rank` is the token's own (1: the most likely)."""
 
     token: bytes
     logprob: float | None
     text: str
     token_id: int = -1
+    top: list[TopLogprob] | None = None
+    rank: int | None = None
 
 
 @dataclass(slots=True)

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from ovtrio.output.events import (
     ChoiceFinished,
     OutputEvent,
-    PromptScored,
     ReasoningDelta,
     TextDelta,
     TokenLogprob,
@@ -17,7 +16,7 @@ from ovtrio.output.events import (
     ToolCallStarted,
 )
 from ovtrio.parsing import ParsedDelta, ReasoningSplitter, ToolCallParser
-from ovtrio.scheduler import Completed, Delta, Failed, Message, Prompt
+from ovtrio.scheduler import Completed, Delta, Failed, Message
 
 TokenBytes = Callable[[int], bytes]
 
@@ -67,15 +66,6 @@ class _ChoiceReader:
             return events
         return events + self._parsed(self._parser.feed(answer), logprobs if piece.token_ids else None)
 
-    def prompt(self, prompt: Prompt, token_bytes: TokenBytes) -> PromptScored:
-        """The scored prompt; its entries join to the prompt's text as echoed."""
-        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        entries = []
-        for token_id, logprob in zip(prompt.token_ids, prompt.logprobs):
-            token = token_bytes(token_id)
-            entries.append(TokenLogprob(token, logprob, utf8.decode(token), token_id))
-        return PromptScored(self.index, entries)
-
     def finish(self, reason: str) -> list[OutputEvent]:
         """The end of the choice: what the splitter and parser held back, then its finish."""
         reasoning, answer = self._splitter.finish() if self._splitter else ("", "")
@@ -113,8 +103,7 @@ class OutputStage:
 
     `reasoning` and `tool_parser` make a fresh splitter and parser for each choice (None:
     the text is all content). `logprobs` gives the bytes each token adds to the text
-    (see PromptBuilder.output_bytes), when the request asked for log-probabilities;
-    `prompt_bytes` the same for the prompt's tokens, when it asked for the prompt's. Deltas
+    (see PromptBuilder.output_bytes), when the request asked for log-probabilities. Deltas
     of one choice that arrive together (the consumer fell behind) are read as one piece,
     so a slow client gets fewer, larger events.
     """
@@ -125,9 +114,7 @@ class OutputStage:
         reasoning: Callable[[], ReasoningSplitter] | None = None,
         tool_parser: Callable[[], ToolCallParser] | None = None,
         logprobs: TokenBytes | None = None,
-        prompt_bytes: TokenBytes | None = None,
     ) -> None:
-        self._prompt_bytes = prompt_bytes
         self._reasoning = reasoning
         self._tool_parser = tool_parser
         self._token_bytes = logprobs
@@ -151,10 +138,6 @@ class OutputStage:
                 if message.finish_reason is not None:
                     self._read(pending, events)
                     events += self._choice(message.index).finish(message.finish_reason)
-            elif isinstance(message, Prompt):
-                self._read(pending, events)
-                if self._prompt_bytes is not None:
-                    events.append(self._choice(message.index).prompt(message, self._prompt_bytes))
             elif isinstance(message, (Completed, Failed)):
                 self._read(pending, events)
                 events.append(message)

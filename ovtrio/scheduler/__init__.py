@@ -9,7 +9,7 @@ the requests they take on (submission, draining, slow readers) in intake.py. Kno
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting
 from ovtrio.scheduler.interface import GenerationScheduler
-from ovtrio.scheduler.messages import Completed, Delta, Failed, Message, Prompt
+from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import (
     GenerationRequest,
@@ -37,7 +37,6 @@ __all__ = [
     "NotAccepting",
     "OutputConstraint",
     "Overloaded",
-    "Prompt",
     "RequestObserver",
     "RequestStream",
     "SHUTTING_DOWN",

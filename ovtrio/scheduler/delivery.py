@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ovtrio.scheduler.echo import EchoedPrompt, PromptNotScored
 from ovtrio.scheduler.messages import Completed, Delta, Failed
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import SamplingParams
@@ -104,7 +103,6 @@ class Delivery:
             self._detokenizer(prompt_ids, params),
             StopMatcher(params.stop, params.include_stop_str_in_output),
             prompt_tokens=len(prompt_ids),
-            echo=EchoedPrompt(index, prompt_ids) if params.prompt_logprobs else None,
             speculation=SpeculationTally(params, prompt_ids) if params.speculative else None,
         )
 
@@ -163,12 +161,6 @@ class Delivery:
                 reason = self._reasons.get(finish_reason)
                 if not active.logprobs:
                     logprobs = []
-                if sequence.echo is not None:
-                    try:
-                        ids, logprobs = _split_prompt(active, sequence, ids, logprobs)
-                    except PromptNotScored as exc:
-                        failed = Failed(str(exc), "prompt_logprobs_unavailable")
-                        break
                 fresh.append((active, part, sequence, ids, logprobs, reason))
                 read_any = True
             if failed is None and status in self._failed_statuses:
@@ -330,14 +322,3 @@ def _read_all(handle: Any, beam_search: bool) -> Outputs:
         _joined(joined, [(o.generated_ids, o.generated_log_probs, o.finish_reason) for o in outputs])
     return joined
 
-
-def _split_prompt(
-    active: ActiveRequest, sequence: Sequence, ids: list[int], logprobs: list[float]
-) -> tuple[list[int], list[float]]:
-    """Send the scored prompt once it has arrived; what follows it is generated."""
-    assert sequence.echo is not None
-    ids, logprobs, prompt = sequence.echo.take(ids, logprobs)
-    if prompt is not None:
-        sequence.echo = None
-        active.send(prompt)
-    return ids, logprobs

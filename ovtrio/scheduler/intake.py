@@ -143,7 +143,7 @@ class RequestIntake:
             request_id=request_id,
             channel=send,
             prompt_tokens=sum(len(p) for p in request.prompts),
-            logprobs=self._scores_tokens and (params.logprobs or params.prompt_logprobs),
+            logprobs=self._scores_tokens and params.logprobs,
             weight=len(request.prompts) * max(params.n, params.best_of),  # beams count too
             pause_at=self._limits.slow_reader_buffer,
             submitted_at=time.monotonic(),
@@ -159,6 +159,37 @@ class RequestIntake:
                 yield RequestStream(request_id, receive, partial(self._received, active))
         finally:
             self._abort(request_id)
+
+    @asynccontextmanager
+    async def reserve(self, places: int) -> AsyncIterator[None]:
+        """Hold `places` running places for work done beside the engine (scoring), from
+        when the loop admits it, in arrival order with the requests submitted, until the
+        block ends. Refused as submit() refuses (Overloaded, NotAccepting)."""
+        if not self._running:
+            raise NotAccepting("the scheduler is not running")
+        if not self._accepting:
+            raise NotAccepting("the scheduler is draining")
+        self.check_capacity()
+        request_id = next(self._ids)
+        send, receive = trio.open_memory_channel[Message](0)
+        receive.close()  # nothing is ever sent: a reservation has no output
+        active = ActiveRequest(
+            request_id=request_id,
+            channel=send,
+            prompt_tokens=0,
+            logprobs=False,
+            weight=max(1, places),
+            submitted_at=time.monotonic(),
+        )
+        admission = Admission(active, None)
+        self._queued[request_id] = admission
+        self._wake()
+        try:
+            await admission.added.wait()
+            yield
+        finally:
+            self._abort(request_id)
+            self._wake()  # its places are free: the loop may admit waiting requests
 
     def _abort(self, request_id: int, outcome: str | None = "abort") -> None:
         """End a request, running or waiting: cancel its engine requests and close its

@@ -1,8 +1,7 @@
 """Typed messages the scheduler sends on each request's channel.
 
-A request's channel carries, when the prompt's log-probabilities were asked for, one
-`Prompt` per choice before its first `Delta`; then any number of `Delta`s, then exactly one `Completed` or
-`Failed`, then closes.
+A request's channel carries any number of `Delta`s, then exactly one `Completed` or
+`Failed`, then closes. (Scored prompts come from the scoring path, ovtrio/scoring.)
 """
 
 from __future__ import annotations
@@ -23,16 +22,6 @@ class Delta:
     logprobs: list[float] | None = None
 
 
-@dataclass(slots=True)
-class Prompt:
-    """The prompt of choice `index`, scored: its token ids and each one's
-    log-probability given the tokens before it (None for the first, which has none)."""
-
-    index: int
-    token_ids: list[int]
-    logprobs: list[float | None]
-
-
 @dataclass(frozen=True, slots=True)
 class Completed:
     """Every choice has finished; token counts for usage reporting."""
@@ -51,4 +40,4 @@ class Failed:
     code: str
 
 
-Message = Prompt | Delta | Completed | Failed
+Message = Delta | Completed | Failed

@@ -66,10 +66,6 @@ class SamplingParams:
     # of a tool-call format, for its parser).
     keep_special_token_ids: frozenset[int] = frozenset()
     logprobs: bool = False
-    # Score the prompt: the engine returns each prompt token's log-probability first
-    # (its `echo`), which the scheduler sends as one Prompt message per choice. With
-    # max_new_tokens 0 nothing is generated.
-    prompt_logprobs: bool = False
     constraint: OutputConstraint | None = None  # enforced by constrained decoding
     # Speculative decoding, on a pipeline built for it (0: not set). Prompt lookup sets
     # num_assistant_tokens and max_ngram_size; a draft model num_assistant_tokens or
@@ -138,10 +134,8 @@ def to_generation_config(
     if params.stop_token_ids:
         # Setting stop_token_ids replaces the model's end-of-sequence ids: keep them.
         config.stop_token_ids = set(params.stop_token_ids) | set(model_stop_token_ids)
-    if params.logprobs or params.prompt_logprobs:
+    if params.logprobs:
         config.logprobs = 1
-    if params.prompt_logprobs:
-        config.echo = True
     if params.constraint is not None:
         config.structured_output_config = to_engine_config(params.constraint)
     config.num_assistant_tokens = params.num_assistant_tokens

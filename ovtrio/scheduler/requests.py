@@ -14,7 +14,6 @@ from typing import Any
 
 import trio
 
-from ovtrio.scheduler.echo import EchoedPrompt
 from ovtrio.scheduler.messages import Message
 from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams
 from ovtrio.scheduler.speculation import SpeculationTally
@@ -38,7 +37,6 @@ class Sequence:
     held_text: str = ""
     held_ids: list[int] = field(default_factory=list)
     held_logprobs: list[float] | None = None
-    echo: EchoedPrompt | None = None  # the scored prompt still to split off the output's front
     speculation: SpeculationTally | None = None  # counts drafted and accepted tokens when speculating
 
 
@@ -106,17 +104,20 @@ class ActiveRequest:
 
 @dataclass(eq=False)
 class Admission:
-    """A submitted request waiting for the loop to add it to the engine between steps."""
+    """A submitted request waiting for the loop to add it to the engine between steps,
+    or a reservation of running places (intake.reserve) waiting for room."""
 
     active: ActiveRequest
-    request: GenerationRequest
+    request: GenerationRequest | None  # None: places reserved for work beside the engine
     added: trio.Event = field(default_factory=trio.Event)
     error: UnsupportedParams | None = None
 
     @property
     def engine_requests(self) -> int:
         """How many engine requests it will become: one per prompt and sibling, or one
-        beam search per prompt."""
+        beam search per prompt (none for a reservation)."""
+        if self.request is None:
+            return 0
         params = self.request.params
         return len(self.request.prompts) * (1 if params.beam_search else params.n)
 

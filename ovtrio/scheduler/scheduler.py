@@ -245,6 +245,9 @@ class Scheduler(RequestIntake):
             self._running_sequences += active.weight
             waited = now - active.submitted_at
             self._retry_hint.observe(waited)
+            if admission.request is None:  # a reservation: its holder does the work
+                admission.added.set()
+                continue
             if not self._register_sliced_prefill(admission, waited):
                 self._add_admitted(admission, waited)
                 added = True
@@ -252,12 +255,11 @@ class Scheduler(RequestIntake):
 
     def _register_sliced_prefill(self, admission: Admission, waited: float) -> bool:
         """Register an admitted request with long prompts to be prefilled in slices
-        (prefill.py); False if it has none, or scores its prompt (which the engine must
-        compute whole)."""
+        (prefill.py); False if it has none."""
         request = admission.request
         threshold = self._prefill_slice_tokens
         # A text prompt (a vision-language model's) goes to the engine whole.
-        if not threshold or request.params.prompt_logprobs or request.texts is not None:
+        if not threshold or request.texts is not None:
             return False
         long_prompts = [prompt for prompt in request.prompts if len(prompt) > threshold]
         if not long_prompts:

@@ -108,6 +108,7 @@ class StatefulScheduler(RequestIntake):
         import openvino as ov
 
         active, request = admission.active, admission.request
+        assert request is not None, "the stateful backend takes no reservations (it does not score)"
         params = request.params
         prompt_ids = request.prompts[0]
         try:

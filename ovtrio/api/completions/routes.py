@@ -6,8 +6,9 @@ from typing import Any
 
 from quart import Blueprint
 
+from ovtrio.api.completions.scored import scored_completion
 from ovtrio.api.completions.writer import CompletionWriter
-from ovtrio.api.errors import APIError, invalid
+from ovtrio.api.errors import invalid
 from ovtrio.api.pipeline import accept, check_request_size, envelope, generation_request, respond
 from ovtrio.api.protocol import CompletionRequest
 from ovtrio.api.text_limits import check_prompt_chars, tokenized
@@ -29,15 +30,7 @@ async def create_completion() -> Any:
     chars = sum(len(text) for text in texts)
     prompts = await tokenized(chars, model.prompts.encode_completion_prompts, body.prompt)
     echo = model.prompts.prompt_texts(body.prompt, prompts) if body.echo else None
-    scored = body.scores_prompt()
-    if scored and model.prefix_caching:
-        raise _prompt_scoring_needs_fresh_prefill(body)
     generation = generation_request(model, body, prompts, texts=_text_prompts(model, body.prompt))
-    stage = OutputStage(
-        logprobs=model.prompts.output_bytes(body.skip_special_tokens) if body.wants_logprobs() else None,
-        # Prompt entries join to the echoed text, which leaves special tokens out.
-        prompt_bytes=model.prompts.output_bytes(True) if scored else None,
-    )
     choices = len(prompts) * body.n
     writer = CompletionWriter(
         envelope("cmpl-", model, body),
@@ -45,8 +38,14 @@ async def create_completion() -> Any:
         n=body.n,
         echo=echo,
         logprobs=body.wants_logprobs(),
-        prompt_logprobs=body.prompt_logprobs is not None,
-        scored=scored,
+        top_logprobs=body.top_logprobs(),
+        prompt_logprobs=body.prompt_logprobs,
+        scored=body.scores_prompt(),
+    )
+    if body.needs_scoring() or body.max_tokens == 0:
+        return await scored_completion(model, body, prompts, generation, writer, choices)
+    stage = OutputStage(
+        logprobs=model.prompts.output_bytes(body.skip_special_tokens) if body.wants_logprobs() else None
     )
     return await respond(model, body, generation, stage, writer, choices)
 
@@ -79,17 +78,3 @@ def _prompt_count(prompt: str | list[Any]) -> int:
     if isinstance(prompt, str) or isinstance(prompt[0], int):
         return 1
     return len(prompt)
-
-
-def _prompt_scoring_needs_fresh_prefill(body: CompletionRequest) -> APIError:
-    """The engine scores only the prompt tokens it computes, and with prefix caching on it
-    reuses cached blocks instead (there is no per-request way to opt out): refuse rather
-    than return scores for part of the prompt."""
-    param = "prompt_logprobs" if body.prompt_logprobs is not None else "max_tokens" if body.max_tokens == 0 else "echo"
-    return invalid(
-        "Scoring the prompt (echo with logprobs, prompt_logprobs, or max_tokens 0) needs a server"
-        " started with --no-enable-prefix-caching: the engine does not score prompt tokens it reads"
-        " from the prefix cache.",
-        param,
-        "unsupported_parameter",
-    )

@@ -12,15 +12,22 @@ from ovtrio.scheduler import Completed, Failed
 OBJECT = "text_completion"
 
 
-def prompt_logprobs_body(entries: list[TokenLogprob]) -> list[dict[str, Any] | None]:
-    """vLLM's `prompt_logprobs`: per prompt token, {token id: {logprob, rank, decoded_token}};
-    None for the first token. The engine reports no rank."""
-    return [
-        None
-        if entry.logprob is None
-        else {str(entry.token_id): {"logprob": entry.logprob, "rank": None, "decoded_token": entry.text}}
-        for entry in entries
-    ]
+def prompt_logprobs_body(entries: list[TokenLogprob], top: int) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token, {token id: {logprob, rank,
+    decoded_token}} for the token itself, then for the `top` most likely tokens (ranks 1
+    to top; the token itself once if it is among them); None for the first token."""
+    body: list[dict[str, Any] | None] = []
+    for entry in entries:
+        if entry.logprob is None:
+            body.append(None)
+            continue
+        scores = {str(entry.token_id): {"logprob": entry.logprob, "rank": entry.rank, "decoded_token": entry.text}}
+        for rank, alternative in enumerate((entry.top or [])[:top], start=1):
+            scores.setdefault(
+                str(alternative.token_id), {"logprob": alternative.logprob, "rank": rank, "decoded_token": alternative.text}
+            )
+        body.append(scores)
+    return body
 
 
 class CompletionWriter:
@@ -40,7 +47,8 @@ class CompletionWriter:
         n: int = 1,
         echo: list[str] | None = None,
         logprobs: bool = False,
-        prompt_logprobs: bool = False,
+        top_logprobs: int = 0,
+        prompt_logprobs: int | None = None,
         scored: bool = False,
     ) -> None:
         self.envelope = envelope
@@ -48,6 +56,7 @@ class CompletionWriter:
         self.n = n
         self.echo = echo
         self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
         self.prompt_logprobs = prompt_logprobs
         self.scored = scored
         self._offsets: dict[int, int] = {}  # text offset of each choice's next token
@@ -62,16 +71,16 @@ class CompletionWriter:
         if logprobs is None:
             return None
         offset = self._offsets.get(index, len(self._echo_text(index)))
-        body = _legacy_logprobs(logprobs, offset)
+        body = _legacy_logprobs(logprobs, offset, self.top_logprobs)
         self._offsets[index] = offset + sum(len(entry.text) for entry in logprobs)
         return body
 
     def _echoed(self, event: PromptScored) -> dict[str, Any]:
         """A choice's first chunk when the prompt was scored: its echo and the scores."""
-        logprobs = _legacy_logprobs(event.logprobs, 0) if self.echo and self.logprobs else None
+        logprobs = _legacy_logprobs(event.logprobs, 0, self.top_logprobs) if self.echo and self.logprobs else None
         choice = self._choice(event.choice, self._echo_text(event.choice), logprobs, None)
-        if self.prompt_logprobs:
-            choice["prompt_logprobs"] = prompt_logprobs_body(event.logprobs)
+        if self.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_body(event.logprobs, self.prompt_logprobs)
         return choice
 
     def opening(self) -> list[dict[str, Any]]:
@@ -99,18 +108,21 @@ class CompletionWriter:
             entries = result.logprobs or []
             if self.echo and self.scored:
                 entries = (result.prompt_logprobs or []) + entries
-            logprobs = _legacy_logprobs(entries, 0 if self.scored else len(self._echo_text(i))) if self.logprobs else None
+            offset = 0 if self.scored else len(self._echo_text(i))
+            logprobs = _legacy_logprobs(entries, offset, self.top_logprobs) if self.logprobs else None
             choice = self._choice(i, self._echo_text(i) + result.text, logprobs, result.finish_reason)
-            if self.prompt_logprobs:
-                choice["prompt_logprobs"] = prompt_logprobs_body(result.prompt_logprobs or [])
+            if self.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_body(result.prompt_logprobs or [], self.prompt_logprobs)
             choices.append(choice)
         return self.envelope.unary(OBJECT, choices, outcome.usage)
 
 
-def _legacy_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
+def _legacy_logprobs(entries: list[TokenLogprob], offset: int, top: int) -> dict[str, Any]:
     """OpenAI's legacy logprobs object for `entries`, the first starting at `offset` in the
-    choice's text. The engine reports the chosen token only; it stands as its own top
-    entry (null where the token has no log-probability: a prompt's first)."""
+    choice's text. Each `top_logprobs` entry holds the `top` most likely tokens at that
+    position, most likely first, whether or not the chosen token is among them (its own
+    figure is in `token_logprobs`); null where the token has no log-probability (a
+    prompt's first), and {} when no alternatives were asked for (`logprobs: 0`)."""
     tokens, offsets = [], []
     for entry in entries:
         tokens.append(entry.text)
@@ -120,6 +132,8 @@ def _legacy_logprobs(entries: list[TokenLogprob], offset: int) -> dict[str, Any]
     return {
         "tokens": tokens,
         "token_logprobs": values,
-        "top_logprobs": [None if value is None else {token: value} for token, value in zip(tokens, values)],
+        "top_logprobs": [
+            None if entry.logprob is None else {t.text: t.logprob for t in (entry.top or [])[:top]} for entry in entries
+        ],
         "text_offset": offsets,
     }

@@ -68,6 +68,8 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
     text: TextOptions | None = None
     response_format: dict[str, Any] | None = None
     logprobs: bool = False
+    # Served on chat and completions; here only 0, rather than an empty list in silence.
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     store: bool = True
     previous_response_id: str | None = None
 
@@ -77,6 +79,12 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
             raise invalid("n must be 1 when streaming a response.", "n")
         if self.max_tokens is not None:
             raise invalid("The Responses API names this max_output_tokens.", "max_tokens")
+        if self.top_logprobs:
+            raise invalid(
+                "top_logprobs is not served on the Responses API (chat and completions serve it).",
+                "top_logprobs",
+                "unsupported_parameter",
+            )
         for i, item in enumerate(self.items()):
             for j, part in enumerate(item.content if isinstance(item.content, list) else []):
                 if part.type == "input_file":
