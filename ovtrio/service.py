@@ -95,6 +95,13 @@ def scorer_for(model: LoadedModel, settings: Settings, scheduler: Scheduler) -> 
     and plugin properties (so its scores are the engine's arithmetic), on the first
     scoring request."""
     xml = model.model_xml
+    if model.vision is not None:
+        return Scorer(
+            None,
+            scheduler.reserve,
+            "scoring (prompt log-probabilities, top log-probabilities) is not available for a vision-language"
+            " model: its language model reads embeddings, not token ids",
+        )
     if xml is None:
         return Scorer(
             None,
