@@ -262,6 +262,7 @@ def test_a_file_that_is_not_an_image_is_refused_in_the_page(vlm_page, tmp_path, 
 
 def test_an_image_over_the_servers_limit_gets_its_400_as_a_sentence(vlm_page, tmp_path):
     watched, page = vlm_page, vlm_page.page
+    configure(page, **forced(3))
     big = png(4, (400, 400))  # about 480 kB as PNG; the server takes 300 kB at most
     assert len(big) > 300_000
     attach(page, "picker", big, tmp_path, "big.png")
@@ -278,6 +279,18 @@ def test_an_image_over_the_servers_limit_gets_its_400_as_a_sentence(vlm_page, tm
     shown = page.inner_text(".msg.assistant .error")
     assert shown == f"The server refused the request (400): {error['message']}"
     assert "\n    at " not in shown and "Error:" not in shown  # a sentence, not a stack
+
+    # Edit takes the refused image out of the message; the conversation then goes on.
+    sent_before = len(api_sent(watched))
+    page.click(".msg.user button:text('Edit')")
+    page.click(".msg.user .thumb-remove")
+    assert page.locator(".msg.user img.thumb").count() == 0
+    page.click(".msg.user button:text('Save & send')")
+    wait_for_reply(page)
+    assert "error" not in last_reply(page), last_reply(page).get("error")
+    later = api_sent(watched)[sent_before:]
+    assert later and all(image_parts(b) == [] for b in later)
+    assert "images" not in conversation(page)["messages"][0]
 
 
 # ---- a text-only model ----------------------------------------------------------------------

@@ -247,11 +247,19 @@ function editMessage(el, conversation, index) {
   const message = conversation.messages[index];
   const area = h("textarea", { class: "edit-area", rows: 3, "aria-label": "Edit message" });
   area.value = message.content;
+  // Its images can be taken out (one the server refused, say), not added.
+  const images = [...(message.images || [])];
+  const imageBox = h("div", { class: "edit-images" });
+  const showImages = () => imageBox.replaceChildren(...(images.length ? [thumbnails(images, (i) => (images.splice(i, 1), showImages()))] : []));
+  showImages();
   const saveButton = h("button", { class: "primary small", type: "button", text: "Save & send" });
   const cancel = h("button", { class: "ghost small", type: "button", text: "Cancel", onclick: () => renderMessages() });
   saveButton.addEventListener("click", () => {
-    if (!area.value.trim() || state.running) return;
-    conversation.messages = [...conversation.messages.slice(0, index), { ...message, content: area.value }];
+    if ((!area.value.trim() && !images.length) || state.running) return;
+    const edited = { ...message, content: area.value };
+    if (images.length) edited.images = images;
+    else delete edited.images;
+    conversation.messages = [...conversation.messages.slice(0, index), edited];
     generate(conversation);
   });
   area.addEventListener("keydown", (event) => {
@@ -260,7 +268,7 @@ function editMessage(el, conversation, index) {
       saveButton.click();
     }
   });
-  el.replaceChildren(area, h("div", { class: "actions" }, saveButton, cancel));
+  el.replaceChildren(imageBox, area, h("div", { class: "actions" }, saveButton, cancel));
   area.focus();
 }
 
