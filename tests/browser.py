@@ -52,6 +52,13 @@ def _missing() -> str | None:
     return None
 
 
+# One Playwright and one Chromium for the whole test process. Each module that imports
+# the `browser` fixture gets a session fixture of its own, and a second Playwright started
+# beside a running one fails ("Sync API inside the asyncio loop"): the modules share this
+# one, and the last fixture to end closes it.
+_shared: dict[str, Any] = {}
+
+
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     """A headless Chromium for the session (Playwright's sync Browser)."""
@@ -60,14 +67,27 @@ def browser() -> Iterator[Any]:
         if os.environ.get(REQUIRE_ENV):
             pytest.fail(f"{REQUIRE_ENV} is set and there is {reason}")
         pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
+    if not _shared:
+        from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=list(CHROMIUM_ARGS))
+        playwright = sync_playwright().start()
         try:
-            yield chromium
-        finally:
-            chromium.close()
+            chromium = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=list(CHROMIUM_ARGS))
+        except BaseException:
+            playwright.stop()
+            raise
+        _shared.update(playwright=playwright, chromium=chromium, users=0)
+    _shared["users"] += 1
+    try:
+        yield _shared["chromium"]
+    finally:
+        _shared["users"] -= 1
+        if not _shared["users"]:
+            try:
+                _shared["chromium"].close()
+            finally:
+                _shared["playwright"].stop()
+                _shared.clear()
 
 
 class PageServer:

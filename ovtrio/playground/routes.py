@@ -2,7 +2,8 @@
 
 The files are read once, when the app is built (they weigh a few tens of KB), and
 served from memory with an ETag. Every answer carries a Content-Security-Policy that
-lets the page load and connect to its own origin only, and run no inline script: the
+lets the page load and connect to its own origin only (images also from data: URLs,
+the ones a user attaches), and run no inline script: the
 page inserts model and user text as text, and the policy is the second line of defence
 should a bug ever let markup through.
 """
@@ -24,7 +25,7 @@ CONTENT_SECURITY_POLICY = "; ".join(
         "default-src 'none'",
         "script-src 'self'",
         "style-src 'self'",
-        "img-src 'self'",
+        "img-src 'self' data:",  # the images a user attaches, shown as data: URLs
         "connect-src 'self'",
         "base-uri 'none'",
         "form-action 'none'",

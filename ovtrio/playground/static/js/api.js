@@ -54,16 +54,20 @@ function sampling(settings, maxName) {
   return Object.fromEntries(Object.entries(fields).filter(([, v]) => v !== undefined));
 }
 
-// Images: the hook for when the server serves them. A user message may carry
-// `images` (data URLs); they become image parts beside the text.
-function chatContent(message) {
+// A user message may carry `images` (data URLs): they become image parts after its
+// text (no text part when the message is only images).
+function withImages(message, textPart, imagePart) {
   if (!message.images || !message.images.length) return message.content;
-  return [{ type: "text", text: message.content }, ...message.images.map((url) => ({ type: "image_url", image_url: { url } }))];
+  const parts = message.content ? [textPart(message.content)] : [];
+  return [...parts, ...message.images.map(imagePart)];
+}
+
+function chatContent(message) {
+  return withImages(message, (text) => ({ type: "text", text }), (url) => ({ type: "image_url", image_url: { url } }));
 }
 
 function responsesContent(message) {
-  if (!message.images || !message.images.length) return message.content;
-  return [{ type: "input_text", text: message.content }, ...message.images.map((url) => ({ type: "input_image", image_url: url }))];
+  return withImages(message, (text) => ({ type: "input_text", text }), (url) => ({ type: "input_image", image_url: url }));
 }
 
 // The request for answering the last (user) message of `history`.

@@ -28,6 +28,9 @@ const state = {
 
 const ui = {
   prompt: $("#prompt"),
+  attach: $("#attach"),
+  picker: $("#attach-file"),
+  pendingImages: $("#pending-images"),
   composer: $("#composer"),
   send: $("#send"),
   stop: $("#stop"),
@@ -170,8 +173,8 @@ function fillMessage(el, conversation, message, index) {
   el.classList.toggle("streaming", Boolean(live));
   const parts = [];
   if (message.role === "user") {
-    parts.push(h("div", { class: "bubble", text: message.content }));
-    if (message.images && message.images.length) parts.push(h("div", { class: "attachments", text: message.images.length + " image(s)" }));
+    if (message.images && message.images.length) parts.push(thumbnails(message.images));
+    if (message.content || !message.images || !message.images.length) parts.push(h("div", { class: "bubble", text: message.content }));
     parts.push(
       h(
         "div",
@@ -244,11 +247,19 @@ function editMessage(el, conversation, index) {
   const message = conversation.messages[index];
   const area = h("textarea", { class: "edit-area", rows: 3, "aria-label": "Edit message" });
   area.value = message.content;
+  // Its images can be taken out (one the server refused, say), not added.
+  const images = [...(message.images || [])];
+  const imageBox = h("div", { class: "edit-images" });
+  const showImages = () => imageBox.replaceChildren(...(images.length ? [thumbnails(images, (i) => (images.splice(i, 1), showImages()))] : []));
+  showImages();
   const saveButton = h("button", { class: "primary small", type: "button", text: "Save & send" });
   const cancel = h("button", { class: "ghost small", type: "button", text: "Cancel", onclick: () => renderMessages() });
   saveButton.addEventListener("click", () => {
-    if (!area.value.trim() || state.running) return;
-    conversation.messages = [...conversation.messages.slice(0, index), { ...message, content: area.value }];
+    if ((!area.value.trim() && !images.length) || state.running) return;
+    const edited = { ...message, content: area.value };
+    if (images.length) edited.images = images;
+    else delete edited.images;
+    conversation.messages = [...conversation.messages.slice(0, index), edited];
     generate(conversation);
   });
   area.addEventListener("keydown", (event) => {
@@ -257,7 +268,7 @@ function editMessage(el, conversation, index) {
       saveButton.click();
     }
   });
-  el.replaceChildren(area, h("div", { class: "actions" }, saveButton, cancel));
+  el.replaceChildren(imageBox, area, h("div", { class: "actions" }, saveButton, cancel));
   area.focus();
 }
 
@@ -286,9 +297,13 @@ function schedule(reply) {
 
 function submitPrompt() {
   const text = ui.prompt.value;
-  if (!text.trim() || state.running) return;
+  if ((!text.trim() && !state.images.length) || state.running) return;
   if (!ui.model.value) {
     toast(state.models.length ? "Pick a model first." : "The server lists no model yet.");
+    return;
+  }
+  if (state.images.length && !modelTakesImages()) {
+    toast(`${ui.model.value} does not read images: remove them or pick a model that does.`);
     return;
   }
   let conversation = current();
@@ -299,9 +314,9 @@ function submitPrompt() {
   }
   const message = { role: "user", content: text };
   if (state.images.length) message.images = state.images.splice(0);
-  $("#attach").textContent = "Image";
+  showPendingImages();
   conversation.messages.push(message);
-  if (conversation.title === "New chat") conversation.title = text.trim().replace(/\s+/g, " ").slice(0, 48);
+  if (conversation.title === "New chat") conversation.title = text.trim().replace(/\s+/g, " ").slice(0, 48) || "Image";
   ui.prompt.value = "";
   autosize();
   generate(conversation);
@@ -589,10 +604,11 @@ async function importConversations(file) {
   if (added) select(state.conversations[0].id);
 }
 
-// ---- images (the hook) ---------------------------------------------------------------------
-// The server does not take images yet. When /v1/models says a model reads them
-// (`input_modalities` containing "image"), the attach button, paste and drop put data
-// URLs on the next user message as `images`; api.js sends them as image parts.
+// ---- images ---------------------------------------------------------------------------------
+// When /v1/models says the model reads images (`input_modalities` containing "image"),
+// the attach button, paste and drop put data URLs on the next user message as `images`
+// (kept with the conversation); api.js sends them as image parts. The server checks
+// their size and number and answers a 400 the reply shows as a sentence.
 
 function modelTakesImages() {
   const card = state.modelCards.find((m) => m.id === ui.model.value);
@@ -601,44 +617,101 @@ function modelTakesImages() {
 }
 
 function showAttach() {
-  $("#attach").hidden = !modelTakesImages();
+  const takes = modelTakesImages();
+  ui.attach.hidden = !takes;
+  ui.attach.disabled = !takes;
+  ui.picker.disabled = !takes;
 }
 
+function thumbnails(urls, onRemove = null) {
+  return h(
+    "div",
+    { class: "attachments" },
+    urls.map((url, i) => {
+      const image = h("img", { class: "thumb", src: url, alt: `image ${i + 1}` });
+      if (!onRemove) return image;
+      const remove = h("button", { class: "thumb-remove", type: "button", title: "Remove", "aria-label": `Remove image ${i + 1}`, text: "✕", onclick: () => onRemove(i) });
+      return h("span", { class: "thumb-box" }, image, remove);
+    })
+  );
+}
+
+function showPendingImages() {
+  const urls = state.images;
+  ui.pendingImages.hidden = !urls.length;
+  ui.pendingImages.replaceChildren(
+    ...(urls.length
+      ? [
+          thumbnails(urls, (i) => {
+            state.images.splice(i, 1);
+            showPendingImages();
+          }),
+        ]
+      : [])
+  );
+  ui.attach.textContent = urls.length ? `Image (${urls.length})` : "Image";
+}
+
+function readAsDataURL(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+// Files picked, pasted or dropped: images are attached, anything else is refused here
+// with a sentence and never sent.
 async function attachImages(files) {
-  if (!modelTakesImages()) return;
-  for (const file of files) {
-    if (!file.type.startsWith("image/")) continue;
-    state.images.push(await new Promise((resolve, reject) => {
-      const reader = new FileReader();
-      reader.onload = () => resolve(reader.result);
-      reader.onerror = () => reject(reader.error);
-      reader.readAsDataURL(file);
-    }));
+  if (!files.length) return;
+  if (!modelTakesImages()) {
+    toast(`${ui.model.value || "This model"} does not read images.`);
+    return;
   }
-  $("#attach").textContent = state.images.length ? `Image (${state.images.length})` : "Image";
+  const refused = [];
+  for (const file of files) {
+    if (!file.type.startsWith("image/")) {
+      refused.push(file.name || "the file");
+      continue;
+    }
+    try {
+      state.images.push(await readAsDataURL(file));
+    } catch {
+      refused.push(file.name || "the file");
+    }
+  }
+  showPendingImages();
+  if (refused.length) toast(`Not attached: ${refused.join(", ")} ${refused.length > 1 ? "are not images" : "is not an image"} the browser could read.`);
 }
 
 function bindImages() {
-  const picker = $("#attach-file");
-  $("#attach").addEventListener("click", () => picker.click());
-  picker.addEventListener("change", () => {
-    attachImages([...picker.files]);
-    picker.value = "";
+  ui.attach.addEventListener("click", () => ui.picker.click());
+  ui.picker.addEventListener("change", () => {
+    attachImages([...ui.picker.files]);
+    ui.picker.value = "";
   });
   ui.prompt.addEventListener("paste", (event) => {
     const files = [...(event.clipboardData ? event.clipboardData.files : [])];
-    if (files.length && modelTakesImages()) {
-      event.preventDefault();
-      attachImages(files);
-    }
+    if (!files.length) return; // text pastes as text
+    event.preventDefault();
+    attachImages(files);
   });
-  ui.composer.addEventListener("dragover", (event) => modelTakesImages() && event.preventDefault());
-  ui.composer.addEventListener("drop", (event) => {
-    if (!modelTakesImages()) return;
+  // A file dropped anywhere on the page is attached (or refused), never opened by the
+  // browser in place of the page.
+  const carriesFiles = (event) => event.dataTransfer && [...event.dataTransfer.types].includes("Files");
+  document.addEventListener("dragover", (event) => {
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
+    event.dataTransfer.dropEffect = modelTakesImages() ? "copy" : "none";
+  });
+  document.addEventListener("drop", (event) => {
+    if (!carriesFiles(event)) return;
     event.preventDefault();
     attachImages([...event.dataTransfer.files]);
   });
   ui.model.addEventListener("change", showAttach);
+  showPendingImages();
 }
 
 // ---- little things --------------------------------------------------------------------------
