@@ -32,8 +32,8 @@ LAUNCHED = ("server", "hypercorn_server")
 HANG_GUARD = 60
 
 REQUESTS = {
-    "close": b"GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n",
-    "http/1.0": b"GET /health HTTP/1.0\r\nHost: test\r\n\r\n",
+    "close": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    "http/1.0": b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
 }
 
 
@@ -111,7 +111,7 @@ def test_keep_alive_connections_stay_open(server):
     port = int(server.base_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
         for _ in range(3):
-            sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             reply = b""
             while not complete(reply):
                 chunk = sock.recv(65536)
@@ -143,7 +143,7 @@ def test_idle_keep_alive_connections_close_at_the_keep_alive_timeout(hypercorn_s
     was started with (and at once on shutdown, which the same timer waits for)."""
     port = int(hypercorn_server.base_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         reply = b""
         while not complete(reply):
             reply += sock.recv(65536)
@@ -227,7 +227,7 @@ def test_connections_closed_by_the_client_are_released_at_once(name, request):
 
 
 def _send_request(sock: socket.socket, method: str, path: str, body: bytes = b"", length: int | None = None) -> None:
-    head = f"{method} {path} HTTP/1.1\r\nHost: test\r\n"
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     if method == "POST":
         head += f"Content-Type: application/json\r\nContent-Length: {len(body) if length is None else length}\r\n"
     sock.sendall(head.encode() + b"\r\n" + body)
@@ -265,7 +265,7 @@ def _after_a_stream(sock: socket.socket) -> None:
 
 
 def _mid_headers(sock: socket.socket) -> None:
-    sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n")
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
 
 
 def _mid_body(sock: socket.socket) -> None:
@@ -283,7 +283,7 @@ def _mid_stream(sock: socket.socket) -> None:
 
 def _websocket(sock: socket.socket) -> None:
     sock.sendall(
-        b"GET /v1/responses HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
     )
     assert _read_until(sock, b"\r\n\r\n").startswith(b"HTTP/1.1 101")
@@ -368,10 +368,10 @@ def test_a_request_with_an_ambiguous_length_is_refused_and_its_connection_closed
     port = port_of(request.getfixturevalue(name))
     body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).encode()
     chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
-    hidden = b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n"
+    hidden = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
         sock.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
             + chunked
             + hidden
@@ -398,7 +398,7 @@ def test_a_websocket_handshake_with_a_body_is_refused_and_the_server_serves_on(n
     server = request.getfixturevalue(name)
     with socket.create_connection(("127.0.0.1", port_of(server)), timeout=HANG_GUARD) as sock:
         sock.sendall(
-            b"GET /v1/responses HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n" + framing
         )
         reply = b""
@@ -438,7 +438,7 @@ def test_running_out_of_descriptors_is_one_log_line_and_connections_wait(name, r
     finally:
         resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
     for sock in waiting:  # accepted now: each is answered
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     for sock in waiting:
         with sock:
             reply = b""
@@ -470,7 +470,7 @@ def test_a_burst_of_connections_gets_no_connection_errors(name, request):
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=CONNECT_WITHIN) as sock:
                 sock.settimeout(HANG_GUARD)
-                sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                 reply = b""
                 while chunk := sock.recv(65536):
                     reply += chunk

@@ -226,7 +226,7 @@ def test_a_full_queue_gives_429_and_a_client_that_left_costs_nothing(encoder_ser
     host, port = encoder_server.base_url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as leaver:
         leaver.sendall(
-            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
         )
         time.sleep(1.0)

@@ -28,12 +28,15 @@ code server_shutting_down and closes with 1001 (going away).
 
 from __future__ import annotations
 
+import logging
+
 import json
 import math
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import h11
 import trio
 from pydantic import ValidationError
 from pydantic_core import from_json
@@ -50,6 +53,8 @@ from ovtrio.api.responses.store import ResponseStore
 from ovtrio.scheduler import GenerationScheduler
 from ovtrio.websocket_messages import OversizedMessage
 
+log = logging.getLogger("ovtrio")
+
 blueprint = Blueprint("responses_socket", __name__)
 
 # Events waiting for the writer; beyond this the responses producing them wait.
@@ -63,7 +68,13 @@ MAX_IN_FLIGHT = 16
 @blueprint.websocket("/v3/responses")
 @blueprint.websocket("/v1/responses")
 async def responses_socket() -> None:
-    await websocket.accept(subprotocol=socket_subprotocol(offered_subprotocols(websocket.headers)))
+    try:
+        await websocket.accept(subprotocol=socket_subprotocol(offered_subprotocols(websocket.headers)))
+    except h11.LocalProtocolError as exc:
+        # A handshake HTTP cannot upgrade (one with a body: Hypercorn has already answered
+        # it 400 and closes the connection). The client's doing: one line, no traceback.
+        log.warning("refused a WebSocket handshake that cannot be upgraded: %s", exc)
+        return
     limits = socket_limits()
     idle = IdleClock(limits.idle_timeout)
     send, receive = trio.open_memory_channel[dict[str, Any]](OUTGOING_EVENTS)
