@@ -320,6 +320,7 @@ def test_a_text_only_model_offers_no_attach_and_ignores_pasted_or_dropped_images
 
 
 def test_the_vlm_is_listed_as_reading_images(vlm_page):
-    cards = vlm_page.page.evaluate("fetch('/v1/models').then(r => r.json())")["data"]
-    assert [card["id"] for card in cards] == [VLM]
-    assert "image" in cards[0]["input_modalities"]
+    cards = {card["id"]: card for card in vlm_page.page.evaluate("fetch('/v1/models').then(r => r.json())")["data"]}
+    assert "image" in cards[VLM]["input_modalities"]
+    # The embedded embedder is served beside it, and reads text only.
+    assert all(card["input_modalities"] == ["text"] for name, card in cards.items() if name != VLM)

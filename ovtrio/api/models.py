@@ -24,7 +24,13 @@ def _model_card(service: ModelService) -> dict[str, Any]:
 
 
 def _encoder_card(encoder: EncoderService) -> dict[str, Any]:
-    return {"id": encoder.name, "object": "model", "created": int(encoder.started_at), "owned_by": "ovtrio"}
+    return {
+        "id": encoder.name,
+        "object": "model",
+        "created": int(encoder.started_at),
+        "owned_by": "ovtrio",
+        "input_modalities": ["text"],
+    }
 
 
 @blueprint.get("/v1/models")

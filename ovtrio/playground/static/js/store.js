@@ -16,7 +16,9 @@ export const DEFAULT_SETTINGS = {
   seed: "",
   stop: "",
   logprobs: true,
-  top_logprobs: 5,
+  // Alternatives need the finished reply (the server scores it once it ends), so a
+  // reply asking for them arrives whole: off by default, the reply streams.
+  top_logprobs: 0,
   extra: "",
   tokenView: false,
 };
