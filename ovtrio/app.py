@@ -26,7 +26,7 @@ from ovtrio.config import Settings, SettingsError, api_keys, settings_from_env
 from ovtrio.config_file import model_settings
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
-from ovtrio.model import LoadedModel, ModelLoadError, grammar_cache
+from ovtrio.model import LoadedModel, ModelLoadError
 from ovtrio.registry import ModelRegistry
 
 log = logging.getLogger("ovtrio")
@@ -49,7 +49,6 @@ def create_app(
     # A body over the limit is refused (413) before it is read when its Content-Length
     # says so, and as soon as it passes the limit otherwise.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    grammar_cache.install(settings.grammar_cache_bytes)
     server_metrics = ServerMetrics()
     registry = ModelRegistry(each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading)
     store = ResponseStore(
