@@ -32,7 +32,7 @@ from ovtrio.embedding.service import EncoderService, encoders_to_serve
 from ovtrio.embedding.metrics import EncoderMetrics
 from ovtrio.logs import configure_logging
 from ovtrio.metrics import ServerMetrics
-from ovtrio.model import LoadedModel, ModelLoadError, grammar_cache
+from ovtrio.model import LoadedModel, ModelLoadError
 from ovtrio.playground import routes as playground
 from ovtrio.model.vision import is_vision_folder
 from ovtrio.registry import ModelRegistry
@@ -60,7 +60,6 @@ def create_app(
     # says so, and as soon as it passes the limit otherwise.
     body_limit = body_bytes(settings, each_model)
     app.config["MAX_CONTENT_LENGTH"] = body_limit
-    grammar_cache.install(settings.grammar_cache_bytes)
     # Bodies keep the order they are built in: a top_logprobs object lists the most
     # likely token first (Quart would sort the keys).
     app.json.sort_keys = False

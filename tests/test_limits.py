@@ -412,3 +412,39 @@ def test_every_nullable_field_accepts_null_as_its_default(server, schema, field)
     assert response.status_code == 200, response.text
     reply = response.json()
     assert reply["object"] in ("text_completion", "chat.completion", "response")
+
+
+# ---- the same under `hypercorn -k trio ovtrio.app:app` -----------------------------------------
+
+
+def test_hypercorn_serves_the_same_limits(hypercorn_server):
+    base = hypercorn_server.base_url
+    too_big = post(base, "/tokenize", {"prompt": "a" * (DEFAULT_BODY_BYTES + 1000)})
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
+    assert_error(post(base, "/tokenize", {"prompt": LONG}), 400, param="prompt", code="context_length_exceeded")
+    exposition = loopback.get(base + "/metrics").text
+    assert re.search(r"^ovtrio_grammar_cache_bytes ", exposition, re.M)
+    assert re.search(r"^ovtrio_response_store_bytes ", exposition, re.M)
+
+
+# ---- the store's accounting, without a server --------------------------------------------------
+
+
+async def test_the_store_counts_bytes_and_drops_the_oldest_beyond_them():
+    from ovtrio.api.responses.store import ResponseStore, StoredResponse, memory_size
+
+    def entry(index: int, text: str) -> StoredResponse:
+        return StoredResponse({"id": f"resp_{index}"}, [{"content": text}], [{"role": "user", "content": text}])
+
+    text = "x" * 10_000
+    assert memory_size([{"content": text}]) > 10_000
+    store = ResponseStore(max_entries=100, max_age_seconds=60, max_bytes=45_000)
+    for index in range(3):
+        await store.put(entry(index, text))
+    assert len(store) == 2 and store.bytes <= 45_000
+    assert await store.get("resp_0") is None and await store.get("resp_2") is not None
+    await store.put(entry(9, "y" * 100_000))  # larger than the whole store: not kept
+    assert await store.get("resp_9") is None and len(store) == 2
+    assert await store.delete("resp_2") and len(store) == 1
+    await store.put(entry(1, "z"))  # replacing an entry counts it once
+    assert len(store) == 1 and store.bytes == store._entries["resp_1"].size

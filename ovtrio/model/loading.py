@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ovtrio.config import Settings
+from ovtrio.model import grammar_cache
 from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
 from ovtrio.model.engine_file import openable_by_engine
@@ -221,6 +222,8 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     """Build the backend's pipeline. Blocking; releases the GIL while compiling."""
     started = time.perf_counter()
     phases: dict[str, float] = {}
+    # Before any pipeline can compile a grammar (its first structured request).
+    grammar_cache.install(settings.grammar_cache_bytes)
     try:
         ir_folder: Path | None = None
         if source.kind == "gguf" and settings.model_cache:
