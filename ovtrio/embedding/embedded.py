@@ -13,7 +13,6 @@ The package is found without importing it (its __init__ prints a line).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -24,8 +23,8 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from ovtrio.model.cache import engine_versions
-from ovtrio.model.source import ModelLoadError
+from ovtrio.model.cache import ENTRY_FILES, MANIFEST, engine_versions
+from ovtrio.model.source import ModelLoadError, installed_package_file
 
 log = logging.getLogger("ovtrio")
 
@@ -49,29 +48,14 @@ _KEPT_FILES = (
     "special_tokens_map.json",
     "vocab.txt",
 )
-_IR_FILES = (
-    "openvino_model.xml",
-    "openvino_model.bin",
-    "openvino_tokenizer.xml",
-    "openvino_tokenizer.bin",
-    "openvino_detokenizer.xml",
-    "openvino_detokenizer.bin",
-)
-_MANIFEST = "entry.json"
+# An entry holds what a model cache entry holds (ovtrio/model/cache.py), under the same manifest.
+_IR_FILES = ENTRY_FILES
+_MANIFEST = MANIFEST
 
 
 def embedded_embedder_zip() -> Path | None:
     """The model.zip the package ships, or None when it is not installed."""
-    candidates: list[Path] = []
-    spec = importlib.util.find_spec(EMBEDDED_EMBEDDER_PACKAGE)
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(location) / _ZIP for location in spec.submodule_search_locations]
-    try:
-        files = metadata.files(EMBEDDED_EMBEDDER_DISTRIBUTION) or []
-    except metadata.PackageNotFoundError:
-        files = []
-    candidates += [Path(str(file.locate())) for file in files if file.name == _ZIP]
-    return next((candidate for candidate in candidates if candidate.is_file()), None)
+    return installed_package_file(EMBEDDED_EMBEDDER_PACKAGE, EMBEDDED_EMBEDDER_DISTRIBUTION, _ZIP)
 
 
 def _entry_key(zip_path: Path) -> str:

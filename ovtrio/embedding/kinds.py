@@ -22,21 +22,13 @@ from typing import Any, Literal
 from xml.etree import ElementTree
 
 from ovtrio.config import Settings
+from ovtrio.model.json_files import read_json_object
 
 ModelKind = Literal["generation", "embedding", "rerank"]
 Pooling = Literal["CLS", "MEAN", "LAST_TOKEN"]
 
 # Inputs only a causal LM with a KV cache has.
 _GENERATION_INPUTS = ("beam_idx", "position_ids", "past_key_values")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as file:
-            data = json.load(file)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def ir_outputs(xml_path: Path) -> tuple[dict[str, int], set[str]]:
@@ -107,7 +99,7 @@ def split_by_kind(each_model: Sequence[Settings]) -> tuple[list[Settings], list[
 def pooling_of(folder: Path) -> Pooling:
     """How the sentence-transformers files of `folder` pool: mean, first token or last
     token; CLS (the engine's default, and BERT's) when the folder does not say."""
-    config = _read_json(folder / "1_Pooling" / "config.json")
+    config = read_json_object(folder / "1_Pooling" / "config.json")
     if config.get("pooling_mode_mean_tokens"):
         return "MEAN"
     if config.get("pooling_mode_lasttoken"):
@@ -132,17 +124,17 @@ def normalizes(folder: Path) -> bool:
 def max_input_tokens(folder: Path) -> int:
     """The longest input the model takes, in tokens: sentence-transformers' max_seq_length,
     else the tokenizer's model_max_length, else the model's positions."""
-    sentence = _read_json(folder / "sentence_bert_config.json").get("max_seq_length")
+    sentence = read_json_object(folder / "sentence_bert_config.json").get("max_seq_length")
     if isinstance(sentence, int) and sentence > 0:
         return sentence
-    tokenizer = _read_json(folder / "tokenizer_config.json").get("model_max_length")
-    positions = _read_json(folder / "config.json").get("max_position_embeddings")
+    tokenizer = read_json_object(folder / "tokenizer_config.json").get("model_max_length")
+    positions = read_json_object(folder / "config.json").get("max_position_embeddings")
     candidates = [value for value in (tokenizer, positions) if isinstance(value, int) and 0 < value < 1_000_000]
     return min(candidates) if candidates else 512
 
 
 def hidden_size(folder: Path) -> int | None:
-    size = _read_json(folder / "config.json").get("hidden_size")
+    size = read_json_object(folder / "config.json").get("hidden_size")
     return size if isinstance(size, int) else None
 
 

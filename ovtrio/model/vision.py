@@ -20,10 +20,11 @@ image of the measured size only, which the startup log says.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ovtrio.model.json_files import read_json_object
 
 LANGUAGE_MODEL = "openvino_language_model.xml"
 TEXT_EMBEDDINGS_MODEL = "openvino_text_embeddings_model.xml"
@@ -61,23 +62,14 @@ class VisionModel:
 
 
 def model_type(path: Path) -> str:
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "unknown"
-    return str(config.get("model_type") or "unknown") if isinstance(config, dict) else "unknown"
+    return str(read_json_object(path / "config.json").get("model_type") or "unknown")
 
 
 def preprocessor_sizes(path: Path) -> tuple[int | None, int | None]:
     """(shortest edge, most pixels) the model's preprocessor resizes images to, where
     its preprocessor_config.json says: CLIP-style `size.shortest_edge` (LLaVA), or
     `max_pixels` (Qwen2-VL)."""
-    try:
-        config = json.loads((path / "preprocessor_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None, None
-    if not isinstance(config, dict):
-        return None, None
+    config = read_json_object(path / "preprocessor_config.json")
     size = config.get("size")
     short = size.get("shortest_edge") if isinstance(size, dict) else None
     most = config.get("max_pixels")
@@ -86,10 +78,7 @@ def preprocessor_sizes(path: Path) -> tuple[int | None, int | None]:
 
 def probe_side(path: Path) -> int:
     """The image size the model's preprocessor resizes to, when it says so."""
-    try:
-        config = json.loads((path / "preprocessor_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return DEFAULT_PROBE_SIDE
+    config = read_json_object(path / "preprocessor_config.json")
     crop = config.get("crop_size")
     size = config.get("size")
     for value in (crop, size):
