@@ -51,7 +51,7 @@ async def encode_conversation(
         if model.vision is not None:  # the engine puts the images before the text
             text = "".join(m.text() for m in messages)
             ids = (await tokenized(chars, model.prompts.encode_raw_chat, text)).ids
-            ids += [0] * (model.vision.tokens_per_image * len(images))
+            ids += model.prompts.image_placeholders(len(images), model.vision.tokens_per_image)
             return ChatPrompt(ids, False, text=text, images=tuple(images)), tools
         return await tokenized(chars, model.prompts.encode_raw_chat, "".join(m.text() for m in messages)), tools
     prompt = await tokenized(

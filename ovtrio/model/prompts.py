@@ -159,15 +159,19 @@ class PromptBuilder:
     def _count_with_images(self, text: str, tokens_per_image: int) -> list[int]:
         """The ids of `text` with each image tag standing for its image's tokens, as
         special placeholder ids that no detokenizer shows."""
-        placeholder = max(self._tokenizer.get_eos_token_id(), 0)
         ids: list[int] = []
         pieces = _IMAGE_TAG.split(text)
         for i, piece in enumerate(pieces):
             if piece:
                 ids += self._encode(piece, add_special_tokens=False)
             if i < len(pieces) - 1:
-                ids += [placeholder] * tokens_per_image
+                ids += self.image_placeholders(1, tokens_per_image)
         return ids
+
+    def image_placeholders(self, images: int, tokens_per_image: int) -> list[int]:
+        """The ids that stand for `images` images in a prompt's count: the end-of-sequence
+        token's, a special token no detokenizer shows."""
+        return [max(self._tokenizer.get_eos_token_id(), 0)] * (images * tokens_per_image)
 
 
     def special_token_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
