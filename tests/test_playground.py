@@ -535,6 +535,9 @@ def test_token_view_colours_each_token_and_shows_alternatives_on_hover(watched):
     # when it was the likeliest.
     assert all(len(t["top"]) == 5 for t in reply["tokens"])
     assert tip.locator("tr").count() == 5
+    # Scored once it ended, the reply came whole: no time to first token to show.
+    stats = page.locator(".msg.assistant .stats").last.inner_text()
+    assert "arrived whole" in stats and "to first token" not in stats
 
 
 @browser_test

@@ -129,7 +129,7 @@ function cleanMessage(m) {
   if (Array.isArray(m.images)) out.images = m.images.filter((url) => typeof url === "string" && url.startsWith("data:image/"));
   if (m.stats && typeof m.stats === "object") {
     out.stats = {};
-    for (const [k, v] of Object.entries(m.stats)) if (typeof v === "number" || typeof v === "string") out.stats[k] = v;
+    for (const [k, v] of Object.entries(m.stats)) if (["number", "string", "boolean"].includes(typeof v)) out.stats[k] = v;
   }
   if (Array.isArray(m.tokens)) {
     out.tokens = m.tokens
