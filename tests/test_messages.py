@@ -44,12 +44,9 @@ TIME_TOOL = {
     "description": "The local time in a city.",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]},
 }
-ANSWER = {
-    "type": "object",
-    "properties": {"sunny": {"type": "boolean"}, "score": {"type": "integer", "minimum": 0, "maximum": 9}},
-    "required": ["sunny", "score"],
-    "additionalProperties": False,
-}
+# A schema whose every valid reply ends: the JSON grammar lets an object's reply pad
+# itself with whitespace until max_tokens, which some CPUs' greedy choices do.
+ANSWER = {"type": "string", "enum": ["sunny", "cloudy", "rainy"]}
 # A reply of `true` or `false` and then the end (the schema leaves nothing else).
 BOOLEAN = {"format": {"type": "json_schema", "schema": {"type": "boolean"}}}
 IS_IT = [{"role": "user", "content": "Is the sky blue? Answer true or false."}]
@@ -137,7 +134,7 @@ def test_system_and_sampling_fields_are_read(claude):
 
 
 def test_output_config_format_gives_schema_valid_json(claude):
-    messages = [{"role": "user", "content": "Is it sunny in Paris? Give a score too."}]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     reply = claude.messages.create(
         model=MODEL, max_tokens=200, messages=messages, output_config={"format": {"type": "json_schema", "schema": ANSWER}},
         **GREEDY,
