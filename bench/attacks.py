@@ -130,7 +130,7 @@ def probe(base_url: str, server_pid: int) -> None:
     print(json.dumps([latencies, peak]), flush=True)
 
 
-# Free memory is returned to the system every 2 s (ovtrio/memory.py): RSS is read again
+# Free memory is returned to the system every 2 s (ovtrio/serving/memory.py): RSS is read again
 # after this long, beside its peak during the attack.
 SETTLE_SECONDS = 5.0
 

@@ -3,7 +3,7 @@
 Each step, Delivery.deliver() makes one observer call per choice that got tokens
 (`first_token` or `inter_token`) and one at each choice's end. This times those calls
 for a step of N streams in decode (the common case: one `inter_token` each), through
-ovtrio.metrics.ModelMetrics (prometheus_client histograms) and through NoObserver (the
+ovtrio.serving.metrics.ModelMetrics (prometheus_client histograms) and through NoObserver (the
 cost of the calls alone), without the engine.
 
     python -m bench.observer_cost [streams ...]   (from the repository root)
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ovtrio.metrics import ServerMetrics
+from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.scheduler import NoObserver
 
 

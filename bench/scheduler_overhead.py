@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5)
     args = parser.parse_args()
 
-    from ovtrio.config import Settings
+    from ovtrio.settings.server import Settings
     from ovtrio.model.loading import load_model
     from ovtrio.model.source import resolve_model
     from ovtrio.scheduler import GenerationRequest, SamplingParams, Scheduler

@@ -31,7 +31,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def model_folder() -> Path:
     """The embedded model converted to IR, from (or into) the server's model cache."""
-    from ovtrio.config import Settings
+    from ovtrio.settings.server import Settings
     from ovtrio.model.loading import load_model
     from ovtrio.model.source import resolve_model
 

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ovtrio.config import Settings  # noqa: E402
+from ovtrio.settings.server import Settings  # noqa: E402
 from ovtrio.model import embedded_model_path, load_model, resolve_model  # noqa: E402
 from serving import free_port  # noqa: E402  (bench/ is the script's folder)
 

@@ -1,3 +1,3 @@
-from ovtrio.cli import main
+from ovtrio.server.cli import main
 
 main()

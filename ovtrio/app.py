@@ -1,172 +1,30 @@
-"""The Quart-Trio application. `hypercorn -k trio --config python:ovtrio.hypercorn_config
-ovtrio.app:app` serves it configured from OVTRIO_* environment variables; `ovtrio serve`
-builds the same app from flags."""
+"""The ASGI entry point: `hypercorn -k trio --config python:ovtrio.server.hypercorn_config
+ovtrio.app:app` serves the app configured from OVTRIO_* environment variables; `ovtrio
+serve` builds the same app from flags (ovtrio/server/app.py)."""
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Sequence
-from concurrent.futures import Future
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import trio
-from quart import Response
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
-from ovtrio import accept_errors, closing, hypercorn_drain, memory, websocket_messages
-from ovtrio.api import auth, context, embeddings, framing, health, json_bodies, metrics, models, origins, rerank, tokenize
-from ovtrio.api.chat import routes as chat
-from ovtrio.api.completions import routes as completions
-from ovtrio.api.errors import api_error, error_response
-from ovtrio.api.messages import errors as messages_errors
-from ovtrio.api.messages import routes as messages
-from ovtrio.api.responses import routes as responses
-from ovtrio.api.responses import socket as responses_socket
-from ovtrio.api.responses.store import ResponseStore
-from ovtrio.config import Settings, SettingsError, api_keys, in_data_dir, settings_from_env
-from ovtrio.embedding.kinds import served_models
-from ovtrio.embedding.service import EncoderService, encoders_to_serve
-from ovtrio.embedding.metrics import EncoderMetrics
-from ovtrio.logs import configure_logging
-from ovtrio.metrics import ServerMetrics
-from ovtrio.model import LoadedModel, ModelLoadError
-from ovtrio.playground import routes as playground
-from ovtrio.model.vision import is_vision_folder
-from ovtrio.registry import ModelRegistry
+from ovtrio.api import context
+from ovtrio.server.app import create_app, exit_with_error
+from ovtrio.server.hypercorn_patches import drain
+from ovtrio.settings.server import SettingsError
 
-log = logging.getLogger("ovtrio")
+__all__ = ["app", "create_app"]
 
-
-def create_app(
-    settings: Settings | None = None, loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None
-) -> QuartTrio:
-    """The app for `settings` (default: from the environment), serving the model they
-    name or those of their config file; `loading`, when given, is each model's load
-    already under way (ovtrio.model.start_loading_in_order). Raises SettingsError."""
-    settings = settings or settings_from_env()
-    each_model, configured_encoders = served_models(settings)
-    configure_logging(settings.log_level)
-    closing.apply()
-    accept_errors.install()
-    app = QuartTrio("ovtrio")
-    framing.install(app)
-    # Streams may run for minutes: no response timeout; request bodies are small.
-    app.config["RESPONSE_TIMEOUT"] = None
-    app.config["BODY_TIMEOUT"] = 60
-    # A body over the limit is refused (413) before it is read when its Content-Length
-    # says so, and as soon as it passes the limit otherwise.
-    body_limit = body_bytes(settings, each_model)
-    app.config["MAX_CONTENT_LENGTH"] = body_limit
-    # Bodies keep the order they are built in: a top_logprobs object lists the most
-    # likely token first (Quart would sort the keys).
-    app.json.sort_keys = False
-    server_metrics = ServerMetrics()
-    encoder_metrics = EncoderMetrics(server_metrics.registry)
-    encoders = [
-        EncoderService(name, kind, encoder_settings, folder, observer=encoder_metrics.for_model)
-        for name, kind, encoder_settings, folder in encoders_to_serve(settings, configured_encoders)
-    ]
-    registry = ModelRegistry(
-        each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading, encoders=encoders
-    )
-    store_path = in_data_dir(settings, settings.response_store_path)
-    if store_path is not None and settings.data_dir is not None:
-        os.makedirs(os.path.expanduser(settings.data_dir), exist_ok=True)  # an empty volume may lack it
-    store = ResponseStore(
-        settings.response_store_size,
-        settings.response_store_ttl,
-        store_path,
-        max_bytes=settings.response_store_bytes,
-    )
-    context.attach(app, registry, store, metrics.registry_for(registry, server_metrics, store))
-    metrics.install(app, server_metrics)
-    # Host and Origin first: a preflight carries no key, and a refused page learns nothing.
-    origins.install(app, origins.OriginPolicy.from_settings(settings.allowed_hosts, settings.allowed_origins))
-    page_paths: frozenset[str] = frozenset()
-    if settings.playground:
-        page, page_paths = playground.create_blueprint()
-        app.register_blueprint(page)
-    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics, page_paths))
-    json_bodies.install(app)
-    context.attach_socket_limits(
-        app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)
-    )
-    websocket_messages.apply(settings.websocket_max_message_bytes)
-    for module in (completions, chat, responses, responses_socket, embeddings, rerank, models, tokenize, health, metrics):
-        app.register_blueprint(module.blueprint)
-    app.register_blueprint(messages.blueprint)
-    messages_errors.install()
-
-    trimming: list[trio.CancelScope] = []  # the task that returns free memory, ended at shutdown
-
-    @app.before_serving
-    async def start_models() -> None:
-        try:
-            registry.check()
-        except ModelLoadError as exc:
-            # One line and a non-zero exit, not the lifespan machinery's nested
-            # traceback; there is nothing to clean up yet.
-            _exit_with(exc)
-        await app.nursery.start(registry.run)
-        trimming.append(await app.nursery.start(memory.trim_periodically))
-
-    @app.after_serving
-    async def release_models() -> None:
-        # Hypercorn runs this once every connection has ended. The drain is over by then:
-        # `ovtrio serve` runs it while still listening, and so does Hypercorn's own worker
-        # (ovtrio/hypercorn_drain.py), unless that patch could not be applied, and then the
-        # drain finds nothing left in flight. Either way nothing can reach the engine any more.
-        await registry.drain("hypercorn stopping")
-        await registry.close()
-        for scope in trimming:
-            scope.cancel()
-
-    @app.errorhandler(HTTPException)
-    async def http_error(error: HTTPException) -> Response:
-        if isinstance(error, RequestEntityTooLarge):
-            error = RequestEntityTooLarge(
-                f"The request body is larger than the {body_limit} bytes this server accepts"
-                " (--max-body-bytes, and for images --max-image-bytes x --max-images-per-request)."
-            )
-        response = error_response(api_error(error))
-        # A 405 must say which methods the route does allow (RFC 9110, 15.5.6).
-        if isinstance(error, MethodNotAllowed) and error.valid_methods:
-            response.headers["Allow"] = ", ".join(error.valid_methods)
-        return response
-
-    @app.errorhandler(Exception)
-    async def request_error(error: Exception) -> Response:
-        return error_response(api_error(error))
-
-    return app
-
-
-def body_bytes(settings: Settings, each_model: Sequence[Settings]) -> int:
-    """The largest request body: --max-body-bytes, plus room for the most images a
-    request may carry (as base64, 4 characters for 3 bytes) when a vision-language
-    model is served."""
-    if not any(model.model and is_vision_folder(Path(model.model).expanduser()) for model in each_model):
-        return settings.max_body_bytes
-    return settings.max_body_bytes + settings.max_images_per_request * (settings.max_image_bytes * 4 // 3 + 4)
-
-
-def _exit_with(error: Exception) -> NoReturn:
-    log.error("%s", error)
-    logging.shutdown()
-    os._exit(2)
 
 
 class _LazyApp:
     """Builds the app on first use, so importing ovtrio.app has no side effects beyond
-    reading the environment when a server actually starts (and hypercorn_drain's patch)."""
+    reading the environment when a server actually starts (and the drain patch)."""
 
     _app: QuartTrio | None = None
 
     async def drain(self, cause: str) -> None:
-        """Drain the app's requests in flight, if it has been built (ovtrio/shutdown.py)."""
+        """Drain the app's requests in flight, if it has been built (ovtrio/serving/shutdown.py)."""
         if self._app is not None:
             await context.registry_of(self._app).drain(cause)
 
@@ -175,11 +33,11 @@ class _LazyApp:
             try:
                 self._app = create_app()
             except SettingsError as exc:
-                _exit_with(exc)
+                exit_with_error(exc)
         await self._app(scope, receive, send)
 
 
 app = _LazyApp()
 # Hypercorn's worker builds its shutdown trigger right after importing this module, and
-# only a patch applied now makes it drain first (see ovtrio/hypercorn_drain.py).
-hypercorn_drain.apply(app.drain)
+# only a patch applied now makes it drain first (see ovtrio/server/hypercorn_patches/drain.py).
+drain.apply(app.drain)

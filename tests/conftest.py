@@ -93,13 +93,13 @@ HYPERCORN_KEEP_ALIVE = 2
 
 # The hypercorn command as the README gives it (the test servers then override the bind
 # address and the keep-alive timeout on the command line).
-HYPERCORN_COMMAND = ("-m", "hypercorn", "-k", "trio", "--config", "python:ovtrio.hypercorn_config")
+HYPERCORN_COMMAND = ("-m", "hypercorn", "-k", "trio", "--config", "python:ovtrio.server.hypercorn_config")
 
 
 def launch_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None, hypercorn: bool = False) -> RunningServer:
     """Start a server on a free port without waiting for it: `ovtrio serve` with the
     test servers' flags and `args`, or (`hypercorn`) `hypercorn -k trio --config
-    python:ovtrio.hypercorn_config ovtrio.app:app`, configured by the environment alone.
+    python:ovtrio.server.hypercorn_config ovtrio.app:app`, configured by the environment alone.
     `env` is added to the environment."""
     port = free_port()
     if hypercorn:
@@ -254,7 +254,7 @@ alternate_server = server_fixture(
 
 
 def _load_embedded_pipeline(after_conversion: bool) -> Any:
-    from ovtrio.config import Settings
+    from ovtrio.settings.server import Settings
     from ovtrio.model import load_model, resolve_model
 
     if after_conversion:  # a server converts the model: load what it keeps

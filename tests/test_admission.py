@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from fake_engine import received, request, start_scheduler
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 from ovtrio.model.limits import request_caps, work_limits
 from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, Overloaded
 

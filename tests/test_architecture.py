@@ -43,7 +43,7 @@ IMPORTS = _imports()
 
 def _unit(module: str) -> str | None:
     """The package or top-level module that `module` belongs to: ovtrio.api.chat.routes
-    -> ovtrio.api, ovtrio.service -> ovtrio.service."""
+    -> ovtrio.api, ovtrio.serving.service -> ovtrio.serving.service."""
     parts = module.split(".")
     if parts[0] != "ovtrio" or len(parts) < 2:
         return None

@@ -11,7 +11,7 @@ import pytest
 from ovtrio.api.capabilities import check_capabilities, check_constraint, check_prompt_length
 from ovtrio.api.errors import APIError
 from ovtrio.api.protocol import ChatCompletionRequest
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 from ovtrio.model.backend import backend_conflict, capabilities_for, engine_backend, stateful_properties
 from ovtrio.model.limits import sequence_limit, work_limits
 from ovtrio.model.source import ModelSource
@@ -97,7 +97,7 @@ def test_the_thread_count_reaches_the_cpu_only():
 
 
 def test_plugin_config_reaches_the_engine_and_leaves_owned_properties_to_their_settings():
-    from ovtrio.config import SettingsError, settings_from_env
+    from ovtrio.settings.server import SettingsError, settings_from_env
     from ovtrio.model.loading import engine_properties
 
     settings = settings_from_env({"OVTRIO_PLUGIN_CONFIG": '{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "X": "y"}'})

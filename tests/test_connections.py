@@ -2,7 +2,7 @@
 to an HTTP/1.0 request, the client reads EOF and the server keeps no socket open, under
 `ovtrio serve` and under the hypercorn command; an idle keep-alive connection is closed
 at the keep-alive timeout; a connection the client closes is closed by the server at
-once, whatever it was doing (see ovtrio/closing.py). A spell of accept failures for lack
+once, whatever it was doing (see ovtrio/server/hypercorn_patches/connection_close.py). A spell of accept failures for lack
 of descriptors is one log line; a request with an ambiguous length is refused and its
 connection closed; a burst of connections is accepted without errors under both
 commands."""
@@ -158,7 +158,7 @@ def test_the_fix_leaves_other_hypercorn_code_alone(monkeypatch):
     """A Hypercorn whose methods differ (fixed, or reworked) is not patched, and says so."""
     from hypercorn.trio.tcp_server import TCPServer
 
-    from ovtrio import closing
+    from ovtrio.server.hypercorn_patches import connection_close as closing
 
     said: list[str] = []
     monkeypatch.setattr(closing, "_applied", False)
@@ -491,10 +491,10 @@ def test_the_hypercorn_settings_module_holds_settings_only():
     module holds Hypercorn settings and nothing else, and sets what `ovtrio serve` uses."""
     from hypercorn.config import Config
 
-    import ovtrio.hypercorn_config as settings
+    import ovtrio.server.hypercorn_config as settings
 
     names = [name for name in dir(settings) if not name.startswith("__")]
     assert names and all(hasattr(Config, name) for name in names), names
-    config = Config.from_object("ovtrio.hypercorn_config")
+    config = Config.from_object("ovtrio.server.hypercorn_config")
     assert (config.worker_class, config.backlog, config.keep_alive_timeout) == ("trio", 4096, 75)
     assert config.graceful_timeout > Config.graceful_timeout

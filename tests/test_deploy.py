@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 import loopback
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from encoder_fixtures import write_reranker
 
-from ovtrio.config import Settings, SettingsError
+from ovtrio.settings.server import Settings, SettingsError
 from ovtrio.embedding.embedded import embedded_embedder_folder
 from ovtrio.embedding.kinds import detect_kind, max_input_tokens, normalizes, pooling_of, served_models
 

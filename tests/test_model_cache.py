@@ -176,7 +176,7 @@ def _loading_with_a_fake_engine(monkeypatch, fails_on: set[str]) -> list[str]:
 
 
 def _source_and_settings(tmp_path: Path, model: Path):
-    from ovtrio.config import Settings
+    from ovtrio.settings.server import Settings
     from ovtrio.model.source import ModelSource
 
     source = ModelSource(path=model, kind="gguf", name="m", context_length=128, generation_defaults={})

@@ -23,7 +23,7 @@ from guarded_servers import PAGE_ORIGIN, PAGE_PORT, open_hypercorn, origin_serve
 from test_api_keys import FLAG_KEYS, keyed_server  # noqa: F401 (fixture)
 from ovtrio.api.json_bodies import refusal as body_refusal
 from ovtrio.api.origins import OriginPolicy
-from ovtrio.config import SettingsError, settings_from_env
+from ovtrio.settings.server import SettingsError, settings_from_env
 
 page_server = page_server_fixture(PAGE_PORT)
 

@@ -14,7 +14,7 @@ import trio.testing
 
 from fake_engine import DROPPED_PROMPT, received, request, start_scheduler
 from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, NotAccepting
-from ovtrio.shutdown import Shutdown
+from ovtrio.serving.shutdown import Shutdown
 
 
 @pytest.fixture(params=[False, True], ids=["binding-step", "gil-free-runs"])
@@ -132,7 +132,7 @@ async def collect(
 
 
 async def test_the_drain_waits_for_short_requests_and_cuts_long_ones(engine):
-    """ovtrio/shutdown.py against the scheduler: what ends within the timeout ends
+    """ovtrio/serving/shutdown.py against the scheduler: what ends within the timeout ends
     normally, the rest is failed when it passes (or when hurried), and the state says
     draining from the start and drained at the end."""
     results: dict[str, list[Any]] = {}

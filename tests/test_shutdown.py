@@ -281,7 +281,7 @@ def test_the_drain_patch_leaves_other_hypercorn_code_alone(monkeypatch):
     trigger, and the log says that a shutdown will not drain."""
     import hypercorn.trio.run as trio_run
 
-    from ovtrio import hypercorn_drain
+    from ovtrio.server.hypercorn_patches import drain as hypercorn_drain
 
     said: list[str] = []
     monkeypatch.setattr(hypercorn_drain, "_applied", False)

@@ -2,7 +2,7 @@
 `error` event and the socket stays usable (also past Hypercorn's own 16 MiB limit,
 which used to close it with 1009); a socket idle for the idle timeout is closed with
 code 1000, never while a response runs. Under `ovtrio serve` and `hypercorn -k trio
-ovtrio.app:app` (ovtrio/websocket_messages.py, ovtrio/api/responses/socket.py)."""
+ovtrio.app:app` (ovtrio/server/hypercorn_patches/websocket_message_size.py, ovtrio/api/responses/socket.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 from conftest import MODEL
 from guarded_servers import SOCKET_IDLE_SECONDS, SOCKET_MAX_MESSAGE_BYTES, open_hypercorn, origin_server  # noqa: F401
 from ovtrio.api.responses.socket import IdleClock
-from ovtrio.websocket_messages import BoundedMessageBuffer, OversizedMessage
+from ovtrio.api.responses.oversized_message import OversizedMessage
+from ovtrio.server.hypercorn_patches.websocket_message_size import BoundedMessageBuffer
 
 # Beyond Hypercorn's default websocket_max_message_size (16 MiB).
 PAST_HYPERCORN_LIMIT = 17 * 1024 * 1024
@@ -114,7 +115,7 @@ async def test_idle_clock_waits_for_running_responses(autojump_clock):
 def test_bounded_buffer_drops_what_is_over_the_limit(monkeypatch):
     from wsproto.events import BytesMessage, TextMessage
 
-    monkeypatch.setattr("ovtrio.websocket_messages._limit", 8)
+    monkeypatch.setattr("ovtrio.server.hypercorn_patches.websocket_message_size._limit", 8)
     buffer = BoundedMessageBuffer(16 * 1024 * 1024)
     buffer.extend(TextMessage(data="abcd", message_finished=False))
     buffer.extend(TextMessage(data="éé", message_finished=True))

@@ -1,5 +1,5 @@
 """The HTTP and WebSocket layer: OpenAI requests in, OpenAI objects out. Never touches
-the engine; reaches the model only through ServingModel (ovtrio/service.py).
+the engine; reaches the model only through ServingModel (ovtrio/serving/service.py).
 
 * Requests are parsed and validated by the pydantic models of protocol.py (and
   responses/protocol.py), taken in by pipeline.accept; output formats are checked in
@@ -12,5 +12,5 @@ the engine; reaches the model only through ServingModel (ovtrio/service.py).
   Response objects); sse.py frames them as server-sent events, responses/socket.py as
   WebSocket messages.
 * errors.py maps every failure to OpenAI's error shape; context.py is the one way to
-  the app's shared objects; ovtrio/ids.py mints every id.
+  the app's shared objects; ovtrio/parsing/ids.py mints every id.
 """

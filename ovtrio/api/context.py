@@ -11,8 +11,8 @@ from quart import Quart, current_app
 
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.registry import ModelRegistry
-from ovtrio.service import ModelService, ServingModel
+from ovtrio.serving.registry import ModelRegistry
+from ovtrio.serving.service import ModelService, ServingModel
 
 _MODELS = "OVTRIO_MODELS"
 _RESPONSES = "OVTRIO_RESPONSE_STORE"
@@ -67,7 +67,7 @@ def ready_model(name: str | None = None) -> ServingModel:
 
 def generation_model(name: str) -> ServingModel:
     """The ready model named `name`, for a new generation request; also a 503 once the
-    server has begun to shut down (ovtrio/shutdown.py): those in flight may finish, new
+    server has begun to shut down (ovtrio/serving/shutdown.py): those in flight may finish, new
     ones go elsewhere."""
     if model_registry().shutdown.draining.is_set():
         raise shutting_down()

@@ -21,7 +21,7 @@ from ovtrio.model.vision import IMAGE_TAG
 from ovtrio.output import OutputStage
 from ovtrio.parsing import ForcedCallsParser, ReasoningSplitter
 from ovtrio.scheduler import OutputConstraint
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 FormatReader = Callable[[Any], OutputConstraint | None]
 

@@ -8,7 +8,7 @@ models with their status: loading, ready, failed (with the reason), or draining.
 that failed to load keeps the server unready while the others serve; liveness fails
 only when every model has failed (the server then exits).
 
-While the server drains (ovtrio/shutdown.py), readiness is 503 so that load balancers
+While the server drains (ovtrio/serving/shutdown.py), readiness is 503 so that load balancers
 stop sending it requests, and liveness stays 200: the process is healthy, and a failed
 liveness probe would have it killed before its requests have finished."""
 
@@ -19,7 +19,7 @@ from typing import Any
 from quart import Blueprint
 
 from ovtrio.api.context import model_registry, model_service
-from ovtrio.service import ModelService
+from ovtrio.serving.service import ModelService
 
 blueprint = Blueprint("health", __name__)
 

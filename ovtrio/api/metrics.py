@@ -1,6 +1,6 @@
 """GET /metrics: Prometheus text format.
 
-Three sources share one registry per app (ovtrio.metrics.ServerMetrics):
+Three sources share one registry per app (ovtrio.serving.metrics.ServerMetrics):
 
 - gauges and totals read from each model's `Scheduler.stats()` at scrape time
   (SchedulerCollector): the `ovtrio_*` names, labelled `model_name`, and the same
@@ -8,7 +8,7 @@ Three sources share one registry per app (ovtrio.metrics.ServerMetrics):
   `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, `vllm:prompt_tokens_total`,
   `vllm:generation_tokens_total`);
 - request histograms and finish counts, recorded by the scheduler as requests run
-  (ovtrio.metrics.ModelMetrics);
+  (ovtrio.serving.metrics.ModelMetrics);
 - HTTP responses by route and status, counted here as each response is made (`install`).
 """
 
@@ -24,9 +24,9 @@ from quart import Blueprint, Quart, Response, request
 
 from ovtrio.api.context import metrics_registry
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.metrics import ENGINE, LABELS, ServerMetrics
+from ovtrio.serving.metrics import ENGINE, LABELS, ServerMetrics
 from ovtrio.model import grammar_cache
-from ovtrio.registry import ModelRegistry
+from ovtrio.serving.registry import ModelRegistry
 from ovtrio.scheduler import SchedulerStats
 
 blueprint = Blueprint("metrics", __name__)

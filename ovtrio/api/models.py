@@ -9,7 +9,7 @@ from quart import Blueprint
 
 from ovtrio.api.context import model_registry, model_service
 from ovtrio.embedding.service import EncoderService
-from ovtrio.service import ModelService
+from ovtrio.serving.service import ModelService
 
 blueprint = Blueprint("models", __name__)
 

@@ -27,7 +27,7 @@ from ovtrio.api.errors import APIError, api_error, from_validation_error, invali
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
-from ovtrio.ids import new_id
+from ovtrio.parsing.ids import new_id
 from ovtrio.output import Outcome, OutputEvent, OutputStage, ResultCollector
 from ovtrio.scheduler import (
     Failed,
@@ -38,7 +38,7 @@ from ovtrio.scheduler import (
     TextPrompt,
     UnsupportedParams,
 )
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 Body = TypeVar("Body", bound=SamplingFields)
 

@@ -15,7 +15,7 @@ from ovtrio.api.errors import invalid
 from ovtrio.api.pipeline import parse_body
 from ovtrio.api.protocol import _Body
 from ovtrio.embedding.service import RerankWork
-from ovtrio.ids import new_id
+from ovtrio.parsing.ids import new_id
 
 blueprint = Blueprint("rerank", __name__)
 

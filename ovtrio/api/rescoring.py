@@ -26,7 +26,7 @@ from ovtrio.output import (
 )
 from ovtrio.scheduler import Completed, Failed, GenerationRequest
 from ovtrio.scoring import ScoringUnavailable, SequenceScores
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 
 class EventWriter(Protocol):

@@ -22,7 +22,7 @@ import trio
 
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import ChatMessage
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ from ovtrio.api.errors import invalid
 from ovtrio.images import ImageError, load_image
 from ovtrio.model.prompts import ChatPrompt
 from ovtrio.scheduler import TextPrompt
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 
 async def text_prompts(model: ServingModel, prompt: ChatPrompt) -> list[TextPrompt] | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME, embedded_embedder_folder
 from ovtrio.embedding.engine import Embedder, EmbeddingInput, EncoderOptions, Reranker
 from ovtrio.embedding.kinds import ModelKind

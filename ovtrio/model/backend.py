@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 
 Backend = Literal["continuous_batching", "stateful"]
 

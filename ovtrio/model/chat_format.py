@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 from ovtrio.parsing import PARSERS, THINK_OPEN, ToolCallParser, guess_parser
 
 log = logging.getLogger("ovtrio")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 from ovtrio.model.backend import engine_backend, npu_context
 from ovtrio.model.loading import block_tokens
 from ovtrio.model.source import ModelSource

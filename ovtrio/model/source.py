@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 from ovtrio.model.backend import backend_conflict
 from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
 from ovtrio.model.json_files import read_json_object

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 from ovtrio.model.cache import cache_folder
 from ovtrio.model.engine_file import place_for_engine
 from ovtrio.model.source import ModelLoadError, ModelSource

@@ -7,7 +7,7 @@ that array back into OpenAI tool calls as it streams.
 
 from __future__ import annotations
 
-from ovtrio.ids import new_call_id
+from ovtrio.parsing.ids import new_call_id
 from ovtrio.parsing.mistral import MistralToolParser
 
 

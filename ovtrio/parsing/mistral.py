@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import string
 
-from ovtrio.ids import new_mistral_call_id
+from ovtrio.parsing.ids import new_mistral_call_id
 from ovtrio.parsing.json_scan import VALUE_STARTS, JsonValue, skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 

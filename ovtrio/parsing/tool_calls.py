@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ovtrio.ids import new_call_id
+from ovtrio.parsing.ids import new_call_id
 from ovtrio.parsing.json_scan import CallObject, JsonValue, skip_space
 
 

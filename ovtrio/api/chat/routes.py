@@ -15,7 +15,7 @@ from ovtrio.api.vision import text_prompts
 from ovtrio.api.rescoring import fill_generated, generated_entries, generated_events, respond_with_events, scored_sequences
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import GenerationRequest
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 blueprint = Blueprint("chat", __name__)
 

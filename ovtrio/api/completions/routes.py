@@ -14,7 +14,7 @@ from ovtrio.api.protocol import CompletionRequest
 from ovtrio.api.text_limits import check_prompt_chars, tokenized
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import TextPrompt
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 blueprint = Blueprint("completions", __name__)
 

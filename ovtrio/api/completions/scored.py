@@ -36,7 +36,7 @@ from ovtrio.output import (
 )
 from ovtrio.scheduler import Completed, GenerationRequest
 from ovtrio.scoring import SequenceScores
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 
 def scoring_param(body: CompletionRequest) -> str:

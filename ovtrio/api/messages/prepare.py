@@ -56,7 +56,7 @@ from ovtrio.api.protocol import (
 from ovtrio.model.prompts import ChatPrompt
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import GenerationRequest
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 ERROR_RESULT = "Error: "
 

@@ -13,7 +13,7 @@ from ovtrio.api.messages.stream import MessageStream, unary_message
 from ovtrio.api.messages.writer import MessageWriter
 from ovtrio.api.pipeline import accept, parse_body
 from ovtrio.api.sse import HEADERS
-from ovtrio.ids import new_id
+from ovtrio.parsing.ids import new_id
 
 blueprint = Blueprint("messages", __name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 from ovtrio.api.chunks import logprob_entries
 from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.protocol import NamedToolChoice
-from ovtrio.ids import new_id
+from ovtrio.parsing.ids import new_id
 from ovtrio.output import ChoiceResult, Outcome
 from ovtrio.scheduler import Completed
 

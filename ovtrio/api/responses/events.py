@@ -28,7 +28,7 @@ from ovtrio.api.responses.body import (
     summary_part,
     text_part,
 )
-from ovtrio.ids import new_id
+from ovtrio.parsing.ids import new_id
 from ovtrio.output import (
     ChoiceFinished,
     OutputEvent,

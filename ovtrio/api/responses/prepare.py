@@ -19,10 +19,10 @@ from ovtrio.api.responses.body import response_envelope
 from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.responses.store import ResponseStore, StoredResponse
 from ovtrio.api.vision import text_prompts
-from ovtrio.ids import new_id
+from ovtrio.parsing.ids import new_id
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import GenerationRequest
-from ovtrio.service import ServingModel
+from ovtrio.serving.service import ServingModel
 
 
 @dataclass

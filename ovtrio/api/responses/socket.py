@@ -8,7 +8,7 @@ frame is an `error` event, and the socket stays usable; so is a server too busy 
 a response on (code `rate_limit_exceeded`, the WebSocket form of HTTP's 429).
 
 A message over `websocket_max_message_bytes` is dropped as it arrives, unread and
-unkept (ovtrio/websocket_messages.py), and answered with an `error` event (code
+unkept (ovtrio/server/hypercorn_patches/websocket_message_size.py), and answered with an `error` event (code
 frame_too_large); the socket stays usable. A socket with no message from the client
 for `websocket_idle_timeout` seconds while none of its responses runs is closed with
 code 1000 and a reason saying so.
@@ -20,7 +20,7 @@ store=false too. Events go through one bounded channel to the single writer: a s
 reader holds back the responses (their deltas wait, merged, in the scheduler) instead
 of growing a buffer here.
 
-When the server shuts down (ovtrio/shutdown.py), response.create frames are refused
+When the server shuts down (ovtrio/serving/shutdown.py), response.create frames are refused
 with an `error` event while the running responses go on; once the drain is over (they
 finished, or were cut with `response.failed`), the socket sends an `error` event with
 code server_shutting_down and closes with 1001 (going away).
@@ -51,7 +51,7 @@ from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_respon
 from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.scheduler import GenerationScheduler
-from ovtrio.websocket_messages import OversizedMessage
+from ovtrio.api.responses.oversized_message import OversizedMessage
 
 log = logging.getLogger("ovtrio")
 

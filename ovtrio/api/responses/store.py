@@ -5,7 +5,7 @@ in an SQLite file when one is configured, so they survive a restart.
 An entry's size is what its objects take in memory (sys.getsizeof over every dict, list
 and string in it), not the length of its JSON text, which undercounts small objects
 several times. Memory freed by a deletion or an eviction of large entries is given back
-to the system (ovtrio/memory.py), so a DELETE lowers the server's footprint.
+to the system (ovtrio/serving/memory.py), so a DELETE lowers the server's footprint.
 
 The SQLite file's reads and writes run in a worker thread, one at a time (the
 connection is shared), so a slow disk or a long fsync never pauses the event loop;
@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from ovtrio.memory import release_free_memory
+from ovtrio.serving.memory import release_free_memory
 
 
 @dataclass

@@ -15,7 +15,7 @@ carries the message's length, instead of the message. The app answers it
 (ovtrio/api/responses/socket.py) and the connection goes on. The limit is the
 process's: the last app built sets it (a server serves one app).
 
-As ovtrio/closing.py does, it only replaces the exact code it was written for
+As ovtrio/server/hypercorn_patches/connection_close.py does, it only replaces the exact code it was written for
 (Hypercorn 0.18.0's buffer and the stream methods that use it, identified by hashes of
 their source): with any other version Hypercorn's own limit stays, with a log line.
 """
@@ -39,19 +39,9 @@ PATCHED_SOURCE_SHA256 = (
     "3534d3ebe8f7a1a44877285b6ed6eba7c9544de85d1b402a4b0b7c2a6029ed99",
 )
 
+from ovtrio.api.responses.oversized_message import OversizedMessage
+
 _limit: int | None = None
-
-
-class OversizedMessage(str):
-    """Stands for a message longer than the limit, which was dropped: `length` is its
-    size in bytes (at least; counting stops at the limit plus one received chunk)."""
-
-    length: int
-
-    def __new__(cls, length: int) -> OversizedMessage:
-        message = super().__new__(cls, "")
-        message.length = length
-        return message
 
 
 class BoundedMessageBuffer:

@@ -14,11 +14,24 @@ from typing import Any
 import trio
 
 from ovtrio import __version__
-from ovtrio.config import ENV_PREFIX, Settings, SettingsError, api_keys, is_list_setting, settings_from_env
 from ovtrio.embedding.kinds import served_models
-from ovtrio.logs import configure_logging
-from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, resolve_model, start_loading_in_order
+from ovtrio.model import (
+    LoadedModel,
+    ModelLoadError,
+    ModelSource,
+    resolve_model,
+    start_loading_in_order,
+)
 from ovtrio.model.loading import convert_into_cache
+from ovtrio.server.logs import configure_logging
+from ovtrio.settings.server import (
+    ENV_PREFIX,
+    Settings,
+    SettingsError,
+    api_keys,
+    is_list_setting,
+    settings_from_env,
+)
 
 log = logging.getLogger("ovtrio")
 
@@ -59,14 +72,14 @@ async def serve(settings: Settings, loading: Sequence[Future[tuple[LoadedModel, 
     from hypercorn.trio import serve as hypercorn_serve
 
     from ovtrio.api.context import registry_of
-    from ovtrio.app import create_app
+    from ovtrio.server.app import create_app
 
     app = create_app(settings, loading)
     models = registry_of(app)
     models.set_base_url(f"http://{settings.host}:{settings.port}")
     # The listen backlog, keep-alive and graceful timeouts that the hypercorn command
     # gets from the same module (it says why each).
-    config = Config.from_object("ovtrio.hypercorn_config")
+    config = Config.from_object("ovtrio.server.hypercorn_config")
     config.bind = [f"{settings.host}:{settings.port}"]
     config.accesslog = None
     config.errorlog = "-"

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from ovtrio.config import ENV_PREFIX, PER_MODEL_SETTINGS, Settings, SettingsError
+from ovtrio.settings.server import ENV_PREFIX, PER_MODEL_SETTINGS, Settings, SettingsError
 
 # Entry keys that name a file: relative to the config file's folder, not the server's.
 PATH_SETTINGS = ("model", "draft_model", "chat_template")

@@ -1,6 +1,6 @@
 """The models a server serves, found by the name requests give in `model`.
 
-One ModelService per model (ovtrio/service.py), in the order of the config file (or the
+One ModelService per model (ovtrio/serving/service.py), in the order of the config file (or the
 one model of the flags). The models load one after the other in one thread
 (start_loading_in_order): on 2 cores a second load at the same time would only slow
 the first, and a GGUF file the first converts is in the model cache for the next. Each
@@ -12,7 +12,7 @@ requests for it get a 503 and readiness reports it, while the others serve. When
 model has failed there is nothing to serve, and the launcher exits as it does for one.
 
 The shutdown state is the server's, shared by every model: the drain refuses new work
-for all of them and waits for the requests in flight on each (ovtrio/shutdown.py).
+for all of them and waits for the requests in flight on each (ovtrio/serving/shutdown.py).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Literal
 
 import trio
 
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
 from ovtrio.scheduler import RequestObserver
-from ovtrio.service import ModelService, ObserverFactory
-from ovtrio.shutdown import Shutdown
+from ovtrio.serving.service import ModelService, ObserverFactory
+from ovtrio.serving.shutdown import Shutdown
 
 log = logging.getLogger("ovtrio")
 
@@ -138,7 +138,7 @@ class ModelRegistry:
 
     async def drain(self, cause: str) -> None:
         """Let the requests in flight on every model finish, up to the drain timeout
-        (ovtrio/shutdown.py); `cause` (what asked for the shutdown) goes in the log."""
+        (ovtrio/serving/shutdown.py); `cause` (what asked for the shutdown) goes in the log."""
         schedulers = [service.serving.scheduler for service in self.services if service.serving is not None]
         await self.shutdown.drain(schedulers, cause)
 

@@ -12,7 +12,7 @@ timeout, with no error chunk and no `[DONE]`.
 
 `apply(drain)` replaces that trigger, the name `check_multiprocess_shutdown_event` in
 hypercorn.trio.run, with one that waits for the same event and then awaits `drain()`
-before it returns: the drain (ovtrio/shutdown.py) runs while the worker still listens,
+before it returns: the drain (ovtrio/serving/shutdown.py) runs while the worker still listens,
 as under `ovtrio serve`. `trio_worker` looks the name up after it has imported the app
 (`load_application`), so ovtrio.app applies this at import. A second signal cannot cut
 the drain short here (Hypercorn's main process only sets the event again): the drain

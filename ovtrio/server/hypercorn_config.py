@@ -1,13 +1,13 @@
 # Hypercorn settings that make the `hypercorn` command as safe as `ovtrio serve`, which
 # uses these same values:
 #
-#     hypercorn -k trio --config python:ovtrio.hypercorn_config ovtrio.app:app
+#     hypercorn -k trio --config python:ovtrio.server.hypercorn_config ovtrio.app:app
 #
 # Hypercorn reads every attribute of this module as a setting (Config.from_object), so it
 # holds settings only: no imports, no helpers. Flags given on the command line
 # (`-b 0.0.0.0:8000`, `--keep-alive 5`) override them. The drain before Hypercorn stops
 # listening needs no setting: the app arranges it when Hypercorn imports it
-# (ovtrio/hypercorn_drain.py).
+# (ovtrio/server/hypercorn_patches/drain.py).
 
 worker_class = "trio"
 

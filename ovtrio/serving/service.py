@@ -6,7 +6,7 @@ before the app was even imported, which that task waits for (loading.start_loadi
 the path is checked up front, so a missing or unusable model stops startup at once with
 one line. Once loaded, everything a request needs is in one ServingModel, whose fields
 are never missing. A server serves one or several models, each through a service of its
-own (ovtrio/registry.py holds them).
+own (ovtrio/serving/registry.py holds them).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import trio
 
 from ovtrio import __version__
-from ovtrio.config import Settings
+from ovtrio.settings.server import Settings
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
 from ovtrio.model.backend import Capabilities, capabilities_for, engine_backend
 from ovtrio.model.chat_format import thinks, tool_parser_for

@@ -16,7 +16,7 @@ Why the drain belongs to the launcher and the release to the app: late requests 
 get a 503 that says what is going on, not a refused connection, so the drain has to run
 while the server still listens; only the launcher can arrange that (`ovtrio serve`
 drains inside Hypercorn's shutdown trigger, before Hypercorn closes its listeners, and
-under the hypercorn command ovtrio/hypercorn_drain.py has Hypercorn's worker do the
+under the hypercorn command ovtrio/server/hypercorn_patches/drain.py has Hypercorn's worker do the
 same). The engine may go only once no handler can reach it any more, which is when
 Hypercorn runs the app's lifespan shutdown.
 """
