@@ -2,9 +2,10 @@
 
 The embedded embedder (all-MiniLM-L6-v2) ships as a sentence-transformers folder:
 `model.safetensors`, `config.json` and `tokenizer.json`, no OpenVINO IR. Exporting it
-the usual way (optimum-cli) needs torch, a 700 MB install, for a graph of a dozen
+the usual way (optimum-cli) needs torch, a large install, for a graph of a dozen
 operations per layer; building that graph with `openvino.opset13` from the weights
-read through safetensors' numpy API takes about half a second.
+read through safetensors' numpy API is quick and needs nothing more (figures:
+docs/benchmarks.md#the-embedding-model).
 
 The model's inputs are `input_ids`, `attention_mask` and `token_type_ids` [batch,
 sequence], and its output is `last_hidden_state` [batch, sequence, hidden]: what

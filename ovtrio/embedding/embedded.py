@@ -112,8 +112,9 @@ def convert(zip_path: Path, target: Path) -> None:
 
 def embedded_embedder_folder(cache_root: Path | None) -> Path:
     """The IR folder of the embedded embedder: the cache entry, converted now if there
-    is none (into a temporary folder when there is no cache). Blocking, about 2 s the
-    first time. Raises ModelLoadError when the package is missing or conversion fails."""
+    is none (into a temporary folder when there is no cache). Blocking, and slow only
+    the first time (see docs/benchmarks.md#the-embedding-model). Raises ModelLoadError
+    when the package is missing or conversion fails."""
     zip_path = embedded_embedder_zip()
     if zip_path is None:
         raise ModelLoadError(

@@ -1,9 +1,9 @@
 """An encoder the server serves (an embedding model or a reranker), loaded on its first
 request unless `encoder_preload` says at start.
 
-The embedded embedder takes about 0.15 s to load from its cache entry (about 2 s more
-the first time, to convert it) and 170 MB of memory once loaded: loaded lazily, a server
-nobody asks for vectors keeps neither, and its start is not slowed. Requests that come
+The embedded embedder takes time to load (more the first time, to convert it) and
+memory once loaded (figures: docs/benchmarks.md#the-embedding-model): loaded lazily, a
+server nobody asks for vectors pays neither, and its start is not slowed. Requests that come
 while it loads wait in its queue like any other.
 """
 

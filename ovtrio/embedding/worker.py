@@ -4,8 +4,8 @@ The pipeline cannot run in two threads at once but releases the GIL while it
 computes, so each model has one task that takes the jobs waiting in its queue and runs
 them, together, in a worker thread (`trio.to_thread` with a limiter of one): the event
 loop never waits for the model. Jobs that arrive while a batch runs wait and go
-together into the next, up to `max_batch` inputs: a batch of 32 texts computes about
-twice as many vectors a second as 32 batches of one.
+together into the next, up to `max_batch` inputs: a batch computes many more vectors
+a second than as many batches of one (see docs/benchmarks.md#the-embedding-model).
 
 Admission follows the generation scheduler's rules (scheduler/admission.py): at most
 `max_queued` jobs wait; one beyond them is refused at once with Overloaded, whose
@@ -14,10 +14,10 @@ is dropped from the batch: it costs nothing.
 
 Clients that send one text at a time send their next request once their reply comes:
 when a batch ends, its clients are still reading their replies, and a worker that took
-only what had arrived by then ran batches of 4 with 32 such clients (measured on a busy
-machine; 6.6 with this wait). So when fewer inputs wait than the last batch had, the
-worker waits for more, up to half the last batch's time and at most `GATHER_SECONDS`: a
-lone client (last batch of one) never waits.
+only what had arrived by then ran small batches, and this wait makes them larger (see
+docs/benchmarks.md#the-embedding-model). So when fewer inputs wait than the last batch
+had, the worker waits for more, up to half the last batch's time and at most
+`GATHER_SECONDS`: a lone client (last batch of one) never waits.
 """
 
 from __future__ import annotations

@@ -123,8 +123,8 @@ def _data_url_bytes(url: str, param: str, limits: ImageLimits) -> bytes:
 
 
 # Base64 characters decoded at a time (a multiple of 4). binascii holds the GIL while it
-# decodes, about 2 ms a megabyte: in pieces, the worker thread lets the event loop in
-# between them.
+# decodes, for milliseconds on a data URL of megabytes (docs/benchmarks.md#image-decoding):
+# in pieces, the worker thread lets the event loop in between them.
 _BASE64_PIECE = 256 * 1024
 
 

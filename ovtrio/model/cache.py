@@ -1,9 +1,9 @@
 """What the engine builds from a GGUF file, kept on disk so the next start skips it.
 
 Loading a GGUF file, OpenVINO GenAI converts the weights into an OpenVINO model and
-builds the tokenizer and detokenizer models from the vocabulary in the header; on 2
-cores that is about 5.5 s, half of it the tokenizer. From the IR those take about
-0.2 s (tokenizer) and 2.5-3 s (the model, almost all of it the CPU plugin compiling).
+builds the tokenizer and detokenizer models from the vocabulary in the header, which
+takes seconds; from the IR the tokenizer loads many times faster and the model costs
+little more than the CPU plugin's compile (see docs/benchmarks.md#loading-a-model).
 So the first start converts once, into an entry of the cache folder, and later starts
 load the entry.
 

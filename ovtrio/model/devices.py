@@ -6,8 +6,9 @@ instead of failing deep in the engine after the model was read (and, for a GGUF 
 taking the engine's error for a damaged cache entry).
 
 The CPU device ships with every OpenVINO wheel, so a CPU-only configuration is not
-checked at all and costs no startup time; other names cost one device query (0.3 s,
-most of it importing OpenVINO, which loading does next anyway).
+checked at all and costs no startup time; other names cost one device query (most of
+it importing OpenVINO, which loading does next anyway; see
+docs/benchmarks.md#loading-a-model).
 """
 
 from __future__ import annotations

@@ -60,8 +60,9 @@ class GGUFHeader:
 class _Cursor:
     """Reads little-endian values from a memory map of the file, front to back.
 
-    Parsing from memory rather than with a read() call per value makes the header
-    (100,000 vocabulary strings and merges for a typical model) about 5x faster.
+    Parsing from memory rather than with a read() call per value makes the header (a
+    typical model's vocabulary strings and merges) several times faster (see
+    docs/benchmarks.md#loading-a-model).
     """
 
     def __init__(self, data: Any) -> None:

@@ -3,10 +3,11 @@
 OpenVINO GenAI compiles every output constraint (a JSON schema, structural tags) with
 XGrammar's GrammarCompiler and keeps each compiled grammar in that compiler's cache. It
 builds the compiler with XGrammar's defaults, and the default cache is unlimited: every
-distinct schema a client ever sent stays in memory (four JSON schemas, each an enum of
-100,000 strings, held 865 MB). XGrammar itself has the remedy, an LRU bounded in bytes
-(its fourth constructor argument, `max_memory_bytes`, sized by XGrammar's own estimate
-of each compiled grammar), but OpenVINO GenAI offers no way to pass it.
+distinct schema a client ever sent stays in memory (a few schemas of large enums held
+a great deal of it: docs/benchmarks.md#structured-output-grammars). XGrammar itself has
+the remedy, an LRU bounded in bytes (its fourth constructor argument,
+`max_memory_bytes`, sized by XGrammar's own estimate of each compiled grammar), but
+OpenVINO GenAI offers no way to pass it.
 
 So the call is redirected: libopenvino_genai calls the compiler's constructor through
 its procedure linkage table, and `install` points that one entry at a function that
@@ -65,8 +66,8 @@ _hook: _Hook | None = None
 
 def compile_threads(asked: int) -> int:
     """Threads one grammar compiles on: XGrammar's default (8), but at most one fewer
-    than the machine's cores. On 2 cores, 8 compiling threads left the event loop one
-    runnable thread in nine, and /health's p99 went past 50 ms while schemas compiled."""
+    than the machine's cores. On 2 cores, 8 compiling threads left the event loop too
+    little CPU while schemas compiled (see docs/benchmarks.md#structured-output-grammars)."""
     return max(1, min(asked, (os.cpu_count() or 2) - 1))
 
 

@@ -339,10 +339,10 @@ def start_loading_in_order(models: Sequence[tuple[ModelSource, Settings]]) -> li
 def warm_up(model: LoadedModel) -> int:
     """Run one tiny request and return the KV cache capacity in tokens.
 
-    The first request pays for the engine's first compilation of its kernels (about
-    300 ms on CPU), so a warm-up spares the first client that. While it holds exactly
-    one cache block, the engine's cache usage (a percentage) also tells how many blocks
-    the cache has, which the engine does not report otherwise.
+    The first request pays for the engine's first compilation of its kernels (see
+    docs/benchmarks.md#loading-a-model), so a warm-up spares the first client that.
+    While it holds exactly one cache block, the engine's cache usage (a percentage) also
+    tells how many blocks the cache has, which the engine does not report otherwise.
     """
     import numpy as np
     import openvino as ov

@@ -19,7 +19,8 @@ from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.parsing import THINK_OPEN
 
 
-# Texts up to this long are tokenized in one call (about 5 ms at most); longer ones in
+# Texts up to this long are tokenized in one call, a pause of the event loop short
+# enough to take (docs/benchmarks.md#tokenizing-and-detokenizing); longer ones in
 # pieces (ovtrio.model.pieces). Such a text fits a context of 8,192 tokens only at over
 # 8 characters a token.
 WHOLE_TEXT_CHARS = 64 * 1024

@@ -1,11 +1,11 @@
 """The byte string of every token, for detokenizing in Python without a tokenizer call.
 
-OpenVINO's detokenizer is a small inference request: about 40 us when called in a
-tight loop, but 400-700 us when called between engine steps, because its threads have
-gone to sleep by then (measured on 2 cores). Called once per step, that was the largest
-piece of the server's own work. Byte-level BPE vocabularies (GPT-2, Llama 3, Qwen,
-SmolLM) map each token to a fixed byte string, so the text of new tokens is just their
-bytes run through an incremental UTF-8 decoder.
+OpenVINO's detokenizer is a small inference request: cheap when called in a tight
+loop, but far dearer when called between engine steps, because its threads have gone
+to sleep by then (see docs/benchmarks.md#tokenizing-and-detokenizing). Called once per
+step, that was the largest piece of the server's own work. Byte-level BPE
+vocabularies (GPT-2, Llama 3, Qwen, SmolLM) map each token to a fixed byte string, so
+the text of new tokens is just their bytes run through an incremental UTF-8 decoder.
 
 The table is read from the GGUF header or a Hugging Face tokenizer.json, and checked
 against the engine's own detokenizer at load; a vocabulary that is not byte-level, or

@@ -5,8 +5,8 @@ tool-call events, then one ChoiceFinished. The request ends with the scheduler's
 Completed (token usage) or Failed, passed through unchanged.
 
 Events are made for every chunk of every stream, between engine steps, so they are
-plain slotted dataclasses: frozen ones take twice as long to build. Nobody changes one
-once made.
+plain slotted dataclasses: frozen ones are markedly slower to build (see
+docs/benchmarks.md#output-events). Nobody changes one once made.
 """
 
 from __future__ import annotations

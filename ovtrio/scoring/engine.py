@@ -10,8 +10,8 @@ floats: 50 MB for 256 positions of the embedded model) and give the caller a poi
 between chunks to stop at. Like the engine's own chunked prefill, a chunk boundary moves
 log-probabilities by rounding (dynamic quantization groups, bf16), not more.
 
-`infer()` releases the GIL: run in a worker thread, the event loop goes on (a Python
-thread sleeping 1 ms kept waking within 15 ms while a 113-token sequence was scored).
+`infer()` releases the GIL: run in a worker thread, the event loop goes on (measured:
+docs/benchmarks.md#scoring-inference).
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ function responsesEvent(event, sink) {
 
 // Responses over one WebSocket, kept open between requests. Browsers cannot set an
 // Authorization header on a WebSocket: the key is offered as the subprotocol
-// `openai-insecure-api-key.<key>` beside `responses` (the server's README says more).
+// `openai-insecure-api-key.<key>` beside `responses` (docs/operations.md#api-keys says more).
 // There is no cancel frame, so Stop closes the socket: the server then cancels every
 // response on it. The next request opens a new one.
 export class ResponsesSocket {
