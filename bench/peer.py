@@ -1,10 +1,15 @@
 """ovtrio against llama.cpp's llama-server: the same GGUF, the same workload, interleaved.
 
     python bench/build_llama_server.py     # once: builds the peer (5-10 min on 2 cores)
-    python bench/peer.py [--concurrency 1 4 16 32] [--tokens 64] [--turns 5]
+    python bench/make_tiny_llama.py /tmp/tiny-llama-q4_0.gguf   # the 1B-class fixture
+    python bench/peer.py [--model embedded /tmp/tiny-llama-q4_0.gguf] [--concurrency 1 4 16]
+                         [--tokens 64] [--turns 5] [--plot docs/peer.png]
 
-Both servers run the embedded SmolLM2-135M-Instruct Q4_1 GGUF on the CPU: `ovtrio serve`
-with its defaults, `llama-server -np 32 -c 32768 -t <cores>` (32 slots of 1024 tokens).
+Both servers run each GGUF given (default: the embedded SmolLM2-135M-Instruct Q4_1) on
+the CPU: `ovtrio serve --model <gguf>` with its defaults, `llama-server -np 32 -c 32768
+-t <cores>` (32 slots of 1024 tokens). Before measuring it prints the CPU's instruction
+sets and its read bandwidth, and for each model the bandwidth ceiling of one stream
+(bench/hardware.py): the bandwidth over the bytes of weights each token reads.
 C clients each stream chat completions (64 tokens, ignore_eos, greedy) back to back;
 the two servers take turns at each concurrency, and each figure is the median of the
 turns, since this machine's speed drifts by +-15% from one minute to the next. Prints
@@ -22,15 +27,17 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import trio
 
 from build_llama_server import binary_path
+from hardware import ceiling_tok_s, describe_cpu, read_bandwidth_gb_s
 from serving import free_port, load, stream_chat, wait_ready
 
 
-def start_ovtrio(port: int) -> subprocess.Popen:
+def start_ovtrio(gguf: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "ovtrio", "serve", "--model", str(gguf), "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -47,25 +54,33 @@ def start_llama_server(binary: Path, gguf: Path, port: int) -> subprocess.Popen:
     )
 
 
-async def measure(args: argparse.Namespace) -> dict[str, dict[int, dict[str, float]]]:
-    from ovtrio.model import EMBEDDED_NAME, embedded_model_path
+Figures = dict[str, dict[int, dict[str, float]]]
 
+
+async def served_model_id(port: int) -> str:
+    async with httpx.AsyncClient() as client:
+        reply = await client.get(f"http://127.0.0.1:{port}/v1/models")
+        return reply.json()["data"][0]["id"]
+
+
+async def measure(args: argparse.Namespace, gguf: Path) -> Figures:
     servers: dict[str, tuple[int, str]] = {}
     processes = []
     try:
         port = free_port()
-        processes.append(start_ovtrio(port))
+        processes.append(start_ovtrio(gguf, port))
         await wait_ready(port, processes[-1])
-        servers["ovtrio"] = (port, EMBEDDED_NAME)
+        model_id = await served_model_id(port)
+        servers["ovtrio"] = (port, model_id)
         binary = binary_path()
         if binary.exists():
             port = free_port()
-            processes.append(start_llama_server(binary, embedded_model_path(), port))
+            processes.append(start_llama_server(binary, gguf, port))
             await wait_ready(port, processes[-1], b"/health")  # 503 while it loads
-            servers["llama-server"] = (port, EMBEDDED_NAME)
+            servers["llama-server"] = (port, model_id)
         else:
             print(f"llama-server not built ({binary} missing; run bench/build_llama_server.py): measuring ovtrio alone")
-        figures: dict[str, dict[int, dict[str, float]]] = {name: {} for name in servers}
+        figures: Figures = {name: {} for name in servers}
         for concurrency in args.concurrency:
             for port, model in servers.values():
                 await stream_chat(port, model, "Hello!", 4)
@@ -86,33 +101,88 @@ async def measure(args: argparse.Namespace) -> dict[str, dict[int, dict[str, flo
             process.wait(timeout=30)
 
 
+def model_paths(names: list[str]) -> list[Path]:
+    from ovtrio.model import embedded_model_path
+
+    return [Path(embedded_model_path()) if name == "embedded" else Path(name) for name in names]
+
+
+def print_table(args: argparse.Namespace, gguf: Path, figures: Figures, ceiling: float) -> None:
+    ours = figures["ovtrio"]
+    peer = figures.get("llama-server")
+    print(
+        f"\n{gguf.name}: {args.tokens} output tokens, ignore_eos, greedy, chat streaming, medians of {args.turns}"
+        f" interleaved turns; one stream's bandwidth ceiling {ceiling:.0f} tok/s"
+    )
+    print(
+        f"{'conc':>4} {'ovtrio tok/s':>12} {'llama tok/s':>11} {'ratio':>6} {'ovtrio TTFT':>11} {'llama TTFT':>10}"
+        f" {'diff':>8} {'c=1 of ceiling (ovtrio, llama)':>31}"
+    )
+    for c in args.concurrency:
+        o = ours[c]
+        share = f"{o['tok_s'] / ceiling:.2f}" if c == 1 else ""
+        if peer is None:
+            print(f"{c:>4} {o['tok_s']:>12.1f} {'-':>11} {'-':>6} {o['ttft_p50']:>9.1f}ms {'-':>10} {'-':>8} {share:>31}")
+            continue
+        p = peer[c]
+        if c == 1:
+            share = f"{o['tok_s'] / ceiling:.2f}, {p['tok_s'] / ceiling:.2f}"
+        print(
+            f"{c:>4} {o['tok_s']:>12.1f} {p['tok_s']:>11.1f} {o['tok_s'] / p['tok_s']:>6.2f}"
+            f" {o['ttft_p50']:>9.1f}ms {p['ttft_p50']:>8.1f}ms {o['ttft_p50'] - p['ttft_p50']:>+6.1f}ms {share:>31}"
+        )
+
+
+def plot(path: Path, concurrency: list[int], results: dict[str, Figures], machine: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (speed, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for model, figures in results.items():
+        for server, by_concurrency in figures.items():
+            style = "-o" if server == "ovtrio" else "--s"
+            label = f"{server}, {model}"
+            speed.plot(concurrency, [by_concurrency[c]["tok_s"] for c in concurrency], style, label=label)
+            ttft.plot(concurrency, [by_concurrency[c]["ttft_p50"] for c in concurrency], style, label=label)
+    for axes, title, unit in ((speed, "output tokens/s", "tok/s"), (ttft, "time to first token, p50", "ms")):
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(concurrency, [str(c) for c in concurrency])
+        axes.set_xlabel("concurrent streams")
+        axes.set_ylabel(unit)
+        axes.set_title(title)
+        axes.grid(alpha=0.3)
+    speed.legend(fontsize=8)
+    figure.suptitle(f"ovtrio vs llama-server: {machine}", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model", nargs="+", default=["embedded"], help="GGUF files to serve ('embedded': the embedded model)"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="requests each client sends per turn")
     parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--plot", type=Path, help="write a PNG of tok/s and TTFT against concurrency here")
     args = parser.parse_args()
     started = time.perf_counter()
-    figures = trio.run(measure, args)
-    ours = figures["ovtrio"]
-    peer = figures.get("llama-server")
-    print(
-        f"ovtrio vs llama-server: SmolLM2-135M-Instruct Q4_1 GGUF, CPU, {os.cpu_count()} cores, {args.tokens} output"
-        f" tokens, ignore_eos, greedy, chat streaming, medians of {args.turns} interleaved turns"
-    )
-    print(f"{'conc':>4} {'ovtrio tok/s':>12} {'llama tok/s':>11} {'ratio':>6} {'ovtrio TTFT':>11} {'llama TTFT':>10} {'diff':>8}")
-    for c in args.concurrency:
-        o = ours[c]
-        if peer is None:
-            print(f"{c:>4} {o['tok_s']:>12.1f} {'-':>11} {'-':>6} {o['ttft_p50']:>9.1f}ms {'-':>10} {'-':>8}")
-            continue
-        p = peer[c]
-        print(
-            f"{c:>4} {o['tok_s']:>12.1f} {p['tok_s']:>11.1f} {o['tok_s'] / p['tok_s']:>6.2f}"
-            f" {o['ttft_p50']:>9.1f}ms {p['ttft_p50']:>8.1f}ms {o['ttft_p50'] - p['ttft_p50']:>+6.1f}ms"
-        )
+    machine = describe_cpu()
+    bandwidth = read_bandwidth_gb_s()
+    print(f"cpu: {machine}; read bandwidth {bandwidth:.1f} GB/s")
+    results: dict[str, Figures] = {}
+    for gguf in model_paths(args.model):
+        figures = trio.run(measure, args, gguf)
+        print_table(args, gguf, figures, ceiling_tok_s(gguf, bandwidth))
+        results[gguf.name] = figures
     print(f"(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's; {time.perf_counter() - started:.0f} s)")
+    if args.plot:
+        plot(args.plot, args.concurrency, results, machine)
 
 
 if __name__ == "__main__":

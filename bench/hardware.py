@@ -1,0 +1,101 @@
+"""What bounds one stream's decode on this machine: the CPU's instruction sets, the memory
+read bandwidth, and the bytes of weights a model reads per generated token.
+
+Every decoded token reads all the weights once (a 1B-class model is far bigger than the
+caches), so `bandwidth / bytes per token` is the most tokens per second any server can
+reach for a single stream; bench/peer.py prints both servers' figures against it.
+
+    python bench/hardware.py [model.gguf ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+# The instruction sets that change which kernels OpenVINO and llama.cpp run.
+ISA_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def cpu_isa() -> list[str]:
+    """The vector instruction sets this CPU offers, of those that matter here."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return [flag for flag in ISA_FLAGS if flag in flags]
+    return []
+
+
+def describe_cpu() -> str:
+    return f"{cpu_name()}, {os.cpu_count()} cores, {' '.join(cpu_isa()) or 'no AVX2'}"
+
+
+def read_bandwidth_gb_s(threads: int | None = None, mib_per_thread: int = 512, repeats: int = 3) -> float:
+    """Memory read bandwidth with every core reading its own array (numpy's sum releases
+    the GIL and streams the array once): the best of `repeats`, in GB/s."""
+    threads = threads or os.cpu_count() or 1
+    arrays = [np.ones(mib_per_thread * 2**20 // 4, dtype=np.float32) for _ in range(threads)]
+    best = 0.0
+    for _ in range(repeats):
+        barrier = threading.Barrier(threads + 1)
+
+        def read(array: np.ndarray) -> None:
+            barrier.wait()
+            array.sum()
+
+        workers = [threading.Thread(target=read, args=(array,)) for array in arrays]
+        for worker in workers:
+            worker.start()
+        barrier.wait()
+        started = time.perf_counter()
+        for worker in workers:
+            worker.join()
+        elapsed = time.perf_counter() - started
+        best = max(best, sum(array.nbytes for array in arrays) / elapsed / 1e9)
+    return best
+
+
+def weight_bytes_per_token(gguf_path: Path) -> int:
+    """Bytes of weights one decoded token reads: every tensor but the token embedding
+    table, of which one row is read (unless the model ties it to the output layer, which
+    then reads all of it)."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    sizes = {tensor.name: int(tensor.n_bytes) for tensor in reader.tensors}
+    total = sum(sizes.values())
+    if "output.weight" in sizes and "token_embd.weight" in sizes:
+        total -= sizes["token_embd.weight"]
+    return total
+
+
+def ceiling_tok_s(gguf_path: Path, bandwidth_gb_s: float) -> float:
+    return bandwidth_gb_s * 1e9 / weight_bytes_per_token(gguf_path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", type=Path, nargs="*")
+    args = parser.parse_args()
+    print(f"cpu: {describe_cpu()}")
+    bandwidth = read_bandwidth_gb_s()
+    print(f"read bandwidth: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
+    for model in args.models:
+        per_token = weight_bytes_per_token(model)
+        print(f"{model.name}: {per_token / 1e6:.0f} MB of weights per token -> ceiling {bandwidth * 1e3 / (per_token / 1e6):.0f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
