@@ -105,7 +105,7 @@ class NvExt(_Body):
 
 
 # How many strings a request may hold is a setting (max_stop_strings), checked with the
-# request's other sizes (api/pipeline.py).
+# request's other sizes (api/generation.py).
 StopField = Annotated[str | list[str] | None, Field(description="strings where generation stops")]
 
 # Fields whose meaning ovtrio cannot honour: sending a non-empty value is a 400 naming

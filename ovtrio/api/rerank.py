@@ -12,7 +12,7 @@ from quart import Blueprint
 
 from ovtrio.api.encoders import encoder_for, json_reply, run
 from ovtrio.api.errors import invalid
-from ovtrio.api.pipeline import parse_body
+from ovtrio.api.generation import parse_body
 from ovtrio.api.protocol import _Body
 from ovtrio.embedding.service import RerankWork
 from ovtrio.parsing.ids import new_id

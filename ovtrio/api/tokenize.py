@@ -19,7 +19,7 @@ from quart import Blueprint, Response, request
 from ovtrio.api.context import ready_model
 from ovtrio.api.conversation import template_messages
 from ovtrio.api.errors import invalid
-from ovtrio.api.pipeline import parse_body
+from ovtrio.api.generation import parse_body
 from ovtrio.api.protocol import ChatMessage, _Body
 from ovtrio.api.text_limits import check_prompt_chars, message_texts, tokenized
 

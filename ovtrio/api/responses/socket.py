@@ -45,7 +45,7 @@ from quart import Blueprint, websocket
 from ovtrio.api.auth import offered_subprotocols, socket_subprotocol
 from ovtrio.api.context import generation_model, model_registry, response_store, socket_limits
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
-from ovtrio.api.pipeline import submitted, written
+from ovtrio.api.generation import submitted, written
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_response
 from ovtrio.api.responses.protocol import ResponsesRequest
