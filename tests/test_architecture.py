@@ -198,8 +198,8 @@ MAX_LINES = 400
 # Modules over MAX_LINES while they are being split. Each entry must still be over the
 # limit (the test fails once it is not), so the list only shrinks.
 OVERSIZED = {
-    "scheduler/scheduler.py",  # the scheduler's loop, its intake and delivery being split off
-    "settings/server.py",  # the Settings model, being split by concern
+    "scheduler/scheduler.py",  # being split into smaller modules
+    "settings/server.py",  # being split into smaller modules
 }
 
 
