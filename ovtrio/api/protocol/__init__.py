@@ -26,7 +26,11 @@ from ovtrio.api.protocol.chat_messages import (
 )
 from ovtrio.api.protocol.completions import CompletionRequest
 from ovtrio.api.protocol.metadata import check_metadata
-from ovtrio.api.protocol.sampling_fields import UNSUPPORTED, SamplingFields, StreamOptions
+from ovtrio.api.protocol.sampling_fields import (
+    UNSUPPORTED,
+    SamplingFields,
+    StreamOptions,
+)
 from ovtrio.api.protocol.tools import (
     FunctionSpec,
     NamedFunction,

@@ -35,7 +35,7 @@ class ChatCompletionRequest(SamplingFields, ToolAndReasoningFields):
         return self.max_tokens, "max_tokens"
 
     @model_validator(mode="after")
-    def _check_logprobs(self) -> "ChatCompletionRequest":
+    def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise invalid("top_logprobs requires logprobs=true.", "top_logprobs")
         return self

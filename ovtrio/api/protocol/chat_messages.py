@@ -34,7 +34,7 @@ class ImagePart(Body):
     def source_param(self) -> str | None:
         return self._source_param
 
-    def held_in(self, param: str) -> "ImagePart":
+    def held_in(self, param: str) -> ImagePart:
         self._source_param = param
         return self
 
@@ -67,7 +67,7 @@ class ChatMessage(Body):
     tool_call_id: str | None = None  # tool
 
     @model_validator(mode="after")
-    def _check_role_fields(self) -> "ChatMessage":
+    def _check_role_fields(self) -> ChatMessage:
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
         if self.tool_calls and self.role != "assistant":

@@ -47,7 +47,7 @@ class CompletionRequest(SamplingFields):
         return self.scores_prompt() or (self.top_logprobs() > 0 and self.max_tokens != 0)
 
     @model_validator(mode="after")
-    def _check_logprobs(self) -> "CompletionRequest":
+    def _check_logprobs(self) -> CompletionRequest:
         if self.max_tokens == 0 and not self.echo:
             raise invalid(
                 "Invalid value for 'max_tokens': 0 generates nothing, which is only useful with echo=true"

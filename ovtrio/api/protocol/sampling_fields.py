@@ -114,7 +114,7 @@ class SamplingFields(Body):
         return data
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> "SamplingFields":
+    def _check_combinations(self) -> SamplingFields:
         top_k = self.effective_top_k()
         if top_k is not None and top_k != -1 and top_k < 1:
             param = "nvext.top_k" if self.nvext and self.nvext.top_k is not None else "top_k"

@@ -32,7 +32,7 @@ class Tool(Body):
     strict: bool | None = None
 
     @model_validator(mode="after")
-    def _one_form(self) -> "Tool":
+    def _one_form(self) -> Tool:
         if self.function is None and self.name is None:
             raise ValueError("a function tool needs function.name (or name)")
         return self
@@ -94,7 +94,7 @@ class ToolAndReasoningFields(Body):
         return self.tool_choice or ("auto" if self.tools else "none")
 
     @model_validator(mode="after")
-    def _check_tools(self) -> "ToolAndReasoningFields":
+    def _check_tools(self) -> ToolAndReasoningFields:
         names = [spec.name for spec in self.tool_specs()]
         if len(set(names)) != len(names):
             raise invalid("Tool names must be unique.", "tools")
