@@ -11,6 +11,13 @@ import pytest
 
 import loopback
 from helpers import CHAT_PATHS, COMPLETION_PATHS, assert_error, chat, chat_body, completion_body, post
+from ovtrio.api.errors import REQUEST_ERRORS, api_error
+from ovtrio.api.formats import ConstraintError
+from ovtrio.embedding.engine import InputError
+from ovtrio.errors import FieldError
+from ovtrio.images import ImageError
+from ovtrio.model.prompts import PromptError
+from ovtrio.scheduler import UnsupportedParams
 from sse import MODEL
 
 CHAT = CHAT_PATHS[0]
@@ -231,3 +238,28 @@ def test_error_bodies_are_utf8_json(server):
     error = assert_error(response, 404, param="model")
     assert "modèle-😀" in error["message"]
     assert json.loads(response.content.decode("utf-8")) == response.json()
+
+
+# ---- errors that name a field, from whichever layer finds them ---------------------------
+
+
+@pytest.mark.parametrize(
+    "error, message, param, code",
+    [
+        (PromptError("no template", "messages"), "no template", "messages", "invalid_value"),
+        (ImageError("too big", "messages[0].content[1]", "image_too_large"), "too big", "messages[0].content[1]", "image_too_large"),
+        (ConstraintError("bad schema", "response_format"), "bad schema", "response_format", "invalid_value"),
+        (InputError("too long", "input[2]"), "too long", "input[2]", "invalid_value"),
+        (UnsupportedParams("it requires x", "stop"), "The engine cannot run this request: it requires x", "stop", "invalid_value"),
+        (UnsupportedParams("it requires x"), "The engine cannot run this request: it requires x", None, "invalid_value"),
+    ],
+    ids=["prompt", "image", "constraint", "encoder-input", "engine-settings", "engine-settings-unnamed"],
+)
+def test_a_field_error_is_a_400_naming_its_field(error, message, param, code):
+    assert isinstance(error, FieldError)
+    assert isinstance(error, REQUEST_ERRORS)
+    answer = api_error(error)
+    assert (answer.status, answer.body()) == (
+        400,
+        {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}},
+    )

@@ -12,6 +12,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from ovtrio.api.compact_json import compact_json
 from ovtrio.api.errors import invalid
 from ovtrio.api.formats import FunctionTool, forced_call_constraint
 from ovtrio.api.protocol import ChatMessage, FunctionSpec, NamedToolChoice, TextPart, ToolAndReasoningFields
@@ -127,7 +128,7 @@ def check_schema_sizes(body: ToolAndReasoningFields, max_bytes: int) -> None:
 def _check_size(schema: Any, max_bytes: int, param: str) -> None:
     if schema is None:
         return
-    size = len(json.dumps(schema, ensure_ascii=False, separators=(",", ":")).encode())
+    size = len(compact_json(schema).encode())
     if size > max_bytes:
         raise invalid(
             f"Invalid value for '{param}': the schema is {size} bytes of JSON; this server takes schemas of at"

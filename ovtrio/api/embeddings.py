@@ -20,8 +20,8 @@ from quart import Blueprint
 
 from ovtrio.api.encoders import encoder_for, json_reply, run
 from ovtrio.api.errors import invalid
-from ovtrio.api.pipeline import parse_body
-from ovtrio.api.protocol import _Body
+from ovtrio.api.generation import parse_body
+from ovtrio.api.protocol import Body
 from ovtrio.embedding.service import EmbeddingWork
 
 blueprint = Blueprint("embeddings", __name__)
@@ -34,7 +34,7 @@ NO_EMBEDDER = (
 TokenIds = list[Annotated[int, Field(ge=0)]]
 
 
-class EmbeddingsRequest(_Body):
+class EmbeddingsRequest(Body):
     model: str | None = None
     input: str | list[str] | TokenIds | list[TokenIds]
     encoding_format: Literal["float", "base64"] = "float"

@@ -12,7 +12,6 @@ from quart import Response
 
 from ovtrio.api.context import model_registry
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
-from ovtrio.embedding.engine import InputError
 from ovtrio.embedding.service import EmbeddingWork, EncoderService, RerankWork
 from ovtrio.embedding.worker import EncoderUnavailable, Job
 
@@ -40,12 +39,11 @@ def encoder_for(name: str | None, kind: str, missing: str) -> EncoderService:
 
 
 async def run(encoder: EncoderService, work: EmbeddingWork | RerankWork, size: int) -> Job:
-    """`work` computed by `encoder`; its errors as APIErrors (Overloaded passes on: the
-    app maps it to a 429)."""
+    """`work` computed by `encoder`; an encoder that cannot serve as an APIError (an
+    InputError, a FieldError, and Overloaded pass on: the app maps them to a 400 and a
+    429)."""
     try:
         return await encoder.submit(work, size)
-    except InputError as exc:
-        raise invalid(str(exc), exc.param) from None
     except EncoderUnavailable as exc:
         if exc.code == "shutting_down":
             raise shutting_down(cut=True) from None

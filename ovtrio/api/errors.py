@@ -19,9 +19,8 @@ from pydantic import ValidationError
 from quart import Response, has_request_context, request
 from werkzeug.exceptions import HTTPException
 
-from ovtrio.api.formats import ConstraintError
-from ovtrio.model.prompts import PromptError
-from ovtrio.scheduler import SHUTTING_DOWN, Failed, NotAccepting, Overloaded, UnsupportedParams
+from ovtrio.errors import FieldError
+from ovtrio.scheduler import SHUTTING_DOWN, Failed, NotAccepting, Overloaded
 
 log = logging.getLogger("ovtrio")
 
@@ -88,7 +87,7 @@ def error_response(error: APIError) -> Response:
 
 
 # What a request can be refused for, before or as it reaches the engine.
-REQUEST_ERRORS = (APIError, ValidationError, PromptError, ConstraintError, UnsupportedParams, NotAccepting, Overloaded)
+REQUEST_ERRORS = (APIError, ValidationError, FieldError, NotAccepting, Overloaded)
 
 # A client refused or cut off by a shutdown may retry at once: behind a load balancer
 # the retry reaches another replica (this one's readiness already says 503).
@@ -103,10 +102,8 @@ def api_error(error: BaseException | Failed) -> APIError:
         return error
     if isinstance(error, ValidationError):
         return from_validation_error(error)
-    if isinstance(error, (PromptError, ConstraintError)):
-        return invalid(str(error), error.param)
-    if isinstance(error, UnsupportedParams):
-        return invalid(f"The engine cannot run this request: {error}", error.param)
+    if isinstance(error, FieldError):  # a prompt, image, output format, setting or input refused
+        return invalid(error.client_message(), error.param, error.code)
     if isinstance(error, NotAccepting):
         return shutting_down()
     if isinstance(error, Overloaded):

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import unquote
 
 
+from ovtrio.errors import FieldError
 from ovtrio.scheduler import OutputConstraint, TaggedRegion
 
 # A forced "required" choice may make several calls (parallel_tool_calls); a small model
@@ -27,12 +28,8 @@ from ovtrio.scheduler import OutputConstraint, TaggedRegion
 MAX_PARALLEL_CALLS = 4
 
 
-class ConstraintError(ValueError):
+class ConstraintError(FieldError):
     """The constraint cannot be used; `param` names the offending field."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True)

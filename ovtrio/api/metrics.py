@@ -1,148 +1,33 @@
 """GET /metrics: Prometheus text format.
 
-Three sources share one registry per app (ovtrio.serving.metrics.ServerMetrics):
+Four sources share one registry per app (ovtrio.serving.metrics.ServerMetrics):
 
 - gauges and totals read from each model's `Scheduler.stats()` at scrape time
-  (SchedulerCollector): the `ovtrio_*` names, labelled `model_name`, and the same
-  numbers under vLLM's names where vLLM has one (`vllm:num_requests_running`,
-  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, `vllm:prompt_tokens_total`,
-  `vllm:generation_tokens_total`);
+  (ovtrio.serving.collector.SchedulerCollector);
 - request histograms and finish counts, recorded by the scheduler as requests run
   (ovtrio.serving.metrics.ModelMetrics);
-- HTTP responses by route and status, counted here as each response is made (`install`).
+- HTTP responses by route and status, counted here as each response is made (`install`);
+- the memory kept between requests, read at scrape time (MemoryCollector).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from quart import Blueprint, Quart, Response, request
 
 from ovtrio.api.context import metrics_registry
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.serving.metrics import ENGINE, LABELS, ServerMetrics
 from ovtrio.model import grammar_cache
+from ovtrio.serving.collector import SchedulerCollector
+from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.serving.registry import ModelRegistry
-from ovtrio.scheduler import SchedulerStats
 
 blueprint = Blueprint("metrics", __name__)
-
-
-# A series read off the scheduler: name, help, gauge or counter, and its value.
-_Series = tuple[str, str, type[GaugeMetricFamily] | type[CounterMetricFamily], Callable[[SchedulerStats], float]]
-
-# The scheduler's own numbers.
-_OVTRIO_SERIES: tuple[_Series, ...] = (
-    ("ovtrio_requests_running", "Requests in the engine", GaugeMetricFamily, lambda s: s.running),
-    ("ovtrio_requests_waiting", "Requests queued for room in the engine", GaugeMetricFamily, lambda s: s.queued),
-    (
-        "ovtrio_requests_paused",
-        "Running requests paused because their client is not reading",
-        GaugeMetricFamily,
-        lambda s: s.paused,
-    ),
-    (
-        "ovtrio_requests_rejected",
-        "Requests refused with 429 because the server was full",
-        CounterMetricFamily,
-        lambda s: s.rejected,
-    ),
-    (
-        "ovtrio_slow_readers_cancelled",
-        "Requests cancelled because their client stopped reading",
-        CounterMetricFamily,
-        lambda s: s.slow_readers_cancelled,
-    ),
-    ("ovtrio_engine_requests", "Unfinished requests inside the engine", GaugeMetricFamily, lambda s: s.engine_requests),
-    (
-        "ovtrio_engine_scheduled_requests",
-        "Requests in the engine's last step",
-        GaugeMetricFamily,
-        lambda s: s.engine_scheduled,
-    ),
-    ("ovtrio_kv_cache_usage_percent", "KV cache in use", GaugeMetricFamily, lambda s: s.kv_cache_usage),
-    ("ovtrio_engine_steps", "Engine steps run", CounterMetricFamily, lambda s: s.steps),
-    ("ovtrio_engine_step_seconds", "Time spent inside engine steps", CounterMetricFamily, lambda s: s.step_seconds),
-    ("ovtrio_generated_tokens", "Tokens generated", CounterMetricFamily, lambda s: s.generated_tokens),
-    (
-        "ovtrio_engine_steps_started",
-        "Engine steps entered, empty ones included",
-        CounterMetricFamily,
-        lambda s: s.steps_started,
-    ),
-    (
-        "ovtrio_engine_step_in_flight",
-        "1 while the engine is inside a step (seen only when steps release the GIL)",
-        GaugeMetricFamily,
-        lambda s: int(s.step_in_flight),
-    ),
-    (
-        "ovtrio_engine_step_releases_gil",
-        "1 if engine steps run without the GIL, so the server answers during them",
-        GaugeMetricFamily,
-        lambda s: int(s.step_releases_gil),
-    ),
-)
-
-# vLLM's names for the same numbers (vllm/v1/metrics/loggers.py).
-_VLLM_SERIES: tuple[_Series, ...] = (
-    (
-        "vllm:num_requests_running",
-        "Number of requests in model execution batches.",
-        GaugeMetricFamily,
-        lambda s: s.engine_scheduled,
-    ),
-    (
-        "vllm:num_requests_waiting",
-        "Number of requests waiting to be processed.",
-        GaugeMetricFamily,
-        lambda s: s.waiting,
-    ),
-    (
-        "vllm:kv_cache_usage_perc",
-        "KV-cache usage. 1 means 100 percent usage.",
-        GaugeMetricFamily,
-        lambda s: s.kv_cache_usage / 100,
-    ),
-    ("vllm:prompt_tokens", "Number of prefill tokens processed.", CounterMetricFamily, lambda s: s.prompt_tokens),
-    (
-        "vllm:generation_tokens",
-        "Number of generation tokens processed.",
-        CounterMetricFamily,
-        lambda s: s.generated_tokens,
-    ),
-)
-
-
-class SchedulerCollector(Collector):
-    """Each loaded model's scheduler numbers, one series per model: the ovtrio_ names
-    labelled `model_name`, vLLM's with `model_name` and `engine` as vLLM labels them."""
-
-    def __init__(self, models: ModelRegistry) -> None:
-        self._models = models
-
-    def collect(self) -> Iterator[Any]:
-        stats = [
-            (service.serving.name, service.serving.scheduler.stats())
-            for service in self._models.services
-            if service.serving is not None
-        ]
-        if not stats:
-            return
-        for name, documentation, kind, value in _OVTRIO_SERIES:
-            family = kind(name, documentation, labels=("model_name",))
-            for model_name, numbers in stats:
-                family.add_metric([model_name], value(numbers))
-            yield family
-        for name, documentation, kind, value in _VLLM_SERIES:
-            family = kind(name, documentation, labels=LABELS)
-            for model_name, numbers in stats:
-                family.add_metric([model_name, ENGINE], value(numbers))
-            yield family
 
 
 class MemoryCollector(Collector):

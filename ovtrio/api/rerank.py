@@ -12,8 +12,8 @@ from quart import Blueprint
 
 from ovtrio.api.encoders import encoder_for, json_reply, run
 from ovtrio.api.errors import invalid
-from ovtrio.api.pipeline import parse_body
-from ovtrio.api.protocol import _Body
+from ovtrio.api.generation import parse_body
+from ovtrio.api.protocol import Body
 from ovtrio.embedding.service import RerankWork
 from ovtrio.parsing.ids import new_id
 
@@ -25,11 +25,11 @@ NO_RERANKER = (
 )
 
 
-class Document(_Body):
+class Document(Body):
     text: str
 
 
-class RerankRequest(_Body):
+class RerankRequest(Body):
     model: str | None = None
     query: str
     documents: list[str | Document]

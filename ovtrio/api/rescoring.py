@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from quart import Response
 
 from ovtrio.api.errors import api_error, invalid
-from ovtrio.api.pipeline import submitted
+from ovtrio.api.generation import submitted
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sse import DONE, HEADERS, data_frame, joined
 from ovtrio.model.prompts import PromptBuilder

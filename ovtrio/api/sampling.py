@@ -1,6 +1,6 @@
 """The one place that turns a validated request into SamplingParams.
 
-A new sampling parameter touches its field in protocol.py, this function, and
+A new sampling parameter touches its field in protocol/sampling_fields.py, this function, and
 scheduler/params.py's to_generation_config.
 """
 
@@ -58,7 +58,7 @@ def speculative_fields(body: SamplingFields, speculation: Speculation) -> dict[s
     without these settings), so a request that sets none gets the defaults; greedy
     output is the main model's either way. The rules follow OVMS: prompt lookup takes
     num_assistant_tokens and max_ngram_size, a draft model num_assistant_tokens or
-    assistant_confidence_threshold (not both, checked in protocol.py).
+    assistant_confidence_threshold (not both, checked in protocol/sampling_fields.py).
     """
     sent = {
         name: value

@@ -7,31 +7,27 @@ Responses events as named events (`event: response.created`), also ending with
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from quart import Response
 
+from ovtrio.api.compact_json import compact_json
 from ovtrio.scheduler import RequestStream
 
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
 
 
-def _json(body: dict[str, Any]) -> str:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-
-
 def data_frame(body: dict[str, Any]) -> bytes:
     """A data-only event: one chat or completion chunk (or an error body)."""
-    return b"data: " + _json(body).encode() + b"\n\n"
+    return b"data: " + compact_json(body).encode() + b"\n\n"
 
 
 def named_frame(event: dict[str, Any]) -> bytes:
     """A named event: one `response.*` event, named by its type."""
-    return f"event: {event['type']}\ndata: {_json(event)}\n\n".encode()
+    return f"event: {event['type']}\ndata: {compact_json(event)}\n\n".encode()
 
 
 Frames = Callable[[RequestStream], AsyncIterator[bytes]]

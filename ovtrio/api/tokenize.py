@@ -19,14 +19,14 @@ from quart import Blueprint, Response, request
 from ovtrio.api.context import ready_model
 from ovtrio.api.conversation import template_messages
 from ovtrio.api.errors import invalid
-from ovtrio.api.pipeline import parse_body
-from ovtrio.api.protocol import ChatMessage, _Body
+from ovtrio.api.generation import parse_body
+from ovtrio.api.protocol import Body, ChatMessage
 from ovtrio.api.text_limits import check_prompt_chars, message_texts, tokenized
 
 blueprint = Blueprint("tokenize", __name__)
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(Body):
     """Either a completions `prompt` or chat `messages` (rendered by the chat template)."""
 
     model: str | None = None
@@ -38,7 +38,7 @@ class TokenizeRequest(_Body):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(Body):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0)]]
 

@@ -4,8 +4,7 @@ bad image is the client's 400, naming the part, before any engine work."""
 
 from __future__ import annotations
 
-from ovtrio.api.errors import invalid
-from ovtrio.images import ImageError, load_image
+from ovtrio.images import load_image
 from ovtrio.model.prompts import ChatPrompt
 from ovtrio.scheduler import TextPrompt
 from ovtrio.serving.service import ServingModel
@@ -17,10 +16,7 @@ async def text_prompts(model: ServingModel, prompt: ChatPrompt) -> list[TextProm
         return None
     images = []
     for url, param in prompt.images:
-        try:
-            image = await load_image(url, param, model.image_limits)
-        except ImageError as exc:
-            raise invalid(str(exc), exc.param, exc.code) from None
+        image = await load_image(url, param, model.image_limits)  # ImageError: a 400 naming the part
         model.image_prepared(image.seconds)
         images.append(image.pixels)
     return [TextPrompt(prompt.text, tuple(images))]

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ovtrio.embedding.kinds import hidden_size, max_input_tokens, normalizes, pooling_of
+from ovtrio.errors import FieldError
 from ovtrio.model.loading import engine_error_reason
 from ovtrio.model.source import ModelLoadError
 
@@ -36,12 +37,8 @@ log = logging.getLogger("ovtrio")
 EmbeddingInput = str | list[int]
 
 
-class InputError(Exception):
+class InputError(FieldError):
     """One input of a request cannot be used; the message says which and why."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from typing import Any
 
 import trio
 
+from ovtrio.errors import FieldError
+
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<base64>;base64)?,", re.I)
 
@@ -37,13 +39,11 @@ _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=
 _DECODING = trio.CapacityLimiter(2)
 
 
-class ImageError(ValueError):
+class ImageError(FieldError):
     """An image the server cannot take; `param` names the field."""
 
     def __init__(self, message: str, param: str, code: str = "invalid_image") -> None:
-        super().__init__(message)
-        self.param = param
-        self.code = code
+        super().__init__(message, param, code)
 
 
 @dataclass(frozen=True)

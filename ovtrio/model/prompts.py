@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ovtrio.errors import FieldError
 from ovtrio.model.pieces import word_pieces
 from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.parsing import THINK_OPEN
@@ -26,12 +27,8 @@ from ovtrio.parsing import THINK_OPEN
 WHOLE_TEXT_CHARS = 64 * 1024
 
 
-class PromptError(ValueError):
+class PromptError(FieldError):
     """The prompt cannot be made from what the client sent; `param` names the field."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True)

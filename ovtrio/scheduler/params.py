@@ -12,6 +12,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from ovtrio.errors import FieldError
+
 
 @dataclass(frozen=True)
 class TaggedRegion:
@@ -184,14 +186,16 @@ def to_engine_config(constraint: OutputConstraint) -> Any:
     return openvino_genai.StructuredOutputConfig(structural_tags_config=tags)
 
 
-class UnsupportedParams(ValueError):
+class UnsupportedParams(FieldError):
     """The engine refuses this request's settings: a combination its checks reject, or
     an output constraint it cannot compile. The message says why; `param` names the
     request field at fault when the caller knows it."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
+
+    def client_message(self) -> str:
+        return f"The engine cannot run this request: {self}"
 
 
 def check_params(params: SamplingParams) -> None:

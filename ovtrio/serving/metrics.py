@@ -1,7 +1,7 @@
 """The server's Prometheus metrics that are recorded as things happen: request
 histograms and finish counts (fed by the scheduler through its RequestObserver), and
 HTTP responses by route and status (fed by the API layer). Gauges and totals read off
-the scheduler at scrape time are in ovtrio/api/metrics.py, in the same registry.
+the scheduler at scrape time are in ovtrio/serving/collector.py, in the same registry.
 
 Names, types, labels and bucket boundaries are vLLM's (vllm/v1/metrics/loggers.py), so
 the Gateway API Inference Extension's endpoint picker and dashboards made for vLLM read

@@ -9,7 +9,7 @@ from quart import Blueprint
 from ovtrio.api.chat.writer import ChatWriter
 from ovtrio.api.conversation import chat_stage, encode_conversation, output_constraint
 from ovtrio.api.formats import from_response_format
-from ovtrio.api.pipeline import accept, envelope, generation_request, respond
+from ovtrio.api.generation import accept, envelope, generation_request, respond
 from ovtrio.api.protocol import ChatCompletionRequest
 from ovtrio.api.vision import text_prompts
 from ovtrio.api.rescoring import fill_generated, generated_entries, generated_events, respond_with_events, scored_sequences

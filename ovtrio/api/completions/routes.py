@@ -9,7 +9,7 @@ from quart import Blueprint
 from ovtrio.api.completions.scored import scored_completion
 from ovtrio.api.completions.writer import CompletionWriter
 from ovtrio.api.errors import invalid
-from ovtrio.api.pipeline import accept, check_request_size, envelope, generation_request, respond
+from ovtrio.api.generation import accept, check_request_size, envelope, generation_request, respond
 from ovtrio.api.protocol import CompletionRequest
 from ovtrio.api.text_limits import check_prompt_chars, tokenized
 from ovtrio.output import OutputStage

@@ -40,7 +40,7 @@ from ovtrio.api.messages.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from ovtrio.api.pipeline import generation_request
+from ovtrio.api.generation import generation_request
 from ovtrio.api.vision import text_prompts
 from ovtrio.api.protocol import (
     ChatCompletionRequest,

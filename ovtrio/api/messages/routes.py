@@ -11,7 +11,7 @@ from ovtrio.api.messages.prepare import count_tokens, prepare
 from ovtrio.api.messages.protocol import MessagesInput, MessagesRequest
 from ovtrio.api.messages.stream import MessageStream, unary_message
 from ovtrio.api.messages.writer import MessageWriter
-from ovtrio.api.pipeline import accept, parse_body
+from ovtrio.api.generation import accept, parse_body
 from ovtrio.api.sse import HEADERS
 from ovtrio.parsing.ids import new_id
 

@@ -26,7 +26,7 @@ from ovtrio.api.errors import APIError, api_error
 from ovtrio.api.messages.errors import error_body
 from ovtrio.api.messages.prepare import PreparedMessage
 from ovtrio.api.messages.writer import MessageWriter
-from ovtrio.api.pipeline import submitted
+from ovtrio.api.generation import submitted
 from ovtrio.api.sse import joined, named_frame
 from ovtrio.scheduler import GenerationScheduler
 

@@ -13,7 +13,7 @@ from typing import Any
 from ovtrio.api.conversation import chat_stage, encode_conversation, output_constraint
 from ovtrio.api.errors import APIError
 from ovtrio.api.formats import from_responses_format
-from ovtrio.api.pipeline import generation_request
+from ovtrio.api.generation import generation_request
 from ovtrio.api.protocol import ChatMessage
 from ovtrio.api.responses.body import response_envelope
 from ovtrio.api.responses.protocol import ResponsesRequest

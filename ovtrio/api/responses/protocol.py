@@ -17,11 +17,11 @@ from ovtrio.api.protocol import (
     SamplingFields,
     ToolAndReasoningFields,
     ToolCallRef,
-    _Body,
+    Body,
 )
 
 
-class InputPart(_Body):
+class InputPart(Body):
     type: Literal["input_text", "output_text", "text", "input_image", "input_file", "refusal"]
     text: str | None = None
     image_url: str | None = None
@@ -29,7 +29,7 @@ class InputPart(_Body):
     detail: str | None = None
 
 
-class InputItem(_Body):
+class InputItem(Body):
     """One item of `input`: a message (with or without "type": "message"), a past
     function call, or a function call's output."""
 
@@ -54,7 +54,7 @@ class InputItem(_Body):
         return self
 
 
-class TextOptions(_Body):
+class TextOptions(Body):
     format: dict[str, Any] | None = None
     verbosity: str | None = None  # accepted, ignored
 

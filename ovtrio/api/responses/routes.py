@@ -14,7 +14,7 @@ from quart import Blueprint, request
 
 from ovtrio.api.context import response_store
 from ovtrio.api.errors import invalid
-from ovtrio.api.pipeline import accept, event_stream, unary_outcome
+from ovtrio.api.generation import accept, event_stream, unary_outcome
 from ovtrio.api.responses.body import unary_response
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.prepare import not_found, prepare, store_response

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 
-import json
 import math
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -43,9 +42,10 @@ from pydantic_core import from_json
 from quart import Blueprint, websocket
 
 from ovtrio.api.auth import offered_subprotocols, socket_subprotocol
+from ovtrio.api.compact_json import compact_json
 from ovtrio.api.context import generation_model, model_registry, response_store, socket_limits
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
-from ovtrio.api.pipeline import submitted, written
+from ovtrio.api.generation import submitted, written
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_response
 from ovtrio.api.responses.protocol import ResponsesRequest
@@ -181,7 +181,7 @@ async def _serve_frames(
 async def _write(receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
     async with receive:
         async for event in receive:
-            await websocket.send(json.dumps(event, ensure_ascii=False, separators=(",", ":")))
+            await websocket.send(compact_json(event))
 
 
 def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[Any, ResponsesRequest]:

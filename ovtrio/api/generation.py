@@ -1,4 +1,5 @@
-"""The request pipeline every generation endpoint shares.
+"""How a generation request is taken in, run and answered: the path every generation
+endpoint shares (and `parse_body`, which every endpoint with a body uses).
 
 A handler takes its validated body and the ready model (`accept`, which also refuses the
 request with a 429 when the scheduler is full, before anything is tokenized), builds its
