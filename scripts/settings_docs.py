@@ -155,6 +155,8 @@ def default(name: str, field: FieldInfo) -> str:
         return "on" if value else "off"
     if isinstance(value, dict):
         return f"`{value}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
     if name.endswith("_bytes") and isinstance(value, int) and value >= 1024:
         for unit, size in (("MiB", 1024 * 1024), ("KiB", 1024)):
             if value % size == 0:

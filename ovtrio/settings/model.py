@@ -43,12 +43,20 @@ class ModelSettings(BaseModel):
         None, description="file with a Jinja chat template to use instead of the model's own"
     )
     tool_parser: Literal["hermes", "qwen", "llama3_json", "mistral", "json_tool_calls", "none"] | None = Field(
-        None, description="how the model writes tool calls (default: guessed from its chat template)"
+        None,
+        description="how the model writes tool calls for tool_choice auto (default: guessed from its chat"
+        " template): hermes and qwen <tool_call>, mistral [TOOL_CALLS], json_tool_calls the"
+        ' {"tool_calls": [...]} reply that OpenVINO GenAI\'s template polyfill teaches models whose template has'
+        " no tool support, which get it by default",
     )
     reasoning_parser: Literal["think", "none"] | None = Field(
         None, description="split <think> reasoning from content (default: on when the chat template uses <think>)"
     )
-    device: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, ...")
+    device: str = Field(
+        "CPU",
+        description="OpenVINO device: CPU, GPU, GPU.1, NPU, AUTO, HETERO:GPU,CPU, ...; a device this machine lacks"
+        " is refused at startup in one line",
+    )
     backend: Literal["auto", "continuous_batching", "stateful"] = Field(
         "auto",
         description="engine backend: continuous_batching (many requests share each step; CPU and GPU), stateful"
@@ -89,7 +97,9 @@ class ModelSettings(BaseModel):
         description="positions the scoring path (prompt logprobs, top logprobs) runs through the model in one"
         " inference; bounds its memory (chunk x vocabulary floats)",
     )
-    max_stop_strings: int = Field(64, ge=1, description="most strings a request's `stop` may hold")
+    max_stop_strings: int = Field(
+        64, ge=1, description="most strings a request's `stop` may hold; more get 400 naming stop"
+    )
     inference_precision: Literal["auto", "f32", "bf16", "f16"] = Field(
         "auto",
         description="precision the device computes in (auto: the device's choice, bf16 on CPUs with AVX-512 BF16"
@@ -110,7 +120,9 @@ class ModelSettings(BaseModel):
     plugin_config: dict[str, bool | int | float | str] = Field(
         default_factory=dict,
         description="OpenVINO properties for the device, as a JSON object (OVMS's plugin_config), e.g."
-        ' \'{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}\'; also given to the draft model',
+        ' \'{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}\'; also given to the draft model. Properties that a setting'
+        " of their own controls (precision, KV cache precision, threads) are refused here, naming the setting; a"
+        " property the device does not know fails the load in one line naming it",
     )
     prompt_lookup: bool = Field(
         False,
@@ -120,7 +132,8 @@ class ModelSettings(BaseModel):
     draft_model: str | None = Field(
         None,
         description="speculate with this draft model (OpenVINO IR folder or .gguf file, with the main model's"
-        " tokenizer); requests may set num_assistant_tokens or assistant_confidence_threshold",
+        " tokenizer; a .gguf file is converted once, into drafts/ of the model cache); requests may set"
+        " num_assistant_tokens or assistant_confidence_threshold; not with prompt_lookup",
     )
     draft_device: str | None = Field(None, description="device of the draft model (default: the main model's)")
     draft_cache_size: int | None = Field(
@@ -142,18 +155,22 @@ class ModelSettings(BaseModel):
         None,
         ge=0,
         description="requests waiting for room in the engine; beyond them requests get 429 with Retry-After"
-        " (default: twice max_running_sequences)",
+        " (default: twice max_running_sequences; 16 on the stateful backend)",
     )
-    max_prompts_per_request: int = Field(64, ge=1, description="most prompts in one completions request")
+    max_prompts_per_request: int = Field(
+        64, ge=1, description="most prompts in one completions request; more get 400 naming prompt"
+    )
     max_choices_per_request: int | None = Field(
         None,
         ge=1,
-        description="most choices in one request, n x prompts (default: 64, or max_running_sequences if lower)",
+        description="most choices in one request, n x prompts; more get 400 naming n (default: 64, or"
+        " max_running_sequences if lower)",
     )
     max_prompt_tokens_per_request: int | None = Field(
         None,
         ge=1,
-        description="most prompt tokens in one request, all its prompts together (default: what the KV cache holds)",
+        description="most prompt tokens in one request, all its prompts together; more get 400 naming prompt"
+        " (messages on chat) (default: what the KV cache holds)",
     )
     slow_reader_buffer: int = Field(
         128,

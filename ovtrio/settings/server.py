@@ -141,7 +141,8 @@ class ServerSettings(BaseModel):
     api_key: list[str] = Field(
         default_factory=list,
         description="key clients must send as 'Authorization: Bearer <key>' (repeat the flag for several; the"
-        " environment variable holds one)",
+        " environment variable holds one); with any key set, every route but the health probes (and /metrics,"
+        " unless protect_metrics) needs one",
     )
     api_key_file: str | None = Field(
         None, description="file of accepted API keys, one a line (blank lines and # comments skipped)"
@@ -175,7 +176,10 @@ class ServerSettings(BaseModel):
     playground: bool = Field(
         True, description="serve the browser playground at / (--no-playground leaves / a 404)"
     )
-    host: str = Field("127.0.0.1", description="address to listen on")
+    host: str = Field(
+        "127.0.0.1",
+        description="address to listen on (any but a loopback address, without an API key, logs a warning)",
+    )
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
     drain_timeout: float = Field(
         30.0,
