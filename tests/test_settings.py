@@ -33,6 +33,8 @@ def test_variables_hold_one_value_each_as_written():
             "OVTRIO_MAX_NUM_SEQS": "",  # empty: unset
             "OVTRIO_NO_SUCH_SETTING": "1",
             "OTHER_MAX_NUM_SEQS": "3",
+            "ovtrio_max_num_seqs": "3",  # the variables are spelled in upper case
+            "OVTRIO_max_num_seqs": "3",
         }
     )
     assert settings.api_key == ["one,key"]

@@ -25,7 +25,8 @@ from ovtrio.settings.server import ENV_PREFIX, Settings, is_list_setting
 
 
 class EnvironmentSource(EnvSettingsSource):
-    """OVTRIO_* variables (any case) of `environ`, an empty one as if unset.
+    """The OVTRIO_* variables of `environ` (upper case only, as the settings' names are
+    spelled there), an empty one as if unset.
 
     A variable holds one value as it is written, not JSON: a list setting's variable
     holds one item (OVTRIO_API_KEY, one key; OVTRIO_ALLOWED_HOSTS, items separated by
@@ -43,7 +44,9 @@ class EnvironmentSource(EnvSettingsSource):
         )
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        return {name.lower(): value for name, value in self._environ.items() if value != ""}
+        # The source matches names in lower case (case_sensitive=False); only the upper-case
+        # spelling is a setting's variable.
+        return {name.lower(): value for name, value in self._environ.items() if name.isupper() and value != ""}
 
     def prepare_field_value(self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool) -> Any:
         if value is None:
