@@ -30,7 +30,8 @@ from ovtrio.settings.server import ENV_PREFIX, ServerSettings, is_list_setting  
 PAGE = ROOT / "docs" / "configuration.md"
 
 INTRO = f"""\
-<!-- Written by scripts/settings_docs.py from ovtrio/settings/: edit the settings' descriptions there, or the prose in the script, then run it. -->
+<!-- Written by scripts/settings_docs.py from ovtrio/settings/: edit the settings'
+descriptions there (or the prose in the script), then run it. -->
 
 # Configuration
 

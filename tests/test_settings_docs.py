@@ -21,7 +21,7 @@ def _generator():
 
 def test_committed_page_is_the_generators_output():
     committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert committed == _generator().render(), "docs/configuration.md is out of date: run python scripts/settings_docs.py"
+    assert committed == _generator().render(), "out of date: run python scripts/settings_docs.py"
 
 
 def test_every_setting_is_listed_once_in_its_group():

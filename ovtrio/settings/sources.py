@@ -40,12 +40,11 @@ class EnvironmentSource(EnvSettingsSource):
             Settings,  # type: ignore[arg-type]  # a plain model: Settings() itself reads no variable
             case_sensitive=False,
             env_prefix=ENV_PREFIX,
-            env_ignore_empty=True,
         )
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
         # The source matches names in lower case (case_sensitive=False); only the upper-case
-        # spelling is a setting's variable.
+        # spelling is a setting's variable, and an empty one is left out (unset).
         return {name.lower(): value for name, value in self._environ.items() if name.isupper() and value != ""}
 
     def prepare_field_value(self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool) -> Any:
