@@ -24,8 +24,10 @@ from ovtrio.model import (
 )
 from ovtrio.model.loading import convert_into_cache
 from ovtrio.server.logs import configure_logging
+from ovtrio.settings.model import ModelSettings
 from ovtrio.settings.server import (
     ENV_PREFIX,
+    ServerSettings,
     Settings,
     SettingsError,
     api_keys,
@@ -39,17 +41,25 @@ SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        default = field.get_default(call_default_factory=True)
-        shown = "none" if default is None or default == [] else default
-        help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {shown}]"
-        if field.annotation is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif is_list_setting(name):
-            parser.add_argument(flag, dest=name, action="append", default=None, help=help_text)
-        else:
-            parser.add_argument(flag, dest=name, default=None, help=help_text)
+    """A flag for each setting, in two groups: one model's settings (which a config file's
+    entry may set too), then the server's."""
+    groups = (
+        (ModelSettings, "model settings (also keys of a --config file's model entries)"),
+        (ServerSettings, "server settings"),
+    )
+    for fields_of, title in groups:
+        group = parser.add_argument_group(title)
+        for name, field in fields_of.model_fields.items():
+            flag = "--" + name.replace("_", "-")
+            default = field.get_default(call_default_factory=True)
+            shown = "none" if default is None or default == [] else default
+            help_text = f"{field.description} [env {ENV_PREFIX}{name.upper()}; default {shown}]"
+            if field.annotation is bool:
+                group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            elif is_list_setting(name):
+                group.add_argument(flag, dest=name, action="append", default=None, help=help_text)
+            else:
+                group.add_argument(flag, dest=name, default=None, help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """The config file (`--config`, OVTRIO_CONFIG): several models in one server.
 
 A JSON or TOML file lists the models, each entry with its source and any of the
-per-model settings (config.PER_MODEL_SETTINGS)::
+per-model settings (the fields of ovtrio.settings.model.ModelSettings)::
 
     {"models": [{"served_model_name": "chat", "model": "chat.gguf", "max_tokens_limit": 512},
                 {"served_model_name": "small", "model": "ir/small", "num_kv_blocks": 64}]}
@@ -11,6 +11,10 @@ command line and environment, whose values are every model's defaults; relative 
 in an entry are relative to the file's folder. With several models, each entry names
 the model it serves (`served_model_name`), and no two the same. Anything wrong stops
 startup with one line naming the file, the entry and the key (a SettingsError).
+
+The file is read here, not by pydantic-settings' JSON and TOML sources: those read a file
+as one set of top-level settings, where this one lists models, and take a missing file
+for an empty one, where a missing file here stops startup naming it.
 """
 
 from __future__ import annotations
@@ -20,26 +24,21 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ovtrio.settings.server import ENV_PREFIX, PER_MODEL_SETTINGS, Settings, SettingsError
+from ovtrio.settings.model import ModelSettings
+from ovtrio.settings.server import ENV_PREFIX, Settings, SettingsError
 
 # Entry keys that name a file: relative to the config file's folder, not the server's.
 PATH_SETTINGS = ("model", "draft_model", "chat_template")
-
-# One model's entry: the per-model settings with their types and bounds, none required
-# (what an entry leaves out comes from the command line and environment).
-ModelEntry: type[BaseModel] = create_model(  # type: ignore[call-overload]
-    "ModelEntry",
-    __config__=ConfigDict(extra="forbid"),
-    **{name: (Settings.model_fields[name].annotation, Settings.model_fields[name]) for name in PER_MODEL_SETTINGS},
-)
 
 
 class ConfigFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    models: list[ModelEntry] = Field(min_length=1)  # type: ignore[valid-type]
+    # One model's entry: any of its settings, none required (what an entry leaves out
+    # comes from the command line and environment).
+    models: list[ModelSettings] = Field(min_length=1)
 
 
 def model_settings(settings: Settings) -> list[Settings]:

@@ -3,87 +3,38 @@
 Every setting has one name: the field name. The environment variable is that name in
 upper case with the OVTRIO_ prefix, the command-line flag is the name with dashes
 (`max_num_seqs` -> `OVTRIO_MAX_NUM_SEQS`, `--max-num-seqs`).
+
+`Settings`, what the server runs with, is the server's own settings (`ServerSettings`,
+here: set once, on the command line or in the environment) and one model's
+(`ovtrio.settings.model.ModelSettings`: also what a config file's entry may set).
+docs/configuration.md lists them all; scripts/settings_docs.py writes it from these
+classes.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import typing
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ovtrio.settings.model import ModelSettings
 
 ENV_PREFIX = "OVTRIO_"
 
 
-class Settings(BaseModel):
-    model_config = {"extra": "forbid"}
+class ServerSettings(BaseModel):
+    """The settings of the server as a whole, beside its models'."""
+
+    model_config = ConfigDict(extra="forbid")
 
     config: str | None = Field(
         None,
         description="JSON or TOML file listing several models to serve, each with its own settings (the other"
-        " settings act as every model's defaults; see the README)",
+        " settings act as every model's defaults; see docs/configuration.md)",
     )
-    model: str | None = Field(
-        None,
-        description="OpenVINO IR folder or .gguf file to serve; the embedded SmolLM2-135M-Instruct when unset",
-    )
-    served_model_name: str | None = Field(
-        None, description="model id clients send and /v1/models lists (default: derived from the path)"
-    )
-    chat_template: str | None = Field(
-        None, description="file with a Jinja chat template to use instead of the model's own"
-    )
-    tool_parser: Literal["hermes", "qwen", "llama3_json", "mistral", "json_tool_calls", "none"] | None = Field(
-        None, description="how the model writes tool calls (default: guessed from its chat template)"
-    )
-    reasoning_parser: Literal["think", "none"] | None = Field(
-        None, description="split <think> reasoning from content (default: on when the chat template uses <think>)"
-    )
-    device: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, ...")
-    backend: Literal["auto", "continuous_batching", "stateful"] = Field(
-        "auto",
-        description="engine backend: continuous_batching (many requests share each step; CPU and GPU), stateful"
-        " (OpenVINO GenAI's LLMPipeline, one request at a time, the only one the NPU runs); auto picks stateful"
-        " on NPU, continuous_batching elsewhere",
-    )
-    max_prompt_len: int | None = Field(
-        None,
-        ge=1,
-        description="stateful backend: longest prompt in tokens, compiled into the model on NPU; longer prompts get"
-        " 400 (default: 1024 on NPU, the model's context elsewhere)",
-    )
-    min_response_len: int | None = Field(
-        None,
-        ge=1,
-        description="stateful backend: tokens the NPU model keeps room for after the longest prompt (default: 128 on"
-        " NPU); the context is max_prompt_len + min_response_len there",
-    )
-    cache_size: int = Field(1, ge=0, description="KV cache size in GB (0 lets the engine size it on demand)")
-    num_kv_blocks: int | None = Field(
-        None, ge=1, description="KV cache size in blocks (of 32 tokens on CPU); overrides cache_size"
-    )
-    max_num_seqs: int = Field(256, ge=1, description="most sequences scheduled in one engine step")
-    max_num_batched_tokens: int = Field(
-        256, ge=1, description="most tokens processed in one engine step (prompt chunks included)"
-    )
-    enable_prefix_caching: bool = Field(True, description="reuse KV cache of shared prompt prefixes")
-    long_prefill_token_threshold: int | None = Field(
-        None,
-        ge=0,
-        description="prompts longer than this many tokens are prefilled in slices of at most that size (whole KV"
-        " blocks), so requests arriving meanwhile start between slices instead of after the whole prompt; needs"
-        " prefix caching (default: three eighths of max_num_batched_tokens; 0 turns it off)",
-    )
-    scoring_chunk_tokens: int = Field(
-        128,
-        ge=1,
-        description="positions the scoring path (prompt logprobs, top logprobs) runs through the model in one"
-        " inference; bounds its memory (chunk x vocabulary floats)",
-    )
-    max_stop_strings: int = Field(64, ge=1, description="most strings a request's `stop` may hold")
     cache_dir: str | None = Field(
         None,
         description="folder that keeps the model and tokenizer converted from a GGUF file, for faster later starts"
@@ -103,90 +54,6 @@ class Settings(BaseModel):
         None,
         description="a model cache that is only read, looked in before cache_dir (an image's, filled when it was"
         " built, so its first start skips the conversion); a model it lacks is converted into cache_dir",
-    )
-    inference_precision: Literal["auto", "f32", "bf16", "f16"] = Field(
-        "auto",
-        description="precision the device computes in (auto: the device's choice, bf16 on CPUs with AVX-512 BF16"
-        " or AMX, f32 on others); f32 makes greedy output exact and independent of batching",
-    )
-    kv_cache_precision: Literal["auto", "f32", "bf16", "f16", "u8", "u4"] = Field(
-        "auto",
-        description="precision of the KV cache (auto: the device's choice); f32 makes output read from the prefix"
-        " cache equal output computed afresh, and needs inference_precision f32 on CPUs that compute in bf16",
-    )
-    num_threads: int | None = Field(
-        None,
-        ge=1,
-        description="CPU threads the engine computes with (default: one per core); fewer leave cores to other"
-        " servers or models on the machine (a small model loses little speed on one thread and saves a third"
-        " of the CPU)",
-    )
-    plugin_config: dict[str, bool | int | float | str] = Field(
-        default_factory=dict,
-        description="OpenVINO properties for the device, as a JSON object (OVMS's plugin_config), e.g."
-        ' \'{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}\'; also given to the draft model',
-    )
-    prompt_lookup: bool = Field(
-        False,
-        description="speculate by prompt lookup: propose the tokens that followed the latest n-gram's earlier"
-        " occurrence in the text (requests may set num_assistant_tokens and max_ngram_size)",
-    )
-    draft_model: str | None = Field(
-        None,
-        description="speculate with this draft model (OpenVINO IR folder or .gguf file, with the main model's"
-        " tokenizer); requests may set num_assistant_tokens or assistant_confidence_threshold",
-    )
-    draft_device: str | None = Field(None, description="device of the draft model (default: the main model's)")
-    draft_cache_size: int | None = Field(
-        None,
-        ge=1,
-        description="KV cache size of the draft model in GB (default: the engine splits cache_size between the"
-        " two models by their hidden sizes)",
-    )
-    max_tokens_limit: int | None = Field(
-        None, ge=1, description="default and cap for max_tokens (OVMS's max_tokens_limit)"
-    )
-    max_running_sequences: int | None = Field(
-        None,
-        ge=1,
-        description="sequences (each choice of each prompt) in the engine at once; further requests wait in"
-        " a queue (default: max_num_seqs, or fewer when the KV cache cannot hold 1024 tokens for each)",
-    )
-    max_queued_requests: int | None = Field(
-        None,
-        ge=0,
-        description="requests waiting for room in the engine; beyond them requests get 429 with Retry-After"
-        " (default: twice max_running_sequences)",
-    )
-    max_prompts_per_request: int = Field(64, ge=1, description="most prompts in one completions request")
-    max_choices_per_request: int | None = Field(
-        None,
-        ge=1,
-        description="most choices in one request, n x prompts (default: 64, or max_running_sequences if lower)",
-    )
-    max_prompt_tokens_per_request: int | None = Field(
-        None,
-        ge=1,
-        description="most prompt tokens in one request, all its prompts together (default: what the KV cache holds)",
-    )
-    slow_reader_buffer: int = Field(
-        128,
-        ge=1,
-        description="messages a request may have waiting for a client that does not read before it is paused"
-        " (its tokens then wait in the engine)",
-    )
-    slow_reader_timeout: float = Field(
-        30.0, gt=0, description="seconds a paused request waits for its client to read before it is cancelled"
-    )
-    stream_interval: int = Field(
-        0,
-        ge=0,
-        description="engine steps between streamed chunks (0: 1, or 2-3 when 12+ streams share the engine)",
-    )
-    gil_free_step: bool = Field(
-        True,
-        description="step the engine without holding the GIL, so the server answers while a step runs"
-        " (falls back to the binding's step() if the check at startup fails)",
     )
     max_images_per_request: int = Field(
         4, ge=0, description="vision-language models: most images in one request (a conversation's included)"
@@ -209,12 +76,6 @@ class Settings(BaseModel):
         " the URLs it is sent can be made to reach addresses only it can reach)",
     )
     image_fetch_timeout: float = Field(10.0, gt=0, description="seconds to fetch one image URL (with --image-urls)")
-    model_kind: Literal["auto", "generation", "embedding", "rerank"] = Field(
-        "auto",
-        description="what the model is: generation (chat and completions), embedding (/v1/embeddings) or rerank"
-        " (a cross-encoder, /v1/rerank); auto reads it off the IR's outputs (last_hidden_state: embedding,"
-        " logits of rank 2: rerank)",
-    )
     embeddings: bool = Field(
         True,
         description="serve the embedded all-MiniLM-L6-v2 at /v1/embeddings when no other embedding model is"
@@ -280,7 +141,8 @@ class Settings(BaseModel):
     api_key: list[str] = Field(
         default_factory=list,
         description="key clients must send as 'Authorization: Bearer <key>' (repeat the flag for several; the"
-        " environment variable holds one)",
+        " environment variable holds one); with any key set, every route but the health probes (and /metrics,"
+        " unless protect_metrics) needs one",
     )
     api_key_file: str | None = Field(
         None, description="file of accepted API keys, one a line (blank lines and # comments skipped)"
@@ -314,7 +176,10 @@ class Settings(BaseModel):
     playground: bool = Field(
         True, description="serve the browser playground at / (--no-playground leaves / a 404)"
     )
-    host: str = Field("127.0.0.1", description="address to listen on")
+    host: str = Field(
+        "127.0.0.1",
+        description="address to listen on (any but a loopback address, without an API key, logs a warning)",
+    )
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0 picks a free one)")
     drain_timeout: float = Field(
         30.0,
@@ -323,6 +188,7 @@ class Settings(BaseModel):
         " error (new ones are refused meanwhile)",
     )
     log_level: str = Field("info", description="debug, info, warning or error")
+
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod
@@ -342,74 +208,13 @@ class Settings(BaseModel):
                 raise ValueError(f"{origin!r} is not an origin: scheme://host[:port], '*' or 'null'")
         return value
 
-    @field_validator("plugin_config", mode="before")
-    @classmethod
-    def _plugin_config_object(cls, value: Any) -> Any:
-        """A JSON object from a flag or variable (a config file gives the object itself);
-        the properties that settings of their own control are refused, naming them."""
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not JSON: {exc.msg}") from None
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if not isinstance(item, (bool, int, float, str)):
-                    raise ValueError(f"{key}: a property's value is a string, a number or a boolean")
-            for key, setting in OWN_SETTING_PROPERTIES.items():
-                if key in value:
-                    raise ValueError(f"{key} is set with --{setting.replace('_', '-')}, not here")
-        return value
 
+class Settings(ServerSettings, ModelSettings):
+    """Everything the server runs with: the server's settings and (the defaults of) its
+    models'. With a config file, each model gets a `Settings` of its own, these values
+    overridden by its entry (ovtrio.settings.config_file.model_settings)."""
 
-# The settings a model entry of the config file may set: those of one model and its
-# engine. The others (listening, keys, the response store, the drain, logging, the model
-# cache) are the server's, and are set once, on the command line or in the environment.
-PER_MODEL_SETTINGS = (
-    "model",
-    "model_kind",
-    "served_model_name",
-    "chat_template",
-    "tool_parser",
-    "reasoning_parser",
-    "device",
-    "backend",
-    "max_prompt_len",
-    "min_response_len",
-    "cache_size",
-    "num_kv_blocks",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_prefix_caching",
-    "long_prefill_token_threshold",
-    "scoring_chunk_tokens",
-    "max_stop_strings",
-    "inference_precision",
-    "kv_cache_precision",
-    "num_threads",
-    "plugin_config",
-    "prompt_lookup",
-    "draft_model",
-    "draft_device",
-    "draft_cache_size",
-    "max_tokens_limit",
-    "max_running_sequences",
-    "max_queued_requests",
-    "max_prompts_per_request",
-    "max_choices_per_request",
-    "max_prompt_tokens_per_request",
-    "slow_reader_buffer",
-    "slow_reader_timeout",
-    "stream_interval",
-    "gil_free_step",
-)
-
-# OpenVINO properties that a setting of their own controls.
-OWN_SETTING_PROPERTIES = {
-    "INFERENCE_PRECISION_HINT": "inference_precision",
-    "KV_CACHE_PRECISION": "kv_cache_precision",
-    "INFERENCE_NUM_THREADS": "num_threads",
-}
+    model_config = ConfigDict(extra="forbid")
 
 
 def in_data_dir(settings: Settings, path: str | None) -> str | None:
@@ -425,12 +230,9 @@ class SettingsError(ValueError):
 
 def settings_from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Build settings from OVTRIO_* variables, with explicit overrides taking precedence."""
-    environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    for name in Settings.model_fields:
-        raw = environ.get(ENV_PREFIX + name.upper())
-        if raw is not None and raw != "":
-            values[name] = [raw] if is_list_setting(name) else raw
+    from ovtrio.settings.sources import environment_values  # pydantic-settings: only when settings are read
+
+    values = environment_values(os.environ if environ is None else environ)
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return Settings.model_validate(values)
