@@ -7,7 +7,7 @@ Builds a ContinuousBatchingPipeline for each setting below from the embedded mod
 converted IR (the server's model cache), and an LLMPipeline (the stateful backend),
 then lets them take turns generating one greedy 64-token reply (ignore_eos) to the same
 chat prompt. Prints each one's median output tok/s and its ratio to the defaults.
-Figures in the README's Benchmark section.
+Figures in docs/benchmarks.md.
 """
 
 from __future__ import annotations

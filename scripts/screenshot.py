@@ -1,4 +1,4 @@
-"""Screenshots of the playground for the README: the real page of a real server (the
+"""Screenshots of the playground for the README and docs: the real page of a real server (the
 embedded model), in headless Chromium (Debian's `chromium`, driven by Playwright).
 
     python scripts/screenshot.py            # writes docs/playground.png and docs/playground-dark.png
