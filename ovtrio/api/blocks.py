@@ -58,11 +58,11 @@ class BlockWriter(Generic[Block, Event]):
                 if self._calls.get(event.call) is not None and self.open is self._calls[event.call]:
                     written += self.close()
             elif isinstance(event, ChoiceFinished):
-                written += self.finished(event.reason)
+                written += self.choice_finished(event.reason)
             elif isinstance(event, Completed):
-                written += self.completed(event)
+                written += self.request_completed(event)
             elif isinstance(event, Failed):
-                written += self.failed(event)
+                written += self.request_failed(event)
         return written
 
     def text(self, kind: Kind, text: str) -> list[Event]:
@@ -110,12 +110,12 @@ class BlockWriter(Generic[Block, Event]):
         """`block` is complete: it takes its final form; the events saying so."""
         raise NotImplementedError
 
-    def finished(self, reason: str) -> list[Event]:
+    def choice_finished(self, reason: str) -> list[Event]:
         """The choice is over (`reason`: OpenAI's finish_reason)."""
         return self.close()
 
-    def completed(self, done: Completed) -> list[Event]:
+    def request_completed(self, done: Completed) -> list[Event]:
         raise NotImplementedError
 
-    def failed(self, failed: Failed) -> list[Event]:
+    def request_failed(self, failed: Failed) -> list[Event]:
         raise NotImplementedError

@@ -54,7 +54,13 @@ from ovtrio.api.responses.objects import (
     log_probs,
     snapshot,
 )
-from ovtrio.output import OutputEvent, Outcome, ResultCollector, TextDelta, ToolCallStarted
+from ovtrio.output import (
+    Outcome,
+    OutputEvent,
+    ResultCollector,
+    TextDelta,
+    ToolCallStarted,
+)
 from ovtrio.parsing.ids import new_id
 from ovtrio.scheduler import Completed, Failed
 
@@ -146,7 +152,7 @@ class ChoiceItems(BlockWriter[OutputItem, StreamEvent]):
         done = OutputItemEvent(type="response.output_item.done", output_index=where["output_index"], item=snapshot(item))
         return events + [done]
 
-    def finished(self, reason: str) -> list[StreamEvent]:
+    def choice_finished(self, reason: str) -> list[StreamEvent]:
         """The choice's items end; one that wrote nothing to show answers empty."""
         self.reason = reason
         events = self.close()
