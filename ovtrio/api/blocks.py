@@ -55,7 +55,7 @@ class BlockWriter(Generic[Block, Event]):
                 if block is not None and event.fragment:
                     written += self.grown(block, "call", event.fragment)
             elif isinstance(event, ToolCallDone):
-                if self._calls.get(event.call) is not None and self.open is self._calls[event.call]:
+                if self.open is not None and self.open is self._calls.get(event.call):
                     written += self.close()
             elif isinstance(event, ChoiceFinished):
                 written += self.choice_finished(event.reason)

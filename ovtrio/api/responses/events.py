@@ -20,8 +20,8 @@ so they may come with no text: while the message item is open they go out at onc
 output_text.delta with empty text, as chat sends a chunk with empty content); before it
 opens they wait for its first delta. A choice that made neither text nor a tool call
 still answers with an (empty) message item, which holds its log-probabilities; those
-that arrive once a message item is over, and those of a reply that only called tools,
-belong to no output text and are left out.
+that arrive after its last message item (a tool call's tokens), and those of a reply
+that only called tools, belong to no output text and are left out.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def message_status(finish_reason: str) -> str:
 
 
 class ChoiceItems(BlockWriter[OutputItem, StreamEvent]):
-    """One choice's output items (`items`), and the events that build them."""
+    """One choice's output items (`items`), and the events that build them. The
+request's end (Completed, Failed) is ResponseEvents' to write."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -82,7 +83,7 @@ class ChoiceItems(BlockWriter[OutputItem, StreamEvent]):
         self._text = ""  # of the open reasoning or message item
         self._logprobs: list[LogProb] = []  # of the open message item
         self._waiting: list[LogProb] = []  # for the message item's next delta
-        self.reason = "stop"
+        self.reason = "stop"  # the choice's finish_reason, once it has finished
         self._made_message = False
 
     def _where(self, item: OutputItem) -> dict[str, Any]:
@@ -158,8 +159,8 @@ class ChoiceItems(BlockWriter[OutputItem, StreamEvent]):
         events = self.close()
         if not self._made_message and not any(isinstance(item, FunctionCallItem) for item in self.items):
             events += self.begin("text")
-            if self._waiting:
-                events += self.grown(self.open, "text", "")  # type: ignore[arg-type]
+            if self._waiting and self.open is not None:
+                events += self.grown(self.open, "text", "")
             events += self.close()
         return events
 
