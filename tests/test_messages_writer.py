@@ -9,9 +9,10 @@ import random
 
 import pytest
 from messages_stream import walk
+from pydantic_core import to_jsonable_python
 
 from ovtrio.api.errors import APIError, api_error
-from ovtrio.api.messages.errors import error_body, status_of
+from ovtrio.api.messages.errors import error_event, status_of
 from ovtrio.api.messages.writer import MessageWriter
 from ovtrio.output import (
     ChoiceFinished,
@@ -34,7 +35,7 @@ def run(events: list, stops: tuple[str, ...] = (), batch: int = 1) -> tuple[list
     written = writer.opening()
     for at in range(0, len(events), batch):
         written += writer.write(events[at : at + batch])
-    return written, writer.message
+    return to_jsonable_python(written), to_jsonable_python(writer.message)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -96,7 +97,7 @@ def test_a_failure_after_the_stream_began_is_an_error_event():
 )
 def test_errors_take_anthropics_types_and_status_codes(error, status, kind):
     assert status_of(error) == status
-    assert error_body(error) == {"type": "error", "error": {"type": kind, "message": error.message}}
+    assert to_jsonable_python(error_event(error)) == {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
 def test_disable_parallel_tool_use_keeps_the_first_call():
@@ -106,9 +107,10 @@ def test_disable_parallel_tool_use_keeps_the_first_call():
                   ToolCallDone(0, call, f"call_{call}", name, "{}")]
     events = calls + [ChoiceFinished(0, "tool_calls"), Completed(7, 9)]
     writer = MessageWriter("msg_test", "model", 7, one_call=True)
-    written = writer.opening() + writer.write(events)
-    assert walk(written) == writer.message
-    assert [block["name"] for block in writer.message["content"]] == ["first"]
-    assert writer.message["stop_reason"] == "tool_use"
+    written = to_jsonable_python(writer.opening() + writer.write(events))
+    message = to_jsonable_python(writer.message)
+    assert walk(written) == message
+    assert [block["name"] for block in message["content"]] == ["first"]
+    assert message["stop_reason"] == "tool_use"
     _, both = run(events)
     assert [block["name"] for block in both["content"]] == ["first", "second"]

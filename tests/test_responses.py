@@ -276,6 +276,8 @@ def test_engine_failure_ends_the_stream_with_response_failed():
     """Pure logic (the engine fails only on faults the server cannot provoke from
     outside): an engine error mid-stream closes the open item and ends with a
     response.failed event that validates."""
+    from pydantic_core import to_jsonable_python
+
     from ovtrio.api.responses.events import ResponseEvents
     from ovtrio.output import TextDelta
     from ovtrio.scheduler import Failed
@@ -284,6 +286,7 @@ def test_engine_failure_ends_the_stream_with_response_failed():
     events = writer.opening()
     events += writer.write([TextDelta(0, "Hel")])
     events += writer.write([Failed("engine error", "engine_error")])
+    events = to_jsonable_python(events)
     for event in events:
         validate(event, "ResponseStreamEvent")
     assert [e["type"] for e in events][-4:] == [

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from pydantic_core import to_json
 from quart import Response
 
 from ovtrio.api.compact_json import compact_json
@@ -77,3 +78,9 @@ def sse_response(body: EventStream) -> Response:
 
 def joined(frame: Callable[[dict[str, Any]], bytes], bodies: list[dict[str, Any]]) -> bytes:
     return b"".join(frame(body) for body in bodies)
+
+
+def typed_frame(event: Any) -> bytes:
+    """A named event from a typed one (a dataclass with a `type`: Responses and Messages
+    events), written by pydantic's serializer."""
+    return b"event: " + event.type.encode() + b"\ndata: " + to_json(event) + b"\n\n"

@@ -10,13 +10,12 @@ cache: 503 elsewhere) answers 529 `overloaded_error`, Anthropic's word for it.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
+from pydantic_core import to_json
 from quart import Response
 
 from ovtrio.api import errors
 from ovtrio.api.errors import APIError
+from ovtrio.api.messages.objects import ErrorDetails, ErrorEvent
 
 PATHS = ("/v1/messages", "/v3/messages")
 
@@ -40,17 +39,15 @@ def status_of(error: APIError) -> int:
     return error.status
 
 
-def error_body(error: APIError) -> dict[str, Any]:
+def error_event(error: APIError) -> ErrorEvent:
     """The error object: a response body, and the stream's `error` event."""
     status = status_of(error)
     kind = _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
+    return ErrorEvent(error=ErrorDetails(type=kind, message=error.message))
 
 
 def error_response(error: APIError) -> Response:
-    response = Response(
-        json.dumps(error_body(error), ensure_ascii=False), status=status_of(error), mimetype="application/json"
-    )
+    response = Response(to_json(error_event(error)), status=status_of(error), mimetype="application/json")
     if error.retry_after is not None:
         response.headers["Retry-After"] = str(error.retry_after)
     return response

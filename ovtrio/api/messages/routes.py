@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic_core import to_jsonable_python
 from quart import Blueprint, Response
 
 from ovtrio.api.context import ready_model
@@ -27,7 +28,7 @@ async def create_message() -> Any:
     writer = MessageWriter(new_id("msg_"), model.name, ready.input_tokens, ready.stop_sequences, one_call)
     if body.stream:
         return Response(MessageStream.of(model.scheduler, ready, writer), mimetype="text/event-stream", headers=HEADERS)
-    return await unary_message(model.scheduler, ready, writer)
+    return to_jsonable_python(await unary_message(model.scheduler, ready, writer))
 
 
 @blueprint.post("/v3/messages/count_tokens")

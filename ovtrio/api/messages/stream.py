@@ -18,23 +18,23 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 import trio
 
 from ovtrio.api.errors import APIError, api_error
-from ovtrio.api.messages.errors import error_body
+from ovtrio.api.messages.errors import error_event
+from ovtrio.api.messages.objects import Message, Ping
 from ovtrio.api.messages.prepare import PreparedMessage
 from ovtrio.api.messages.writer import MessageWriter
 from ovtrio.api.generation import submitted
-from ovtrio.api.sse import joined, named_frame
+from ovtrio.api.sse import typed_frame
 from ovtrio.scheduler import GenerationScheduler
 
 PING_INTERVAL = 5.0
-PING = named_frame({"type": "ping"})
+PING = typed_frame(Ping())
 
 
-async def unary_message(scheduler: GenerationScheduler, ready: PreparedMessage, writer: MessageWriter) -> dict[str, Any]:
+async def unary_message(scheduler: GenerationScheduler, ready: PreparedMessage, writer: MessageWriter) -> Message:
     """Run the request to its end; the Message its events add up to."""
     async with submitted(scheduler, ready.generation) as stream:
         while messages := await stream.receive_available():
@@ -55,12 +55,12 @@ async def _produce(
             async with submitted(scheduler, ready.generation) as stream:
                 while messages := await stream.receive_available():
                     if bodies := writer.write(ready.stage.feed(messages)):
-                        await send.send(joined(named_frame, bodies))
+                        await send.send(b"".join(map(typed_frame, bodies)))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return  # the client is gone; leaving the submission cancelled the engine request
         except Exception as error:  # noqa: BLE001 (whatever fails, the client hears of it as an event)
             try:
-                await send.send(named_frame(error_body(api_error(error))))
+                await send.send(typed_frame(error_event(api_error(error))))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
@@ -69,7 +69,7 @@ async def _produce(
 async def _frames(
     scheduler: GenerationScheduler, ready: PreparedMessage, writer: MessageWriter, interval: float
 ) -> AsyncIterator[bytes]:
-    yield joined(named_frame, writer.opening())
+    yield b"".join(map(typed_frame, writer.opening()))
     send, receive = trio.open_memory_channel[bytes](0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_produce, scheduler, ready, writer, send)

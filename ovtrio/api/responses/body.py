@@ -1,62 +1,56 @@
-"""The Response object and its output items, laid out once for the streamed events
-(events.py) and the unary body alike."""
+"""The Response object, at every stage of its life: in_progress while it streams, then
+completed, incomplete or failed. Its output items are laid out by events.py, for a
+stream and a unary response alike.
+
+A pydantic model (made three times a response, so its cost does not matter) rather than
+a dataclass like the events, for `usage`, which OpenAI's spec has absent, never null,
+until the response has finished.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
-from ovtrio.api.chunks import logprob_entries
-from ovtrio.api.responses.protocol import ResponsesRequest
+from pydantic import BaseModel, Field
+
 from ovtrio.api.protocol import NamedToolChoice
-from ovtrio.parsing.ids import new_id
-from ovtrio.output import ChoiceResult, Outcome
+from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.scheduler import Completed
 
 
-def reasoning_item(item_id: str, summary: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"id": item_id, "type": "reasoning", "summary": summary}
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens: int
+    output_tokens_details: dict[str, int]
+    total_tokens: int
 
 
-def summary_part(text: str) -> dict[str, Any]:
-    return {"type": "summary_text", "text": text}
-
-
-def message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
-
-
-def text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
-
-
-def function_call_item(item_id: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
-
-
-def message_status(finish_reason: str) -> str:
-    return "incomplete" if finish_reason == "length" else "completed"
-
-
-def output_items(result: ChoiceResult, logprobs: bool) -> list[dict[str, Any]]:
-    """A finished choice as output items: reasoning, message, function calls."""
-    items: list[dict[str, Any]] = []
-    if result.reasoning:
-        items.append(reasoning_item(new_id("rs_"), [summary_part(result.reasoning)]))
-    if result.text or not result.tool_calls:
-        entries = logprob_entries(result.logprobs or []) if logprobs else []
-        items.append(message_item(new_id("msg_"), message_status(result.finish_reason), [text_part(result.text, entries)]))
-    for call in result.tool_calls:
-        items.append(function_call_item(new_id("fc_"), "completed", call.id, call.name, call.arguments))
-    return items
-
-
-def unary_response(envelope: Any, outcome: Outcome, logprobs: bool) -> dict[str, Any]:
-    """The whole response of a unary request. `envelope` is response_envelope with the
-    request's part bound."""
-    incomplete = any(result.finish_reason == "length" for result in outcome.choices)
-    output = [item for result in outcome.choices for item in output_items(result, logprobs)]
-    return envelope("incomplete" if incomplete else "completed", output, outcome.usage, incomplete, None)
+class Response(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    completed_at: int | None
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    error: dict[str, str] | None
+    incomplete_details: dict[str, str] | None
+    instructions: str | None
+    max_output_tokens: int | None
+    model: str
+    output: list[Any]  # objects.OutputItem, as they are: already typed, not revalidated
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    reasoning: dict[str, Any] | None
+    store: bool
+    temperature: float
+    text: dict[str, Any]
+    tool_choice: Any
+    tools: list[dict[str, Any]]
+    top_p: float
+    truncation: Literal["disabled"] = "disabled"
+    metadata: Any
+    usage: ResponseUsage | None = Field(default=None, exclude_if=lambda usage: usage is None)
 
 
 def _tool_choice(body: ResponsesRequest) -> Any:
@@ -95,42 +89,42 @@ def response_envelope(
     created_at: int,
     model: str,
     status: str,
-    output: list[dict[str, Any]],
+    output: list[Any],
     usage: Completed | None,
     incomplete: bool,
-    error: dict[str, Any] | None,
-) -> dict[str, Any]:
+    error: dict[str, str] | None,
+) -> Response:
     """The Response object, at any stage of its life (in_progress while streaming)."""
-    response = {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "completed_at": int(time.time()) if status in ("completed", "incomplete") else None,
-        "status": status,
-        "error": error,
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "instructions": body.instructions,
-        "max_output_tokens": body.max_output_tokens,
-        "model": model,
-        "output": list(output),
-        "parallel_tool_calls": body.parallel_tool_calls is not False,
-        "previous_response_id": body.previous_response_id,
-        "reasoning": {"effort": body.reasoning.effort, "summary": None} if body.reasoning else None,
-        "store": body.store,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "text": {"format": _text_format(body)},
-        "tool_choice": _tool_choice(body),
-        "tools": _tools(body),
-        "top_p": 1.0 if body.top_p is None else body.top_p,
-        "truncation": "disabled",
-        "metadata": body.metadata or {},
-    }
-    if usage is not None:
-        response["usage"] = {
-            "input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        }
-    return response
+    return Response(
+        id=response_id,
+        created_at=created_at,
+        completed_at=int(time.time()) if status in ("completed", "incomplete") else None,
+        status=status,
+        error=error,
+        incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+        instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens,
+        model=model,
+        output=list(output),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        previous_response_id=body.previous_response_id,
+        reasoning={"effort": body.reasoning.effort, "summary": None} if body.reasoning else None,
+        store=body.store,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        text={"format": _text_format(body)},
+        tool_choice=_tool_choice(body),
+        tools=_tools(body),
+        top_p=1.0 if body.top_p is None else body.top_p,
+        metadata=body.metadata or {},
+        usage=None if usage is None else _usage(usage),
+    )
+
+
+def _usage(done: Completed) -> ResponseUsage:
+    return ResponseUsage(
+        input_tokens=done.prompt_tokens,
+        input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
+        output_tokens=done.completion_tokens,
+        output_tokens_details={"reasoning_tokens": 0},
+        total_tokens=done.prompt_tokens + done.completion_tokens,
+    )

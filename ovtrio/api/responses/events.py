@@ -1,5 +1,6 @@
-"""The Responses API's stream: output events written as `response.*` events, in the
-order OpenAI and OVMS document, each with a strictly increasing sequence_number.
+"""The Responses API's output, laid out once for a stream and a unary response alike:
+output events in, output items and `response.*` events out, in the order OpenAI and
+OVMS document, each with a strictly increasing sequence_number.
 
     response.created, response.in_progress,
     [reasoning item: output_item.added, reasoning_summary_part.added,
@@ -10,7 +11,17 @@ order OpenAI and OVMS document, each with a strictly increasing sequence_number.
      output_item.done]*
     response.completed | response.incomplete | response.failed
 
-The same events go out over SSE and the WebSocket.
+The same events go out over SSE and the WebSocket; a unary response is the Response the
+events end with (its events unsent), so the two cannot disagree.
+
+Log-probabilities go with the message item's text. A TextDelta's cover every token
+generated since the previous one, including those that became reasoning or tool calls,
+so they may come with no text: while the message item is open they go out at once (an
+output_text.delta with empty text, as chat sends a chunk with empty content); before it
+opens they wait for its first delta. A choice that made neither text nor a tool call
+still answers with an (empty) message item, which holds its log-probabilities; those
+that arrive after its last message item (a tool call's tokens), and those of a reply
+that only called tools, belong to no output text and are left out.
 """
 
 from __future__ import annotations
@@ -18,169 +29,199 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ovtrio.api.chunks import logprob_entries
+from ovtrio.api.blocks import BlockWriter, Kind
 from ovtrio.api.errors import api_error
-from ovtrio.api.responses.body import (
-    function_call_item,
-    message_item,
-    message_status,
-    reasoning_item,
-    summary_part,
-    text_part,
+from ovtrio.api.responses.body import Response
+from ovtrio.api.responses.objects import (
+    ArgumentsDelta,
+    ArgumentsDone,
+    ContentPartEvent,
+    FunctionCallItem,
+    LogProb,
+    MessageItem,
+    OutputItem,
+    OutputItemEvent,
+    OutputText,
+    OutputTextDelta,
+    OutputTextDone,
+    ReasoningItem,
+    ResponseStateEvent,
+    StreamEvent,
+    SummaryPartEvent,
+    SummaryText,
+    SummaryTextDelta,
+    SummaryTextDone,
+    log_probs,
+    snapshot,
 )
-from ovtrio.parsing.ids import new_id
 from ovtrio.output import (
-    ChoiceFinished,
+    Outcome,
     OutputEvent,
-    ReasoningDelta,
+    ResultCollector,
     TextDelta,
-    ToolCallArguments,
-    ToolCallDone,
     ToolCallStarted,
 )
+from ovtrio.parsing.ids import new_id
 from ovtrio.scheduler import Completed, Failed
 
-Envelope = Callable[..., dict[str, Any]]
+# envelope(status, output, usage, incomplete, error): body.response_envelope with the
+# request's part bound.
+Envelope = Callable[..., Response]
+
+
+def message_status(finish_reason: str) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+class ChoiceItems(BlockWriter[OutputItem, StreamEvent]):
+    """One choice's output items (`items`), and the events that build them. The
+request's end (Completed, Failed) is ResponseEvents' to write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.items: list[OutputItem] = []
+        self._text = ""  # of the open reasoning or message item
+        self._logprobs: list[LogProb] = []  # of the open message item
+        self._waiting: list[LogProb] = []  # for the message item's next delta
+        self.reason = "stop"  # the choice's finish_reason, once it has finished
+        self._made_message = False
+
+    def _where(self, item: OutputItem) -> dict[str, Any]:
+        index = next(i for i, each in enumerate(self.items) if each is item)
+        return {"item_id": item.id, "output_index": index}
+
+    def content(self, delta: TextDelta) -> list[StreamEvent]:
+        self._waiting += log_probs(delta.logprobs)
+        if delta.text:
+            return self.text("text", delta.text)
+        if self._waiting and self.open_kind == "text":
+            assert self.open is not None
+            return self.grown(self.open, "text", "")
+        return []
+
+    def new_block(self, kind: Kind, call: ToolCallStarted | None) -> OutputItem:
+        item: OutputItem
+        if call is not None:
+            item = FunctionCallItem(id=new_id("fc_"), call_id=call.id, name=call.name)
+        elif kind == "reasoning":
+            item = ReasoningItem(id=new_id("rs_"))
+        else:
+            item = MessageItem(id=new_id("msg_"))
+            self._made_message = True
+        self.items.append(item)
+        return item
+
+    def started(self, item: OutputItem, kind: Kind) -> list[StreamEvent]:
+        added = OutputItemEvent(type="response.output_item.added", output_index=len(self.items) - 1, item=snapshot(item))
+        where = self._where(item)
+        if isinstance(item, ReasoningItem):
+            return [added, SummaryPartEvent(type="response.reasoning_summary_part.added", **where, part=SummaryText(text=""))]
+        if isinstance(item, MessageItem):
+            return [added, ContentPartEvent(type="response.content_part.added", **where, part=OutputText(text=""))]
+        return [added]
+
+    def grown(self, item: OutputItem, kind: Kind, text: str) -> list[StreamEvent]:
+        where = self._where(item)
+        if isinstance(item, FunctionCallItem):
+            item.arguments += text
+            return [ArgumentsDelta(**where, delta=text)]
+        self._text += text
+        if isinstance(item, ReasoningItem):
+            return [SummaryTextDelta(**where, delta=text)]
+        logprobs, self._waiting = self._waiting, []
+        self._logprobs += logprobs
+        return [OutputTextDelta(**where, delta=text, logprobs=logprobs)]
+
+    def closed(self, item: OutputItem, kind: Kind) -> list[StreamEvent]:
+        where = self._where(item)
+        events: list[StreamEvent] = []
+        if isinstance(item, ReasoningItem):
+            summary = SummaryText(text=self._text)
+            events.append(SummaryTextDone(**where, text=self._text))
+            events.append(SummaryPartEvent(type="response.reasoning_summary_part.done", **where, part=summary))
+            item.summary = [summary]
+        elif isinstance(item, MessageItem):
+            part = OutputText(text=self._text, logprobs=self._logprobs)
+            events.append(OutputTextDone(**where, text=self._text, logprobs=self._logprobs))
+            events.append(ContentPartEvent(type="response.content_part.done", **where, part=part))
+            item.content = [part]
+            item.status = message_status(self.reason)
+        else:
+            events.append(ArgumentsDone(**where, name=item.name, arguments=item.arguments))
+            item.status = "completed"
+        self._text, self._logprobs = "", []
+        done = OutputItemEvent(type="response.output_item.done", output_index=where["output_index"], item=snapshot(item))
+        return events + [done]
+
+    def choice_finished(self, reason: str) -> list[StreamEvent]:
+        """The choice's items end; one that wrote nothing to show answers empty."""
+        self.reason = reason
+        events = self.close()
+        if not self._made_message and not any(isinstance(item, FunctionCallItem) for item in self.items):
+            events += self.begin("text")
+            if self._waiting and self.open is not None:
+                events += self.grown(self.open, "text", "")
+            events += self.close()
+        return events
 
 
 class ResponseEvents:
-    """One streamed response. `envelope(status, output, usage, incomplete, error)` makes
-    the response object the created/completed events carry; `final` is that object once
-    the response completed (for the caller to store)."""
+    """One response's events (`opening`, then `write` as output events arrive). Once
+    the request has ended, `final` is the Response and `outcome` its typed aggregate
+    (or `failure` says why it failed). A stream has one choice; a unary response's
+    items are its choices', in order."""
 
-    def __init__(self, envelope: Envelope) -> None:
+    def __init__(self, envelope: Envelope, choices: int = 1) -> None:
         self._envelope = envelope
-        self.final: dict[str, Any] | None = None
+        self._choices = [ChoiceItems() for _ in range(choices)]
+        self._results = ResultCollector(choices)
         self._sequence = 0
-        self._output: list[dict[str, Any]] = []
-        self._open: dict[str, Any] | None = None  # the item being written
-        self._text = ""  # of the open reasoning or message item
-        self._logprobs: list[dict[str, Any]] = []  # of the open message item
-        self._calls: dict[tuple[int, int], dict[str, Any]] = {}  # (choice, call) -> its item
-        self._reason = "stop"
+        self.final: Response | None = None
+        self.outcome: Outcome | None = None
+        self.failure: Failed | None = None
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        event = {"type": kind, "sequence_number": self._sequence, **fields}
-        self._sequence += 1
-        return event
+    @property
+    def output(self) -> list[OutputItem]:
+        return [item for choice in self._choices for item in choice.items]
 
-    def opening(self) -> list[dict[str, Any]]:
-        response = self._envelope("in_progress", [], None, False, None)
-        return [self._event("response.created", response=response), self._event("response.in_progress", response=response)]
-
-    def write(self, events: list[OutputEvent]) -> list[dict[str, Any]]:
-        written: list[dict[str, Any]] = []
+    def _numbered(self, events: list[StreamEvent]) -> list[StreamEvent]:
         for event in events:
-            if isinstance(event, ReasoningDelta):
-                written += self._reasoning(event.text)
-            elif isinstance(event, TextDelta):
-                if event.text:
-                    written += self._message_text(event.text, logprob_entries(event.logprobs or []))
-            elif isinstance(event, ToolCallStarted):
-                written += self._call_started(event)
-            elif isinstance(event, ToolCallArguments):
-                written += self._call_arguments(event)
-            elif isinstance(event, ToolCallDone):
-                if self._open is self._calls.get((event.choice, event.call)):
-                    written += self._close()
-            elif isinstance(event, ChoiceFinished):
-                self._reason = event.reason
-            elif isinstance(event, Completed):
+            event.sequence_number = self._sequence
+            self._sequence += 1
+        return events
+
+    def opening(self) -> list[StreamEvent]:
+        response = self._envelope("in_progress", [], None, False, None)
+        return self._numbered(
+            [ResponseStateEvent(type="response.created", response=response),
+             ResponseStateEvent(type="response.in_progress", response=response)]
+        )
+
+    def write(self, events: list[OutputEvent]) -> list[StreamEvent]:
+        written: list[StreamEvent] = []
+        for event in events:
+            if isinstance(event, Completed):
                 written += self._complete(event)
             elif isinstance(event, Failed):
                 written += self._fail(event)
-        return written
+            else:
+                written += self._choices[event.choice].write([event])
+        ended = self._results.add(events)
+        if isinstance(ended, Outcome):
+            self.outcome = ended
+        return self._numbered(written)
 
-    # ---- items --------------------------------------------------------------------------
-
-    def _add(self, item: dict[str, Any]) -> dict[str, Any]:
-        self._output.append(item)
-        self._open = item
-        return self._event("response.output_item.added", output_index=len(self._output) - 1, item=dict(item))
-
-    def _where(self, item: dict[str, Any]) -> dict[str, Any]:
-        index = next(i for i, each in enumerate(self._output) if each is item)
-        return {"item_id": item["id"], "output_index": index}
-
-    def _reasoning(self, text: str) -> list[dict[str, Any]]:
-        events = []
-        if self._open is None or self._open["type"] != "reasoning":
-            events += self._close()
-            events.append(self._add(reasoning_item(new_id("rs_"), [])))
-            where = self._where(self._open)
-            events.append(self._event("response.reasoning_summary_part.added", **where, summary_index=0, part=summary_part("")))
-        self._text += text
-        where = self._where(self._open)
-        events.append(self._event("response.reasoning_summary_text.delta", **where, summary_index=0, delta=text))
-        return events
-
-    def _message_text(self, text: str, logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        events = []
-        if self._open is None or self._open["type"] != "message":
-            events += self._close()
-            events.append(self._add(message_item(new_id("msg_"), "in_progress", [])))
-            where = self._where(self._open)
-            events.append(self._event("response.content_part.added", **where, content_index=0, part=text_part("", [])))
-        self._text += text
-        self._logprobs += logprobs
-        where = self._where(self._open)
-        events.append(self._event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=logprobs))
-        return events
-
-    def _call_started(self, call: ToolCallStarted) -> list[dict[str, Any]]:
-        events = self._close()
-        item = function_call_item(new_id("fc_"), "in_progress", call.id, call.name, "")
-        self._calls[(call.choice, call.call)] = item
-        events.append(self._add(item))
-        return events
-
-    def _call_arguments(self, fragment: ToolCallArguments) -> list[dict[str, Any]]:
-        item = self._calls[(fragment.choice, fragment.call)]
-        item["arguments"] += fragment.fragment
-        return [self._event("response.function_call_arguments.delta", **self._where(item), delta=fragment.fragment)]
-
-    def _close(self) -> list[dict[str, Any]]:
-        """The closing events of the open item, which then takes its final form."""
-        item, self._open = self._open, None
-        if item is None:
-            return []
-        where = self._where(item)
-        events = []
-        if item["type"] == "reasoning":
-            part = summary_part(self._text)
-            events.append(self._event("response.reasoning_summary_text.done", **where, summary_index=0, text=self._text))
-            events.append(self._event("response.reasoning_summary_part.done", **where, summary_index=0, part=part))
-            item["summary"] = [part]
-        elif item["type"] == "message":
-            part = text_part(self._text, self._logprobs)
-            events.append(
-                self._event("response.output_text.done", **where, content_index=0, text=self._text, logprobs=self._logprobs)
-            )
-            events.append(self._event("response.content_part.done", **where, content_index=0, part=part))
-            item["content"] = [part]
-            item["status"] = message_status(self._reason)
-        else:
-            events.append(
-                self._event("response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"])
-            )
-            item["status"] = "completed"
-        self._text, self._logprobs = "", []
-        events.append(self._event("response.output_item.done", output_index=where["output_index"], item=dict(item)))
-        return events
-
-    # ---- the end --------------------------------------------------------------------------
-
-    def _complete(self, usage: Completed) -> list[dict[str, Any]]:
-        events = self._close()
-        incomplete = self._reason == "length"
+    def _complete(self, usage: Completed) -> list[StreamEvent]:
+        events = [event for choice in self._choices for event in choice.close()]
+        incomplete = any(choice.reason == "length" for choice in self._choices)
         status = "incomplete" if incomplete else "completed"
-        response = self._envelope(status, self._output, usage, incomplete, None)
-        events.append(self._event(f"response.{status}", response=response))
-        self.final = response
-        return events
+        self.final = self._envelope(status, self.output, usage, incomplete, None)
+        return events + [ResponseStateEvent(type=f"response.{status}", response=self.final)]
 
-    def _fail(self, failed: Failed) -> list[dict[str, Any]]:
-        events = self._close()
-        failure = {"code": "server_error", "message": api_error(failed).message}
-        events.append(self._event("response.failed", response=self._envelope("failed", self._output, None, False, failure)))
-        return events
+    def _fail(self, failed: Failed) -> list[StreamEvent]:
+        self.failure = failed
+        events = [event for choice in self._choices for event in choice.close()]
+        error = {"code": "server_error", "message": api_error(failed).message}
+        response = self._envelope("failed", self.output, None, False, error)
+        return events + [ResponseStateEvent(type="response.failed", response=response)]
+

@@ -2,25 +2,29 @@
 (GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items).
 
 A response runs through the chat pipeline (chat template, tools, structured output,
-reasoning and tool-call parsing); its output events are then laid out as a Response
-object (body.py) or streamed as `response.*` events (events.py).
+reasoning and tool-call parsing); its output events are then laid out as `response.*`
+events (events.py), streamed, or ending in the Response a unary request is answered
+with (running.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+from pydantic_core import to_jsonable_python
 from quart import Blueprint, request
 
 from ovtrio.api.context import response_store
 from ovtrio.api.errors import invalid
-from ovtrio.api.generation import accept, event_stream, unary_outcome
-from ovtrio.api.responses.body import unary_response
+from ovtrio.api.generation import accept, submitted
 from ovtrio.api.responses.events import ResponseEvents
-from ovtrio.api.responses.prepare import not_found, prepare, store_response
+from ovtrio.api.responses.prepare import not_found, prepare
 from ovtrio.api.responses.protocol import ResponsesRequest
+from ovtrio.api.responses.running import response_events, unary_response
 from ovtrio.api.responses.store import StoredResponse
-from ovtrio.api.sse import named_frame
+from ovtrio.api.sse import DONE, EventStream, sse_response, typed_frame
+from ovtrio.scheduler import RequestStream
 
 blueprint = Blueprint("responses", __name__)
 
@@ -31,21 +35,17 @@ async def create_response() -> Any:
     body, model = await accept(ResponsesRequest)
     store = response_store()
     ready = await prepare(model, body, store)
-    if body.stream:
+    stores = [store] if body.store else []
+    if not body.stream:
+        return to_jsonable_python(await unary_response(model.scheduler, ready, stores))
+
+    async def frames(stream: RequestStream) -> AsyncIterator[bytes]:
         writer = ResponseEvents(ready.envelope)
-        stored: list[dict[str, Any]] = []
+        async for events in response_events(stream, ready, writer, stores):
+            yield b"".join(map(typed_frame, events))
+        yield DONE
 
-        async def keep() -> None:
-            if body.store and writer.final is not None and not stored:
-                stored.append(writer.final)
-                await store_response(store, ready, writer.final)
-
-        return await event_stream(model, ready.generation, ready.stage, writer, named_frame, settle=keep)
-    outcome = await unary_outcome(model, ready.generation, ready.stage, body.n)
-    response = unary_response(ready.envelope, outcome, body.logprobs)
-    if body.store:
-        await store_response(store, ready, response)
-    return response
+    return sse_response(await EventStream(submitted(model.scheduler, ready.generation), frames).open())
 
 
 async def _stored(response_id: str) -> StoredResponse:

@@ -32,23 +32,22 @@ import logging
 
 import math
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any
 
 import h11
 import trio
 from pydantic import ValidationError
-from pydantic_core import from_json
+from pydantic_core import from_json, to_json, to_jsonable_python
 from quart import Blueprint, websocket
 
 from ovtrio.api.auth import offered_subprotocols, socket_subprotocol
-from ovtrio.api.compact_json import compact_json
 from ovtrio.api.context import generation_model, model_registry, response_store, socket_limits
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
-from ovtrio.api.generation import submitted, written
+from ovtrio.api.generation import submitted
 from ovtrio.api.responses.events import ResponseEvents
-from ovtrio.api.responses.prepare import PreparedResponse, prepare, store_response
+from ovtrio.api.responses.prepare import PreparedResponse, prepare
 from ovtrio.api.responses.protocol import ResponsesRequest
+from ovtrio.api.responses.running import response_events
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.scheduler import GenerationScheduler
 from ovtrio.api.responses.oversized_message import OversizedMessage
@@ -77,7 +76,7 @@ async def responses_socket() -> None:
         return
     limits = socket_limits()
     idle = IdleClock(limits.idle_timeout)
-    send, receive = trio.open_memory_channel[dict[str, Any]](OUTGOING_EVENTS)
+    send, receive = trio.open_memory_channel[str](OUTGOING_EVENTS)
     async with trio.open_nursery() as connection:
         connection.start_soon(_write, receive)
         async with send:  # closed once the responses are over, so the writer ends
@@ -93,7 +92,7 @@ async def responses_socket() -> None:
             if not idle.expired:
                 # This socket's responses have finished or been cut by now: say why the
                 # socket closes, then close it.
-                await send.send(shutting_down().event())
+                await send.send(frame_text(shutting_down().event()))
     if idle.expired:
         await websocket.close(1000, f"idle for {limits.idle_timeout:g} s")
     else:
@@ -143,7 +142,7 @@ async def _stop_at_end_of_drain(reading: trio.CancelScope) -> None:
 
 
 async def _serve_frames(
-    responses: trio.Nursery, send: trio.MemorySendChannel[dict[str, Any]], max_bytes: int, idle: IdleClock
+    responses: trio.Nursery, send: trio.MemorySendChannel[str], max_bytes: int, idle: IdleClock
 ) -> None:
     """Read response.create frames until the socket is idle too long, each response a
     task of `responses`."""
@@ -157,31 +156,40 @@ async def _serve_frames(
         except Exception as error:  # whatever a frame does, the socket stays usable
             request = api_error(error)
         if isinstance(request, APIError):
-            await send.send(request.event())
+            await send.send(frame_text(request.event()))
             continue
         stream_id, body = request
         if idle.running >= MAX_IN_FLIGHT:
             busy = APIError(
                 429, f"At most {MAX_IN_FLIGHT} responses may run at once on one socket.", code="too_many_responses"
             )
-            await send.send(busy.event(stream_id))
+            await send.send(frame_text(busy.event(stream_id)))
             continue
         try:
             model = generation_model(body.model)
             model.scheduler.check_capacity()
             ready = await prepare(model, body, local, response_store())
         except REQUEST_ERRORS as error:
-            await send.send(api_error(error).event(stream_id))
+            await send.send(frame_text(api_error(error).event(stream_id)))
             continue
-        keep = partial(_keep, ready, local, response_store())
+        # Every response stays on the socket for chaining; stored ones also server-wide.
+        stores = [local, response_store()] if body.store else [local]
         idle.response_started()
-        responses.start_soon(_run, model.scheduler, ready, keep, stream_id, send.clone(), idle.response_ended)
+        responses.start_soon(_run, model.scheduler, ready, stores, stream_id, send.clone(), idle.response_ended)
 
 
-async def _write(receive: trio.MemoryReceiveChannel[dict[str, Any]]) -> None:
+def frame_text(event: Any, stream_id: Any = None) -> str:
+    """An event (typed, or an error's dict) as a text frame, with the stream_id of the
+    response it belongs to when it has one."""
+    if stream_id is not None:
+        event = {**to_jsonable_python(event), "stream_id": stream_id}
+    return to_json(event).decode()
+
+
+async def _write(receive: trio.MemoryReceiveChannel[str]) -> None:
     async with receive:
-        async for event in receive:
-            await websocket.send(compact_json(event))
+        async for text in receive:
+            await websocket.send(text)
 
 
 def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[Any, ResponsesRequest]:
@@ -213,35 +221,23 @@ def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[Any, Res
         return api_error(error)
 
 
-async def _keep(ready: PreparedResponse, local: ResponseStore, shared: ResponseStore, response: dict[str, Any]) -> None:
-    """Every response stays on the socket for chaining; stored ones also server-wide."""
-    await store_response(local, ready, response)
-    if ready.body.store:
-        await store_response(shared, ready, response)
-
-
 async def _run(
     scheduler: GenerationScheduler,
     ready: PreparedResponse,
-    keep: Callable[[dict[str, Any]], Awaitable[None]],
+    stores: list[ResponseStore],
     stream_id: Any,
-    send: trio.MemorySendChannel[dict[str, Any]],
+    send: trio.MemorySendChannel[str],
     done: Callable[[], None],
 ) -> None:
     async with send:
         try:
             async with submitted(scheduler, ready.generation) as stream:
-                writer, stored = ResponseEvents(ready.envelope), False
-                async for events in written(stream, ready.stage, writer):
-                    if writer.final is not None and not stored:  # stored before the client hears it ended
-                        stored = True
-                        await keep(writer.final)
+                writer = ResponseEvents(ready.envelope)
+                async for events in response_events(stream, ready, writer, stores):
                     for event in events:
-                        if stream_id is not None:
-                            event["stream_id"] = stream_id
-                        await send.send(event)
+                        await send.send(frame_text(event, stream_id))
         except REQUEST_ERRORS as error:  # refused as the request was submitted (overloaded) or added
-            await send.send(api_error(error).event(stream_id))
+            await send.send(frame_text(api_error(error).event(stream_id)))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the socket is gone; leaving the with-block cancelled the engine request
         finally:
