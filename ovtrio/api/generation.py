@@ -12,7 +12,7 @@ one for chat and completions).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
@@ -179,19 +179,13 @@ async def event_stream(
     generation: GenerationRequest,
     stage: OutputStage,
     writer: Writer,
-    frame: Callable[[dict[str, Any]], bytes] = data_frame,
-    settle: Callable[[], Awaitable[None]] | None = None,
 ) -> Response:
-    """The writer's bodies as server-sent events, each made by `frame`: data-only for
-    chat and completion chunks, named for Responses events. `settle`, if given, is
-    awaited before each batch goes out (the Responses API stores a completed response
-    before the client hears that it ended)."""
+    """The writer's chat or completion chunks as data-only server-sent events (the
+    Responses API's named events are streamed by ovtrio/api/responses/running.py)."""
 
     async def frames(stream: RequestStream) -> AsyncIterator[bytes]:
         async for bodies in written(stream, stage, writer):
-            if settle is not None:
-                await settle()
-            yield joined(frame, bodies)
+            yield joined(data_frame, bodies)
         yield DONE
 
     return sse_response(await EventStream(submitted(model.scheduler, generation), frames).open())
