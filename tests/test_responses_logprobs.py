@@ -58,3 +58,28 @@ def test_streamed_and_unary_logprobs_agree(server, case):
     for entries in (deltas, done, part_done, final):
         assert tokens(entries) == tokens(unary_entries)
         assert values(entries) == pytest.approx(values(unary_entries), abs=1e-3)
+
+
+def test_include_output_text_logprobs_asks_for_them(server):
+    """OpenAI's way to ask (`include`) gives what `logprobs: true` gives."""
+    case = CASES["truncated"]
+    by_flag = post(server.base_url, "/v1/responses", {"model": MODEL, "temperature": 0, "logprobs": True, **case})
+    by_include = post(
+        server.base_url,
+        "/v1/responses",
+        {"model": MODEL, "temperature": 0, "include": ["message.output_text.logprobs"], **case},
+    )
+    assert by_flag.status_code == by_include.status_code == 200, by_include.text
+    expected = by_flag.json()["output"][-1]["content"][0]["logprobs"]
+    got = by_include.json()["output"][-1]["content"][0]["logprobs"]
+    assert len(got) == len(expected) > 0
+    assert tokens(got) == tokens(expected)
+    assert values(got) == pytest.approx(values(expected), abs=1e-3)
+    plain = post(server.base_url, "/v1/responses", {"model": MODEL, "temperature": 0, **case}).json()
+    assert plain["output"][-1]["content"][0].get("logprobs") in (None, [])
+
+
+def test_an_unknown_include_value_is_refused(server):
+    reply = post(server.base_url, "/v1/responses", {"model": MODEL, "input": "hi", "include": ["message.everything"]})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"].startswith("include")

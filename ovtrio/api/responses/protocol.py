@@ -59,6 +59,18 @@ class TextOptions(Body):
     verbosity: str | None = None  # accepted, ignored
 
 
+IncludeValue = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+]
+
+
 class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
     prompt_field: ClassVar[str] = "input"
 
@@ -68,6 +80,10 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
     text: TextOptions | None = None
     response_format: dict[str, Any] | None = None
     logprobs: bool = False
+    # OpenAI's way to ask for logprobs is include "message.output_text.logprobs"; the
+    # other values name items this server never makes, or a field it leaves out
+    # (reasoning.encrypted_content: reasoning is returned in the clear).
+    include: list[IncludeValue] | None = None
     # Served on chat and completions; here only 0, rather than an empty list in silence.
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     store: bool = True
@@ -105,7 +121,7 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
         return self.max_output_tokens, "max_output_tokens"
 
     def wants_logprobs(self) -> bool:
-        return self.logprobs
+        return self.logprobs or "message.output_text.logprobs" in (self.include or ())
 
     def items(self) -> list[InputItem]:
         if isinstance(self.input, str):
