@@ -8,7 +8,7 @@ the requests they take on (submission, draining, slow readers) in intake.py. Kno
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting
-from ovtrio.scheduler.interface import GenerationScheduler
+from ovtrio.scheduler.interface import GenerationScheduler, SchedulerStats, waiting_requests
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import (
@@ -16,12 +16,14 @@ from ovtrio.scheduler.params import (
     TextPrompt,
     OutputConstraint,
     SamplingParams,
+    SpeculativeDecoding,
     TaggedRegion,
     UnsupportedParams,
     check_params,
+    sequences_per_prompt,
 )
 from ovtrio.scheduler.requests import RequestStream
-from ovtrio.scheduler.scheduler import Scheduler, SchedulerStats, waiting_requests
+from ovtrio.scheduler.scheduler import Scheduler
 from ovtrio.scheduler.stateful import StatefulScheduler
 
 __all__ = [
@@ -43,9 +45,11 @@ __all__ = [
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",
+    "SpeculativeDecoding",
     "StatefulScheduler",
     "TaggedRegion",
     "UnsupportedParams",
     "check_params",
+    "sequences_per_prompt",
     "waiting_requests",
 ]
