@@ -53,11 +53,6 @@ class Decisions:
     def end(self, request_id: int, outcome: str) -> None:
         self.ends.setdefault(request_id, outcome)
 
-    def extend(self, other: Decisions) -> None:
-        self.cancels += other.cancels
-        for request_id, outcome in other.ends.items():
-            self.end(request_id, outcome)
-
 
 def _finish_reason_names() -> dict[Any, str]:
     import openvino_genai

@@ -6,7 +6,8 @@ thread, it stops the event loop for that long: /health, new connections and ever
 stream's writes wait for the step. So the loop task hands each step to a worker thread
 (step_thread.py) and awaits it, and the step releases the GIL (engine_step.py), so the
 event loop keeps serving while the engine computes. With a step that holds the GIL (the
-binding's, when the GIL-free route is off or fails its checks), the thread changes
+binding's, when the GIL-free route is off or fails its checks, and for the first step of
+a request whose settings were never stepped before, see stepping.py), the thread changes
 nothing: the loop pauses during each step, as it did when it stepped inline.
 
 The order, with a GIL-free step: the loop adds the requests submitted meanwhile and

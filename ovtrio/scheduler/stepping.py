@@ -35,8 +35,9 @@ from typing import Any
 from ovtrio.scheduler.params import SamplingParams
 from ovtrio.scheduler.requests import EngineRequest
 
-# Settings (and constraints) remembered as stepped without a fault; the oldest are
-# forgotten past this many (a client sending a new schema with every request).
+# Settings (and constraints) remembered as stepped without a fault, by hash (a schema
+# can be large); the oldest are forgotten past this many (a client sending a new schema
+# with every request).
 REMEMBERED = 4096
 
 
@@ -85,8 +86,8 @@ class FirstSteps:
     (choose_stepping)."""
 
     def __init__(self) -> None:
-        self._due: dict[EngineRequest, Hashable] = {}
-        self._proven: dict[Hashable, None] = {}  # insertion-ordered: oldest first
+        self._due: dict[EngineRequest, int] = {}
+        self._proven: dict[int, None] = {}  # hashes of first_step_key, oldest first
 
     @property
     def due(self) -> bool:
@@ -94,7 +95,7 @@ class FirstSteps:
 
     def added(self, part: EngineRequest, params: SamplingParams) -> EngineRequest:
         """Register an engine request just added (between steps); returns it."""
-        key = first_step_key(params)
+        key = hash(first_step_key(params))
         if key not in self._proven:
             self._due[part] = key
         return part
@@ -113,7 +114,7 @@ class FirstSteps:
                 continue
             del self._due[part]
 
-    def _prove(self, key: Hashable) -> None:
+    def _prove(self, key: int) -> None:
         self._proven[key] = None
         if len(self._proven) > REMEMBERED:
             del self._proven[next(iter(self._proven))]
