@@ -34,6 +34,9 @@ trio instrument sees the run loop about to block waiting for I/O with no task re
 (`before_io_wait` with a timeout), and starts the step there. This is where trio itself
 decides it is idle, so nothing is polled or guessed. Such a run is always one step: a
 worker stepping on by itself would hold the GIL between steps too.
+
+A run may step the engine another way than the thread's own (`start(step=...)`): the
+scheduler takes the binding's step for a step that may throw (stepping.py).
 """
 
 from __future__ import annotations
