@@ -24,6 +24,10 @@ scheduled: its sampler state (LogitProcessor), with the grammar of its output
 constraint compiled by XGrammar, and the transforms of its sampling settings. So every
 step goes through the binding while an engine request whose settings were never stepped
 before (or whose constraint was never compiled before) has not had its first step.
+The price: the event loop pauses during those steps, as with the binding's step
+throughout (one step, bounded by the step's token budget and, for a long prompt, by its
+slices; once per new settings, and once per request with an output constraint not seen
+before).
 """
 
 from __future__ import annotations
