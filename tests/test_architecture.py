@@ -195,11 +195,6 @@ def test_an_error_naming_a_request_field_is_a_field_error():
 # the error every layer shares. Everything else lives in a package.
 MAX_TOP_LEVEL_MODULES = 5
 MAX_LINES = 400
-# Modules over MAX_LINES while they are being split. Each entry must still be over the
-# limit (the test fails once it is not), so the list only shrinks.
-OVERSIZED = {
-    "scheduler/scheduler.py",  # being split into smaller modules
-}
 
 
 def test_few_modules_at_the_top_of_the_package():
@@ -215,15 +210,7 @@ def _lines() -> dict[str, int]:
 
 
 def test_no_module_over_the_line_limit():
-    over = {name: count for name, count in _lines().items() if count > MAX_LINES}
-    assert {name: count for name, count in over.items() if name not in OVERSIZED} == {}
-
-
-def test_the_oversized_list_is_still_needed():
-    lines = _lines()
-    assert {name: lines.get(name) for name in OVERSIZED if lines.get(name, 0) <= MAX_LINES} == {}, (
-        "split already: remove these from OVERSIZED"
-    )
+    assert {name: count for name, count in _lines().items() if count > MAX_LINES} == {}
 
 
 def test_the_checks_see_the_packages():

@@ -14,7 +14,7 @@ from fake_engine import DROPPED_PROMPT, REFUSED_PROMPT, received, request, start
 from ovtrio.settings.server import Settings
 from ovtrio.model.limits import prefill_slice_tokens
 from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, SamplingParams, UnsupportedParams
-from ovtrio.scheduler.params import OutputConstraint
+from ovtrio.scheduler.params import OutputConstraint, SpeculativeDecoding
 from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
 
 SLICE = 4
@@ -33,10 +33,11 @@ def test_slices_fit_in_a_step_beside_the_decoding_sequences_in_whole_blocks():
 def test_a_slice_asks_for_one_greedy_token_and_keeps_only_the_speculative_settings():
     params = SamplingParams(
         max_new_tokens=50, n=3, temperature=0.7, seed=5, stop=("x",), logprobs=True, min_new_tokens=4,
-        constraint=OutputConstraint(json_schema='{"type": "object"}'), num_assistant_tokens=3, max_ngram_size=2,
+        constraint=OutputConstraint(json_schema='{"type": "object"}'),
+        speculation=SpeculativeDecoding(num_assistant_tokens=3, max_ngram_size=2),
     )
     assert slice_params(params) == SamplingParams(
-        max_new_tokens=1, temperature=0.0, ignore_eos=True, num_assistant_tokens=3, max_ngram_size=2
+        max_new_tokens=1, temperature=0.0, ignore_eos=True, speculation=SpeculativeDecoding(num_assistant_tokens=3, max_ngram_size=2)
     )
 
 

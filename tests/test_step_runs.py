@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 import trio
 
 from fake_engine import received, request, start_scheduler
@@ -46,6 +47,10 @@ def count_runs(scheduler: Any) -> list[int]:
 
 async def test_a_lone_request_is_stepped_in_one_run(nursery):
     engine = await start_scheduler(nursery, gil_free=True)
+    # The first request of these settings has its first step through the binding's
+    # step (stepping.py): one of them runs first, so that the one counted is stepped
+    # as every later one is.
+    await received(engine.scheduler, request(1))
     runs = count_runs(engine.scheduler)
     messages = await received(engine.scheduler, request(20))
     assert "".join(m.text for m in messages if isinstance(m, Delta)) == "a" * 20
@@ -86,3 +91,27 @@ async def test_a_request_that_arrives_during_a_run_is_added_after_the_step_in_fl
             await trio.sleep(0.001)
         requests.cancel_scope.cancel()
     assert results["short"][-1] == Completed(prompt_tokens=1, completion_tokens=2)
+
+
+async def test_the_loops_engine_calls_check_that_no_step_is_in_flight(nursery):
+    """add_request(), the loop's handle reads and its engine-state reads are only safe
+    between steps: each checks it, so a call made during a step fails loudly instead of
+    racing the engine."""
+    engine = await start_scheduler(nursery, gil_free=True)
+    pipeline, scheduler = engine.pipeline, engine.scheduler
+    async with trio.open_nursery() as requests:
+        requests.start_soon(received, scheduler, request(1000))
+        gate = pipeline.gate = Gate()
+        while not gate.reached.is_set():
+            await trio.sleep(0.001)
+        calls = {
+            "add_request": lambda: scheduler._add_request(None, None, 0),
+            "reading the handles": scheduler._read_between_steps,
+            "reading the engine's state": scheduler._read_engine_state,
+        }
+        for what, call in calls.items():
+            with pytest.raises(AssertionError, match=f"{what} while an engine step is in flight"):
+                call()
+        pipeline.gate = None
+        gate.set()
+        requests.cancel_scope.cancel()

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from ovtrio.scheduler.engine_step import EngineStep
-from ovtrio.scheduler.step_thread import StepThread
+from ovtrio.scheduler.step_thread import AfterStep, StepThread
 
 
 def blocking_step(release: threading.Event, releases_gil: bool = True) -> EngineStep:
@@ -61,7 +61,7 @@ async def test_a_failed_step_raises_in_the_waiting_task():
     assert not stepper.inside_step
 
 
-@pytest.mark.parametrize("after_step", [None, lambda: (None, True)], ids=["one step", "a run that would go on"])
+@pytest.mark.parametrize("after_step", [None, lambda: AfterStep(None, True)], ids=["one step", "a run that would go on"])
 async def test_cancellation_waits_for_the_step_to_end(after_step):
     """The engine is never left mid-step: a cancelled wait returns only after the step,
     and a run is handed back first, so no worker steps on once the caller has gone."""
@@ -122,7 +122,7 @@ def counting_steps() -> tuple[EngineStep, list[str]]:
 async def test_a_run_steps_on_by_itself_while_after_step_asks_for_more():
     step, threads = counting_steps()
     stepper = StepThread(step)
-    stepper.start(after_step=lambda: (len(threads), len(threads) < 3))
+    stepper.start(after_step=lambda: AfterStep(len(threads), len(threads) < 3))
     results = [await stepper.wait()]
     while not results[-1].last:
         results.append(await stepper.wait())
@@ -142,7 +142,7 @@ async def test_each_result_arrives_while_the_next_step_runs():
         gates[min(stepper.entered, 2) - 1].wait(10)
 
     stepper = StepThread(EngineStep(gated, True, "gated"))
-    stepper.start(after_step=lambda: (stepper.entered, stepper.entered < 2))
+    stepper.start(after_step=lambda: AfterStep(stepper.entered, stepper.entered < 2))
     gates[0].set()
     first = await stepper.wait()
     # The loop has the first step's result while the run goes on: the worker enters
@@ -161,7 +161,7 @@ async def test_each_result_arrives_while_the_next_step_runs():
 async def test_hand_back_ends_the_run_after_the_step_in_flight():
     release = threading.Event()
     stepper = StepThread(blocking_step(release))
-    stepper.start(after_step=lambda: (stepper.entered, True))  # it would step forever
+    stepper.start(after_step=lambda: AfterStep(stepper.entered, True))  # it would step forever
     assert stepper.inside_step
     stepper.hand_back()
     release.set()
@@ -176,7 +176,7 @@ async def test_a_step_that_fails_mid_run_ends_it_after_the_results_before():
             raise RuntimeError("engine fault")
 
     stepper = StepThread(EngineStep(step, True, "fails on the third"))
-    stepper.start(after_step=lambda: (stepper.entered, True))
+    stepper.start(after_step=lambda: AfterStep(stepper.entered, True))
     assert [(await stepper.wait()).value for _ in range(2)] == [1, 2]
     with pytest.raises(RuntimeError, match="engine fault"):
         await stepper.wait()
@@ -188,7 +188,7 @@ async def test_a_step_that_holds_the_gil_runs_one_step_per_run():
     step, and the loop reads the engine itself (no after_step value)."""
     calls: list[int] = []
     stepper = StepThread(EngineStep(lambda: calls.append(1), False, "binding"))
-    stepper.start(after_step=lambda: ("read", True))
+    stepper.start(after_step=lambda: AfterStep("read", True))
     result = await stepper.wait()
     assert result.last and result.value is None and len(calls) == 1
 

@@ -38,6 +38,7 @@ from ovtrio.scheduler import (
     RequestStream,
     TextPrompt,
     UnsupportedParams,
+    sequences_per_prompt,
 )
 from ovtrio.serving.service import ServingModel
 
@@ -105,7 +106,7 @@ def check_request_size(model: ServingModel, body: SamplingFields, prompts: int) 
             "prompt",
             "too_many_prompts",
         )
-    choices = prompts * max(body.n, body.beam_width())
+    choices = prompts * sequences_per_prompt(body.n, body.beam_width())
     if choices > caps.choices:
         what = f"{prompts} prompts x n={body.n}" if prompts > 1 else f"n={body.n}"
         if body.beam_width() > body.n:

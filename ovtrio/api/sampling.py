@@ -10,7 +10,7 @@ from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.model.limits import SequenceLimit, ServerDefaults
 from ovtrio.model.speculation import Speculation
-from ovtrio.scheduler import OutputConstraint, SamplingParams, check_params
+from ovtrio.scheduler import OutputConstraint, SamplingParams, SpeculativeDecoding, check_params
 
 # When multinomial sampling is on and the request names no top_k (OVMS's default).
 DEFAULT_SAMPLING_TOP_K = 40
@@ -164,7 +164,7 @@ def sampling_params(
         skip_special_tokens=body.skip_special_tokens,
         logprobs=body.wants_logprobs(),
         constraint=constraint,
-        **speculative,
+        speculation=SpeculativeDecoding(**speculative),
     )
     if max_new_tokens > 0:  # max_tokens 0 (scoring, echo) never reaches the engine
         check_params(params)  # UnsupportedParams: the engine refuses the combination

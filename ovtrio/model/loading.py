@@ -344,9 +344,9 @@ def warm_up(model: LoadedModel) -> int:
     While it holds exactly one cache block, the engine's cache usage (a percentage) also
     tells how many blocks the cache has, which the engine does not report otherwise.
     """
-    import numpy as np
-    import openvino as ov
     import openvino_genai
+
+    from ovtrio.scheduler.params import prompt_tensor
 
     config = apply_defaults(openvino_genai.GenerationConfig(), model.speculation)
     config.max_new_tokens = 2
@@ -354,7 +354,7 @@ def warm_up(model: LoadedModel) -> int:
         config.apply_chat_template = False
         handle = model.pipeline.add_request(0, "Hi there, hello", [], config)
     else:
-        handle = model.pipeline.add_request(0, ov.Tensor(np.asarray([[0] * 4], dtype=np.int64)), config)
+        handle = model.pipeline.add_request(0, prompt_tensor([0] * 4), config)
     model.pipeline.step()
     usage = model.pipeline.get_metrics().cache_usage
     while model.pipeline.has_non_finished_requests():
@@ -367,9 +367,9 @@ def warm_up(model: LoadedModel) -> int:
 def warm_up_stateful(model: LoadedModel) -> int:
     """Run one tiny generation on the stateful pipeline, for the same reason as warm_up;
     0: it has no paged KV cache whose size would matter."""
-    import numpy as np
-    import openvino as ov
     import openvino_genai
+
+    from ovtrio.scheduler.params import prompt_tensor
 
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = 2
@@ -378,5 +378,5 @@ def warm_up_stateful(model: LoadedModel) -> int:
         config.apply_chat_template = False
         model.pipeline.generate("Hi there, hello", images=[], generation_config=config)
     else:
-        model.pipeline.generate(ov.Tensor(np.asarray([[0] * 4], dtype=np.int64)), config)
+        model.pipeline.generate(prompt_tensor([0] * 4), config)
     return 0

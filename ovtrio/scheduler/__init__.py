@@ -1,14 +1,17 @@
 """The engine side: requests in as token ids and SamplingParams (params.py, the one place
 they become GenerationConfig), typed messages out (messages.py), text decoded and cut at
-stop strings on the way (text_output.py). The loop is scheduler.py, what it keeps for each
-request requests.py, and its output side delivery.py; what it reports of each request's
+stop strings on the way (text_output.py). The loop is scheduler.py, how it adds requests to
+the engine engine_intake.py, how it steps the engine stepping.py (engine_step.py and
+step_thread.py), what it keeps for each request requests.py, what a step's reads hold
+reads.py, and its output side delivery.py; what it reports of each request's
 life goes to a RequestObserver (observer.py). stateful.py is the other backend's loop,
-one request at a time on the stateful LLMPipeline, behind the same interface; both keep
-the requests they take on (submission, draining, slow readers) in intake.py. Knows nothing of HTTP or of metrics formats."""
+one request at a time on the stateful LLMPipeline, behind the same interface
+(interface.py); both keep the requests they take on (submission, draining, slow readers)
+in intake.py. Knows nothing of HTTP or of metrics formats."""
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting
-from ovtrio.scheduler.interface import GenerationScheduler
+from ovtrio.scheduler.interface import GenerationScheduler, SchedulerStats, waiting_requests
 from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import (
@@ -16,12 +19,14 @@ from ovtrio.scheduler.params import (
     TextPrompt,
     OutputConstraint,
     SamplingParams,
+    SpeculativeDecoding,
     TaggedRegion,
     UnsupportedParams,
     check_params,
+    sequences_per_prompt,
 )
 from ovtrio.scheduler.requests import RequestStream
-from ovtrio.scheduler.scheduler import Scheduler, SchedulerStats, waiting_requests
+from ovtrio.scheduler.scheduler import Scheduler
 from ovtrio.scheduler.stateful import StatefulScheduler
 
 __all__ = [
@@ -43,9 +48,11 @@ __all__ = [
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",
+    "SpeculativeDecoding",
     "StatefulScheduler",
     "TaggedRegion",
     "UnsupportedParams",
     "check_params",
+    "sequences_per_prompt",
     "waiting_requests",
 ]

@@ -4,15 +4,16 @@ delta, holding deltas back over a few steps when many streams are open.
 
 The Scheduler owns one Delivery and calls it from its loop task: `read_outputs()` when
 no step is in flight (handle reads are safe only between steps), or `outputs_from()` on
-what the worker of a run read between two of its steps (`read_engine()`, on the
-`read_plan()` taken when the run began); `deliver()` with a GIL-free step while the next
-step runs (it calls only a handle's `cancel()` and the tokenizer, both safe during a
-step). scheduler.py's docstring lists every engine call and why it is safe where it is
-made.
+what the worker of a run read between two of its steps (reads.py's `read_engine()`, on
+the `read_plan()` taken when the run began); `deliver()` with a GIL-free step while the
+next step runs (it calls the tokenizer only, which is safe during a step). Neither
+cancels nor ends a request itself: what they decide comes back as Decisions, which the
+loop carries out (Scheduler._apply). scheduler.py's docstring lists every engine call
+and why it is safe where it is made.
 
 It also reports each choice's token timings and its end to the scheduler's
 RequestObserver (observer.py). The timings are those of the read: one clock reading per
-step, taken by `read_outputs()`, stands for every output of that step, so recording
+step, taken by `read_engine()`, stands for every output of that step, so recording
 costs a subtraction and an observer call per choice and step: about 2 us with
 prometheus_client's histograms, 0.5 ms a step for 256 streams in decode, against steps
 of tens of milliseconds at that batch (bench/observer_cost.py).
@@ -20,13 +21,13 @@ of tens of milliseconds at that batch (bench/observer_cost.py).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ovtrio.scheduler.messages import Completed, Delta, Failed
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import SamplingParams
+from ovtrio.scheduler.reads import EngineReads, PlannedRead, StepOutput, joined, read_engine
 from ovtrio.scheduler.requests import ActiveRequest, EngineRequest, Sequence
 from ovtrio.scheduler.speculation import SpeculationTally
 from ovtrio.scheduler.text_output import (
@@ -37,16 +38,20 @@ from ovtrio.scheduler.text_output import (
     decode_batch,
 )
 
-# What one step produced for one sequence: its request, engine request, new ids, their
-# log-probabilities, and the finish reason if it ended.
-StepOutput = tuple[ActiveRequest, EngineRequest, Sequence, list[int], list[float], "str | None"]
-# What a handle held, per output (one per choice it makes): ids, log-probabilities and
-# the finish reason.
-Outputs = list[tuple[list[int], list[float], Any]]
-# An engine request to read after a step, with its handle.
-PlannedRead = tuple[ActiveRequest, EngineRequest, Any]
-# What read_engine() read: when, and per engine request its outputs and its status.
-EngineReads = tuple[float, list[tuple[ActiveRequest, EngineRequest, Outputs, Any]]]
+
+@dataclass(slots=True)
+class Decisions:
+    """What reading and delivering decided for the engine, for the loop to carry out
+    (Scheduler._apply): engine requests to cancel (a stop string ended their only
+    choice), and requests to end, each with the outcome its unfinished choices are
+    reported with ("abort": completed or its consumer left, "error": the engine failed
+    it). Delivery itself neither cancels nor ends anything."""
+
+    cancels: list[EngineRequest] = field(default_factory=list)
+    ends: dict[int, str] = field(default_factory=dict)  # request id: outcome, in order
+
+    def end(self, request_id: int, outcome: str) -> None:
+        self.ends.setdefault(request_id, outcome)
 
 
 def _finish_reason_names() -> dict[Any, str]:
@@ -69,13 +74,11 @@ class Delivery:
         vocabulary: Any,
         stream_interval: int,
         active: dict[int, ActiveRequest],
-        abort: Callable[[int, str], None],
         observer: RequestObserver,
     ) -> None:
         """`active` is the scheduler's table of running requests (read, never changed
-        here); `abort(request_id, outcome)` ends one: a finished request, one whose
-        consumer left ("abort") or one the engine failed ("error"). `observer` hears
-        each choice's timings and end. See Scheduler for `vocabulary` and
+        here: the requests to end come back as Decisions). `observer` hears each
+        choice's timings and end. See Scheduler for `vocabulary` and
         `stream_interval`."""
         self._tokenizer = tokenizer
         self._observer = observer
@@ -83,7 +86,6 @@ class Delivery:
         self._vocabulary = vocabulary
         self._configured_interval = stream_interval
         self._active = active
-        self._abort = abort
         self._holding: set[Sequence] = set()
         self._reasons = _finish_reason_names()
         status = _generation_status()
@@ -121,10 +123,10 @@ class Delivery:
         """Drop what an ended request still held."""
         self._holding.difference_update(sequences)
 
-    def read_outputs(self) -> list[StepOutput]:
-        """Read what every handle holds (between steps); requests the engine failed get
-        Failed. A paused request's handles are left alone: its tokens wait there, as
-        ids, until its consumer catches up."""
+    def read_outputs(self) -> tuple[list[StepOutput], Decisions]:
+        """Read what every handle holds (between steps only), as outputs_from() does. A
+        paused request's handles are left alone: its tokens wait there, as ids, until
+        its consumer catches up."""
         return self.outputs_from(read_engine(self.read_plan()))
 
     def read_plan(self) -> list[PlannedRead]:
@@ -132,69 +134,76 @@ class Delivery:
         that are not done, each with its handle (so a request that ends meanwhile, which
         drops its handles, is still read safely; its outputs are then ignored)."""
         return [
-            (active, part, part.handle)
+            PlannedRead(active, part, part.handle)
             for active in self._active.values()
             if active.paused_at is None
             for part in active.parts
             if not part.done and part.handle is not None
         ]
 
-    def outputs_from(self, reads: EngineReads) -> list[StepOutput]:
-        """The step outputs of what read_engine() read; requests the engine failed get
-        Failed. Outputs read for a request that has paused since are kept in its engine
-        request and come first once it is read again."""
-        read_at, entries = reads
-        self._read_at = read_at
+    def outputs_from(self, reads: EngineReads) -> tuple[list[StepOutput], Decisions]:
+        """The step outputs of what read_engine() read, and the requests the engine
+        failed (each is sent Failed here; the loop ends it). Outputs read for a request
+        that has paused since are kept in its engine request and come first once it is
+        read again."""
+        self._read_at = reads.read_at
         fresh: list[StepOutput] = []
-        for active, part, outputs, status in entries:
-            # A request failed earlier in this loop has left the table: skip its parts.
-            if part.done or active.request_id not in self._active:
+        decisions = Decisions()
+        for entry in reads.entries:
+            active, part, outputs = entry.active, entry.part, entry.outputs
+            # A request failed earlier in this read or ended since: skip its parts.
+            if part.done or active.request_id not in self._active or active.request_id in decisions.ends:
                 continue
             if part.unread:
-                outputs, part.unread = _joined(part.unread, outputs), []
+                outputs, part.unread = joined(part.unread, outputs), []
             if active.paused_at is not None:
                 part.unread = outputs
                 continue
-            read_any = False
-            failed = None
-            for sequence, (ids, logprobs, finish_reason) in zip(part.sequences, outputs):
-                reason = self._reasons.get(finish_reason)
-                if not active.logprobs:
-                    logprobs = []
-                fresh.append((active, part, sequence, ids, logprobs, reason))
-                read_any = True
-            if failed is None and status in self._failed_statuses:
-                failed = Failed(*self._failed_statuses[status])
-            if failed is not None:
+            for sequence, output in zip(part.sequences, outputs):
+                logprobs = output.logprobs if active.logprobs else []
+                fresh.append(
+                    StepOutput(active, part, sequence, output.ids, logprobs, self._reasons.get(output.finish_reason))
+                )
+            if entry.status in self._failed_statuses:
                 # What its other parts produced is dropped by deliver(): it has ended.
-                active.send(failed)
-                self._abort(active.request_id, "error")
+                active.send(Failed(*self._failed_statuses[entry.status]))
+                decisions.end(active.request_id, "error")
                 continue
-            if status == self._finished_status and not read_any:
+            if entry.status == self._finished_status and not outputs:
                 # Finished with nothing left to read: close what never saw a reason.
-                fresh.extend((active, part, s, [], [], "stop") for s in part.sequences if s.finish_reason is None)
-        return fresh
+                fresh.extend(
+                    StepOutput(active, part, s, [], [], "stop") for s in part.sequences if s.finish_reason is None
+                )
+        return fresh, decisions
 
-    def deliver(self, fresh: list[StepOutput], steps: int) -> None:
+    def deliver(self, fresh: list[StepOutput], steps: int) -> Decisions:
         """Detokenize all new ids in one batch and send each request its delta; `steps`
         is the number of engine steps so far, which decides the flush steps. `fresh` is
-        what the last `read_outputs()` returned: its tokens are timed at that read.
+        what the last read returned: its tokens are timed at that read. Returns what the
+        loop is to cancel and end.
 
-        With a GIL-free step this runs while the next step is in flight: the handle
-        calls it makes (`cancel()` when a stop string ends a request) are safe then.
+        With a GIL-free step this runs while the next step is in flight: it calls no
+        engine method but the tokenizer's (safe then, see scheduler.py).
         """
+        decisions = Decisions()
         if not fresh:
-            return
+            return decisions
+        ended = decisions.ends
         detokenizers = []
-        for _, _, sequence, ids, _, _ in fresh:
-            sequence.detokenizer.append(ids)
-            detokenizers.append(sequence.detokenizer)
+        for output in fresh:
+            output.sequence.detokenizer.append(output.ids)
+            detokenizers.append(output.sequence.detokenizer)
         texts = decode_batch(self._tokenizer, detokenizers)
 
         flush = steps % self._stream_interval() == 0
         observer, read_at = self._observer, self._read_at
-        for (active, part, sequence, ids, logprobs, reason), text in zip(fresh, texts):
-            if active.request_id not in self._active or sequence.finish_reason is not None:
+        for output, text in zip(fresh, texts):
+            active, part, sequence, ids, reason = (
+                output.active, output.part, output.sequence, output.ids, output.finish_reason
+            )
+            if active.request_id not in self._active or active.request_id in ended:
+                continue
+            if sequence.finish_reason is not None:
                 continue
             first = not active.sent_first_token
             active.sent_first_token = True
@@ -215,7 +224,7 @@ class Delivery:
             if matched:
                 reason = "stop"
                 if len(part.sequences) == 1:
-                    part.handle.cancel()  # a stop string ended it: free the engine's work
+                    decisions.cancels.append(part)  # a stop string ended it: free the engine's work
                     part.done = True
             elif reason is not None:
                 text += sequence.stops.flush()
@@ -227,22 +236,27 @@ class Delivery:
             sequence.held_text += text
             sequence.held_ids.extend(ids)
             if active.logprobs:
-                sequence.held_logprobs = (sequence.held_logprobs or []) + logprobs
+                sequence.held_logprobs = (sequence.held_logprobs or []) + output.logprobs
             # The first token and the last always go out at once (time to first token,
             # completion); the ones between may wait for the next flush step.
             if first or reason is not None or flush:
                 if not self._release(active, sequence):
+                    decisions.end(active.request_id, "abort")  # its consumer left
                     continue
             else:
                 self._holding.add(sequence)
             if all(s.finish_reason is not None for s in active.sequences):
                 active.send(Completed(active.prompt_tokens, sum(s.generated for s in active.sequences)))
-                self._abort(active.request_id, "abort")  # nothing left unfinished to count
+                decisions.end(active.request_id, "abort")  # nothing left unfinished to count
         if flush and self._holding:
             for active in list(self._active.values()):
+                if active.request_id in ended:
+                    continue
                 for sequence in active.sequences:
-                    if sequence in self._holding:
-                        self._release(active, sequence)
+                    if sequence in self._holding and not self._release(active, sequence):
+                        decisions.end(active.request_id, "abort")
+                        break
+        return decisions
 
     def _observe_finish(self, active: ActiveRequest, sequence: Sequence, reason: str, read_at: float) -> None:
         first, last = sequence.first_token_at, sequence.last_token_at
@@ -254,16 +268,13 @@ class Delivery:
         )
 
     def _release(self, active: ActiveRequest, sequence: Sequence) -> bool:
-        """Send what `sequence` holds; False (and the request aborted) if its consumer left."""
+        """Send what `sequence` holds; False if its consumer left (the request is to end)."""
         self._holding.discard(sequence)
         delta = Delta(
             sequence.index, sequence.held_text, sequence.held_ids, sequence.finish_reason, sequence.held_logprobs
         )
         sequence.held_text, sequence.held_ids, sequence.held_logprobs = "", [], None
-        if active.send(delta):
-            return True
-        self._abort(active.request_id, "abort")
-        return False
+        return active.send(delta)
 
     def _stream_interval(self) -> int:
         """Engine steps between deltas to consumers.
@@ -280,45 +291,4 @@ class Delivery:
         if self._configured_interval:
             return self._configured_interval
         return min(3, 1 + len(self._active) // 12)
-
-
-def read_engine(plan: list[PlannedRead]) -> EngineReads:
-    """Read every planned handle: what it holds and its status. Call between steps only
-    (a request read while a step runs could be seen finished before its last tokens);
-    any thread, as long as it is the one that runs the steps or no step is in flight."""
-    read_at = time.monotonic()
-    entries = []
-    for active, part, handle in plan:
-        entries.append((active, part, _read_all(handle, part.beam_search), handle.get_status()))
-    return read_at, entries
-
-
-def _joined(earlier: Outputs, later: Outputs) -> Outputs:
-    """Two reads of one handle as one, output by output (the later finish reason wins).
-    Extends `earlier` in place and returns it."""
-    for i, (ids, logprobs, reason) in enumerate(later):
-        if i == len(earlier):
-            earlier.append(([], [], None))
-        joined_ids, joined_logprobs, _ = earlier[i]
-        joined_ids.extend(ids)
-        joined_logprobs.extend(logprobs)
-        earlier[i] = (joined_ids, joined_logprobs, reason)
-    return earlier
-
-
-def _read_all(handle: Any, beam_search: bool) -> Outputs:
-    """Everything a handle holds, per output: ids, log-probabilities, finish reason.
-
-    The engine queues one output per step in the handle and `read()` takes one, so a
-    handle left unread (a paused request) holds many; they are joined here. Call only
-    when `can_read()` (`read()` would wait, holding the GIL).
-    """
-    joined: Outputs = []
-    while handle.can_read():
-        outputs = list(handle.read().values())
-        if beam_search:
-            # Beam ids are arbitrary; choices are numbered best first.
-            outputs.sort(key=lambda output: output.score, reverse=True)
-        _joined(joined, [(o.generated_ids, o.generated_log_probs, o.finish_reason) for o in outputs])
-    return joined
 

@@ -29,9 +29,42 @@ binding's `step()` and one log line. `OVTRIO_GIL_FREE_STEP=false` (`--no-gil-fre
 skips all of this.
 
 One behaviour differs: a C++ exception cannot cross a ctypes call, so an exception
-inside a GIL-free step ends the process (std::terminate) where the binding would raise
-RuntimeError. The engine throws from `step()` only on internal faults (an assertion, a
-device error); a process supervisor restarts the server then.
+inside a GIL-free step ends the process (std::terminate) where the binding raises
+RuntimeError, which fails the batch and lets the server go on (Scheduler.run). What
+`ContinuousBatchingPipeline::step()` can throw, read from openvino.genai's source (its
+main branch of August 2026, near the 2026.4 release this server is built against:
+src/cpp/src/continuous_batching/pipeline_impl.cpp, ContinuousBatchingImpl::step, and
+what it calls; the prompt-lookup and draft-model pipelines' step() calls the same, plus
+assertions that draft and main model agree):
+
+- requests joining (`_pull_awaiting_requests`): nothing (a vector insert under a mutex);
+- scheduling (`Scheduler::schedule`): OPENVINO_ASSERTs on its block tables (internal
+  faults), and the growth of the KV cache (`allocate_cache_if_needed`), which throws
+  when the device has no memory for the larger cache;
+- the forward pass (`ModelRunner::forward`, an infer request): device and plugin
+  errors, out of memory;
+- sampling (`Sampler::sample`): at a request's first scheduled step, its sampler state
+  (`LogitProcessor`) is built, and with an output constraint XGrammar builds and
+  compiles its grammar (`XGrammarStructuredOutput::get_logits_transformer`), which
+  throws for a grammar it cannot build ("Failed to create grammar from structural
+  tag", or XGrammar's own errors); the stop strings' tokenization (ovtrio never gives
+  the engine stop strings); and assertions of the per-request sampling paths (beam
+  search groups, speculative validation), run in the sampler's thread pool and
+  rethrown by `future.get()`;
+- prompt-lookup candidates and freeing finished requests: assertions only.
+
+What a request brings is thus built in its first step. ovtrio's API checks a schema
+before it reaches the engine (api/formats.py), and the loop arranges that the first
+step of an engine request whose settings, or whose constraint, were never stepped
+before in this process goes through the binding's step (stepping.py, FirstSteps): a
+fault there fails that batch, the process lives on, and later requests of the same
+settings go GIL-free. What remains to end the process from a GIL-free step: running
+out of memory growing the KV cache or in the forward pass, device faults, and the
+engine's internal assertions, in any step; and a fault at a first step that the
+settings compared (stepping.first_step_key) do not tell apart from ones stepped before.
+A process supervisor restarts the server then. Only a C++ shim that catches the
+exception would close that (no compiler is assumed here), or the binding's release of
+the GIL (below).
 
 What retires this module: a `py::call_guard<py::gil_scoped_release>()` on `step` (and
 on `add_request` and the handle's `read`) in openvino.genai's
@@ -223,9 +256,9 @@ def _verify(
     text_prompts: bool = False,
 ) -> None:
     """Cross-check the route against the binding on the live pipeline."""
-    import numpy as np
-    import openvino as ov
     import openvino_genai
+
+    from ovtrio.scheduler.params import prompt_tensor
 
     if pipeline.has_non_finished_requests():
         raise Unavailable("the pipeline must hold no request while the step is verified")
@@ -240,7 +273,7 @@ def _verify(
         config.apply_chat_template = False
         handle = pipeline.add_request(0, "Hi there, hello", [], config)
     else:
-        handle = pipeline.add_request(0, ov.Tensor(np.zeros((1, 4), dtype=np.int64)), config)
+        handle = pipeline.add_request(0, prompt_tensor([0] * 4), config)
     try:
         if not (pipeline.has_non_finished_requests() and has_unfinished()):
             raise Unavailable("has_non_finished_requests disagrees with the binding on a pending request")

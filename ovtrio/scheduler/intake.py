@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded, RetryHint
-from ovtrio.scheduler.delivery import Delivery
+from ovtrio.scheduler.delivery import Decisions, Delivery
 from ovtrio.scheduler.messages import Failed, Message
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import GenerationRequest
@@ -69,7 +69,7 @@ class RequestIntake:
         self._rejected = 0
         self._slow_readers_cancelled = 0
         self._prompt_tokens = 0
-        self._delivery = Delivery(tokenizer, vocabulary, stream_interval, self._active, self._abort, self._observer)
+        self._delivery = Delivery(tokenizer, vocabulary, stream_interval, self._active, self._observer)
         self._ids = itertools.count(1)
         # Set to wake the loop: a request arrived, a consumer caught up, ...
         self._work = trio.Event()
@@ -138,13 +138,12 @@ class RequestIntake:
         # Unbounded, so the loop never waits for a consumer; a consumer that lags has
         # its request paused at slow_reader_buffer messages instead (admission.py).
         send, receive = trio.open_memory_channel[Message](math.inf)
-        params = request.params
         active = ActiveRequest(
             request_id=request_id,
             channel=send,
-            prompt_tokens=sum(len(p) for p in request.prompts),
-            logprobs=self._scores_tokens and params.logprobs,
-            weight=len(request.prompts) * max(params.n, params.best_of),  # beams count too
+            prompt_tokens=request.prompt_tokens,
+            logprobs=self._scores_tokens and request.params.logprobs,
+            weight=request.sequences,
             pause_at=self._limits.slow_reader_buffer,
             submitted_at=time.monotonic(),
         )
@@ -211,6 +210,17 @@ class RequestIntake:
         # engine refused it, and its end may still be the last one a drain waits for.
         if not self.in_flight:
             self._emptied.set()
+
+    def _apply(self, decisions: Decisions) -> None:
+        """Carry out what reading and delivering decided (delivery.py): cancel the engine
+        requests a stop string ended, then end the requests that are over. Both are safe
+        with a step or generation in flight (a handle's cancel() and drop: scheduler.py),
+        so the loop applies them at once."""
+        for part in decisions.cancels:
+            if part.handle is not None:
+                part.handle.cancel()  # frees the engine's work at the end of its next step
+        for request_id, outcome in decisions.ends.items():
+            self._abort(request_id, outcome)
 
     # ---- draining -----------------------------------------------------------------------
 

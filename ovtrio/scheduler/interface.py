@@ -1,17 +1,45 @@
 """What the API layer and the service use of a scheduler, whichever backend runs it: the
 continuous-batching Scheduler (scheduler.py) or the one-at-a-time StatefulScheduler
-(stateful.py)."""
+(stateful.py), and the counters both report (SchedulerStats)."""
 
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Protocol
 
 import trio
 
 from ovtrio.scheduler.params import GenerationRequest
 from ovtrio.scheduler.requests import RequestStream
-from ovtrio.scheduler.scheduler import SchedulerStats
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    running: int  # requests in the engine
+    queued: int  # requests queued for room in the engine
+    running_sequences: int  # engine sequences of the running requests
+    paused: int  # running requests whose consumer lags (see admission.py)
+    rejected: int  # requests refused with Overloaded, ever
+    slow_readers_cancelled: int  # requests cancelled because their consumer stopped reading, ever
+    engine_requests: int
+    engine_scheduled: int
+    waiting: int  # engine requests not in the last step (waiting_requests)
+    kv_cache_usage: float  # percent
+    steps: int
+    step_seconds: float
+    prompt_tokens: int  # of the requests added to the engine
+    generated_tokens: int
+    steps_started: int  # engine steps entered, empty ones included
+    step_in_flight: bool  # the engine is inside a step right now
+    step_releases_gil: bool
+
+
+def waiting_requests(queued: int, engine_requests: int, engine_scheduled: int) -> int:
+    """Engine requests that wait for the engine: those of requests queued for room in it
+    (`queued`, added between two steps), and those it holds but did not schedule in its
+    last step (its metrics' requests - scheduled_requests)."""
+    return queued + max(0, engine_requests - engine_scheduled)
 
 
 class GenerationScheduler(Protocol):

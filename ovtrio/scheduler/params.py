@@ -1,5 +1,6 @@
 """What the scheduler needs to run one request, and the one place where it becomes
-engine input: an OpenVINO GenAI GenerationConfig (with its StructuredOutputConfig).
+engine input: an OpenVINO GenAI GenerationConfig (with its StructuredOutputConfig), and
+the prompt as a tensor of token ids (or, for a vision-language model, text and images).
 
 Everything here is already checked by the caller (the API layer validates request
 fields and output formats); check_params lets the engine itself refuse a combination
@@ -11,6 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ovtrio.errors import FieldError
 
@@ -31,6 +34,27 @@ class OutputConstraint:
     json_schema: str | None = None  # JSON text
     tags: tuple[TaggedRegion, ...] = ()
     triggers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeDecoding:
+    """A request's speculative-decoding settings, on a pipeline built for it (0: not
+    set). Prompt lookup sets num_assistant_tokens and max_ngram_size; a draft model
+    num_assistant_tokens or assistant_confidence_threshold. Candidates are verified by
+    the main model."""
+
+    num_assistant_tokens: int = 0
+    assistant_confidence_threshold: float = 0.0
+    max_ngram_size: int = 0
+
+
+NO_SPECULATION = SpeculativeDecoding()
+
+
+def sequences_per_prompt(n: int, best_of: int) -> int:
+    """Engine sequences one prompt runs: its n choices, or the best_of beams they are
+    picked from (beams count too)."""
+    return max(n, best_of)
 
 
 @dataclass(frozen=True)
@@ -69,16 +93,11 @@ class SamplingParams:
     keep_special_token_ids: frozenset[int] = frozenset()
     logprobs: bool = False
     constraint: OutputConstraint | None = None  # enforced by constrained decoding
-    # Speculative decoding, on a pipeline built for it (0: not set). Prompt lookup sets
-    # num_assistant_tokens and max_ngram_size; a draft model num_assistant_tokens or
-    # assistant_confidence_threshold. Candidates are verified by the main model.
-    num_assistant_tokens: int = 0
-    assistant_confidence_threshold: float = 0.0
-    max_ngram_size: int = 0
+    speculation: SpeculativeDecoding = NO_SPECULATION
 
     @property
     def speculative(self) -> bool:
-        return self.num_assistant_tokens > 0 or self.assistant_confidence_threshold > 0
+        return self.speculation.num_assistant_tokens > 0 or self.speculation.assistant_confidence_threshold > 0
 
     @property
     def greedy(self) -> bool:
@@ -113,6 +132,44 @@ class GenerationRequest:
     params: SamplingParams
     texts: list[TextPrompt] | None = None
 
+    # What it counts for, in one place: the API's limits, admission, stats and usage
+    # all read these.
+
+    @property
+    def choices(self) -> int:
+        """Choices it returns: n per prompt."""
+        return len(self.prompts) * self.params.n
+
+    @property
+    def engine_requests(self) -> int:
+        """Engine requests it becomes: one per prompt and sibling, or one beam search
+        per prompt."""
+        return len(self.prompts) * (1 if self.params.beam_search else self.params.n)
+
+    @property
+    def sequences(self) -> int:
+        """Engine sequences it runs (what admission weighs it by): choices, or beams."""
+        return len(self.prompts) * sequences_per_prompt(self.params.n, self.params.best_of)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(prompt) for prompt in self.prompts)
+
+
+def prompt_tensor(prompt_ids: list[int]) -> Any:
+    """A prompt as the engine takes it: a [1, n] tensor of int64 token ids."""
+    import openvino as ov
+
+    return ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
+
+
+def engine_prompt(text: TextPrompt) -> tuple[str, list[Any]]:
+    """A text prompt as a vision-language model's engine takes it: the text, and each
+    image as a uint8 HWC tensor."""
+    import openvino as ov
+
+    return text.text, [ov.Tensor(np.ascontiguousarray(image, dtype=np.uint8)) for image in text.images]
+
 
 def to_generation_config(
     params: SamplingParams, *, seed_offset: int = 0, model_stop_token_ids: frozenset[int] = frozenset()
@@ -140,9 +197,9 @@ def to_generation_config(
         config.logprobs = 1
     if params.constraint is not None:
         config.structured_output_config = to_engine_config(params.constraint)
-    config.num_assistant_tokens = params.num_assistant_tokens
-    config.assistant_confidence_threshold = params.assistant_confidence_threshold
-    config.max_ngram_size = params.max_ngram_size
+    config.num_assistant_tokens = params.speculation.num_assistant_tokens
+    config.assistant_confidence_threshold = params.speculation.assistant_confidence_threshold
+    config.max_ngram_size = params.speculation.max_ngram_size
     if params.beam_search:
         config.num_beams = params.best_of
         config.num_return_sequences = params.n

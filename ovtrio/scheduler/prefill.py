@@ -25,7 +25,6 @@ same as without slicing wherever prefix caching gives the same output.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ovtrio.scheduler.params import SamplingParams
 from ovtrio.scheduler.requests import Admission, EngineRequest
@@ -46,9 +45,7 @@ def slice_params(params: SamplingParams) -> SamplingParams:
         max_new_tokens=1,
         temperature=0.0,
         ignore_eos=True,
-        num_assistant_tokens=params.num_assistant_tokens,
-        assistant_confidence_threshold=params.assistant_confidence_threshold,
-        max_ngram_size=params.max_ngram_size,
+        speculation=params.speculation,
     )
 
 
@@ -60,7 +57,7 @@ class SlicedPrefill:
 
     admission: Admission
     prompts: list[list[int]]  # the prompts still to prefill, the current one first
-    config: Any = None  # the prefixes' GenerationConfig
+    params: SamplingParams | None = None  # what each prefix's engine request asks for (slice_params)
     prefilled: int = 0  # tokens of the current prompt that the last prefix covered
     running: EngineRequest | None = None
     gave_way: bool = False  # its next slice waited a step for requests that had just arrived
@@ -68,8 +65,7 @@ class SlicedPrefill:
     @property
     def choices(self) -> int:
         """The request's choices once it runs: one per prompt and n."""
-        request = self.admission.request
-        return len(request.prompts) * request.params.n
+        return self.admission.request.choices
 
     def next_prefix(self, size: int) -> list[int] | None:
         """The next prefix to prefill, `size` tokens longer than the last one; None once

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -18,6 +18,9 @@ from ovtrio.scheduler.messages import Message
 from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams
 from ovtrio.scheduler.speculation import SpeculationTally
 from ovtrio.scheduler.text_output import Detokenizer, StopMatcher
+
+if TYPE_CHECKING:
+    from ovtrio.scheduler.reads import HandleOutput
 
 
 @dataclass(eq=False)
@@ -49,9 +52,9 @@ class EngineRequest:
     sequences: list[Sequence]
     beam_search: bool = False
     done: bool = False
-    # Outputs read off the engine after its request paused (ids, log-probabilities and
-    # finish reason per output), delivered once it resumes (delivery.py).
-    unread: list[tuple[list[int], list[float], Any]] = field(default_factory=list)
+    # Outputs read off the engine after its request paused, delivered once it resumes
+    # (delivery.py).
+    unread: list[HandleOutput] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -62,7 +65,7 @@ class ActiveRequest:
     channel: trio.MemorySendChannel[Message]
     prompt_tokens: int
     logprobs: bool
-    weight: int = 1  # engine sequences it runs: choices per prompt (or beams) x prompts
+    weight: int = 1  # engine sequences it runs (GenerationRequest.sequences), or places reserved
     # Undelivered messages at which the request pauses (see admission.py).
     pause_at: int = 128
     parts: list[EngineRequest] = field(default_factory=list)
@@ -114,12 +117,8 @@ class Admission:
 
     @property
     def engine_requests(self) -> int:
-        """How many engine requests it will become: one per prompt and sibling, or one
-        beam search per prompt (none for a reservation)."""
-        if self.request is None:
-            return 0
-        params = self.request.params
-        return len(self.request.prompts) * (1 if params.beam_search else params.n)
+        """How many engine requests it will become (none for a reservation)."""
+        return 0 if self.request is None else self.request.engine_requests
 
 
 class RequestStream:

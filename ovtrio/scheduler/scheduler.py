@@ -6,7 +6,8 @@ thread, it stops the event loop for that long: /health, new connections and ever
 stream's writes wait for the step. So the loop task hands each step to a worker thread
 (step_thread.py) and awaits it, and the step releases the GIL (engine_step.py), so the
 event loop keeps serving while the engine computes. With a step that holds the GIL (the
-binding's, when the GIL-free route is off or fails its checks), the thread changes
+binding's, when the GIL-free route is off or fails its checks, and for the first step of
+a request whose settings were never stepped before, see stepping.py), the thread changes
 nothing: the loop pauses during each step, as it did when it stepped inline.
 
 The order, with a GIL-free step: the loop adds the requests submitted meanwhile and
@@ -28,8 +29,9 @@ is explicit: the loop task starts the run and awaits each step.
 Engine calls and threads. Each call is made between steps, by the loop task or by the
 worker thread of a run between two of its steps, except where this list says otherwise:
 
-- `step()`: in the worker thread, one at a time.
-- `add_request()`: between steps, by the loop (`submit()` queues the request and waits
+- `step()`: in the worker thread, one at a time; the GIL-free step (engine_step.py) or
+  the binding's, chosen before each run (stepping.py).
+- `add_request()`: between steps, by the loop (engine_intake.py) (`submit()` queues the request and waits
   until it is added, which is when the running sequences leave room for it, see
   admission.py, and for a long prompt once its slices are prefilled, see prefill.py).
   Not safe during a step: with prefix caching on, it restores the prompt's cached KV
@@ -41,7 +43,7 @@ worker thread of a run between two of its steps, except where this list says oth
   both read state the step writes without a lock. `stats()` returns the values read
   after the last step, so a /metrics scrape never touches the engine.
 - a handle's `can_read()`, `read()`, `get_status()`: between steps, by the worker after
-  each step of a run (delivery.read_engine, on the handles planned when the run began)
+  each step of a run (reads.read_engine, on the handles planned when the run began)
   or by the loop when no run is in flight (Delivery.read_outputs), for every request but
   the paused ones (a slow reader's tokens wait in its handle; what a run read for a
   request that paused during it waits in its EngineRequest). They are thread-safe (a
@@ -49,10 +51,16 @@ worker thread of a run between two of its steps, except where this list says oth
   FINISHED before its last tokens were read. The loop processes what the worker read
   (Delivery.outputs_from), so the worker touches no state of the loop's.
 - a handle's `cancel()`, and dropping a handle (which stops its request): at any time,
-  from any task (a client leaving: ActiveRequest.close, requests.py; a stop string:
-  Delivery.deliver, delivery.py; a slow reader's timeout: the loop, between steps). They set the request's status under its mutex; the
-  step acts on it at its end and frees the KV blocks (the loop runs one more, empty,
-  step when nothing else is left).
+  from any task (a client leaving: ActiveRequest.close, requests.py), and by the loop
+  (Scheduler._apply: the stop strings and ends Delivery decided, while the next step of
+  a run may be in flight; a slow reader's timeout, between steps). They set the
+  request's status under its mutex; the step acts on it at its end and frees the KV
+  blocks (the loop runs one more, empty, step when nothing else is left).
+
+The loop checks the rule where it makes the calls that need it: `add_request()`, its own
+handle reads and engine-state reads, and the slow-reader cancels assert that no step is
+in flight (`_between_steps`); the worker's reads happen, by construction, between the
+steps of its own run.
 - the tokenizer (`encode`, `decode`, `apply_chat_template`): at any time, from handlers
   and from the loop's detokenizer (Delivery.deliver). The tokenizer takes a separate
   inference request from its own pool for each call, and the engine's use of it (stop
@@ -60,11 +68,12 @@ worker thread of a run between two of its steps, except where this list says oth
 
 The scheduler knows nothing of HTTP: requests come in as token ids plus
 SamplingParams, and go out as typed messages (messages.py) on a per-request channel.
-This module has admission to the engine, the loop and its stats; submission, draining
-and the slow-reader timeout, which the stateful backend shares, are in intake.py, the
-limits it admits by and what it tells observers in admission.py, what is kept for each
-request in requests.py, long prompts prefilled in slices in prefill.py, and the output
-side (reading handles after a step, text, stop strings, deltas) in delivery.py.
+This module has the loop and its stats; adding queued requests to the engine is in
+engine_intake.py, the ways of stepping in stepping.py; submission, draining and the
+slow-reader timeout, which the stateful backend shares, are in intake.py, the limits it
+admits by and what it tells observers in admission.py, what is kept for each request in
+requests.py, long prompts prefilled in slices in prefill.py, what a step's reads hold in
+reads.py, and the output side (text, stop strings, deltas) in delivery.py.
 
 Shutdown comes in two moves, so that the server can let running requests finish: `drain()`
 stops admission (submit raises NotAccepting) while the loop keeps stepping what it has,
@@ -77,82 +86,36 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
 import trio
 
 from ovtrio.scheduler.admission import AdmissionLimits
-from ovtrio.scheduler.delivery import EngineReads, PlannedRead, StepOutput, read_engine
+from ovtrio.scheduler.engine_intake import EngineIntake
 from ovtrio.scheduler.engine_step import EngineStep
-from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting, RequestIntake  # noqa: F401 (NotAccepting: still importable here)
+from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting  # noqa: F401 (NotAccepting: still importable here)
+from ovtrio.scheduler.interface import SchedulerStats, waiting_requests
 from ovtrio.scheduler.observer import RequestObserver
-from ovtrio.scheduler.params import SamplingParams, TextPrompt, UnsupportedParams, to_generation_config
-from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
-from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
-from ovtrio.scheduler.step_thread import StepThread
+from ovtrio.scheduler.reads import EngineReads, PlannedRead, StepOutput, read_engine
+from ovtrio.scheduler.step_thread import AfterStep, StepThread
+from ovtrio.scheduler.stepping import Stepping, choose_stepping
 
 log = logging.getLogger("ovtrio.scheduler")
 
-# What a run's worker read after a step (Scheduler._after_step): the handles' outputs,
-# has_non_finished_requests() and get_metrics().
-StepState = tuple[EngineReads, bool, Any]
+
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """What a run's worker read after a step (Scheduler._after_step): the handles'
+    outputs, has_non_finished_requests() and get_metrics()."""
+
+    reads: EngineReads
+    unfinished: bool
+    metrics: Any
 
 
-def _first_line(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
-    text = lines[0] if lines else type(exc).__name__
-    return text.split(": ", 1)[-1] if text.startswith("[") else text
-
-
-def waiting_requests(queued: int, engine_requests: int, engine_scheduled: int) -> int:
-    """Engine requests that wait for the engine: those of requests queued for room in it
-    (`queued`, added between two steps), and those it holds but did not schedule in its
-    last step (its metrics' requests - scheduled_requests)."""
-    return queued + max(0, engine_requests - engine_scheduled)
-
-
-def ov_tensor(prompt_ids: list[int]) -> Any:
-    """A prompt as the engine takes it: a [1, n] tensor of int64 token ids."""
-    import openvino as ov
-
-    return ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
-
-
-def engine_prompt(text: TextPrompt) -> tuple[str, list[Any]]:
-    """A text prompt as a vision-language model's engine takes it: the text, and each
-    image as a uint8 HWC tensor."""
-    import openvino as ov
-
-    return text.text, [ov.Tensor(np.ascontiguousarray(image, dtype=np.uint8)) for image in text.images]
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    running: int  # requests in the engine
-    queued: int  # requests queued for room in the engine
-    running_sequences: int  # engine sequences of the running requests
-    paused: int  # running requests whose consumer lags (see admission.py)
-    rejected: int  # requests refused with Overloaded, ever
-    slow_readers_cancelled: int  # requests cancelled because their consumer stopped reading, ever
-    engine_requests: int
-    engine_scheduled: int
-    waiting: int  # engine requests not in the last step (waiting_requests)
-    kv_cache_usage: float  # percent
-    steps: int
-    step_seconds: float
-    prompt_tokens: int  # of the requests added to the engine
-    generated_tokens: int
-    steps_started: int  # engine steps entered, empty ones included
-    step_in_flight: bool  # the engine is inside a step right now
-    step_releases_gil: bool
-
-
-class Scheduler(RequestIntake):
+class Scheduler(EngineIntake):
     def __init__(
         self,
         pipeline: Any,
@@ -180,283 +143,128 @@ class Scheduler(RequestIntake):
         `step_runs`: with a GIL-free step, the worker steps on by itself while the loop
         has nothing to do between steps (see above); False hands every step back to the
         loop (bench/scheduler_overhead.py compares the two)."""
-        super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
-        self._pipeline = pipeline
-        self._prefill_slice_tokens = prefill_slice_tokens
+        super().__init__(
+            pipeline,
+            tokenizer,
+            vocabulary,
+            stream_interval,
+            limits,
+            observer,
+            prefill_slice_tokens,
+            step_tokens,
+            kv_block_tokens,
+        )
         self._step_runs = step_runs
-        self._step_tokens = step_tokens
-        self._kv_block_tokens = kv_block_tokens
         import openvino_genai
 
-        self._finished_status = openvino_genai.GenerationStatus.FINISHED
         self._running_status = openvino_genai.GenerationStatus.RUNNING
-        # Requests in the engine whose long prompts are still being prefilled in slices.
-        self._prefilling: dict[int, SlicedPrefill] = {}
-        self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
-        # Engine sequences of the requests in the engine (ActiveRequest.weight).
-        self._running_sequences = 0
-        self._stepper = StepThread(
-            step or EngineStep(pipeline.step, releases_gil=False, description="the binding's step()")
-        )
+        # The binding's step: the fallback, and the step while a first step may throw.
+        self._binding_step = EngineStep(pipeline.step, releases_gil=False, description="the binding's step()")
+        self._stepper: StepThread[StepState] = StepThread(step or self._binding_step)
         self._steps = 0
         self._step_seconds = 0.0
         # Engine state read by the loop between steps (see the module docstring).
         self._engine_unfinished = False
         self._engine_metrics: Any = None
 
-    # ---- admission: queued requests into the engine ------------------------------------
-
-    def _room_in_engine(self) -> int:
-        return max(0, self._limits.max_running_sequences - self._running_sequences)
-
-    def _describe_load(self) -> str:
-        return f"{self._running_sequences} sequences are running and {len(self._queued)} requests are waiting"
-
-    def _left_engine(self, active: ActiveRequest, outcome: str | None) -> None:
-        # Its sequences make room for the queued requests at the next admission.
-        self._running_sequences -= active.weight
-        prefill = self._prefilling.pop(active.request_id, None)
-        if prefill is not None:
-            # Ended while its prompt was prefilled (failed, or its consumer left), before
-            # its choices existed: the observer hears of each, and its submitter stops
-            # waiting and finds the reason in its channel (or in admission.error).
-            if outcome is not None:
-                for _ in range(prefill.choices):
-                    self._observer.ended(outcome)
-            prefill.admission.added.set()
-
-    def _admit(self) -> bool:
-        """Add waiting requests, oldest first, while the running sequences leave room
-        (between steps only); True if the engine got any. A request larger than the
-        whole limit runs when nothing else does. A request with a long prompt is only
-        registered here: `_advance_prefills` adds its first slice, after the requests
-        admitted with it (prefill.py)."""
-        added = False
-        now = time.monotonic()
-        while self._queued:
-            request_id, admission = next(iter(self._queued.items()))
-            active = admission.active
-            limit = self._limits.max_running_sequences
-            if self._running_sequences and self._running_sequences + active.weight > limit:
-                break
-            # Register the output state before the engine can produce anything for it.
-            del self._queued[request_id]
-            self._active[request_id] = active
-            self._running_sequences += active.weight
-            waited = now - active.submitted_at
-            self._retry_hint.observe(waited)
-            if admission.request is None:  # a reservation: its holder does the work
-                admission.added.set()
-                continue
-            if not self._register_sliced_prefill(admission, waited):
-                self._add_admitted(admission, waited)
-                added = True
-        return added
-
-    def _register_sliced_prefill(self, admission: Admission, waited: float) -> bool:
-        """Register an admitted request with long prompts to be prefilled in slices
-        (prefill.py); False if it has none."""
-        request = admission.request
-        threshold = self._prefill_slice_tokens
-        # A text prompt (a vision-language model's) goes to the engine whole.
-        if not threshold or request.texts is not None:
-            return False
-        long_prompts = [prompt for prompt in request.prompts if len(prompt) > threshold]
-        if not long_prompts:
-            return False
-        config = self._config(slice_params(request.params), 0)
-        prefill = SlicedPrefill(admission, long_prompts, config)
-        self._prefilling[admission.active.request_id] = prefill
-        # It is in the engine from its first slice on: its wait for room ends here.
-        for _ in range(prefill.choices):
-            self._observer.queued(waited)
-        return True
-
-    def _add_admitted(self, admission: Admission, waited: float | None) -> None:
-        """Add the engine requests of an admitted request, and let its submitter go on;
-        `waited`, its time in the queue, unless already reported (a sliced prefill)."""
-        active = admission.active
-        try:
-            request = admission.request
-            for i, prompt_ids in enumerate(request.prompts):
-                text = request.texts[i] if request.texts is not None else None
-                self._add_engine_requests(active, prompt_ids, request.params, text)
-        except UnsupportedParams as exc:
-            admission.error = exc
-            self._abort(active.request_id, None)
-        else:
-            self._prompt_tokens += active.prompt_tokens
-            if waited is not None:
-                for _ in active.sequences:
-                    self._observer.queued(waited)
-        admission.added.set()
-
-    def _add_prefix(self, active: ActiveRequest, prefill: SlicedPrefill) -> bool:
-        """Add the engine request for the next prefix of a prompt prefilled in slices,
-        sized to fit in one step beside the sequences decoding; False if none is left. It
-        is one of the request's parts with no choices of its own (delivery.py reads
-        nothing from it, and fails the request if the engine drops it)."""
-        decoding = self._running_sequences - active.weight
-        size = slice_size(self._prefill_slice_tokens, self._step_tokens, self._kv_block_tokens, decoding)
-        prefix = prefill.next_prefix(size)
-        if prefix is None:
-            return False
-        handle = self._add_request(ov_tensor(prefix), prefill.config)
-        prefill.running = EngineRequest(handle, [])
-        active.parts.append(prefill.running)
-        return True
-
-    def _advance_prefills(self, arrivals: bool) -> bool:
-        """For each request prefilled in slices that has no prefix running (just
-        admitted, or the engine finished its last one; between steps): add the next
-        prefix, or the request itself once none is left. With `arrivals` (requests were
-        just added whole), the next slice waits one step, once in a row: the new
-        requests' first step is then a light one, so a short request gets its first
-        token within one decode step of the slice that was running when it came. True
-        if the engine got anything."""
-        advanced = False
-        for request_id, prefill in list(self._prefilling.items()):
-            active = self._active[request_id]
-            running = prefill.running
-            if running is not None:
-                if running.handle.get_status() != self._finished_status:
-                    continue
-                active.parts.remove(running)
-                running.handle = None
-                prefill.running = None
-            if arrivals and not prefill.gave_way:
-                prefill.gave_way = True
-                continue
-            prefill.gave_way = False
-            advanced = True
-            try:
-                sliced = self._add_prefix(active, prefill)
-            except UnsupportedParams as exc:  # the engine refused the slice's request
-                prefill.admission.error = exc
-                self._abort(request_id, None)
-                continue
-            if not sliced:
-                del self._prefilling[request_id]
-                self._add_admitted(prefill.admission, None)
-        return advanced
-
-    def _add_engine_requests(
-        self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams, text: TextPrompt | None = None
-    ) -> None:
-        prompt = engine_prompt(text) if text is not None else ov_tensor(prompt_ids)
-
-        def new_sequences(count: int) -> list[Sequence]:
-            made = [
-                self._delivery.new_sequence(len(active.sequences) + i, prompt_ids, params) for i in range(count)
-            ]
-            active.sequences.extend(made)
-            return made
-
-        if params.beam_search:
-            sequences = new_sequences(params.n)
-            handle = self._add_request(prompt, self._config(params, 0))
-            active.parts.append(EngineRequest(handle, sequences, beam_search=True))
-            return
-        for sibling in range(params.n):
-            sequences = new_sequences(1)
-            handle = self._add_request(prompt, self._config(params, sibling))
-            active.parts.append(EngineRequest(handle, sequences))
-
-    def _add_request(self, prompt: Any, config: Any) -> Any:
-        try:
-            if isinstance(prompt, tuple):  # text and images (engine_prompt)
-                return self._pipeline.add_request(next(self._ids), prompt[0], prompt[1], config)
-            return self._pipeline.add_request(next(self._ids), prompt, config)
-        except RuntimeError as exc:  # e.g. a grammar XGrammar cannot compile
-            raise UnsupportedParams(_first_line(exc)) from None
-
-    def _config(self, params: SamplingParams, seed_offset: int) -> Any:
-        return to_generation_config(
-            params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids
-        )
-
-    # ---- slow readers -------------------------------------------------------------------
-
-    def _resume_or_expire_paused(self) -> bool:
-        """Resume the paused requests whose consumers have caught up, and cancel those
-        paused for longer than the timeout (between steps); True if any resumed."""
-        resumed = False
-        now = trio.current_time()
-        for active in list(self._active.values()):
-            if self._resume_or_expire(active, now):
-                resumed = True
-        return resumed
-
-    def _next_pause_deadline(self) -> float:
-        return min((self._pause_deadline(a) for a in self._active.values()), default=math.inf)
+    def _between_steps(self, call: str) -> None:
+        assert not self._stepper.running, f"{call} while an engine step is in flight"
 
     # ---- the loop -----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Step the engine while there is work; sleep (no CPU) while there is none."""
+        """Step the engine while there is work; sleep (no CPU) while there is none.
+
+        Each pass begins with no step in flight:
+
+        1. resume the paused requests whose consumers have caught up (what their handles
+           hold is read now), and cancel those paused for too long;
+        2. add the queued requests to the engine, then the next slices of long prompts
+           (new requests first: the engine gives each step's budget to prompts in the
+           order added);
+        3. with nothing for the engine to do, deliver the last tokens and sleep until
+           work comes (after one more, empty, step: the engine releases finished and
+           cancelled requests, and stops counting them in its metrics, only inside a
+           step);
+        4. start a run of steps, one of the ways of stepping.py, and deliver what the
+           last run produced beside it (_start_run);
+        5. await the run's steps, delivering each one's outputs while the next one runs;
+           the last one's are delivered at the next pass's step 4. An engine fault fails
+           the batch and the loop goes on.
+        """
         self._read_engine_state()
         self._running = True
         task_status.started()
         # True so the first idle pass runs one empty step: the engine may hold requests
-        # that finished before the loop started (the service's warm-up generation), which
-        # it releases, and stops counting in its metrics, only inside a step.
+        # that finished before the loop started (the service's warm-up generation).
         release_due = True
-        outputs: list[StepOutput] = []
+        pending: list[StepOutput] = []
         try:
             while True:
-                if self._resume_or_expire_paused():
-                    # What a resumed request's handles hold (no step is in flight here).
-                    outputs += self._delivery.read_outputs()
-                # New requests go to the engine before the next slice of a long prompt:
-                # the engine gives each step's budget to prompts in the order added.
-                admitted = self._admit()
+                pending += self._resume_or_expire_paused()  # 1
+                admitted = self._admit()  # 2
                 advanced = self._advance_prefills(arrivals=admitted)
                 working = admitted or advanced or self._engine_unfinished
-                if not working:
-                    # Nothing for the engine to do: the last tokens go out now.
-                    self._delivery.deliver(outputs, self._steps)
-                    outputs = []
+                if not working:  # 3
+                    self._deliver(pending)
+                    pending = []
                     if not release_due:
-                        with trio.move_on_at(self._next_pause_deadline()):
-                            await self._work.wait()
-                        self._work = trio.Event()
+                        await self._wait_for_work()
                         continue
-                # The engine releases finished and cancelled requests (and stops counting
-                # them in its metrics) only inside a step: after work, one more, empty one.
                 release_due = working
-                if self._stepper.releases_gil:
-                    plan = self._delivery.read_plan()
-                    # A run goes on by itself only while the loop has nothing to do
-                    # between its steps: no slices to add, no paused request to watch.
-                    steps_on = self._step_runs and not self._prefilling and not self._paused()
-                    self._stepper.start(after_step=partial(self._after_step, plan, steps_on))
-                    self._delivery.deliver(outputs, self._steps)
-                else:
-                    self._delivery.deliver(outputs, self._steps)
-                    self._stepper.start(when_idle=True)
-                outputs = []
+                self._start_run(pending)  # 4
+                pending = []
                 try:
-                    outputs = await self._collect_run(working)
+                    pending = await self._collect_run(working)  # 5
                 except Exception as exc:  # an engine fault: fail this batch, keep serving
                     log.exception("engine step failed")
                     self.fail_all(f"engine error: {exc}".splitlines()[0], "engine_error", waiting=False)
                     self._read_engine_state()
-                    continue
         finally:
             self._running = False
             self._stepper.close()
             self.fail_all("server is shutting down", SHUTTING_DOWN)
 
-    def _after_step(self, plan: list[PlannedRead], steps_on: bool) -> tuple[StepState, bool]:
+    async def _wait_for_work(self) -> None:
+        """Sleep until a request arrives or a consumer catches up, or until the next
+        paused request's slow-reader timeout."""
+        with trio.move_on_at(self._next_pause_deadline()):
+            await self._work.wait()
+        self._work = trio.Event()
+
+    def _start_run(self, pending: list[StepOutput]) -> None:
+        """Start the next run of steps, the way stepping.py chooses, and deliver
+        `pending` (the last run's outputs) beside it."""
+        stepping = choose_stepping(
+            gil_free=self._stepper.releases_gil,
+            first_step_due=self._first_steps.due,
+            # Runs go on by themselves only while the loop has nothing to do between
+            # steps: no slices to add, no paused request to watch.
+            runs=self._step_runs and not self._prefilling and not self._paused(),
+        )
+        if stepping is Stepping.WHEN_IDLE:
+            # It holds the GIL until it ends: the deltas go out first, and the step starts
+            # once the event loop has nothing left to run. The loop reads after it.
+            self._deliver(pending)
+            self._stepper.start(when_idle=True, step=self._binding_step)
+            return
+        # GIL-free: the step starts at once, its worker reads the handles planned now,
+        # and the last run's outputs are delivered while it runs.
+        plan = self._delivery.read_plan()
+        self._stepper.start(after_step=partial(self._after_step, plan, stepping is Stepping.RUNS))
+        self._deliver(pending)
+
+    def _after_step(self, plan: list[PlannedRead], runs: bool) -> AfterStep[StepState]:
         """In the worker thread, between two steps of a run: read the handles of `plan`
         and the engine's state, and say whether to step again at once. The run goes on
-        while `steps_on`, the engine has unfinished requests and every planned request
+        while `runs`, the engine has unfinished requests and every planned request
         still runs: one that finished, failed or was cancelled may make room for queued
         requests or end a slice of a long prompt, which the loop handles between steps."""
         reads = read_engine(plan)
         unfinished, metrics = self._engine_state()
-        more = steps_on and unfinished and all(status == self._running_status for *_, status in reads[1])
-        return (reads, unfinished, metrics), more
+        running = self._running_status
+        step_again = runs and unfinished and all(entry.status == running for entry in reads.entries)
+        return AfterStep(StepState(reads, unfinished, metrics), step_again)
 
     async def _collect_run(self, working: bool) -> list[StepOutput]:
         """Await each step of the run in flight; deliver the outputs of every step but the
@@ -467,17 +275,47 @@ class Scheduler(RequestIntake):
             if working:
                 self._steps += 1
                 self._step_seconds += result.seconds
-            if result.value is None:  # a one-step run without reads: the loop reads
-                fresh = self._delivery.read_outputs()
+            state = result.value
+            if state is None:  # a step through the binding: the loop reads
+                self._first_steps.stepped(self._running_status)
+                fresh = self._read_between_steps()
                 self._read_engine_state()
             else:
-                reads, self._engine_unfinished, self._engine_metrics = result.value
-                fresh = self._delivery.outputs_from(reads)
+                self._engine_unfinished, self._engine_metrics = state.unfinished, state.metrics
+                fresh, decisions = self._delivery.outputs_from(state.reads)
+                self._apply(decisions)
             if result.last:
                 return fresh
-            self._delivery.deliver(fresh, self._steps)
+            self._deliver(fresh)
             if self._paused():
                 self._stepper.hand_back()  # a consumer lags: stop reading its request
+
+    # ---- what the loop does between and beside steps ---------------------------------------
+
+    def _read_between_steps(self) -> list[StepOutput]:
+        """Read every handle but the paused requests' (no step in flight)."""
+        self._between_steps("reading the handles")
+        fresh, decisions = self._delivery.read_outputs()
+        self._apply(decisions)
+        return fresh
+
+    def _deliver(self, outputs: list[StepOutput]) -> None:
+        self._apply(self._delivery.deliver(outputs, self._steps))
+
+    def _resume_or_expire_paused(self) -> list[StepOutput]:
+        """Resume the paused requests whose consumers have caught up, and cancel those
+        paused for longer than the timeout (between steps); what the resumed ones'
+        handles hold."""
+        self._between_steps("resuming or cancelling slow readers")
+        resumed = False
+        now = trio.current_time()
+        for active in list(self._active.values()):
+            if self._resume_or_expire(active, now):
+                resumed = True
+        return self._read_between_steps() if resumed else []
+
+    def _next_pause_deadline(self) -> float:
+        return min((self._pause_deadline(a) for a in self._active.values()), default=math.inf)
 
     def _engine_wanted(self) -> None:
         # A request arrived or a consumer caught up: the run in flight ends after its
@@ -490,6 +328,7 @@ class Scheduler(RequestIntake):
 
     def _read_engine_state(self) -> None:
         """What the loop and stats() need from the engine, read while no step runs."""
+        self._between_steps("reading the engine's state")
         self._engine_unfinished, self._engine_metrics = self._engine_state()
 
     # ---- observation --------------------------------------------------------------------

@@ -51,7 +51,7 @@ class SpeculationTally:
         if first:
             return None
         accepted = len(ids) - 1
-        if self.params.assistant_confidence_threshold > 0:
+        if self.params.speculation.assistant_confidence_threshold > 0:
             drafted = accepted + 1 if accepted < self._room_before(len(ids)) else accepted
         drafted = max(drafted, accepted)  # the engine's candidates are never fewer than it accepted
         return StepTally(drafted, accepted) if drafted else None
@@ -63,10 +63,11 @@ class SpeculationTally:
 
     def _proposed(self) -> int:
         room = max(0, self.params.max_new_tokens - len(self.generated) - 1)
-        wanted = min(self.params.num_assistant_tokens, room)
-        if wanted == 0 or self.params.max_ngram_size == 0:
+        speculation = self.params.speculation
+        wanted = min(speculation.num_assistant_tokens, room)
+        if wanted == 0 or speculation.max_ngram_size == 0:
             return wanted
-        return min(wanted, _ngram_candidates(self.prompt_ids + self.generated, self.params.max_ngram_size))
+        return min(wanted, _ngram_candidates(self.prompt_ids + self.generated, speculation.max_ngram_size))
 
 
 def _ngram_candidates(ids: list[int], max_ngram_size: int) -> int:

@@ -27,16 +27,21 @@ import time
 from functools import partial
 from typing import Any
 
-import numpy as np
 import trio
 
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.intake import SHUTTING_DOWN, RequestIntake
 from ovtrio.scheduler.messages import Failed
 from ovtrio.scheduler.observer import RequestObserver
-from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams, to_generation_config
+from ovtrio.scheduler.interface import SchedulerStats
+from ovtrio.scheduler.params import (
+    GenerationRequest,
+    UnsupportedParams,
+    engine_prompt,
+    prompt_tensor,
+    to_generation_config,
+)
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest
-from ovtrio.scheduler.scheduler import SchedulerStats, engine_prompt
 from ovtrio.scheduler.streamer import DEFAULT_LIMIT, GeneratedTokens, make_streamer
 
 log = logging.getLogger("ovtrio.scheduler")
@@ -105,8 +110,6 @@ class StatefulScheduler(RequestIntake):
 
     async def _serve(self, admission: Admission) -> None:
         """Run one request: generate in a worker thread, deliver as tokens arrive."""
-        import openvino as ov
-
         active, request = admission.active, admission.request
         assert request is not None, "the stateful backend takes no reservations (it does not score)"
         params = request.params
@@ -133,8 +136,7 @@ class StatefulScheduler(RequestIntake):
             text, images = engine_prompt(request.texts[0])
             run = partial(self._pipeline.generate, text, images=images, generation_config=config)
         else:
-            prompt = ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
-            run = partial(self._pipeline.generate, prompt, config)
+            run = partial(self._pipeline.generate, prompt_tensor(prompt_ids), config)
         streamer = make_streamer(tokens)
         outcome: list[Any] = []  # the generate() result, or the exception it raised
         done = trio.Event()
@@ -195,10 +197,11 @@ class StatefulScheduler(RequestIntake):
         if active.request_id not in self._active:
             return
         self._resume_or_expire(active, trio.current_time())
-        outputs = self._delivery.read_outputs()
+        outputs, decisions = self._delivery.read_outputs()
+        self._apply(decisions)
         if outputs:
             self._reads += 1
-            self._delivery.deliver(outputs, self._reads)
+            self._apply(self._delivery.deliver(outputs, self._reads))
 
     # ---- observation --------------------------------------------------------------------
 

@@ -34,6 +34,9 @@ trio instrument sees the run loop about to block waiting for I/O with no task re
 (`before_io_wait` with a timeout), and starts the step there. This is where trio itself
 decides it is idle, so nothing is polled or guessed. Such a run is always one step: a
 worker stepping on by itself would hold the GIL between steps too.
+
+A run may step the engine another way than the thread's own (`start(step=...)`): the
+scheduler takes the binding's step for a step that may throw (stepping.py).
 """
 
 from __future__ import annotations
@@ -43,21 +46,33 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 import outcome
 import trio
 
 from ovtrio.scheduler.engine_step import EngineStep
 
+Value = TypeVar("Value")
+
 
 @dataclass(frozen=True, slots=True)
-class StepResult:
-    """One step of a run: what `after_step` returned (None without it), the step's own
+class AfterStep(Generic[Value]):
+    """What `after_step` returns: what it read, for wait()'s StepResult, and whether the
+    worker is to step again at once (unless hand_back() was asked)."""
+
+    value: Value
+    step_again: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult(Generic[Value]):
+    """One step of a run: what `after_step` read (None without it), the step's own
     duration, and whether the run ended with it (the engine is then between steps and
     the loop may call it)."""
 
-    value: Any
+    value: Value | None
     seconds: float
     last: bool
 
@@ -74,8 +89,9 @@ class _WhenIdle(trio.abc.Instrument):
             launch()
 
 
-class StepThread:
+class StepThread(Generic[Value]):
     def __init__(self, step: EngineStep) -> None:
+        """`step`: how to step the engine, unless a run asks for another (start)."""
         self._step = step
         self._when_idle: _WhenIdle | None = None
         # Each step's outcome (a StepResult, or the error that ended the run), in order.
@@ -92,6 +108,7 @@ class StepThread:
 
     @property
     def releases_gil(self) -> bool:
+        """Whether its own step (not one a run asked for) releases the GIL."""
         return self._step.releases_gil
 
     @property
@@ -104,28 +121,35 @@ class StepThread:
         """True from start() until wait() has returned the run's last step."""
         return self._pending
 
-    def start(self, when_idle: bool = False, after_step: Callable[[], tuple[Any, bool]] | None = None) -> None:
+    def start(
+        self,
+        when_idle: bool = False,
+        after_step: Callable[[], AfterStep[Value]] | None = None,
+        step: EngineStep | None = None,
+    ) -> None:
         """Begin a run of engine steps in a worker thread. Call from the trio thread.
 
-        `after_step()` is called in the worker after each step and returns (value, more):
-        the value goes to wait()'s StepResult, and the worker steps again if `more` and
-        no hand_back() was asked. It runs between steps, so it may read the engine; it
+        `after_step()` is called in the worker after each step: what it read goes to
+        wait()'s StepResult, and the worker steps again if it says so and no
+        hand_back() was asked. It runs between steps, so it may read the engine; it
         holds the GIL while it runs. Without it the run is one step. With `when_idle`
         (for a step that holds the GIL), the run is one step and begins once the event
-        loop has no task ready to run; otherwise at once.
+        loop has no task ready to run; otherwise at once. `step`: how to step the engine
+        in this run, instead of the thread's own step.
         """
         if self._pending:
             raise RuntimeError("an engine step is already in flight")
+        run_step = step or self._step
         self._pending = True
         self._hand_back = False
         if when_idle:
             if self._when_idle is None:
                 self._when_idle = _WhenIdle()
                 trio.lowlevel.add_instrument(self._when_idle)
-            self._when_idle.queued = self._launch_when_idle
+            self._when_idle.queued = partial(self._launch_when_idle, run_step)
             return
         try:
-            self._launch(after_step if self._step.releases_gil else None)
+            self._launch(run_step, after_step if run_step.releases_gil else None)
         except BaseException:
             self._pending = False
             raise
@@ -140,19 +164,19 @@ class StepThread:
             trio.lowlevel.remove_instrument(self._when_idle)
             self._when_idle = None
 
-    def _launch_when_idle(self) -> None:
+    def _launch_when_idle(self, step: EngineStep) -> None:
         # Called by the instrument. An exception escaping an instrument makes trio
         # drop the instrument and log it, and the shielded wait() would never return:
         # the waiting task gets the error as the run's outcome instead.
         try:
-            self._launch(None)
+            self._launch(step, None)
         except Exception as exc:  # noqa: BLE001 (handed to the waiting task)
             self._arrive(outcome.Error(exc))
 
-    def _launch(self, after_step: Callable[[], tuple[Any, bool]] | None) -> None:
+    def _launch(self, step: EngineStep, after_step: Callable[[], AfterStep[Value]] | None) -> None:
         token = trio.lowlevel.current_trio_token()
-        handed_over = threading.Event() if self._step.releases_gil else None
-        run = self._step.run
+        handed_over = threading.Event() if step.releases_gil else None
+        run = step.run
 
         def post(result: outcome.Outcome) -> None:
             try:
@@ -160,7 +184,7 @@ class StepThread:
             except trio.RunFinishedError:  # the event loop is gone: nobody waits any more
                 pass
 
-        def steps() -> StepResult:
+        def steps() -> StepResult[Value]:
             while True:
                 self.entered += 1
                 if handed_over is not None:
@@ -171,10 +195,12 @@ class StepThread:
                 finally:
                     seconds = time.perf_counter() - began
                     self.finished += 1
-                value, more = after_step() if after_step is not None else (None, False)
-                if not more or self._hand_back:
-                    return StepResult(value, seconds, last=True)
-                post(outcome.Value(StepResult(value, seconds, last=False)))
+                if after_step is None:
+                    return StepResult(None, seconds, last=True)
+                read = after_step()
+                if not read.step_again or self._hand_back:
+                    return StepResult(read.value, seconds, last=True)
+                post(outcome.Value(StepResult(read.value, seconds, last=False)))
 
         trio.lowlevel.start_thread_soon(steps, post, name="ovtrio engine step")
         if handed_over is not None:
@@ -184,7 +210,7 @@ class StepThread:
         self._results.append(result)
         self._arrived.set()
 
-    async def wait(self) -> StepResult:
+    async def wait(self) -> StepResult[Value]:
         """The next step's result; raise what the run raised (which ends it).
 
         Not cancellable while a run is in flight: the engine must not be left mid-step
@@ -208,7 +234,7 @@ class StepThread:
             raise
         return result
 
-    async def _next(self) -> StepResult:
+    async def _next(self) -> StepResult[Value]:
         while not self._results:
             self._arrived = trio.Event()
             await self._arrived.wait()

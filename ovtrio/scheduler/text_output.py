@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 # Prompt tokens kept as context for the first generated token's window.
 _CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
-
-
-class BatchDecoder(Protocol):
-    def decode(self, sequences: list[list[int]], skip_special_tokens: bool = True) -> list[str]: ...
 
 
 class IncrementalDetokenizer:

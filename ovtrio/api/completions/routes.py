@@ -31,7 +31,7 @@ async def create_completion() -> Any:
     prompts = await tokenized(chars, model.prompts.encode_completion_prompts, body.prompt)
     echo = model.prompts.prompt_texts(body.prompt, prompts) if body.echo else None
     generation = generation_request(model, body, prompts, texts=_text_prompts(model, body.prompt))
-    choices = len(prompts) * body.n
+    choices = generation.choices
     writer = CompletionWriter(
         envelope("cmpl-", model, body),
         choices=choices,

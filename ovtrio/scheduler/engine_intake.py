@@ -1,0 +1,250 @@
+"""Taking queued requests into the continuous-batching engine, between two steps.
+
+The loop (scheduler.py) calls `_admit()` and `_advance_prefills()` between steps: the
+oldest queued requests go in while the running sequences leave room for them
+(admission.py says how much room), each as its engine requests (one per prompt and
+sibling, or one beam search per prompt), and a request with a long prompt first as
+growing prefixes of it, one slice a step (prefill.py). Each engine request added is
+registered with the first-step check (stepping.py) before the next step runs.
+
+`add_request()` is only safe between steps (scheduler.py's docstring says why): every
+call here checks that no step is in flight (`_between_steps`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ovtrio.scheduler.admission import AdmissionLimits
+from ovtrio.scheduler.intake import RequestIntake
+from ovtrio.scheduler.observer import RequestObserver
+from ovtrio.scheduler.params import (
+    SamplingParams,
+    TextPrompt,
+    UnsupportedParams,
+    engine_prompt,
+    prompt_tensor,
+    to_generation_config,
+)
+from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
+from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
+from ovtrio.scheduler.stepping import FirstSteps
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
+    text = lines[0] if lines else type(exc).__name__
+    return text.split(": ", 1)[-1] if text.startswith("[") else text
+
+
+class EngineIntake(RequestIntake):
+    """The requests of a continuous-batching engine: RequestIntake's bookkeeping, and
+    how queued requests become engine requests."""
+
+    def __init__(
+        self,
+        pipeline: Any,
+        tokenizer: Any,
+        vocabulary: Any,
+        stream_interval: int,
+        limits: AdmissionLimits,
+        observer: RequestObserver | None,
+        prefill_slice_tokens: int,
+        step_tokens: int,
+        kv_block_tokens: int,
+    ) -> None:
+        super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
+        self._pipeline = pipeline
+        self._prefill_slice_tokens = prefill_slice_tokens
+        self._step_tokens = step_tokens
+        self._kv_block_tokens = kv_block_tokens
+        import openvino_genai
+
+        self._finished_status = openvino_genai.GenerationStatus.FINISHED
+        # Requests in the engine whose long prompts are still being prefilled in slices.
+        self._prefilling: dict[int, SlicedPrefill] = {}
+        self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
+        # Engine sequences of the requests in the engine (ActiveRequest.weight).
+        self._running_sequences = 0
+        # Engine requests whose first step has not run yet, when it may throw.
+        self._first_steps = FirstSteps()
+
+    def _between_steps(self, call: str) -> None:
+        """Check that no engine step is in flight: `call` is only safe between steps."""
+        raise NotImplementedError
+
+    # ---- room in the engine ---------------------------------------------------------------
+
+    def _room_in_engine(self) -> int:
+        return max(0, self._limits.max_running_sequences - self._running_sequences)
+
+    def _describe_load(self) -> str:
+        return f"{self._running_sequences} sequences are running and {len(self._queued)} requests are waiting"
+
+    def _left_engine(self, active: ActiveRequest, outcome: str | None) -> None:
+        # Its sequences make room for the queued requests at the next admission.
+        self._running_sequences -= active.weight
+        prefill = self._prefilling.pop(active.request_id, None)
+        if prefill is not None:
+            # Ended while its prompt was prefilled (failed, or its consumer left), before
+            # its choices existed: the observer hears of each, and its submitter stops
+            # waiting and finds the reason in its channel (or in admission.error).
+            if outcome is not None:
+                for _ in range(prefill.choices):
+                    self._observer.ended(outcome)
+            prefill.admission.added.set()
+
+    # ---- admission ------------------------------------------------------------------------
+
+    def _admit(self) -> bool:
+        """Add waiting requests, oldest first, while the running sequences leave room
+        (between steps only); True if the engine got any. A request larger than the
+        whole limit runs when nothing else does. A request with a long prompt is only
+        registered here: `_advance_prefills` adds its first slice, after the requests
+        admitted with it (prefill.py)."""
+        added = False
+        now = time.monotonic()
+        while self._queued:
+            request_id, admission = next(iter(self._queued.items()))
+            active = admission.active
+            limit = self._limits.max_running_sequences
+            if self._running_sequences and self._running_sequences + active.weight > limit:
+                break
+            # Register the output state before the engine can produce anything for it.
+            del self._queued[request_id]
+            self._active[request_id] = active
+            self._running_sequences += active.weight
+            waited = now - active.submitted_at
+            self._retry_hint.observe(waited)
+            if admission.request is None:  # a reservation: its holder does the work
+                admission.added.set()
+                continue
+            if not self._register_sliced_prefill(admission, waited):
+                self._add_admitted(admission, waited)
+                added = True
+        return added
+
+    def _register_sliced_prefill(self, admission: Admission, waited: float) -> bool:
+        """Register an admitted request with long prompts to be prefilled in slices
+        (prefill.py); False if it has none."""
+        request = admission.request
+        threshold = self._prefill_slice_tokens
+        # A text prompt (a vision-language model's) goes to the engine whole.
+        if not threshold or request.texts is not None:
+            return False
+        long_prompts = [prompt for prompt in request.prompts if len(prompt) > threshold]
+        if not long_prompts:
+            return False
+        prefill = SlicedPrefill(admission, long_prompts, slice_params(request.params))
+        self._prefilling[admission.active.request_id] = prefill
+        # It is in the engine from its first slice on: its wait for room ends here.
+        for _ in range(prefill.choices):
+            self._observer.queued(waited)
+        return True
+
+    def _add_admitted(self, admission: Admission, waited: float | None) -> None:
+        """Add the engine requests of an admitted request, and let its submitter go on;
+        `waited`, its time in the queue, unless already reported (a sliced prefill)."""
+        active = admission.active
+        try:
+            request = admission.request
+            for i, prompt_ids in enumerate(request.prompts):
+                text = request.texts[i] if request.texts is not None else None
+                self._add_engine_requests(active, prompt_ids, request.params, text)
+        except UnsupportedParams as exc:
+            admission.error = exc
+            self._abort(active.request_id, None)
+        else:
+            self._prompt_tokens += active.prompt_tokens
+            if waited is not None:
+                for _ in active.sequences:
+                    self._observer.queued(waited)
+        admission.added.set()
+
+    def _add_engine_requests(
+        self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams, text: TextPrompt | None = None
+    ) -> None:
+        prompt = engine_prompt(text) if text is not None else prompt_tensor(prompt_ids)
+
+        def new_sequences(count: int) -> list[Sequence]:
+            made = [
+                self._delivery.new_sequence(len(active.sequences) + i, prompt_ids, params) for i in range(count)
+            ]
+            active.sequences.extend(made)
+            return made
+
+        if params.beam_search:
+            sequences = new_sequences(params.n)
+            handle = self._add_request(prompt, params, 0)
+            active.parts.append(self._first_steps.added(EngineRequest(handle, sequences, beam_search=True), params))
+            return
+        for sibling in range(params.n):
+            sequences = new_sequences(1)
+            handle = self._add_request(prompt, params, sibling)
+            active.parts.append(self._first_steps.added(EngineRequest(handle, sequences), params))
+
+    def _add_request(self, prompt: Any, params: SamplingParams, seed_offset: int) -> Any:
+        self._between_steps("add_request")
+        config = to_generation_config(
+            params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids
+        )
+        try:
+            if isinstance(prompt, tuple):  # text and images (engine_prompt)
+                return self._pipeline.add_request(next(self._ids), prompt[0], prompt[1], config)
+            return self._pipeline.add_request(next(self._ids), prompt, config)
+        except RuntimeError as exc:  # the engine refuses the settings
+            raise UnsupportedParams(_first_line(exc)) from None
+
+    # ---- long prompts in slices -----------------------------------------------------------
+
+    def _add_prefix(self, active: ActiveRequest, prefill: SlicedPrefill) -> bool:
+        """Add the engine request for the next prefix of a prompt prefilled in slices,
+        sized to fit in one step beside the sequences decoding; False if none is left. It
+        is one of the request's parts with no choices of its own (delivery.py reads
+        nothing from it, and fails the request if the engine drops it)."""
+        decoding = self._running_sequences - active.weight
+        size = slice_size(self._prefill_slice_tokens, self._step_tokens, self._kv_block_tokens, decoding)
+        prefix = prefill.next_prefix(size)
+        if prefix is None:
+            return False
+        handle = self._add_request(prompt_tensor(prefix), prefill.params, 0)
+        prefill.running = self._first_steps.added(EngineRequest(handle, []), prefill.params)
+        active.parts.append(prefill.running)
+        return True
+
+    def _advance_prefills(self, arrivals: bool) -> bool:
+        """For each request prefilled in slices that has no prefix running (just
+        admitted, or the engine finished its last one; between steps): add the next
+        prefix, or the request itself once none is left. With `arrivals` (requests were
+        just added whole), the next slice waits one step, once in a row: the new
+        requests' first step is then a light one, so a short request gets its first
+        token within one decode step of the slice that was running when it came. True
+        if the engine got anything."""
+        advanced = False
+        for request_id, prefill in list(self._prefilling.items()):
+            active = self._active[request_id]
+            running = prefill.running
+            if running is not None:
+                self._between_steps("a handle's get_status")
+                if running.handle.get_status() != self._finished_status:
+                    continue
+                active.parts.remove(running)
+                running.handle = None
+                prefill.running = None
+            if arrivals and not prefill.gave_way:
+                prefill.gave_way = True
+                continue
+            prefill.gave_way = False
+            advanced = True
+            try:
+                sliced = self._add_prefix(active, prefill)
+            except UnsupportedParams as exc:  # the engine refused the slice's request
+                prefill.admission.error = exc
+                self._abort(request_id, None)
+                continue
+            if not sliced:
+                del self._prefilling[request_id]
+                self._add_admitted(prefill.admission, None)
+        return advanced
