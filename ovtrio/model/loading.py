@@ -346,7 +346,7 @@ def warm_up(model: LoadedModel) -> int:
     """
     import openvino_genai
 
-    from ovtrio.scheduler.params import prompt_tensor
+    from ovtrio.model.tensors import prompt_tensor
 
     config = apply_defaults(openvino_genai.GenerationConfig(), model.speculation)
     config.max_new_tokens = 2
@@ -369,7 +369,7 @@ def warm_up_stateful(model: LoadedModel) -> int:
     0: it has no paged KV cache whose size would matter."""
     import openvino_genai
 
-    from ovtrio.scheduler.params import prompt_tensor
+    from ovtrio.model.tensors import prompt_tensor
 
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens = 2

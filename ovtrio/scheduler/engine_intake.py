@@ -19,12 +19,12 @@ from typing import Any
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.intake import RequestIntake
 from ovtrio.scheduler.observer import RequestObserver
+from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.params import (
     SamplingParams,
     TextPrompt,
     UnsupportedParams,
     engine_prompt,
-    prompt_tensor,
     to_generation_config,
 )
 from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size

@@ -258,7 +258,7 @@ def _verify(
     """Cross-check the route against the binding on the live pipeline."""
     import openvino_genai
 
-    from ovtrio.scheduler.params import prompt_tensor
+    from ovtrio.model.tensors import prompt_tensor
 
     if pipeline.has_non_finished_requests():
         raise Unavailable("the pipeline must hold no request while the step is verified")

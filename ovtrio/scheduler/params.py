@@ -156,13 +156,6 @@ class GenerationRequest:
         return sum(len(prompt) for prompt in self.prompts)
 
 
-def prompt_tensor(prompt_ids: list[int]) -> Any:
-    """A prompt as the engine takes it: a [1, n] tensor of int64 token ids."""
-    import openvino as ov
-
-    return ov.Tensor(np.asarray([prompt_ids], dtype=np.int64))
-
-
 def engine_prompt(text: TextPrompt) -> tuple[str, list[Any]]:
     """A text prompt as a vision-language model's engine takes it: the text, and each
     image as a uint8 HWC tensor."""

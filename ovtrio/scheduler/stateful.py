@@ -34,11 +34,11 @@ from ovtrio.scheduler.intake import SHUTTING_DOWN, RequestIntake
 from ovtrio.scheduler.messages import Failed
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.interface import SchedulerStats
+from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.params import (
     GenerationRequest,
     UnsupportedParams,
     engine_prompt,
-    prompt_tensor,
     to_generation_config,
 )
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest
