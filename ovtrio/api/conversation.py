@@ -106,8 +106,8 @@ def output_constraint(
     """What constrained decoding holds the reply to: the forced tool call, or the
     requested output format (read by the endpoint's own rules). Each tool's parameters
     and the output format are first held to `max_schema_bytes` of JSON: the engine
-    compiles a schema into a grammar hundreds of times its size (an enum of 20,000
-    strings, 200 KB, takes 34 MB), and checking it takes time proportional to it."""
+    compiles a schema into a grammar hundreds of times its size, and checking it takes
+    time proportional to it (see docs/benchmarks.md#structured-output-grammars)."""
     if max_schema_bytes is not None:
         check_schema_sizes(body, max_schema_bytes)
     if not forced(body):

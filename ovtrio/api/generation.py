@@ -53,13 +53,12 @@ class Writer(Protocol):
     def write(self, events: list[OutputEvent]) -> list[dict[str, Any]]: ...
 
 
-# Bodies this large take milliseconds to parse (about 1 ms a megabyte of data URLs, more
-# for many small values), on the event loop: pydantic holds the GIL throughout, so a
-# thread would not free it.
+# Bodies this large take milliseconds to parse, on the event loop: pydantic holds the GIL
+# throughout, so a thread would not free it (see docs/benchmarks.md#request-bodies).
 LARGE_BODY_BYTES = 1024 * 1024
 # One large body parsed at a time: requests whose bodies arrive together would otherwise
 # be parsed one after the other in one pass of trio's run loop, before it reads any
-# socket (8 bodies of 17 MB held /health for 70-130 ms). Each waiter is woken into the
+# socket (see docs/benchmarks.md#request-bodies). Each waiter is woken into the
 # next pass, so the loop serves its sockets between two of them.
 _LARGE_BODY_PARSE = trio.Lock()
 

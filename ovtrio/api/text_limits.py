@@ -3,7 +3,9 @@ event loop.
 
 A prompt of N tokens has at most N x (the vocabulary's longest token) characters, so a
 text longer than the context times that is refused at once (400 naming the field),
-without spending the CPU to count its tokens: tokenizing 15 MB took 15 s. Texts under
+without spending the CPU to count its tokens, which for a body of megabytes holds the
+event loop for seconds (see
+docs/benchmarks.md#attacks-huge-inputs-cache-growth-closed-sockets). Texts under
 the bound are tokenized exactly as before; long ones in a worker thread. The tokenizer
 holds the GIL while it runs, so the thread alone does not free the event loop: what
 does is that the tokenizer is called on pieces of bounded size (ovtrio/model/prompts.py

@@ -77,8 +77,9 @@ async def tokenize() -> Any:
         reply["token_strs"] = pieces
     if len(ids) <= OFF_LOOP_TOKENS:
         return reply
-    # Writing 100,000 ids as JSON takes 10 ms: in a worker thread, in parts, handing the
-    # GIL back to the event loop between them.
+    # Writing a long list of ids as JSON would hold the event loop: in a worker thread, in
+    # parts, handing the GIL back to it between them (see
+    # docs/benchmarks.md#tokenizing-and-detokenizing).
     return Response(await trio.to_thread.run_sync(_json_in_parts, reply), mimetype="application/json")
 
 

@@ -6,7 +6,7 @@ most `max_queued_requests` requests wait for room behind them, in arrival order.
 request beyond that is refused at once with Overloaded, before the engine sees it, so
 a burst costs the server nothing but the refusal and the requests it took on finish in
 a bounded time. Without a bound every request of a burst joins the engine's own queue
-and all of them wait (2,000 small requests at once: 21 s median latency, no refusal).
+and all of them wait, none refused (see docs/benchmarks.md#a-burst-of-2000-requests).
 
 Slow readers: a request whose consumer leaves `slow_reader_buffer` messages unread is
 paused (its handle is not read, so its tokens wait in the engine as ids, and nothing is

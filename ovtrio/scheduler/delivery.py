@@ -14,9 +14,8 @@ and why it is safe where it is made.
 It also reports each choice's token timings and its end to the scheduler's
 RequestObserver (observer.py). The timings are those of the read: one clock reading per
 step, taken by `read_engine()`, stands for every output of that step, so recording
-costs a subtraction and an observer call per choice and step: about 2 us with
-prometheus_client's histograms, 0.5 ms a step for 256 streams in decode, against steps
-of tens of milliseconds at that batch (bench/observer_cost.py).
+costs a subtraction and an observer call per choice and step, small beside a step even
+at the largest batch (bench/observer_cost.py; see docs/benchmarks.md#metrics-recording).
 """
 
 from __future__ import annotations
@@ -279,13 +278,14 @@ class Delivery:
     def _stream_interval(self) -> int:
         """Engine steps between deltas to consumers.
 
-        Each delta costs its consumer an HTTP write (about 0.1 ms through Quart,
-        Hypercorn and h11). With a step that holds the GIL that is paid between steps
-        while the engine waits; with a GIL-free step it runs beside the engine but takes
-        CPU from the engine's own threads on a small machine. With many streams that
-        adds up to over 10% of the engine's time, so by default deltas are merged over
-        two steps from 12 streams on and three from 24 on: tokens then reach a reader
-        every 40-90 ms instead of every 20-30 ms, and the engine keeps its throughput.
+        Each delta costs its consumer an HTTP write through Quart, Hypercorn and h11.
+        With a step that holds the GIL that is paid between steps while the engine
+        waits; with a GIL-free step it runs beside the engine but takes CPU from the
+        engine's own threads on a small machine. With many streams that adds up to a
+        real share of the engine's time, so by default deltas are merged over two steps
+        from 12 streams on and three from 24 on: tokens reach a reader a little less
+        often, and the engine keeps its throughput (see
+        docs/benchmarks.md#streaming-deltas).
         A configured interval overrides this.
         """
         if self._configured_interval:

@@ -4,18 +4,18 @@ Why: the engine fills each step's token budget (max_num_batched_tokens) with pro
 chunks in arrival order (openvino.genai's scheduler, `_schedule_prompt_phase_dynamic_
 split_fuse`), and nothing caps one request's share of a step. A 2,000-token prompt thus
 takes every step's whole budget until it is prefilled, and a short request that arrives
-meanwhile waits for all of it: about 10 s on a 1.1B model on 2 cores, the raw engine
-included.
+meanwhile waits for all of it, on the raw engine too (see
+docs/benchmarks.md#request-limits-and-prefill-slices).
 
 How: with prefix caching on, the scheduler first adds, one after the other, engine
 requests for growing prefixes of the prompt (each generating one token), then the
 request itself. Each prefix finds the one before it in the prefix cache, so it computes
 one new slice: long_prefill_token_threshold tokens, or what the decoding sequences leave
 of the step's budget if that is less. As each is added after the requests that arrived
-while the last one ran, those get their first step before the next slice. Measured on
-the raw engine (1.1B model, 2 cores, 256-token steps and slices, a 2,000-token prompt):
-a short request's first token after 1.1-1.2 s instead of 8.7-11 s, and the long prompt
-done in 10.9-11.5 s instead of 10.9-13.2 s. Slices end on KV-block boundaries, so every
+while the last one ran, those get their first step before the next slice: on the raw
+engine that brings a short request's first token forward several times over and costs
+the long prompt little (see docs/benchmarks.md#request-limits-and-prefill-slices).
+Slices end on KV-block boundaries, so every
 block a slice fills is a whole block the prefix cache can hand on.
 
 The prefixes are the same computation the engine would do in chunks: the output is the

@@ -1,8 +1,9 @@
 """The continuous-batching loop: one trio task owns the engine; steps run in a thread.
 
-Why a worker thread: an engine step takes 10-150 ms on the embedded 135M model and
-seconds for a prefill chunk of a 1B-class model on a small CPU. Stepped on the trio
-thread, it stops the event loop for that long: /health, new connections and every
+Why a worker thread: an engine step takes tens of milliseconds on the embedded 135M
+model and seconds for a prefill chunk of a 1B-class model on a small CPU (see
+docs/benchmarks.md#stepping-and-the-event-loop). Stepped on the trio thread, it stops
+the event loop for that long: /health, new connections and every
 stream's writes wait for the step. So the loop task hands each step to a worker thread
 (step_thread.py) and awaits it, and the step releases the GIL (engine_step.py), so the
 event loop keeps serving while the engine computes. With a step that holds the GIL (the
@@ -18,9 +19,9 @@ detokenizes them and sends each request its delta, and the handlers format and w
 their chunks. A request that arrives, a consumer that catches up, a request that ends
 (room for queued ones) or a slice of a long prompt ends the run after the step in
 flight, and the loop does its work between steps as before. Why runs: handing every step
-back to the loop costs two thread wake-ups between steps (0.3-0.6 ms on a 2-core
-virtual machine, 5% of a decode step of the embedded model for one stream), time in
-which the engine sits idle. With a step that holds the GIL, each run is one step: the
+back to the loop costs two thread wake-ups between steps, time in which the engine
+sits idle (see docs/benchmarks.md#stepping-and-the-event-loop). With a step that
+holds the GIL, each run is one step: the
 deltas go out first, and the step starts when the event loop has nothing left to run
 (every consumer has written its chunk, every request that arrived meanwhile has been
 read; step_thread.py), since it pauses the loop until it ends. Either way the hand-off

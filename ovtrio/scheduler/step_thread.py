@@ -1,6 +1,7 @@
 """Engine steps run in a worker thread; the trio task that owns the engine awaits them.
 
-Why a thread: an engine step is CPU work of 10 ms to seconds. Run on the trio thread it
+Why a thread: an engine step is CPU work of milliseconds to seconds (see
+docs/benchmarks.md#stepping-and-the-event-loop). Run on the trio thread it
 stops the event loop for that long (no /health, no SSE writes, no new connections).
 In a worker thread, with a step that releases the GIL (engine_step.py), the loop keeps
 serving while the engine computes.
@@ -16,9 +17,9 @@ steps (it reads what the step produced), and steps again by itself while it says
 is more to do and the loop has not asked for the engine (`hand_back()`). The loop then
 gets each step's result while the next step already runs. Why: handing every step back
 to the trio task costs a round trip of thread wake-ups (the worker wakes the event loop,
-which wakes the worker again), 0.3-0.6 ms a step on a 2-core virtual machine, measured
-as the gap between two steps: 5% of a decode step of the embedded model for one stream.
-A run keeps the engine busy and leaves only the reads between its steps. Without
+which wakes the worker again), during which the engine sits idle (see
+docs/benchmarks.md#stepping-and-the-event-loop). A run keeps the engine busy and
+leaves only the reads between its steps. Without
 `after_step`, a run is one step.
 
 The hand-off when the step releases the GIL: `start()` blocks the trio thread until the

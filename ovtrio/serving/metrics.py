@@ -135,7 +135,8 @@ class ModelMetrics:
     """The request metrics of one served model: a RequestObserver for its scheduler.
 
     Holds the labelled children, so an observation is one `observe()` or `inc()` on a
-    prometheus_client object (about 1.7 us), with no label lookup.
+    prometheus_client object, with no label lookup, as one is made per choice and step
+    (see docs/benchmarks.md#request-metrics).
     """
 
     def __init__(self, families: RequestFamilies, model_name: str, speculative: bool = False) -> None:

@@ -3,8 +3,8 @@
 events).
 
 Slotted dataclasses written to JSON by pydantic's serializer, like the Responses API's
-events (see ovtrio/api/responses/objects.py for what that costs per event against dicts
-and pydantic models).
+events (see docs/benchmarks.md#responses-events for what that costs per event against
+dicts and pydantic models).
 """
 
 from __future__ import annotations

@@ -3,12 +3,9 @@
 `response.*` events of ResponseStreamEvent).
 
 They are slotted dataclasses, written to JSON by pydantic's serializer (`to_json`), and
-not pydantic models: an event is made for every token of every stream. Building and
-writing 100,000 output_text.delta events took, per event (`python bench/typed_events.py`,
-measured under load on 2 cores, AMD EPYC): a dict and json.dumps 8.2 us, this
-dataclass and to_json 4.6 us (0.56x), a pydantic model and model_dump_json 7.6 us
-(0.93x; 1.4x the dict in a quieter run). So the typed path is also the cheaper one, and
-no per-token path keeps dicts.
+not pydantic models: an event is made for every token of every stream, and this typed
+path is cheaper per event than a dict or a pydantic model (`python bench/typed_events.py`;
+see docs/benchmarks.md#responses-events), so no per-token path keeps dicts.
 
 An event holds a snapshot of the item it names (`snapshot`): the item itself goes on
 changing after the event is written.
