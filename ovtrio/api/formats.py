@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 
 from ovtrio.scheduler import OutputConstraint, TaggedRegion
@@ -68,30 +67,43 @@ def checked_schema(schema: Any, param: str) -> str:
     return json.dumps(schema)
 
 
-def _refs(node: Any) -> list[str]:
-    if isinstance(node, dict):
-        found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
-        for key, value in node.items():
-            if key not in ("const", "enum", "default", "examples"):
-                found.extend(_refs(value))
-        return found
-    if isinstance(node, list):
-        return [ref for item in node for ref in _refs(item)]
-    return []
+def _refs(schema: dict[str, Any]) -> list[str]:
+    """Every `$ref` in the schema's subschemas: the dialect ($schema, 2020-12 by default)
+    says which keywords hold subschemas, so a "$ref" inside `const`, `enum`, `default`,
+    `examples` or an unknown keyword is data, not a reference."""
+    import referencing.jsonschema
+
+    specification = referencing.jsonschema.specification_with(
+        schema.get("$schema", ""), default=referencing.jsonschema.DRAFT202012
+    )
+    found = []
+    pending = [specification.create_resource(schema)]
+    while pending:
+        resource = pending.pop()
+        if isinstance(resource.contents, dict) and isinstance(resource.contents.get("$ref"), str):
+            found.append(resource.contents["$ref"])
+        pending.extend(resource.subresources())
+    return found
 
 
-def _resolves(root: Any, ref: str) -> bool:
+def _resolves(schema: dict[str, Any], ref: str) -> bool:
+    """Whether `ref` is a fragment ("#" or a JSON pointer) that points inside `schema`.
+
+    XGrammar resolves every reference from the document's root and retrieves nothing, so
+    the document is registered as an opaque resource: an `$id` in it neither moves the
+    base of a reference nor makes another document reachable."""
+    from referencing import Registry, Resource
+    from referencing.exceptions import Unresolvable
+
     if not ref.startswith("#"):
         return False
-    node = root
-    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
-        part = unquote(raw).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return False
+    resolver = Registry().with_resource("", Resource.opaque(schema)).resolver()
+    try:
+        resolver.lookup(ref)
+    # A pointer that steps into a number or string, or names a list's item by a word,
+    # fails inside referencing with the built-in error rather than PointerToNowhere.
+    except (Unresolvable, LookupError, TypeError, ValueError):
+        return False
     return True
 
 
