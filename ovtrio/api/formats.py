@@ -3,9 +3,10 @@ OutputConstraint: chat's `response_format`, the Responses API's `text.format`, a
 JSON array a forced `tool_choice` holds the model to.
 
 The engine compiles a constraint inside its first step, and a constraint it cannot
-compile fails that whole step, every request in it. So everything is checked here first:
-the schema against JSON Schema's meta-schema, and every `$ref` resolved within the
-document (XGrammar follows local references only). Raw regex and EBNF grammars are not
+compile fails that whole step, every request in it (and a `$ref` it cannot follow ends
+the whole process). So everything is checked here first: the schema against JSON
+Schema's meta-schema, and every `$ref` followed within the document as XGrammar will
+follow it (local references only, see _unfollowed_ref). Raw regex and EBNF grammars are not
 offered to clients for the same reason: nothing short of compiling them can check them.
 
 Every endpoint reads its formats here, so they share the same rules and messages;
@@ -59,52 +60,78 @@ def checked_schema(schema: Any, param: str) -> str:
             f"Invalid value for '{param}': not a valid JSON schema{f' at {where}' if where else ''}: {exc.message}",
             param,
         ) from None
-    for ref in _refs(schema):
-        if not _resolves(schema, ref):
-            raise ConstraintError(
-                f"Invalid value for '{param}': $ref '{ref}' does not point inside the schema.", param
-            )
+    unfollowed = _unfollowed_ref(schema)
+    if unfollowed is not None:
+        raise ConstraintError(
+            f"Invalid value for '{param}': $ref '{unfollowed}' does not point to a schema inside the schema"
+            " (a '#' or '#/' path of object keys, without escapes).",
+            param,
+        )
     return json.dumps(schema)
 
 
-def _refs(schema: dict[str, Any]) -> list[str]:
-    """Every `$ref` in the schema's subschemas: the dialect ($schema, 2020-12 by default)
-    says which keywords hold subschemas, so a "$ref" inside `const`, `enum`, `default`,
-    `examples` or an unknown keyword is data, not a reference."""
-    import referencing.jsonschema
+# Keywords whose values are data, not schemas: a "$ref" inside them is not a reference
+# (unless a reference points into them, which makes that value a schema to the engine).
+_VALUE_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
-    specification = referencing.jsonschema.specification_with(
-        schema.get("$schema", ""), default=referencing.jsonschema.DRAFT202012
-    )
-    found = []
-    pending = [specification.create_resource(schema)]
+
+def _unfollowed_ref(schema: dict[str, Any]) -> str | None:
+    """The first `$ref` the engine could not follow, or None.
+
+    XGrammar resolves a reference its own way, not as RFC 6901 and JSON Schema say
+    (so not with `referencing`): "#" is the root; "#/a/b" steps through object keys
+    only, the path split on "/" and nothing unescaped (no "~1", no "%20"); anything
+    else it treats as "any value". A path it cannot walk is a
+    fatal error that ends the whole process. So a reference is followed here exactly as
+    XGrammar will, and one it would not resolve is refused: "#/items/0", "#/$defs/a~1b",
+    "#name" (an anchor), "other.json#" and "#/a//b" alike. Whatever a reference points at is a
+    schema to the engine, and is checked in turn, even inside `const` or an unknown
+    keyword. Each object is walked once.
+    """
+    walked: set[int] = set()
+    pending: list[Any] = [schema]
     while pending:
-        resource = pending.pop()
-        if isinstance(resource.contents, dict) and isinstance(resource.contents.get("$ref"), str):
-            found.append(resource.contents["$ref"])
-        pending.extend(resource.subresources())
+        for ref in _refs(pending.pop(), walked):
+            target = _follow(schema, ref)
+            if not isinstance(target, (dict, bool)):
+                return ref
+            pending.append(target)
+    return None
+
+
+def _refs(root: Any, walked: set[int]) -> list[str]:
+    """The `$ref`s in `root` read as a schema, skipping objects already walked."""
+    found = []
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if id(node) in walked:
+                continue
+            walked.add(id(node))
+            if isinstance(node.get("$ref"), str):
+                found.append(node["$ref"])
+            pending.extend(value for key, value in node.items() if key not in _VALUE_KEYWORDS)
+        elif isinstance(node, list):
+            pending.extend(node)
     return found
 
 
-def _resolves(schema: dict[str, Any], ref: str) -> bool:
-    """Whether `ref` is a fragment ("#" or a JSON pointer) that points inside `schema`.
+_NOWHERE = object()
 
-    XGrammar resolves every reference from the document's root and retrieves nothing, so
-    the document is registered as an opaque resource: an `$id` in it neither moves the
-    base of a reference nor makes another document reachable."""
-    from referencing import Registry, Resource
-    from referencing.exceptions import Unresolvable
 
-    if not ref.startswith("#"):
-        return False
-    resolver = Registry().with_resource("", Resource.opaque(schema)).resolver()
-    try:
-        resolver.lookup(ref)
-    # A pointer that steps into a number or string, or names a list's item by a word,
-    # fails inside referencing with the built-in error rather than PointerToNowhere.
-    except (Unresolvable, LookupError, TypeError, ValueError):
-        return False
-    return True
+def _follow(root: dict[str, Any], ref: str) -> Any:
+    """What `ref` points at as XGrammar resolves it, or _NOWHERE."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return _NOWHERE
+    node: Any = root
+    for part in ref[2:].split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return _NOWHERE
+        node = node[part]
+    return node
 
 
 def _json_schema_format(spec: Any, param: str) -> OutputConstraint:
