@@ -6,8 +6,8 @@ The engine compiles a constraint inside its first step, and a constraint it cann
 compile fails that whole step, every request in it (and a `$ref` it cannot follow ends
 the whole process). So everything is checked here first: the schema against JSON
 Schema's meta-schema, and every `$ref` followed within the document as XGrammar will
-follow it (local references only, see _unfollowed_ref). Raw regex and EBNF grammars are not
-offered to clients for the same reason: nothing short of compiling them can check them.
+follow it (see _unfollowed_ref). Raw regex and EBNF grammars are not offered to clients
+for the same reason: nothing short of compiling them can check them.
 
 Every endpoint reads its formats here, so they share the same rules and messages;
 scheduler/params.py turns the result into the engine's configuration.
@@ -78,15 +78,15 @@ _VALUE_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 def _unfollowed_ref(schema: dict[str, Any]) -> str | None:
     """The first `$ref` the engine could not follow, or None.
 
-    XGrammar resolves a reference its own way, not as RFC 6901 and JSON Schema say
-    (so not with `referencing`): "#" is the root; "#/a/b" steps through object keys
-    only, the path split on "/" and nothing unescaped (no "~1", no "%20"); anything
-    else it treats as "any value". A path it cannot walk is a
-    fatal error that ends the whole process. So a reference is followed here exactly as
-    XGrammar will, and one it would not resolve is refused: "#/items/0", "#/$defs/a~1b",
-    "#name" (an anchor), "other.json#" and "#/a//b" alike. Whatever a reference points at is a
-    schema to the engine, and is checked in turn, even inside `const` or an unknown
-    keyword. Each object is walked once.
+    XGrammar resolves a reference its own way, not as RFC 6901 and JSON Schema say (so
+    not with `referencing`): "#" is the root; "#/a/b" steps through object keys only,
+    split on "/" with nothing unescaped (no "~1", no "%20"); anything else it takes for
+    "any value". A path it cannot walk is a fatal error that ends the whole process. So
+    a reference is followed here as XGrammar follows it, and one it would not resolve
+    is refused: "#/items/0", "#/$defs/a~1b", "#name" (an anchor), "other.json#" and
+    "#/a//b" alike. Whatever a reference points at is a schema to the engine, and is
+    checked in turn, even inside `const` or an unknown keyword. Each object is walked
+    once.
     """
     walked: set[int] = set()
     pending: list[Any] = [schema]
