@@ -146,7 +146,8 @@ class _Cursor:
 
 
 def _read_value(cursor: _Cursor, value_type: int, keep: bool) -> Any:
-    scalars, string, array = _format().scalars, _format().string, _format().array
+    fmt = _format()
+    scalars, string, array = fmt.scalars, fmt.string, fmt.array
     if value_type in scalars:
         return cursor.read(scalars[value_type])
     if value_type == string:
