@@ -2,8 +2,8 @@
 
 glibc's allocator keeps freed memory for reuse instead of returning it: after big
 objects are dropped the process still holds their pages, and its RSS stays where the
-peak left it. Three things return it, none of which walks the heap while requests are
-served unless something just freed a lot:
+peak left it. These return it, none of which walks the heap while requests are served
+unless something just freed a lot:
 
 - `configure_allocator`, once at start, fixes glibc's two thresholds (mallopt). A block
   of `MMAP_THRESHOLD_BYTES` or more (a request body, a decoded image, a long prompt's
@@ -11,6 +11,7 @@ served unless something just freed a lot:
   `TRIM_THRESHOLD_BYTES` at the top of a heap goes back at once. Left alone, glibc
   raises both thresholds each time a large block is freed (up to 32 and 64 MB), and
   from then on such blocks live in the heap and keep their pages after they are freed.
+- `return_free_memory` once a model is loaded and warmed up (loading frees much).
 - `release_free_memory`: the server's own large releases (stored responses deleted or
   expired) are counted, and each time they add up to `TRIM_AFTER_BYTES`, glibc is asked
   to return what it can (malloc_trim, in a worker thread: ctypes drops the GIL).
@@ -113,6 +114,12 @@ class _Trimmer:
 
 
 _trimmer = _Trimmer()
+
+
+async def return_free_memory() -> None:
+    """Return free memory to the system now (after something freed a lot: a model's
+    loading and warm-up)."""
+    await _trimmer.trim()
 
 
 async def release_free_memory(released_bytes: int) -> None:
