@@ -7,9 +7,9 @@ Starts `ovtrio serve` (default settings, plus any --server-arg) and runs, one af
 another, the attacks below. During each, a prober asks `/health` every 20 ms on fresh
 connections, and reads the server's resident memory (RSS); beside each attack the run
 prints that probe's p99 (target: at most 50 ms), the RSS growth at its peak during the
-attack and 5 s after it (the server returns free memory to the system every 2 s; target
-for the grammar and store attacks, 5 s after: at most 100 MB), and what the attack's
-requests got back.
+attack and 5 s after it (the server returns free memory to the system within about
+2 s of a grammar compiled; target for the grammar and store attacks, 5 s after: at most
+100 MB), and what the attack's requests got back.
 
 1. fd exhaustion: `--connections` TCP connections opened and closed at once by the
    client, then, 5 s later, the server's sockets still in CLOSE-WAIT (`ss`; target: at

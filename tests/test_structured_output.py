@@ -155,6 +155,21 @@ def test_structural_tags_constrain_only_the_tagged_region(server):
 BAD_FORMATS = [
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}, "response_format.json_schema.schema"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}}, "response_format.json_schema.schema"),
+    # References the engine does not follow: an anchor (it would constrain nothing), another
+    # document, and paths valid in JSON Schema that XGrammar cannot walk (an array's item,
+    # escaped keys: a fatal error that ended the server), or that lead into a `const`
+    # holding a reference to nowhere.
+    *(
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, "response_format.json_schema.schema")
+        for schema in (
+            {"$ref": "#flag"},
+            {"$ref": "flag.json"},
+            {"anyOf": [{"type": "boolean"}], "$ref": "#/anyOf/0"},
+            {"$defs": {"a/b": {"type": "boolean"}}, "$ref": "#/$defs/a~1b"},
+            {"$defs": {"a b": {"type": "boolean"}}, "$ref": "#/$defs/a%20b"},
+            {"const": {"$ref": "#/nowhere"}, "$ref": "#/const"},
+        )
+    ),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(((("}}}, "response_format.json_schema.schema"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}, "response_format.json_schema.schema"),
     ({"type": "json_schema"}, "response_format.json_schema"),

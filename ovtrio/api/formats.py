@@ -3,10 +3,11 @@ OutputConstraint: chat's `response_format`, the Responses API's `text.format`, a
 JSON array a forced `tool_choice` holds the model to.
 
 The engine compiles a constraint inside its first step, and a constraint it cannot
-compile fails that whole step, every request in it. So everything is checked here first:
-the schema against JSON Schema's meta-schema, and every `$ref` resolved within the
-document (XGrammar follows local references only). Raw regex and EBNF grammars are not
-offered to clients for the same reason: nothing short of compiling them can check them.
+compile fails that whole step, every request in it (and a `$ref` it cannot follow ends
+the whole process). So everything is checked here first: the schema against JSON
+Schema's meta-schema, and every `$ref` followed within the document as XGrammar will
+follow it (see _unfollowed_ref). Raw regex and EBNF grammars are not offered to clients
+for the same reason: nothing short of compiling them can check them.
 
 Every endpoint reads its formats here, so they share the same rules and messages;
 scheduler/params.py turns the result into the engine's configuration.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 
 from ovtrio.errors import FieldError
@@ -57,39 +57,78 @@ def checked_schema(schema: Any, param: str) -> str:
             f"Invalid value for '{param}': not a valid JSON schema{f' at {where}' if where else ''}: {exc.message}",
             param,
         ) from None
-    for ref in _refs(schema):
-        if not _resolves(schema, ref):
-            raise ConstraintError(
-                f"Invalid value for '{param}': $ref '{ref}' does not point inside the schema.", param
-            )
+    unfollowed = _unfollowed_ref(schema)
+    if unfollowed is not None:
+        raise ConstraintError(
+            f"Invalid value for '{param}': $ref '{unfollowed}' does not point to a schema inside the schema"
+            " (a '#' or '#/' path of object keys, without escapes).",
+            param,
+        )
     return json.dumps(schema)
 
 
-def _refs(node: Any) -> list[str]:
-    if isinstance(node, dict):
-        found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
-        for key, value in node.items():
-            if key not in ("const", "enum", "default", "examples"):
-                found.extend(_refs(value))
-        return found
-    if isinstance(node, list):
-        return [ref for item in node for ref in _refs(item)]
-    return []
+# Keywords whose values are data, not schemas: a "$ref" inside them is not a reference
+# (unless a reference points into them, which makes that value a schema to the engine).
+_VALUE_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
 
-def _resolves(root: Any, ref: str) -> bool:
-    if not ref.startswith("#"):
-        return False
-    node = root
-    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
-        part = unquote(raw).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return False
-    return True
+def _unfollowed_ref(schema: dict[str, Any]) -> str | None:
+    """The first `$ref` the engine could not follow, or None.
+
+    XGrammar resolves a reference its own way, not as RFC 6901 and JSON Schema say (so
+    not with `referencing`): "#" is the root; "#/a/b" steps through object keys only,
+    split on "/" with nothing unescaped (no "~1", no "%20"); anything else it takes for
+    "any value". A path it cannot walk is a fatal error that ends the whole process. So
+    a reference is followed here as XGrammar follows it, and one it would not resolve
+    is refused: "#/items/0", "#/$defs/a~1b", "#name" (an anchor), "other.json#" and
+    "#/a//b" alike. Whatever a reference points at is a schema to the engine, and is
+    checked in turn, even inside `const` or an unknown keyword. Each object is walked
+    once.
+    """
+    walked: set[int] = set()
+    pending: list[Any] = [schema]
+    while pending:
+        for ref in _refs(pending.pop(), walked):
+            target = _follow(schema, ref)
+            if not isinstance(target, (dict, bool)):
+                return ref
+            pending.append(target)
+    return None
+
+
+def _refs(root: Any, walked: set[int]) -> list[str]:
+    """The `$ref`s in `root` read as a schema, skipping objects already walked."""
+    found = []
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if id(node) in walked:
+                continue
+            walked.add(id(node))
+            if isinstance(node.get("$ref"), str):
+                found.append(node["$ref"])
+            pending.extend(value for key, value in node.items() if key not in _VALUE_KEYWORDS)
+        elif isinstance(node, list):
+            pending.extend(node)
+    return found
+
+
+_NOWHERE = object()
+
+
+def _follow(root: dict[str, Any], ref: str) -> Any:
+    """What `ref` points at as XGrammar resolves it, or _NOWHERE."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return _NOWHERE
+    node: Any = root
+    for part in ref[2:].split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return _NOWHERE
+        node = node[part]
+    return node
 
 
 def _json_schema_format(spec: Any, param: str) -> OutputConstraint:

@@ -7,28 +7,47 @@ loader cannot read with a message that says why.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-GGUF_MAGIC = b"GGUF"
 
-# GGUF metadata value types (gguf spec, "gguf_metadata_value_type").
-_SCALARS = {
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
-}
-_STRING, _ARRAY = 8, 9
+@dataclass(frozen=True)
+class _Format:
+    """The format's constants, from the `gguf` package (llama.cpp's own)."""
 
-# ggml tensor type ids -> names (ggml.h, enum ggml_type).
-GGML_TYPE_NAMES = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
-    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
-    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS",
-    24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0",
-    35: "TQ2_0", 39: "MXFP4",
-}
+    magic: bytes
+    scalars: dict[int, str]  # metadata value type -> struct format of one value
+    string: int
+    array: int
+    tensor_types: type  # ggml's tensor types (an IntEnum)
+
+
+@functools.cache
+def _format() -> _Format:
+    # Imported on the first read, not with the module: the package brings its writer,
+    # tensor name tables and numpy code along (tens of milliseconds), which importing
+    # the server (or serving an OpenVINO IR folder) does not need.
+    import gguf
+
+    kind = gguf.GGUFValueType
+    scalars = {
+        kind.UINT8: "<B", kind.INT8: "<b", kind.UINT16: "<H", kind.INT16: "<h", kind.UINT32: "<I",
+        kind.INT32: "<i", kind.FLOAT32: "<f", kind.BOOL: "<?", kind.UINT64: "<Q", kind.INT64: "<q",
+        kind.FLOAT64: "<d",
+    }
+    return _Format(struct.pack("<I", gguf.GGUF_MAGIC), scalars, kind.STRING, kind.ARRAY, gguf.GGMLQuantizationType)
+
+
+def tensor_type_name(type_id: int) -> str:
+    """ggml's name for a tensor type id ("Q4_K"), or "type N" for one it does not know."""
+    try:
+        return _format().tensor_types(type_id).name
+    except ValueError:
+        return f"type {type_id}"
 
 
 class GGUFFormatError(ValueError):
@@ -128,23 +147,25 @@ class _Cursor:
 
 
 def _read_value(cursor: _Cursor, value_type: int, keep: bool) -> Any:
-    if value_type in _SCALARS:
-        return cursor.read(_SCALARS[value_type])
-    if value_type == _STRING:
+    fmt = _format()
+    scalars, string, array = fmt.scalars, fmt.string, fmt.array
+    if value_type in scalars:
+        return cursor.read(scalars[value_type])
+    if value_type == string:
         return cursor.string()
-    if value_type == _ARRAY:
+    if value_type == array:
         item_type = cursor.read("<I")
         count = cursor.read("<Q")
-        if not keep and item_type in _SCALARS:
-            cursor.skip(struct.calcsize(_SCALARS[item_type]) * count)
+        if not keep and item_type in scalars:
+            cursor.skip(struct.calcsize(scalars[item_type]) * count)
             return None
-        if not keep and item_type == _STRING:
+        if not keep and item_type == string:
             cursor.skip_strings(count)
             return None
-        if item_type == _STRING:
+        if item_type == string:
             return cursor.strings(count)
-        if item_type in _SCALARS:
-            return cursor.scalars(_SCALARS[item_type], count)
+        if item_type in scalars:
+            return cursor.scalars(scalars[item_type], count)
         items = [_read_value(cursor, item_type, keep) for _ in range(count)]
         return items if keep else None
     raise GGUFFormatError(f"unknown metadata value type {value_type}")
@@ -157,7 +178,7 @@ def read_gguf_header(path: str | Path, keep_arrays: frozenset[str] = frozenset()
     `keep_arrays`; scalars and strings are kept in `metadata`.
     """
     with open(path, "rb") as stream:
-        if stream.read(4) != GGUF_MAGIC:
+        if stream.read(4) != _format().magic:
             raise GGUFFormatError("not a GGUF file (bad magic number)")
         with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return _parse(_Cursor(data), keep_arrays)
@@ -176,7 +197,7 @@ def _parse(cursor: _Cursor, keep_arrays: frozenset[str]) -> GGUFHeader:
     for _ in range(kv_count):
         key = cursor.string()
         value_type = cursor.read("<I")
-        if value_type == _ARRAY:
+        if value_type == _format().array:
             at = cursor.at
             cursor.read("<I")
             array_lengths[key] = cursor.read("<Q")
@@ -193,7 +214,7 @@ def _parse(cursor: _Cursor, keep_arrays: frozenset[str]) -> GGUFHeader:
         cursor.skip(8 * n_dims)
         type_id = cursor.read("<I")
         cursor.read("<Q")  # data offset
-        types.add(GGML_TYPE_NAMES.get(type_id, f"type {type_id}"))
+        types.add(tensor_type_name(type_id))
     return GGUFHeader(
         version=version, metadata=metadata, tensor_types=frozenset(types), arrays=arrays, array_lengths=array_lengths
     )

@@ -131,8 +131,9 @@ def create_app(
             # One line and a non-zero exit, not the lifespan machinery's nested
             # traceback; there is nothing to clean up yet.
             exit_with_error(exc)
+        memory.configure_allocator()
         await app.nursery.start(registry.run)
-        trimming.append(await app.nursery.start(memory.trim_periodically))
+        trimming.append(await app.nursery.start(memory.trim_after_grammar_changes))
 
     @app.after_serving
     async def release_models() -> None:

@@ -47,6 +47,7 @@ from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import AdmissionLimits, GenerationScheduler, RequestObserver, Scheduler, StatefulScheduler
 from ovtrio.scheduler.engine_step import choose_step
 from ovtrio.scoring import Scorer, ScoringEngine
+from ovtrio.serving import memory
 
 log = logging.getLogger("ovtrio")
 
@@ -283,6 +284,8 @@ class ModelService:
             # out of the collector's sight, a full collection no longer walks it and
             # pauses the event loop for that long.
             gc.freeze()
+            # Loading and warming up freed much that glibc would otherwise keep.
+            await memory.return_free_memory()
             self.ready.set()
             where = f" at {self.base_url}/v1 and {self.base_url}/v3" if self.base_url else ""
             log.info(
