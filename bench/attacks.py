@@ -85,7 +85,7 @@ class HealthProbe:
         self.peak_rss_mb = 0.0
         self._process: subprocess.Popen | None = None
 
-    def __enter__(self) -> "HealthProbe":
+    def __enter__(self) -> HealthProbe:
         self._process = subprocess.Popen(
             [sys.executable, __file__, "--probe", self.base_url, str(self.server_pid)],
             stdin=subprocess.PIPE,

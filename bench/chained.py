@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serving import free_port  # noqa: E402
+from serving import free_port
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTIONS = [

@@ -42,7 +42,7 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import TOPICS, free_port, metric, percentile, wait_ready  # noqa: E402
+from serving import TOPICS, free_port, metric, percentile, wait_ready
 
 STREAMS = 8
 LONG_PROMPT_TOKENS = 2000

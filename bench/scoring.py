@@ -32,12 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-WORDS = (
-    "river mountain lantern copper violin harbor meadow thunder velvet orchard canyon marble ember falcon willow"
-    " glacier saddle pepper compass quartz tundra banner cobalt drizzle fern garnet hammock iris jasmine kettle"
-    " lagoon mosaic nectar oasis pebble quiver raven sapphire thistle umber vortex walnut yonder zephyr anchor"
-    " biscuit cinder dune"
-).split()
+WORDS = ["river", "mountain", "lantern", "copper", "violin", "harbor", "meadow", "thunder", "velvet", "orchard", "canyon", "marble", "ember", "falcon", "willow", "glacier", "saddle", "pepper", "compass", "quartz", "tundra", "banner", "cobalt", "drizzle", "fern", "garnet", "hammock", "iris", "jasmine", "kettle", "lagoon", "mosaic", "nectar", "oasis", "pebble", "quiver", "raven", "sapphire", "thistle", "umber", "vortex", "walnut", "yonder", "zephyr", "anchor", "biscuit", "cinder", "dune"]
 
 
 def free_port() -> int:

@@ -31,9 +31,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def model_folder() -> Path:
     """The embedded model converted to IR, from (or into) the server's model cache."""
-    from ovtrio.settings.server import Settings
     from ovtrio.model.loading import load_model
     from ovtrio.model.source import resolve_model
+    from ovtrio.settings.server import Settings
 
     settings = Settings()
     model = load_model(resolve_model(settings), settings)

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from serving import free_port, rss_mb  # noqa: E402  (bench/ is the script's folder)
+from serving import free_port, rss_mb
 
 LOADED = re.compile(r"loaded in .*")
 
@@ -119,7 +119,7 @@ def main() -> None:
     for which, label in (("first", "first start (empty cache)"), ("second", "second start (cache warm)")):
         rows = results[which]
 
-        def median(key: str) -> float:
+        def median(key: str, rows: list[dict[str, object]] = rows) -> float:
             return statistics.median(float(row[key]) for row in rows)  # type: ignore[arg-type]
 
         print(

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
-import shutil
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,8 +254,8 @@ alternate_server = server_fixture(
 
 
 def _load_embedded_pipeline(after_conversion: bool) -> Any:
-    from ovtrio.settings.server import Settings
     from ovtrio.model import load_model, resolve_model
+    from ovtrio.settings.server import Settings
 
     if after_conversion:  # a server converts the model: load what it keeps
         deadline = time.monotonic() + READY_WITHIN

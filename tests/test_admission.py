@@ -13,9 +13,9 @@ import pytest
 import trio
 
 from fake_engine import received, request, start_scheduler
-from ovtrio.settings.server import Settings
 from ovtrio.model.limits import request_caps, work_limits
 from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, Overloaded
+from ovtrio.settings.server import Settings
 
 
 @pytest.fixture(params=[False, True], ids=["binding-step", "gil-free-runs"])

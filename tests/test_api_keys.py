@@ -18,8 +18,8 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 import loopback
 from conftest import MODEL, free_port, held_loading
-from server_pool import server_fixture
 from helpers import assert_error
+from server_pool import server_fixture
 
 FLAG_KEYS = ("first-key", "second-key")
 FILE_KEYS = ("key-from-file",)

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
 from conftest import MODEL, RunningServer
 from encoder_fixtures import embedded_files, reranker_weights, write_reranker
 from helpers import assert_error, post

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from encoder_fixtures import write_reranker
 
-from ovtrio.settings.server import Settings, SettingsError
+from encoder_fixtures import write_reranker
 from ovtrio.embedding.embedded import embedded_embedder_folder
 from ovtrio.embedding.kinds import detect_kind, max_input_tokens, normalizes, pooling_of, served_models
+from ovtrio.settings.server import Settings, SettingsError
 
 
 @pytest.fixture(scope="module")

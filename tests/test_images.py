@@ -107,7 +107,7 @@ def test_different_images_give_different_outputs_and_the_same_image_the_same(cli
 
 def test_an_image_in_jpeg_and_webp_reaches_the_model(client):
     for fmt in ("JPEG", "WEBP", "GIF"):
-        text, tokens = ask(client, user_with_image(image_url(3, fmt)))
+        _, tokens = ask(client, user_with_image(image_url(3, fmt)))
         assert tokens > tiny_vlm.IMAGE_TOKENS
 
 
@@ -174,11 +174,11 @@ def test_responses_input_image_and_a_previous_response_chain(client):
         return client.responses.create(
             model=MODEL,
             input=[{"role": "user", "content": [{"type": "input_text", "text": "Describe this image."},
-                                                {"type": "input_image", "image_url": url}]}],  # fmt: skip
+                                                {"type": "input_image", "image_url": url}]}],
             max_output_tokens=8,
             temperature=0,
             **options,
-        )
+        )  # fmt: skip
 
     first = create(image_url(1))
     chat_text, chat_tokens = ask(client, user_with_image(image_url(1)))
@@ -275,8 +275,8 @@ TRUNCATED = data_url(encoded(Image.fromarray(pixels(1)))[:200])
         ("ftp://example.com/a.png", "invalid_image_url"),
     ],
     ids=["not-base64", "not-base64-encoded", "not-an-image", "not-an-image-type", "truncated", "unread-format",
-         "file-scheme", "http-not-allowed", "ftp-scheme"],  # fmt: skip
-)
+         "file-scheme", "http-not-allowed", "ftp-scheme"],
+)  # fmt: skip
 def test_a_bad_image_is_a_400_naming_its_part(client, vlm_server, url, code):
     steps = vlm_server.metric("ovtrio_engine_steps_started_total", model_name=MODEL)
     body = bad_request(client, url)

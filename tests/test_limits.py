@@ -300,7 +300,7 @@ def test_nested_integer_fields_are_bounded(server, extra, param):
 
 
 def test_nan_is_not_a_number_any_field_takes(server):
-    response = post(server.base_url, COMPLETIONS, content='{"model": "%s", "prompt": "Hi", "length_penalty": NaN}' % MODEL)
+    response = post(server.base_url, COMPLETIONS, content=f'{{"model": "{MODEL}", "prompt": "Hi", "length_penalty": NaN}}')
     assert_error(response, 400, param="length_penalty")
 
 

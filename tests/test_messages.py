@@ -19,9 +19,10 @@ from typing import Any
 import anthropic
 import httpx
 import jsonschema
-import loopback
 import pytest
 import trio
+
+import loopback
 from conftest import MODEL, RunningServer
 from helpers import pick_stop_word
 from messages_stream import check_message, parse_named_sse, walk
@@ -242,7 +243,9 @@ def test_a_forced_tool_loop(claude):
     # An error result is marked as one; string content reads like a text block.
     as_string = [*history[:2], {"role": "user", "content": [{**result, "content": "Sunny, 21 C"}]}]
     as_error = [*history[:2], {"role": "user", "content": [{**result, "is_error": True}]}]
-    count = lambda messages: claude.messages.count_tokens(model=MODEL, messages=messages).input_tokens
+    def count(messages):
+        return claude.messages.count_tokens(model=MODEL, messages=messages).input_tokens
+
     assert count(as_string) == count(history)
     assert count(as_error) > count(history)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from messages_stream import walk
 
+from messages_stream import walk
 from ovtrio.api.errors import APIError, api_error
 from ovtrio.api.messages.errors import error_body, status_of
 from ovtrio.api.messages.writer import MessageWriter

@@ -23,9 +23,9 @@ from trio_websocket import open_websocket_url
 import loopback
 from conftest import held_loading
 from helpers import chat_body, post
-from ovtrio.settings.server import Settings, SettingsError
-from ovtrio.settings.config_file import model_settings
 from ovtrio.model import embedded_model_path
+from ovtrio.settings.config_file import model_settings
+from ovtrio.settings.server import Settings, SettingsError
 from server_pool import server_fixture
 from test_startup import assert_one_line_refusal, run_hypercorn, run_serve
 

@@ -20,10 +20,10 @@ import loopback
 from browser import REBOUND_DOMAIN, browser, page, page_server_fixture  # noqa: F401 (fixtures)
 from conftest import MODEL, RunningServer
 from guarded_servers import PAGE_ORIGIN, PAGE_PORT, open_hypercorn, origin_server  # noqa: F401 (fixtures)
-from test_api_keys import FLAG_KEYS, keyed_server  # noqa: F401 (fixture)
 from ovtrio.api.json_bodies import refusal as body_refusal
 from ovtrio.api.origins import OriginPolicy
 from ovtrio.settings.server import SettingsError, settings_from_env
+from test_api_keys import FLAG_KEYS, keyed_server  # noqa: F401 (fixture)
 
 page_server = page_server_fixture(PAGE_PORT)
 

@@ -21,9 +21,9 @@ from PIL import Image
 
 import tiny_vlm
 from browser import browser  # noqa: F401 (the fixture)
-from test_images import MODEL as VLM, vlm_server  # noqa: F401 (the fixture: 300 kB per image at most)
+from test_images import MODEL as VLM
+from test_images import vlm_server  # noqa: F401 (the fixture: 300 kB per image at most)
 from test_playground import (
-    DONE,
     choose_mode,
     configure,
     conversation,
@@ -113,7 +113,7 @@ def api_sent(watched) -> list[dict]:
 
 
 @pytest.fixture
-def vlm_page(browser, vlm_server):  # noqa: F811
+def vlm_page(browser, vlm_server):
     watched = open_page(browser, vlm_server)
     page_ready(watched.page)
     watched.page.wait_for_selector("#attach:not([hidden])")
@@ -125,7 +125,7 @@ def vlm_page(browser, vlm_server):  # noqa: F811
 
 
 @pytest.fixture
-def text_page(browser, server):  # noqa: F811
+def text_page(browser, server):
     watched = open_page(browser, server)
     page_ready(watched.page)
     yield watched

@@ -12,12 +12,12 @@ from helpers import (
     COMPLETION_PATHS,
     ENDS_BY_ITSELF,
     assert_error,
-    pick_stop_word,
     chat,
     chat_stream,
     complete,
     complete_stream,
     completion_body,
+    pick_stop_word,
     post,
 )
 from openai_schema import validate

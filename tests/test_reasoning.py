@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from splitting import splittings
-
 from ovtrio.parsing import ReasoningSplitter
+from splitting import splittings
 
 
 @dataclass

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from chat_output import streamed_chat, unary_chat
 import loopback
+from chat_output import streamed_chat, unary_chat
 from helpers import ENDS_BY_ITSELF, chat_body, post
 from openai_schema import validate
 from ovtrio.output import OutputStage

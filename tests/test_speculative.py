@@ -18,11 +18,10 @@ import pytest
 
 from conftest import RunningServer
 from helpers import assert_error, chat, chat_stream, complete, complete_stream, pick_stop_word, post
+from ovtrio.model import embedded_model_path
 from server_pool import server_fixture
 from sse import MODEL
 from test_responses import stream_events
-
-from ovtrio.model import embedded_model_path
 
 EXACT_ARITHMETIC = (
     "--inference-precision", "f32",

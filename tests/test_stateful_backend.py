@@ -23,8 +23,8 @@ import pytest
 
 from conftest import RunningServer, free_port
 from helpers import ENDS_BY_ITSELF, assert_error, chat, chat_body, completion_body, pick_stop_word, post
-from sse import MODEL, check_chat_stream
 from server_pool import server_fixture
+from sse import MODEL, check_chat_stream
 
 MAX_PROMPT_LEN = 200
 stateful_server = server_fixture(

@@ -195,7 +195,7 @@ class EncoderWorker(Generic[Model]):
     def _compute(self, model: Model, batch: Sequence[Job]) -> None:
         try:
             self._run_batch(model, batch)
-        except Exception as exc:  # the engine failed: every job of the batch gets it
+        except Exception as exc:  # noqa: BLE001 (the engine failed: every job of the batch gets it)
             for job in batch:
                 if job.error is None and job.result is None:
                     job.error = exc

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from ovtrio.settings.server import Settings
 from ovtrio.parsing import PARSERS, THINK_OPEN, ToolCallParser, guess_parser
+from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 

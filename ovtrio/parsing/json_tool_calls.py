@@ -7,6 +7,7 @@ import json
 from ovtrio.parsing.json_scan import VALUE_STARTS, JsonValue, skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
+
 class JsonToolCallsParser(ToolCallParser):
     """The reply OpenVINO GenAI's tool polyfill teaches models whose chat template has no
     tools of its own (SmolLM2, ...): the whole output is one JSON object,

@@ -8,6 +8,7 @@ from ovtrio.parsing.ids import new_mistral_call_id
 from ovtrio.parsing.json_scan import VALUE_STARTS, JsonValue, skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
+
 class MistralToolParser(ToolCallParser):
     """Mistral tool calling, `[TOOL_CALLS]` followed by either
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from ovtrio.parsing.tool_calls import partial_tag_at_end
 
-
 # The tags thinking models write around their reasoning.
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

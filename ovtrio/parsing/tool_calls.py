@@ -30,8 +30,8 @@ How text becomes calls:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ovtrio.parsing.ids import new_call_id
 from ovtrio.parsing.json_scan import CallObject, JsonValue, skip_space

@@ -29,6 +29,8 @@ from importlib import metadata
 from io import BytesIO, StringIO
 from typing import Any
 
+from ovtrio.api.responses.oversized_message import OversizedMessage
+
 log = logging.getLogger("ovtrio")
 
 # sha256 of inspect.getsource() of WebsocketBuffer, WSStream._handle_events and
@@ -38,8 +40,6 @@ PATCHED_SOURCE_SHA256 = (
     "b90f3f595ff9fd4722f15769e9c40d113838a1deb6f3ecc0f63dc8ffc1d7f8e8",
     "3534d3ebe8f7a1a44877285b6ed6eba7c9544de85d1b402a4b0b7c2a6029ed99",
 )
-
-from ovtrio.api.responses.oversized_message import OversizedMessage
 
 _limit: int | None = None
 
