@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ovtrio.embedding.kinds import hidden_size, max_input_tokens, normalizes, pooling_of
+from ovtrio.embedding.kinds import max_input_tokens, normalizes, pooling_of
 from ovtrio.model.loading import engine_error_reason
 from ovtrio.model.source import ModelLoadError
 
@@ -125,7 +125,6 @@ class Embedder:
 
         started = time.perf_counter()
         self.limit = max_input_tokens(folder)
-        self.dimensions = hidden_size(folder)
         self.pooling = pooling_of(folder)
         self.max_batch = options.max_batch
         config = openvino_genai.TextEmbeddingPipeline.Config()

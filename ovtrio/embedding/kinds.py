@@ -133,11 +133,6 @@ def max_input_tokens(folder: Path) -> int:
     return min(candidates) if candidates else 512
 
 
-def hidden_size(folder: Path) -> int | None:
-    size = read_json_object(folder / "config.json").get("hidden_size")
-    return size if isinstance(size, int) else None
-
-
 def served_models(settings: Settings) -> tuple[list[Settings], list[tuple[Settings, ModelKind]]]:
     """The generation models and the encoders of the config file (or of the flags' one
     model). Raises SettingsError when no generation model is left."""

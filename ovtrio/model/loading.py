@@ -71,7 +71,7 @@ def engine_error_reason(exc: Exception) -> str:
 def engine_properties(settings: Settings) -> dict[str, Any]:
     """OpenVINO properties for the device: the precision hints and thread count that are not
     left to it, and the operator's plugin_config."""
-    properties = {}
+    properties: dict[str, Any] = {}
     if settings.inference_precision != "auto":
         properties["INFERENCE_PRECISION_HINT"] = settings.inference_precision
     if settings.kv_cache_precision != "auto":

@@ -100,6 +100,7 @@ class JsonToolCallsParser(ToolCallParser):
 
     def _in_key(self, final: bool) -> bool:
         token = self._token
+        assert token is not None  # set by the state before
         self._take_into_call(token.consume(self._buf))
         if not token.done:
             if final:
@@ -146,6 +147,7 @@ class JsonToolCallsParser(ToolCallParser):
 
     def _in_value(self, final: bool) -> bool:
         token = self._token
+        assert token is not None  # set by the state before
         self._take_into_call(token.consume(self._buf))
         if not token.done:
             return self._stop(False) if final else False

@@ -12,6 +12,7 @@ from typing import NoReturn
 
 import trio
 from quart import Response
+from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
@@ -83,6 +84,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = body_limit
     # Bodies keep the order they are built in: a top_logprobs object lists the most
     # likely token first (Quart would sort the keys).
+    assert isinstance(app.json, DefaultJSONProvider)
     app.json.sort_keys = False
     server_metrics = ServerMetrics()
     encoder_metrics = EncoderMetrics(server_metrics.registry)

@@ -151,12 +151,15 @@ class ModelMetrics:
         self._prompt_tokens = families.prompt_tokens.labels(*labels)
         self._generation_tokens = families.generation_tokens.labels(*labels)
         self._success = {reason: families.success.labels(*labels, reason) for reason in FINISH_REASONS}
-        self._spec_drafts = self._spec_draft_tokens = self._spec_accepted_tokens = None
+        # Drafts, drafted tokens and accepted tokens, for a speculative model.
+        self._speculation: tuple[Counter, Counter, Counter] | None = None
         if speculative:
             drafts, draft_tokens, accepted_tokens = families.speculation()
-            self._spec_drafts = drafts.labels(*labels)
-            self._spec_draft_tokens = draft_tokens.labels(*labels)
-            self._spec_accepted_tokens = accepted_tokens.labels(*labels)
+            self._speculation = (
+                drafts.labels(*labels),
+                draft_tokens.labels(*labels),
+                accepted_tokens.labels(*labels),
+            )
 
     def queued(self, seconds: float) -> None:
         self._queue.observe(seconds)
@@ -177,10 +180,11 @@ class ModelMetrics:
         self._time_per_output_token.observe(time_per_output_token)
 
     def speculated(self, drafted: int, accepted: int) -> None:
-        if self._spec_drafts is not None:
-            self._spec_drafts.inc()
-            self._spec_draft_tokens.inc(drafted)
-            self._spec_accepted_tokens.inc(accepted)
+        if self._speculation is not None:
+            drafts, draft_tokens, accepted_tokens = self._speculation
+            drafts.inc()
+            draft_tokens.inc(drafted)
+            accepted_tokens.inc(accepted)
 
     def ended(self, reason: str) -> None:
         self._success[reason].inc()

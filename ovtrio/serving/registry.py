@@ -111,7 +111,9 @@ class ModelRegistry:
         if not self._by_name:
             self.check()
         if not self._preloaded:
-            futures = start_loading_in_order([(service.source, service.settings) for service in self.services])
+            futures = start_loading_in_order(
+                [(service.source or service.check(), service.settings) for service in self.services]
+            )
             for service, future in zip(self.services, futures):
                 service.loading = future
         with self._running:
