@@ -141,12 +141,6 @@ def write(path: Path, quant: str, seed: int) -> None:
     writer.close()
 
 
-def parameter_count(vocab_size: int) -> int:
-    kv_dim = HIDDEN // HEADS * KV_HEADS
-    per_layer = 2 * HIDDEN * HIDDEN + 2 * HIDDEN * kv_dim + 3 * HIDDEN * FFN + 2 * HIDDEN
-    return LAYERS * per_layer + 2 * vocab_size * HIDDEN + HIDDEN
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output", type=Path, help="the .gguf file to write")

@@ -8,7 +8,6 @@ as soon as the tests are collected (server_pool.py).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -39,7 +38,6 @@ MODEL = "SmolLM2-135M-Instruct"
 # user's own cache: a session starts from none and leaves none behind.
 SESSION_CACHE = Path(tempfile.mkdtemp(prefix="ovtrio-test-cache-"))
 os.environ["OVTRIO_CACHE_DIR"] = str(SESSION_CACHE)
-SPEC_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "openai-openapi.json"
 
 
 def free_port() -> int:
@@ -167,17 +165,6 @@ def stop_server(server: RunningServer) -> None:
         server.process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         server.process.kill()
-
-
-@contextmanager
-def hypercorn_app(tmp_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
-    """The hypercorn command on a free port, configured by the environment
-    (`env` added to it), once it is ready; its base URL and process. Stopped after."""
-    server = wait_until_ready(launch_server(tmp_dir, env=env, hypercorn=True))
-    try:
-        yield server.base_url, server.process
-    finally:
-        stop_server(server)
 
 
 # The model name the hypercorn-launched server is configured to serve (by environment).
@@ -382,7 +369,3 @@ async def async_client(server: RunningServer):
         yield sdk
 
 
-@pytest.fixture(scope="session")
-def openapi_spec() -> dict:
-    with open(SPEC_PATH, encoding="utf-8") as file:
-        return json.load(file)

@@ -47,18 +47,6 @@ class BertWeightsError(ValueError):
     """The weights are not those of a BERT model this builder knows."""
 
 
-def read_weights(folder: Path) -> dict[str, np.ndarray]:
-    """The tensors of `folder`/model.safetensors as float32 arrays, named without the
-    `bert.` prefix that checkpoints of task models carry."""
-    from safetensors.numpy import load_file
-
-    weights = load_file(str(folder / "model.safetensors"))
-    return {
-        name.removeprefix("bert."): array.astype(np.float32) if array.dtype != np.int64 else array
-        for name, array in weights.items()
-    }
-
-
 def build_bert(
     config: BertConfig, weights: Mapping[str, np.ndarray], head: Literal["hidden", "classifier"] = "hidden"
 ) -> Any:
