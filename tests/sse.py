@@ -13,7 +13,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-
 import loopback
 from openai_schema import validate, validate_completion_chunk
 
