@@ -287,7 +287,8 @@ def grammar_cache(server: Server, client: httpx.Client, schemas: int, max_schema
     held = metric(client, server, "ovtrio_grammar_cache_bytes")
     return [
         f"4 x 100,000-string enums: {statuses(reported)}",
-        f"{schemas} distinct {max_schema_bytes // 1024} KB enums: {statuses(replies)} in {time.perf_counter() - started:.0f} s",
+        f"{schemas} distinct {max_schema_bytes // 1024} KB enums: {statuses(replies)}"
+        f" in {time.perf_counter() - started:.0f} s",
         f"cache holds {held / 1e6:.1f} MB",
     ]
 

@@ -170,7 +170,8 @@ def main() -> None:
     for count, health in health_by_images.items():
         health.sort()
         p99s[count] = health[min(len(health) - 1, int(len(health) * 0.99))]
-        print(f"/health while 8 requests x {count} images arrive at once: p50 {1000 * statistics.median(health):.1f} ms,"
+        print(f"/health while 8 requests x {count} images arrive at once:"
+              f" p50 {1000 * statistics.median(health):.1f} ms,"
               f" p99 {1000 * p99s[count]:.1f} ms ({len(health)} probes)")  # fmt: skip
     print(json.dumps({"preprocess_ms": 1000 * preprocess_sum / max(preprocess_count, 1),
                       "health_p99_ms": {count: 1000 * p99 for count, p99 in p99s.items()}}))  # fmt: skip

@@ -101,7 +101,10 @@ def main() -> None:
         f"ovtrio vs llama-server: SmolLM2-135M-Instruct Q4_1 GGUF, CPU, {os.cpu_count()} cores, {args.tokens} output"
         f" tokens, ignore_eos, greedy, chat streaming, medians of {args.turns} interleaved turns"
     )
-    print(f"{'conc':>4} {'ovtrio tok/s':>12} {'llama tok/s':>11} {'ratio':>6} {'ovtrio TTFT':>11} {'llama TTFT':>10} {'diff':>8}")
+    print(
+        f"{'conc':>4} {'ovtrio tok/s':>12} {'llama tok/s':>11} {'ratio':>6}"
+        f" {'ovtrio TTFT':>11} {'llama TTFT':>10} {'diff':>8}"
+    )
     for c in args.concurrency:
         o = ours[c]
         if peer is None:
@@ -112,7 +115,10 @@ def main() -> None:
             f"{c:>4} {o['tok_s']:>12.1f} {p['tok_s']:>11.1f} {o['tok_s'] / p['tok_s']:>6.2f}"
             f" {o['ttft_p50']:>9.1f}ms {p['ttft_p50']:>8.1f}ms {o['ttft_p50'] - p['ttft_p50']:>+6.1f}ms"
         )
-    print(f"(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's; {time.perf_counter() - started:.0f} s)")
+    print(
+        "(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's;"
+        f" {time.perf_counter() - started:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

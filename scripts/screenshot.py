@@ -94,7 +94,8 @@ def main() -> None:
             page = dark.new_page()
             page.goto(base)
             page.evaluate(
-                "([s, c]) => { localStorage.setItem('ovtrio.settings', JSON.stringify(s)); localStorage.setItem('ovtrio.conversations', c); }",
+                "([s, c]) => { localStorage.setItem('ovtrio.settings', JSON.stringify(s));"
+                " localStorage.setItem('ovtrio.conversations', c); }",
                 [{**settings, "api": "responses", "tokenView": True}, stored],
             )
             page.reload()

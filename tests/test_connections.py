@@ -2,10 +2,10 @@
 to an HTTP/1.0 request, the client reads EOF and the server keeps no socket open, under
 `ovtrio serve` and under the hypercorn command; an idle keep-alive connection is closed
 at the keep-alive timeout; a connection the client closes is closed by the server at
-once, whatever it was doing (see ovtrio/server/hypercorn_patches/connection_close.py). A spell of accept failures for lack
-of descriptors is one log line; a request with an ambiguous length is refused and its
-connection closed; a burst of connections is accepted without errors under both
-commands."""
+once, whatever it was doing (see ovtrio/server/hypercorn_patches/connection_close.py).
+A spell of accept failures for lack of descriptors is one log line; a request with an
+ambiguous length is refused and its connection closed; a burst of connections is
+accepted without errors under both commands."""
 
 from __future__ import annotations
 

@@ -241,7 +241,8 @@ def test_a_client_that_leaves_frees_its_request(client, vlm_server):
 def test_images_are_counted_in_the_metrics(client, vlm_server):
     before = vlm_server.metric("ovtrio_images_total", model_name=MODEL)
     ask(client, [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": image_url(1)}}, {"type": "image_url", "image_url": {"url": image_url(2)}},
+        {"type": "image_url", "image_url": {"url": image_url(1)}},
+        {"type": "image_url", "image_url": {"url": image_url(2)}},
     ]}])  # fmt: skip
     assert vlm_server.metric("ovtrio_images_total", model_name=MODEL) == before + 2
     exposition = loopback.get(vlm_server.base_url + "/metrics").text

@@ -1,4 +1,5 @@
-"""The `{"tool_calls": [...]}` reply that OpenVINO GenAI's tool polyfill teaches models without tool support of their own."""
+"""The `{"tool_calls": [...]}` reply that OpenVINO GenAI's tool polyfill teaches models
+without tool support of their own."""
 
 from __future__ import annotations
 
