@@ -435,10 +435,13 @@ def test_the_server_answers_while_a_long_prompt_is_scored(hypercorn_server):
 
     def score() -> None:
         started = time.monotonic()
-        outcome["reply"] = post(base, "/v1/completions",
-                                {"model": HYPERCORN_MODEL, "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1})
-        outcome["seconds"] = time.monotonic() - started
-        done.set()
+        try:  # a request that fails must still end the probing loop below
+            outcome["reply"] = post(base, "/v1/completions",
+                                    {"model": HYPERCORN_MODEL, "prompt": text, "max_tokens": 0, "echo": True,
+                                     "logprobs": 1})
+        finally:
+            outcome["seconds"] = time.monotonic() - started
+            done.set()
 
     worker = threading.Thread(target=score)
     worker.start()
@@ -449,6 +452,7 @@ def test_the_server_answers_while_a_long_prompt_is_scored(hypercorn_server):
         waits.append(time.monotonic() - started)
         time.sleep(0.05)
     worker.join()
+    assert "reply" in outcome, "the scoring request raised (its traceback is above)"
     assert outcome["reply"].status_code == 200, outcome["reply"].text
     assert outcome["reply"].json()["usage"]["prompt_tokens"] > 1000
     assert len(waits) >= 3
