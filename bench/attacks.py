@@ -320,7 +320,9 @@ def response_store(server: Server, client: httpx.Client, count: int) -> tuple[li
     held = metric(client, server, "ovtrio_response_store_bytes")
     before_delete = server.rss_mb()
     deleted = [
-        client.delete(f"{server.base_url}/v1/responses/{reply.json()['id']}") for reply in stored if reply.status_code == 200
+        client.delete(f"{server.base_url}/v1/responses/{reply.json()['id']}")
+        for reply in stored
+        if reply.status_code == 200
     ]
     return [
         f"{count} x 10 MB or 1.8 MB metadata: {statuses(reported)}",
@@ -338,7 +340,9 @@ def store_attack(server: Server, client: httpx.Client, count: int) -> Result:
         return notes
 
     result = attack(server, "response store", run, rss_target=True)
-    result.notes.append(f"RSS before DELETE {before_delete[0]:.0f} MB, {SETTLE_SECONDS:.0f} s after {result.rss_after:.0f} MB")
+    result.notes.append(
+        f"RSS before DELETE {before_delete[0]:.0f} MB, {SETTLE_SECONDS:.0f} s after {result.rss_after:.0f} MB"
+    )
     return result
 
 

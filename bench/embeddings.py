@@ -36,7 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from responsiveness import http_request
 from serving import cpu_seconds, free_port, percentile, wait_ready
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "rivers", "run", "past", "old", "towns", "and", "people", "read", "books", "about", "mountains", "forests", "oceans", "markets", "engines", "music", "food", "weather", "history", "science", "and", "small", "edge", "servers"]
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while rivers run past old towns and people read books about"
+    " mountains forests oceans markets engines music food weather history science and small edge servers"
+).split()
 
 
 def sentence(index: int) -> str:

@@ -32,7 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-WORDS = ["river", "mountain", "lantern", "copper", "violin", "harbor", "meadow", "thunder", "velvet", "orchard", "canyon", "marble", "ember", "falcon", "willow", "glacier", "saddle", "pepper", "compass", "quartz", "tundra", "banner", "cobalt", "drizzle", "fern", "garnet", "hammock", "iris", "jasmine", "kettle", "lagoon", "mosaic", "nectar", "oasis", "pebble", "quiver", "raven", "sapphire", "thistle", "umber", "vortex", "walnut", "yonder", "zephyr", "anchor", "biscuit", "cinder", "dune"]
+WORDS = (
+    "river mountain lantern copper violin harbor meadow thunder velvet orchard canyon marble ember falcon willow"
+    " glacier saddle pepper compass quartz tundra banner cobalt drizzle fern garnet hammock iris jasmine kettle"
+    " lagoon mosaic nectar oasis pebble quiver raven sapphire thistle umber vortex walnut yonder zephyr anchor"
+    " biscuit cinder dune"
+).split()
 
 
 def free_port() -> int:
@@ -114,9 +119,13 @@ def main() -> None:
         for concurrency in args.concurrency:
             scoring, prefill = [], []
             for _ in range(args.turns):
-                tokens, seconds = run(base, model, prompt_texts(args.prompts, args.prompt_words, rng), SCORING, concurrency)
+                tokens, seconds = run(
+                    base, model, prompt_texts(args.prompts, args.prompt_words, rng), SCORING, concurrency
+                )
                 scoring.append(tokens / seconds)
-                tokens, seconds = run(base, model, prompt_texts(args.prompts, args.prompt_words, rng), PREFILL, concurrency)
+                tokens, seconds = run(
+                    base, model, prompt_texts(args.prompts, args.prompt_words, rng), PREFILL, concurrency
+                )
                 prefill.append(tokens / seconds)
             s, p = statistics.median(scoring), statistics.median(prefill)
             print(f"{concurrency:>11} {s:>14.0f} {p:>14.0f} {s / p:>6.2f}")

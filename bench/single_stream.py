@@ -68,7 +68,9 @@ def main() -> None:
         scheduler.num_kv_blocks = 64
         scheduler.cache_size = 0
         scheduler.dynamic_split_fuse = True
-        pipelines[name] = openvino_genai.ContinuousBatchingPipeline(str(folder), tokenizer, scheduler, "CPU", **properties)
+        pipelines[name] = openvino_genai.ContinuousBatchingPipeline(
+            str(folder), tokenizer, scheduler, "CPU", **properties
+        )
     if not args.only or "stateful" in args.only:
         pipelines["stateful (LLMPipeline)"] = openvino_genai.LLMPipeline(str(folder), tokenizer, "CPU")
 

@@ -48,7 +48,11 @@ VARIANTS = {
     "draft model": ["--draft-model", str(embedded_model_path())],
 }
 ARITHMETIC = ["--no-enable-prefix-caching"]
-EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32", "plugin_config": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}}
+EXACT = {
+    "inference_precision": "f32",
+    "kv_cache_precision": "f32",
+    "plugin_config": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
+}
 EXACT_FLAGS = [
     "--inference-precision", "f32", "--kv-cache-precision", "f32",
     "--plugin-config", json.dumps(EXACT["plugin_config"]),

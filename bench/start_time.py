@@ -68,7 +68,17 @@ def model_id(port: int) -> str:
 def start_once(cache: Path, args: argparse.Namespace) -> dict[str, object]:
     port = free_port()
     log = cache.parent / f"server-{port}.log"
-    command = [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--cache-dir", str(cache), *args.server_arg]
+    command = [
+        sys.executable,
+        "-m",
+        "ovtrio",
+        "serve",
+        "--port",
+        str(port),
+        "--cache-dir",
+        str(cache),
+        *args.server_arg,
+    ]
     if args.model:
         command += ["--model", args.model]
     with open(log, "w") as output:

@@ -94,7 +94,9 @@ HYPERCORN_KEEP_ALIVE = 2
 HYPERCORN_COMMAND = ("-m", "hypercorn", "-k", "trio", "--config", "python:ovtrio.server.hypercorn_config")
 
 
-def launch_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None, hypercorn: bool = False) -> RunningServer:
+def launch_server(
+    tmp_dir: Path, *args: str, env: dict[str, str] | None = None, hypercorn: bool = False
+) -> RunningServer:
     """Start a server on a free port without waiting for it: `ovtrio serve` with the
     test servers' flags and `args`, or (`hypercorn`) `hypercorn -k trio --config
     python:ovtrio.server.hypercorn_config ovtrio.app:app`, configured by the environment alone.

@@ -55,7 +55,9 @@ def refused(check, *args) -> APIError:
 
 
 def chat_request(**fields) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    )
 
 
 def test_the_continuous_backend_refuses_nothing_of_this():

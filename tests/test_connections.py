@@ -243,7 +243,9 @@ def _read_until(sock: socket.socket, marker: bytes) -> bytes:
 
 
 def _stream_body(max_tokens: int) -> bytes:
-    return json.dumps({"model": MODEL, "prompt": "Once", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}).encode()
+    return json.dumps(
+        {"model": MODEL, "prompt": "Once", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    ).encode()
 
 
 def _nothing(sock: socket.socket) -> None:

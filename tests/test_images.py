@@ -77,7 +77,9 @@ def image_url(seed: int, fmt: str = "PNG") -> str:
 
 
 def user_with_image(url: str, text: str = "Describe this image.") -> list[dict]:
-    return [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}]
+    return [
+        {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}
+    ]
 
 
 @pytest.fixture(scope="module")

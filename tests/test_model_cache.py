@@ -334,7 +334,9 @@ def test_a_prebuilt_entry_is_loaded_and_the_server_writes_only_in_its_data_dir(s
     assert f"(cached in {folder}/prebuilt/gguf/" in line, line
     assert not (folder / "data" / "cache").exists()  # nothing converted
     response = loopback.post(
-        prebuilt_cache_server.v1 + "/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 2}, timeout=60
+        prebuilt_cache_server.v1 + "/responses",
+        json={"model": MODEL, "input": "Hi", "max_output_tokens": 2},
+        timeout=60,
     )
     assert response.status_code == 200, response.text
     assert (folder / "data" / "responses.sqlite").is_file()

@@ -169,7 +169,9 @@ def test_origin_is_checked_before_the_key_and_a_preflight_needs_none(keyed_serve
     assert preflight.headers["access-control-allow-headers"] == "authorization"
     foreign = post_chat(keyed_server, {**JSON, "Origin": "http://evil.example"})
     assert_refused(foreign, 403, "origin_not_allowed")
-    keyed = post_chat(keyed_server, {**JSON, "Origin": keyed_server.base_url, "Authorization": f"Bearer {FLAG_KEYS[0]}"})
+    keyed = post_chat(
+        keyed_server, {**JSON, "Origin": keyed_server.base_url, "Authorization": f"Bearer {FLAG_KEYS[0]}"}
+    )
     assert keyed.status_code == 200, keyed.text
 
 

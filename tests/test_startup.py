@@ -111,7 +111,9 @@ def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
             assert time.monotonic() < deadline and loading.process.poll() is None, "the model did not finish loading"
             time.sleep(0.05)
         assert reply.status_code == 200 and reply.json()["status"] == "ready"
-        late = loopback.post(base + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1})
+        late = loopback.post(
+            base + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1}
+        )
         assert late.status_code == 200, late.text
 
 

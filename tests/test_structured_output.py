@@ -153,16 +153,27 @@ def test_structural_tags_constrain_only_the_tagged_region(server):
 
 
 BAD_FORMATS = [
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}, "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}}, "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(((("}}}, "response_format.json_schema.schema"),
+    (
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(((("}}},
+        "response_format.json_schema.schema",
+    ),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}, "response_format.json_schema.schema"),
     ({"type": "json_schema"}, "response_format.json_schema"),
     ({"type": "yaml"}, "response_format.type"),
     ({"json_schema": {}}, "response_format"),
     ({"type": "structural_tag", "structures": [], "triggers": ["<a>"]}, "response_format.structures"),
-    ({"type": "structural_tag", "structures": [{"begin": "<b>", "schema": {}, "end": "</b>"}], "triggers": ["<a"]},
-     "response_format.structures[0].begin"),
+    (
+        {"type": "structural_tag", "structures": [{"begin": "<b>", "schema": {}, "end": "</b>"}], "triggers": ["<a"]},
+        "response_format.structures[0].begin",
+    ),
 ]
 
 

@@ -67,7 +67,9 @@ def build_bert(
         return ops.add(ops.matmul(x, weight(f"{prefix}.weight"), False, True), weight(f"{prefix}.bias"))
 
     def layer_norm(x: Any, prefix: str) -> Any:
-        normalized = ops.mvn(x, ops.constant(np.array([-1], dtype=np.int64)), True, config.layer_norm_eps, "inside_sqrt")
+        normalized = ops.mvn(
+            x, ops.constant(np.array([-1], dtype=np.int64)), True, config.layer_norm_eps, "inside_sqrt"
+        )
         return ops.add(ops.multiply(normalized, weight(f"{prefix}.weight")), weight(f"{prefix}.bias"))
 
     def activation(x: Any) -> Any:
@@ -117,7 +119,9 @@ def build_bert(
         attended = linear(context, f"{prefix}.attention.output.dense")
         hidden = layer_norm(ops.add(attended, hidden), f"{prefix}.attention.output.LayerNorm")
         intermediate = activation(linear(hidden, f"{prefix}.intermediate.dense"))
-        hidden = layer_norm(ops.add(linear(intermediate, f"{prefix}.output.dense"), hidden), f"{prefix}.output.LayerNorm")
+        hidden = layer_norm(
+            ops.add(linear(intermediate, f"{prefix}.output.dense"), hidden), f"{prefix}.output.LayerNorm"
+        )
 
     if head == "hidden":
         output = hidden

@@ -133,7 +133,9 @@ class Embedder:
         config.max_length = self.limit
         try:
             self.tokens = _Tokens(folder, self.limit)
-            self.pipeline = openvino_genai.TextEmbeddingPipeline(str(folder), options.device, config, **options.properties)
+            self.pipeline = openvino_genai.TextEmbeddingPipeline(
+                str(folder), options.device, config, **options.properties
+            )
             vectors = np.asarray(self.pipeline.embed_documents(["warm up"]), dtype=np.float32)
         except RuntimeError as exc:
             raise _engine_error("embedding model", folder, options, exc) from None

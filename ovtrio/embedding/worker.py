@@ -117,7 +117,8 @@ class EncoderWorker(Generic[Model]):
             self._rejected += 1
             self._observer.rejected()
             raise Overloaded(
-                f"The server has {len(self._queue)} requests waiting for this model; retry later.", self._retry.seconds()
+                f"The server has {len(self._queue)} requests waiting for this model; retry later.",
+                self._retry.seconds(),
             )
         self._queue.append(job)
         self._wakeup.set()

@@ -116,7 +116,9 @@ def _data_url_bytes(url: str, param: str, limits: ImageLimits) -> bytes:
     try:
         data = _b64decode_in_pieces(encoded)
     except (binascii.Error, ValueError):
-        raise ImageError(f"Invalid value for '{param}': the data URL is not valid base64.", param, "invalid_image_url") from None
+        raise ImageError(
+            f"Invalid value for '{param}': the data URL is not valid base64.", param, "invalid_image_url"
+        ) from None
     if len(data) > limits.max_bytes:
         raise _too_large(param, limits)
     return data
@@ -222,7 +224,9 @@ def _decode(data: bytes, param: str, limits: ImageLimits) -> Any:
         raise
     except Image.DecompressionBombError:
         raise ImageError(
-            f"Invalid value for '{param}': the image has more pixels than can be decoded safely.", param, "image_too_large"
+            f"Invalid value for '{param}': the image has more pixels than can be decoded safely.",
+            param,
+            "image_too_large",
         ) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         reason = "is not an image in a format this server reads (png, jpeg, webp, gif)"

@@ -27,7 +27,9 @@ THINK_CLOSE = "</think>"
 
 
 class ReasoningSplitter:
-    def __init__(self, start_in_reasoning: bool = False, open_tag: str = THINK_OPEN, close_tag: str = THINK_CLOSE) -> None:
+    def __init__(
+        self, start_in_reasoning: bool = False, open_tag: str = THINK_OPEN, close_tag: str = THINK_CLOSE
+    ) -> None:
         self.open_tag = open_tag
         self.close_tag = close_tag
         self._start_in_reasoning = start_in_reasoning

@@ -118,7 +118,18 @@ def create_app(
         app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)
     )
     websocket_message_size.apply(settings.websocket_max_message_bytes)
-    for module in (completions, chat, responses, responses_socket, embeddings, rerank, models, tokenize, health, metrics):
+    for module in (
+        completions,
+        chat,
+        responses,
+        responses_socket,
+        embeddings,
+        rerank,
+        models,
+        tokenize,
+        health,
+        metrics,
+    ):
         app.register_blueprint(module.blueprint)
     app.register_blueprint(messages.blueprint)
     messages_errors.install()

@@ -70,7 +70,9 @@ class RequestFamilies:
             REQUEST_LATENCY_BUCKETS,
         )
         self.time_to_first_token = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TIME_TO_FIRST_TOKEN_BUCKETS,
         )
         self.inter_token = histogram(
             "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOKEN_LATENCY_BUCKETS
@@ -83,7 +85,9 @@ class RequestFamilies:
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
         )
-        self.prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_counts)
+        self.prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_counts
+        )
         self.generation_tokens = histogram(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", token_counts
         )

@@ -200,7 +200,9 @@ class ModelService:
         log.info("%s", load_summary(model))
         limit = sequence_limit(source, kv_capacity, self.settings)
         if 0 < kv_capacity < source.context_length:
-            log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
+            log.warning(
+                "the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length
+            )
         template = model.tokenizer.chat_template or ""
         work = work_limits(self.settings, kv_capacity)
         caps = request_caps(self.settings, source, kv_capacity, work)
