@@ -85,7 +85,7 @@ class HealthProbe:
         self.peak_rss_mb = 0.0
         self._process: subprocess.Popen | None = None
 
-    def __enter__(self) -> "HealthProbe":
+    def __enter__(self) -> HealthProbe:
         self._process = subprocess.Popen(
             [sys.executable, __file__, "--probe", self.base_url, str(self.server_pid)],
             stdin=subprocess.PIPE,
@@ -287,7 +287,8 @@ def grammar_cache(server: Server, client: httpx.Client, schemas: int, max_schema
     held = metric(client, server, "ovtrio_grammar_cache_bytes")
     return [
         f"4 x 100,000-string enums: {statuses(reported)}",
-        f"{schemas} distinct {max_schema_bytes // 1024} KB enums: {statuses(replies)} in {time.perf_counter() - started:.0f} s",
+        f"{schemas} distinct {max_schema_bytes // 1024} KB enums: {statuses(replies)}"
+        f" in {time.perf_counter() - started:.0f} s",
         f"cache holds {held / 1e6:.1f} MB",
     ]
 
@@ -319,7 +320,9 @@ def response_store(server: Server, client: httpx.Client, count: int) -> tuple[li
     held = metric(client, server, "ovtrio_response_store_bytes")
     before_delete = server.rss_mb()
     deleted = [
-        client.delete(f"{server.base_url}/v1/responses/{reply.json()['id']}") for reply in stored if reply.status_code == 200
+        client.delete(f"{server.base_url}/v1/responses/{reply.json()['id']}")
+        for reply in stored
+        if reply.status_code == 200
     ]
     return [
         f"{count} x 10 MB or 1.8 MB metadata: {statuses(reported)}",
@@ -337,7 +340,9 @@ def store_attack(server: Server, client: httpx.Client, count: int) -> Result:
         return notes
 
     result = attack(server, "response store", run, rss_target=True)
-    result.notes.append(f"RSS before DELETE {before_delete[0]:.0f} MB, {SETTLE_SECONDS:.0f} s after {result.rss_after:.0f} MB")
+    result.notes.append(
+        f"RSS before DELETE {before_delete[0]:.0f} MB, {SETTLE_SECONDS:.0f} s after {result.rss_after:.0f} MB"
+    )
     return result
 
 

@@ -147,7 +147,10 @@ async def run(args: argparse.Namespace, host: str, port: int, pid: int | None) -
     refused = [r.seconds for r in replies if r.status == 429]
     p50, p99 = percentile(unloaded, 50), percentile(unloaded, 99)
     a50, a99 = percentile(admitted, 50), percentile(admitted, 99)
-    print(f"ovtrio burst benchmark: {MODEL}, {args.tokens} output tokens per request, ignore_eos, greedy, unary completions")
+    print(
+        f"ovtrio burst benchmark: {MODEL}, {args.tokens} output tokens per request,"
+        " ignore_eos, greedy, unary completions"
+    )
     print(f"unloaded ({args.unloaded} one after another): latency p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms")
     print(f"burst of {args.requests} at once, over {wall:.1f} s:")
     print(f"  200: {statuses.get(200, 0)}   429: {statuses.get(429, 0)}   other statuses: "

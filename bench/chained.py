@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serving import free_port  # noqa: E402
+from serving import free_port
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTIONS = [
@@ -149,7 +149,9 @@ def main() -> None:
         print(f"{number:>4} {input_tokens:>12} {ttft * 1e3:>8.1f}ms {whole * 1e3:>8.1f}ms"
               f" {ws_ttft * 1e3:>7.1f}ms {ws_whole * 1e3:>7.1f}ms")
     first, final = rows[0][2], rows[-1][2]
-    print(f"TTFT turn {rows[-1][0]} / turn 1: {final / first:.2f} with {rows[-1][1] / rows[0][1]:.1f}x the input tokens")
+    print(
+        f"TTFT turn {rows[-1][0]} / turn 1: {final / first:.2f} with {rows[-1][1] / rows[0][1]:.1f}x the input tokens"
+    )
     # Raw engine on a prompt as long as the last turn's: cold, and with it cached.
     prompt = [504] * rows[-1][1]
     cold, cached = engine_prefill(prompt)

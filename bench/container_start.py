@@ -13,8 +13,8 @@ Needs root and podman.
 
 from __future__ import annotations
 
-import http.client
 import argparse
+import http.client
 import os
 import shutil
 import statistics
@@ -22,10 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
-from serving import free_port  # noqa: E402  (bench/ is the script's folder)
+import tomllib
+
+from serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]

@@ -33,8 +33,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from responsiveness import http_request  # noqa: E402
-from serving import cpu_seconds, free_port, percentile, wait_ready  # noqa: E402
+from responsiveness import http_request
+from serving import cpu_seconds, free_port, percentile, wait_ready
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while rivers run past old towns and people read books about"

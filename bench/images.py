@@ -37,7 +37,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import tiny_vlm  # noqa: E402
+import tiny_vlm
 
 MODEL = "vlm"
 
@@ -92,7 +92,7 @@ def engine_ttft(pipeline, text: str, images: list) -> float:
 
 def metric(text: str, name: str) -> float:
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if line.startswith((name + "{", name + " ")):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -112,10 +112,10 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "ovtrio", "serve", "--model", str(folder), "--served-model-name", MODEL,
-         "--port", str(port), "--log-level", "warning"],  # fmt: skip
+         "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )
+    )  # fmt: skip
     try:
         client = httpx.Client(timeout=120)
         deadline = time.monotonic() + 120
@@ -170,7 +170,8 @@ def main() -> None:
     for count, health in health_by_images.items():
         health.sort()
         p99s[count] = health[min(len(health) - 1, int(len(health) * 0.99))]
-        print(f"/health while 8 requests x {count} images arrive at once: p50 {1000 * statistics.median(health):.1f} ms,"
+        print(f"/health while 8 requests x {count} images arrive at once:"
+              f" p50 {1000 * statistics.median(health):.1f} ms,"
               f" p99 {1000 * p99s[count]:.1f} ms ({len(health)} probes)")  # fmt: skip
     print(json.dumps({"preprocess_ms": 1000 * preprocess_sum / max(preprocess_count, 1),
                       "health_p99_ms": {count: 1000 * p99 for count, p99 in p99s.items()}}))  # fmt: skip

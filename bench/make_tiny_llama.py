@@ -56,7 +56,7 @@ def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         sys.exit(f"the embedded model package {EMBEDDED_PACKAGE} is not installed")
-    return Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    return Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
 
 
 def copy_tokenizer(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> int:
@@ -80,13 +80,11 @@ def copy_tokenizer(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> int:
 def random_blocks(rng: np.random.Generator, rows: int, cols: int, quant: str) -> np.ndarray:
     """Random quantized rows: codes uniform over the type's range, one scale chosen so
     the weights' standard deviation is about WEIGHT_STD (activations stay finite)."""
-    qtype, block_bytes = QUANT_TYPES[quant]
+    _, block_bytes = QUANT_TYPES[quant]
     blocks = cols // BLOCK
     data = rng.integers(0, 256, size=(rows, blocks, block_bytes), dtype=np.uint8)
-    if quant == "Q4_0":
-        code_std = 4.6  # (q - 8) with q uniform in 0..15
-    else:
-        code_std = 73.9  # a signed byte uniform in -128..127
+    # (q - 8) with q uniform in 0..15, or a signed byte uniform in -128..127
+    code_std = 4.6 if quant == "Q4_0" else 73.9
     scale = np.frombuffer(np.float16(WEIGHT_STD / code_std).tobytes(), dtype=np.uint8)
     data[:, :, 0:2] = scale
     return data.reshape(rows, blocks * block_bytes)
@@ -141,12 +139,6 @@ def write(path: Path, quant: str, seed: int) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-
-
-def parameter_count(vocab_size: int) -> int:
-    kv_dim = HIDDEN // HEADS * KV_HEADS
-    per_layer = 2 * HIDDEN * HIDDEN + 2 * HIDDEN * kv_dim + 3 * HIDDEN * FFN + 2 * HIDDEN
-    return LAYERS * per_layer + 2 * vocab_size * HIDDEN + HIDDEN
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 import time
 
-from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.scheduler import NoObserver
+from ovtrio.serving.metrics import ServerMetrics
 
 
 def per_step(observer, streams: int, steps: int = 2000) -> float:

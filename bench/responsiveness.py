@@ -42,7 +42,7 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import TOPICS, free_port, metric, percentile, wait_ready  # noqa: E402
+from serving import TOPICS, free_port, metric, percentile, wait_ready
 
 STREAMS = 8
 LONG_PROMPT_TOKENS = 2000
@@ -383,7 +383,9 @@ def main() -> None:
     for mode, f in results.items():
         health = (
             f"{percentile(f.health_ms, 50):>8.1f}ms {percentile(f.health_ms, 99):>7.1f}ms"
-            f" {max(f.health_ms):>7.1f}ms {len(f.health_ms):>6}" if f.health_ms else f"{'-':>10} {'-':>9} {'-':>9} {'-':>6}"
+            f" {max(f.health_ms):>7.1f}ms {len(f.health_ms):>6}"
+            if f.health_ms
+            else f"{'-':>10} {'-':>9} {'-':>9} {'-':>6}"
         )
         print(
             f"{mode:>9} {health} {percentile(f.short_ttft_ms, 50):>12.1f}ms {percentile(f.short_ttft_ms, 99):>7.1f}ms"

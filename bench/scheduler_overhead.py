@@ -33,7 +33,7 @@ from pathlib import Path
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import RawEngine, prompts  # noqa: E402
+from serving import RawEngine, prompts
 
 TOKENS = 64
 ROUNDS = 2
@@ -45,11 +45,11 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5)
     args = parser.parse_args()
 
-    from ovtrio.settings.server import Settings
     from ovtrio.model.loading import load_model
     from ovtrio.model.source import resolve_model
     from ovtrio.scheduler import GenerationRequest, SamplingParams, Scheduler
     from ovtrio.scheduler.engine_step import gil_free_step
+    from ovtrio.settings.server import Settings
 
     # The server's own pipeline (from the model cache, with its settings), measured alone
     # by bench/serving.py's RawEngine and driven by the scheduler, in turns.

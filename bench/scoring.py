@@ -119,9 +119,13 @@ def main() -> None:
         for concurrency in args.concurrency:
             scoring, prefill = [], []
             for _ in range(args.turns):
-                tokens, seconds = run(base, model, prompt_texts(args.prompts, args.prompt_words, rng), SCORING, concurrency)
+                tokens, seconds = run(
+                    base, model, prompt_texts(args.prompts, args.prompt_words, rng), SCORING, concurrency
+                )
                 scoring.append(tokens / seconds)
-                tokens, seconds = run(base, model, prompt_texts(args.prompts, args.prompt_words, rng), PREFILL, concurrency)
+                tokens, seconds = run(
+                    base, model, prompt_texts(args.prompts, args.prompt_words, rng), PREFILL, concurrency
+                )
                 prefill.append(tokens / seconds)
             s, p = statistics.median(scoring), statistics.median(prefill)
             print(f"{concurrency:>11} {s:>14.0f} {p:>14.0f} {s / p:>6.2f}")

@@ -304,7 +304,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5, help="engine/server turns per concurrency")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
-        "--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeat), e.g. --server-arg=--no-gil-free-step"
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra `ovtrio serve` flag (repeat), e.g. --server-arg=--no-gil-free-step",
     )
     args = parser.parse_args()
     if 1 not in args.concurrency:

@@ -31,9 +31,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def model_folder() -> Path:
     """The embedded model converted to IR, from (or into) the server's model cache."""
-    from ovtrio.settings.server import Settings
     from ovtrio.model.loading import load_model
     from ovtrio.model.source import resolve_model
+    from ovtrio.settings.server import Settings
 
     settings = Settings()
     model = load_model(resolve_model(settings), settings)
@@ -68,7 +68,9 @@ def main() -> None:
         scheduler.num_kv_blocks = 64
         scheduler.cache_size = 0
         scheduler.dynamic_split_fuse = True
-        pipelines[name] = openvino_genai.ContinuousBatchingPipeline(str(folder), tokenizer, scheduler, "CPU", **properties)
+        pipelines[name] = openvino_genai.ContinuousBatchingPipeline(
+            str(folder), tokenizer, scheduler, "CPU", **properties
+        )
     if not args.only or "stateful" in args.only:
         pipelines["stateful (LLMPipeline)"] = openvino_genai.LLMPipeline(str(folder), tokenizer, "CPU")
 

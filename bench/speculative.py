@@ -32,9 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ovtrio.settings.server import Settings  # noqa: E402
-from ovtrio.model import embedded_model_path, load_model, resolve_model  # noqa: E402
-from serving import free_port  # noqa: E402  (bench/ is the script's folder)
+from ovtrio.model import embedded_model_path, load_model, resolve_model
+from ovtrio.settings.server import Settings
+from serving import free_port
 
 PASSAGE = "".join(
     f"def op_{i}(values, factor):\n    total = 0\n    for value in values:\n        total += value * factor + {i}\n"
@@ -48,7 +48,11 @@ VARIANTS = {
     "draft model": ["--draft-model", str(embedded_model_path())],
 }
 ARITHMETIC = ["--no-enable-prefix-caching"]
-EXACT = {"inference_precision": "f32", "kv_cache_precision": "f32", "plugin_config": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}}
+EXACT = {
+    "inference_precision": "f32",
+    "kv_cache_precision": "f32",
+    "plugin_config": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
+}
 EXACT_FLAGS = [
     "--inference-precision", "f32", "--kv-cache-precision", "f32",
     "--plugin-config", json.dumps(EXACT["plugin_config"]),
@@ -143,11 +147,11 @@ def main() -> None:
     try:
         for _ in range(args.turns):
             for name in VARIANTS:
-                for where, run in (
-                    ("engine", lambda: engine_run(engines[name], prompt_ids, args.tokens)),
-                    ("server", lambda: server_run(servers[name][1], prompt_ids, args.tokens)),
+                for where, run, target in (
+                    ("engine", engine_run, engines[name]),
+                    ("server", server_run, servers[name][1]),
                 ):
-                    speed, text = run()
+                    speed, text = run(target, prompt_ids, args.tokens)
                     speeds.setdefault((where, name), []).append(speed)
                     texts.setdefault((where, name), set()).add(text)
     finally:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from serving import free_port, rss_mb  # noqa: E402  (bench/ is the script's folder)
+from serving import free_port, rss_mb
 
 LOADED = re.compile(r"loaded in .*")
 
@@ -68,7 +68,17 @@ def model_id(port: int) -> str:
 def start_once(cache: Path, args: argparse.Namespace) -> dict[str, object]:
     port = free_port()
     log = cache.parent / f"server-{port}.log"
-    command = [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--cache-dir", str(cache), *args.server_arg]
+    command = [
+        sys.executable,
+        "-m",
+        "ovtrio",
+        "serve",
+        "--port",
+        str(port),
+        "--cache-dir",
+        str(cache),
+        *args.server_arg,
+    ]
     if args.model:
         command += ["--model", args.model]
     with open(log, "w") as output:
@@ -119,7 +129,7 @@ def main() -> None:
     for which, label in (("first", "first start (empty cache)"), ("second", "second start (cache warm)")):
         rows = results[which]
 
-        def median(key: str) -> float:
+        def median(key: str, rows: list[dict[str, object]] = rows) -> float:
             return statistics.median(float(row[key]) for row in rows)  # type: ignore[arg-type]
 
         print(

@@ -77,7 +77,10 @@ def main() -> None:
             page = context.new_page()
             page.set_default_timeout(120_000)
             page.goto(base)
-            page.evaluate("s => localStorage.setItem('ovtrio.settings', JSON.stringify(s))", {**settings, "api": "chat", "logprobs": True, "top_logprobs": 5, "tokenView": False})
+            page.evaluate(
+                "s => localStorage.setItem('ovtrio.settings', JSON.stringify(s))",
+                {**settings, "api": "chat", "logprobs": True, "top_logprobs": 5, "tokenView": False},
+            )
             page.reload()
             page.wait_for_function("() => document.querySelector('#model').options.length > 0")
             page.fill("#prompt", QUESTION)
@@ -94,7 +97,8 @@ def main() -> None:
             page = dark.new_page()
             page.goto(base)
             page.evaluate(
-                "([s, c]) => { localStorage.setItem('ovtrio.settings', JSON.stringify(s)); localStorage.setItem('ovtrio.conversations', c); }",
+                "([s, c]) => { localStorage.setItem('ovtrio.settings', JSON.stringify(s));"
+                " localStorage.setItem('ovtrio.conversations', c); }",
                 [{**settings, "api": "responses", "tokenView": True}, stored],
             )
             page.reload()

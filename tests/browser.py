@@ -97,7 +97,7 @@ class PageServer:
         body = dict(pages)
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:  # http.server's name
                 page = body.get(self.path.split("?")[0], "<!doctype html><title>page</title>")
                 data = page.encode()
                 self.send_response(200)

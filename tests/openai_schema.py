@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ def _components() -> dict[str, Any]:
     return {"schemas": _allow_null(spec["components"]["schemas"])}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _validator(name: str, overrides: tuple[tuple[str, str], ...] = ()) -> jsonschema.Draft202012Validator:
     components = _components()
     if overrides:

@@ -67,7 +67,7 @@ def server_fixture(
         raise ValueError(f"two different servers are both called {name}")
 
     @pytest.fixture(scope="session", name=name)
-    def the_server(server_pool: "ServerPool") -> Any:
+    def the_server(server_pool: ServerPool) -> Any:
         return server_pool.get(name)
 
     return the_server

@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 import loopback
 from openai_schema import validate, validate_completion_chunk
 
@@ -40,15 +38,6 @@ def stream_post(base_url: str, path: str, body: dict[str, Any], timeout: float =
     """POST a streaming request with raw httpx; returns the parsed chunks."""
     with loopback.stream("POST", base_url + path, json=body, timeout=timeout) as response:
         raw = response.read().decode()
-    assert response.status_code == 200, raw
-    assert response.headers["content-type"].startswith("text/event-stream")
-    return parse_sse(raw)
-
-
-async def astream_post(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """stream_post for an httpx.AsyncClient (works under trio)."""
-    async with http.stream("POST", path, json=body) as response:
-        raw = (await response.aread()).decode()
     assert response.status_code == 200, raw
     assert response.headers["content-type"].startswith("text/event-stream")
     return parse_sse(raw)

@@ -13,9 +13,9 @@ import pytest
 import trio
 
 from fake_engine import received, request, start_scheduler
-from ovtrio.settings.server import Settings
 from ovtrio.model.limits import request_caps, work_limits
 from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, Overloaded
+from ovtrio.settings.server import Settings
 
 
 @pytest.fixture(params=[False, True], ids=["binding-step", "gil-free-runs"])
@@ -31,7 +31,9 @@ async def wait_until(condition: Any, within: float = 10) -> None:
 
 
 async def test_requests_beyond_running_and_queued_are_refused(nursery, gil_free):
-    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1), gil_free=gil_free)
+    engine = await start_scheduler(
+        nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1), gil_free=gil_free
+    )
     scheduler = engine.scheduler
     results: dict[str, list[Any]] = {}
 
@@ -70,7 +72,9 @@ async def test_requests_beyond_running_and_queued_are_refused(nursery, gil_free)
 
 
 async def test_a_consumer_leaving_the_queue_frees_its_place(nursery, gil_free):
-    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1), gil_free=gil_free)
+    engine = await start_scheduler(
+        nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1), gil_free=gil_free
+    )
     scheduler = engine.scheduler
     async with scheduler.submit(request(10_000)) as stream:
         assert await stream.receive_available()
@@ -84,7 +88,9 @@ async def test_a_consumer_leaving_the_queue_frees_its_place(nursery, gil_free):
 
 
 async def test_a_request_larger_than_the_running_limit_runs_alone(nursery, gil_free):
-    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=2, max_queued_requests=1), gil_free=gil_free)
+    engine = await start_scheduler(
+        nursery, AdmissionLimits(max_running_sequences=2, max_queued_requests=1), gil_free=gil_free
+    )
     messages = await received(engine.scheduler, request(2, n=3, temperature=1.0))
     assert messages[-1] == Completed(prompt_tokens=1, completion_tokens=6)
 
@@ -111,7 +117,9 @@ async def test_a_consumer_that_stops_reading_is_paused_then_cancelled(nursery, g
 
 
 async def test_a_paused_consumer_that_catches_up_loses_nothing(nursery, gil_free):
-    engine = await start_scheduler(nursery, AdmissionLimits(slow_reader_buffer=4, slow_reader_timeout=60), gil_free=gil_free)
+    engine = await start_scheduler(
+        nursery, AdmissionLimits(slow_reader_buffer=4, slow_reader_timeout=60), gil_free=gil_free
+    )
     scheduler = engine.scheduler
     tokens = 300
     async with scheduler.submit(request(tokens)) as stream:
@@ -149,7 +157,9 @@ def test_default_limits_come_from_the_kv_cache():
 async def test_scoring_takes_running_places_in_the_same_queue(nursery, gil_free):
     """A scoring request (scheduler.reserve) waits for room like a generation, holds its
     places while it runs (a generation submitted meanwhile waits), and gives them back."""
-    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=2, max_queued_requests=4), gil_free=gil_free)
+    engine = await start_scheduler(
+        nursery, AdmissionLimits(max_running_sequences=2, max_queued_requests=4), gil_free=gil_free
+    )
     scheduler = engine.scheduler
     events: list[str] = []
     release = trio.Event()

@@ -18,8 +18,8 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 import loopback
 from conftest import MODEL, free_port, held_loading
-from server_pool import server_fixture
 from helpers import assert_error
+from server_pool import server_fixture
 
 FLAG_KEYS = ("first-key", "second-key")
 FILE_KEYS = ("key-from-file",)
@@ -28,7 +28,11 @@ API_ROUTES = [
     ("GET", "/v1/models", None),
     ("GET", "/v3/models", None),
     ("GET", f"/v1/models/{MODEL}", None),
-    ("POST", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+    ),
     ("POST", "/v3/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2}),
     ("POST", "/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 2}),
     ("GET", "/v1/responses/resp_unknown", None),
@@ -64,7 +68,9 @@ def test_every_api_route_needs_a_key(keyed_server, method, path, body):
         assert call(keyed_server, method, path, body, key=key).status_code != 401
 
 
-@pytest.mark.parametrize("authorization", ["first-key", "Basic first-key", "Bearer", "Bearer first-key2", "bearer  wrong"])
+@pytest.mark.parametrize(
+    "authorization", ["first-key", "Basic first-key", "Bearer", "Bearer first-key2", "bearer  wrong"]
+)
 def test_malformed_authorization_is_refused(keyed_server, authorization):
     response = loopback.get(keyed_server.v1 + "/models", headers={"Authorization": authorization}, timeout=30)
     assert response.status_code == 401, response.text
@@ -79,7 +85,9 @@ def test_probes_stay_open_and_metrics_can_be_protected(keyed_server):
     for path in ("/health", "/health/ready", "/ready", "/v2/health/live", "/v2/health/ready"):
         assert loopback.get(keyed_server.base_url + path, timeout=30).status_code == 200, path
     assert loopback.get(keyed_server.base_url + "/metrics", timeout=30).status_code == 401
-    scraped = loopback.get(keyed_server.base_url + "/metrics", headers={"Authorization": "Bearer second-key"}, timeout=30)
+    scraped = loopback.get(
+        keyed_server.base_url + "/metrics", headers={"Authorization": "Bearer second-key"}, timeout=30
+    )
     assert scraped.status_code == 200 and "ovtrio_requests_running" in scraped.text
 
 
@@ -162,4 +170,6 @@ def test_an_unreadable_key_file_is_refused_in_one_line(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"ovtrio: cannot read API key file {missing}: No such file or directory"]
+    assert result.stderr.strip().splitlines() == [
+        f"ovtrio: cannot read API key file {missing}: No such file or directory"
+    ]

@@ -11,11 +11,11 @@ import pytest
 from ovtrio.api.capabilities import check_capabilities, check_constraint, check_prompt_length
 from ovtrio.api.errors import APIError
 from ovtrio.api.protocol import ChatCompletionRequest
-from ovtrio.settings.server import Settings
 from ovtrio.model.backend import backend_conflict, capabilities_for, engine_backend, stateful_properties
 from ovtrio.model.limits import sequence_limit, work_limits
 from ovtrio.model.source import ModelSource
 from ovtrio.scheduler import OutputConstraint
+from ovtrio.settings.server import Settings
 
 
 def test_auto_picks_stateful_on_npu_only():
@@ -55,7 +55,9 @@ def refused(check, *args) -> APIError:
 
 
 def chat_request(**fields) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    )
 
 
 def test_the_continuous_backend_refuses_nothing_of_this():
@@ -97,8 +99,8 @@ def test_the_thread_count_reaches_the_cpu_only():
 
 
 def test_plugin_config_reaches_the_engine_and_leaves_owned_properties_to_their_settings():
-    from ovtrio.settings.server import SettingsError, settings_from_env
     from ovtrio.model.loading import engine_properties
+    from ovtrio.settings.server import SettingsError, settings_from_env
 
     settings = settings_from_env({"OVTRIO_PLUGIN_CONFIG": '{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "X": "y"}'})
     assert settings.plugin_config == {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "X": "y"}

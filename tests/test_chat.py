@@ -68,7 +68,9 @@ def test_end_of_sequence_finishes_with_stop_unless_ignored(server):
 
 
 def test_max_completion_tokens_wins_over_max_tokens(server):
-    result = chat(server.base_url, content=STORY, max_completion_tokens=5, max_tokens=20, temperature=0, ignore_eos=True)
+    result = chat(
+        server.base_url, content=STORY, max_completion_tokens=5, max_tokens=20, temperature=0, ignore_eos=True
+    )
     assert result.finish_reason == "length"
     assert result.usage["completion_tokens"] == 5
 

@@ -88,7 +88,10 @@ def test_logprob_entries_join_to_the_text_however_the_tokens_arrive(split):
     assert b"".join(bytes(entry["bytes"]) for entry in entries) == text.encode()
     validate(unary, "CreateChatCompletionResponse")
 
-    chat_stage, completion_stage = OutputStage(logprobs=EURO_TOKENS.__getitem__), OutputStage(logprobs=EURO_TOKENS.__getitem__)
+    chat_stage, completion_stage = (
+        OutputStage(logprobs=EURO_TOKENS.__getitem__),
+        OutputStage(logprobs=EURO_TOKENS.__getitem__),
+    )
     chat = ChatWriter(Envelope("chatcmpl-x", "m", "fp"), logprobs=True)
     completion = CompletionWriter(Envelope("cmpl-x", "m", "fp"), choices=1, logprobs=True)
     chat_entries, completion_tokens, at = [], [], 0

@@ -2,10 +2,10 @@
 to an HTTP/1.0 request, the client reads EOF and the server keeps no socket open, under
 `ovtrio serve` and under the hypercorn command; an idle keep-alive connection is closed
 at the keep-alive timeout; a connection the client closes is closed by the server at
-once, whatever it was doing (see ovtrio/server/hypercorn_patches/connection_close.py). A spell of accept failures for lack
-of descriptors is one log line; a request with an ambiguous length is refused and its
-connection closed; a burst of connections is accepted without errors under both
-commands."""
+once, whatever it was doing (see ovtrio/server/hypercorn_patches/connection_close.py).
+A spell of accept failures for lack of descriptors is one log line; a request with an
+ambiguous length is refused and its connection closed; a burst of connections is
+accepted without errors under both commands."""
 
 from __future__ import annotations
 
@@ -243,7 +243,9 @@ def _read_until(sock: socket.socket, marker: bytes) -> bytes:
 
 
 def _stream_body(max_tokens: int) -> bytes:
-    return json.dumps({"model": MODEL, "prompt": "Once", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}).encode()
+    return json.dumps(
+        {"model": MODEL, "prompt": "Once", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    ).encode()
 
 
 def _nothing(sock: socket.socket) -> None:

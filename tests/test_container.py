@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import tomllib
 
 import loopback
 from conftest import free_port
@@ -240,12 +240,12 @@ def test_the_image_holds_no_build_tools(built):
     root = Path(podman("image", "mount", image))
     try:
         found = []
-        for folder, dirs, files in os.walk(root):
+        for folder, _dirs, files in os.walk(root):
             relative = "/" + os.path.relpath(folder, root)
             files = [name for name in files if f"{relative}/{name}" not in in_base]
-            if relative.endswith("/.cache/pip") or relative.startswith("/opt/ovtrio/venv") and (
-                relative.endswith("/site-packages/pip") or relative.endswith("/site-packages/setuptools")
-            ):
+            if relative.endswith("/.cache/pip") or (relative.startswith("/opt/ovtrio/venv") and (
+                relative.endswith(("/site-packages/pip", "/site-packages/setuptools"))
+            )):
                 found.append(relative)
             found += [f"{relative}/{name}" for name in files if name.endswith(".whl")]
             found += [f"{relative}/{name}" for name in files

@@ -7,14 +7,14 @@ name and version, its port, its user, its read-only root and its one volume."""
 from __future__ import annotations
 
 import shlex
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
-from ovtrio.settings.server import Settings
 import loopback
+from ovtrio.settings.server import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
 from conftest import MODEL, RunningServer
 from encoder_fixtures import embedded_files, reranker_weights, write_reranker
 from helpers import assert_error, post
@@ -101,7 +102,8 @@ def test_base64_is_little_endian_float32(encoder_server: RunningServer) -> None:
 
 def test_similar_sentences_are_closer_than_unrelated_ones(encoder_server: RunningServer) -> None:
     response = embed(
-        encoder_server, input=["A man is eating food.", "A man is eating a piece of bread.", "The stock market fell today."]
+        encoder_server,
+        input=["A man is eating food.", "A man is eating a piece of bread.", "The stock market fell today."],
     )
     food, bread, stocks = (np.asarray(item["embedding"]) for item in response.json()["data"])
     assert cosine(food, bread) > cosine(food, stocks) + 0.3
@@ -153,7 +155,9 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(("body", "param"), BAD_INPUTS, ids=[param + ":" + json.dumps(b)[:40] for b, param in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("body", "param"), BAD_INPUTS, ids=[param + ":" + json.dumps(b)[:40] for b, param in BAD_INPUTS]
+)
 def test_bad_inputs_get_a_400_naming_them(encoder_server: RunningServer, body: dict[str, Any], param: str) -> None:
     error = assert_error(embed(encoder_server, **body), 400, param=param)
     assert error["message"]
@@ -251,7 +255,9 @@ def test_a_full_queue_gives_429_and_a_client_that_left_costs_nothing(encoder_ser
     assert int(refused.headers["Retry-After"]) >= 1
     served = sum(status == 200 for status in statuses)
     # The leaver's 7 inputs were never computed (no batch held them) nor counted.
-    assert encoder_server.metric("ovtrio_encoder_batch_size_sum", model_name=EMBEDDER) == computed + HOLDER_INPUTS + served
+    assert (
+        encoder_server.metric("ovtrio_encoder_batch_size_sum", model_name=EMBEDDER) == computed + HOLDER_INPUTS + served
+    )
     assert encoder_server.metric("ovtrio_encoder_inputs_total", model_name=EMBEDDER) == inputs + HOLDER_INPUTS + served
     assert encoder_server.metric("ovtrio_encoder_requests_rejected_total", model_name=EMBEDDER) >= 1
 

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from encoder_fixtures import write_reranker
 
-from ovtrio.settings.server import Settings, SettingsError
+from encoder_fixtures import write_reranker
 from ovtrio.embedding.embedded import embedded_embedder_folder
 from ovtrio.embedding.kinds import detect_kind, max_input_tokens, normalizes, pooling_of, served_models
+from ovtrio.settings.server import Settings, SettingsError
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,9 @@ def test_pooling_comes_from_the_model(tmp_path: Path, pooling: dict | None, expe
     assert pooling_of(tmp_path) == expected
 
 
-def test_the_config_file_serves_encoders_beside_generation_models(reranker: Path, converted: Path, tmp_path: Path) -> None:
+def test_the_config_file_serves_encoders_beside_generation_models(
+    reranker: Path, converted: Path, tmp_path: Path
+) -> None:
     config = tmp_path / "models.json"
     config.write_text(json.dumps({"models": [
         {"served_model_name": "chat"},
@@ -63,7 +65,10 @@ def test_the_config_file_serves_encoders_beside_generation_models(reranker: Path
     ]}))
     generation, encoders = served_models(Settings(config=str(config)))
     assert [model.served_model_name for model in generation] == ["chat"]
-    assert [(model.served_model_name, kind) for model, kind in encoders] == [("vectors", "embedding"), ("scores", "rerank")]
+    assert [(model.served_model_name, kind) for model, kind in encoders] == [
+        ("vectors", "embedding"),
+        ("scores", "rerank"),
+    ]
     config.write_text(json.dumps({"models": [{"served_model_name": "vectors", "model": str(converted)}]}))
     with pytest.raises(SettingsError, match="no generation model"):
         served_models(Settings(config=str(config)))

@@ -8,8 +8,8 @@ import trio
 
 import loopback
 from conftest import MODEL
-from server_pool import server_fixture
 from openai_schema import validate
+from server_pool import server_fixture
 
 # 4 blocks of 32 tokens: room for two short requests, never for a 700-token prompt.
 KV_BLOCKS = "4"

@@ -100,7 +100,13 @@ BAD_BODIES = [
         "context_length_exceeded",
     ),
     # A prompt longer than the whole 8192-token context.
-    ("context-prompt", COMPLETIONS, completion_body("hello " * 9000, max_tokens=1), "prompt", "context_length_exceeded"),
+    (
+        "context-prompt",
+        COMPLETIONS,
+        completion_body("hello " * 9000, max_tokens=1),
+        "prompt",
+        "context_length_exceeded",
+    ),
     (
         "context-messages",
         CHAT,

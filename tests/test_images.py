@@ -77,7 +77,9 @@ def image_url(seed: int, fmt: str = "PNG") -> str:
 
 
 def user_with_image(url: str, text: str = "Describe this image.") -> list[dict]:
-    return [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}]
+    return [
+        {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def test_different_images_give_different_outputs_and_the_same_image_the_same(cli
 
 def test_an_image_in_jpeg_and_webp_reaches_the_model(client):
     for fmt in ("JPEG", "WEBP", "GIF"):
-        text, tokens = ask(client, user_with_image(image_url(3, fmt)))
+        _, tokens = ask(client, user_with_image(image_url(3, fmt)))
         assert tokens > tiny_vlm.IMAGE_TOKENS
 
 
@@ -174,11 +176,11 @@ def test_responses_input_image_and_a_previous_response_chain(client):
         return client.responses.create(
             model=MODEL,
             input=[{"role": "user", "content": [{"type": "input_text", "text": "Describe this image."},
-                                                {"type": "input_image", "image_url": url}]}],  # fmt: skip
+                                                {"type": "input_image", "image_url": url}]}],
             max_output_tokens=8,
             temperature=0,
             **options,
-        )
+        )  # fmt: skip
 
     first = create(image_url(1))
     chat_text, chat_tokens = ask(client, user_with_image(image_url(1)))
@@ -241,7 +243,8 @@ def test_a_client_that_leaves_frees_its_request(client, vlm_server):
 def test_images_are_counted_in_the_metrics(client, vlm_server):
     before = vlm_server.metric("ovtrio_images_total", model_name=MODEL)
     ask(client, [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": image_url(1)}}, {"type": "image_url", "image_url": {"url": image_url(2)}},
+        {"type": "image_url", "image_url": {"url": image_url(1)}},
+        {"type": "image_url", "image_url": {"url": image_url(2)}},
     ]}])  # fmt: skip
     assert vlm_server.metric("ovtrio_images_total", model_name=MODEL) == before + 2
     exposition = loopback.get(vlm_server.base_url + "/metrics").text
@@ -275,8 +278,8 @@ TRUNCATED = data_url(encoded(Image.fromarray(pixels(1)))[:200])
         ("ftp://example.com/a.png", "invalid_image_url"),
     ],
     ids=["not-base64", "not-base64-encoded", "not-an-image", "not-an-image-type", "truncated", "unread-format",
-         "file-scheme", "http-not-allowed", "ftp-scheme"],  # fmt: skip
-)
+         "file-scheme", "http-not-allowed", "ftp-scheme"],
+)  # fmt: skip
 def test_a_bad_image_is_a_400_naming_its_part(client, vlm_server, url, code):
     steps = vlm_server.metric("ovtrio_engine_steps_started_total", model_name=MODEL)
     body = bad_request(client, url)

@@ -69,7 +69,9 @@ def test_a_chunked_body_over_the_limit_is_a_413_too(server):
             yield b"a" * 65536
         yield b'"}'
 
-    response = loopback.post(server.base_url + "/tokenize", content=chunks(), headers={"Content-Type": "application/json"})
+    response = loopback.post(
+        server.base_url + "/tokenize", content=chunks(), headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
 
@@ -159,7 +161,9 @@ def test_a_schema_over_the_limit_is_refused_naming_it(server, path, body, param)
 def test_a_schema_under_the_limit_is_served(server):
     schema = big_enum(3000)
     assert len(json.dumps(schema)) < DEFAULT_SCHEMA_BYTES
-    body = chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, max_tokens=12)
+    body = chat_body(
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, max_tokens=12
+    )
     response = post(server.base_url, CHAT, body)
     assert response.status_code == 200, response.text
     content = response.json()["choices"][0]["message"]["content"]
@@ -255,7 +259,9 @@ BAD_METADATA = [
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, RESPONSES])
-@pytest.mark.parametrize(("metadata", "param"), BAD_METADATA, ids=["17-pairs", "long-key", "long-value", "number", "string"])
+@pytest.mark.parametrize(
+    ("metadata", "param"), BAD_METADATA, ids=["17-pairs", "long-key", "long-value", "number", "string"]
+)
 def test_metadata_is_checked_as_openai_does(server, path, metadata, param):
     body = {CHAT: chat_body, COMPLETIONS: completion_body, RESPONSES: response_body}[path](metadata=metadata)
     assert_error(post(server.base_url, path, body), 400, param=param)
@@ -300,7 +306,9 @@ def test_nested_integer_fields_are_bounded(server, extra, param):
 
 
 def test_nan_is_not_a_number_any_field_takes(server):
-    response = post(server.base_url, COMPLETIONS, content='{"model": "%s", "prompt": "Hi", "length_penalty": NaN}' % MODEL)
+    response = post(
+        server.base_url, COMPLETIONS, content=f'{{"model": "{MODEL}", "prompt": "Hi", "length_penalty": NaN}}'
+    )
     assert_error(response, 400, param="length_penalty")
 
 

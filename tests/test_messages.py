@@ -19,9 +19,10 @@ from typing import Any
 import anthropic
 import httpx
 import jsonschema
-import loopback
 import pytest
 import trio
+
+import loopback
 from conftest import MODEL, RunningServer
 from helpers import pick_stop_word
 from messages_stream import check_message, parse_named_sse, walk
@@ -42,7 +43,11 @@ WEATHER_TOOL = {
 TIME_TOOL = {
     "name": "get_time",
     "description": "The local time in a city.",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]},
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 24}},
+        "required": ["city"],
+    },
 }
 # A schema whose every valid reply ends: the JSON grammar lets an object's reply pad
 # itself with whitespace until max_tokens, which some CPUs' greedy choices do.
@@ -78,7 +83,9 @@ def claude(server):
         yield client
 
 
-def raw_stream(server: RunningServer, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def raw_stream(
+    server: RunningServer, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     with loopback.stream("POST", server.base_url + "/v1/messages", json={**body, "stream": True}, headers=headers,
                          timeout=120) as reply:
         raw = reply.read().decode()
@@ -136,7 +143,10 @@ def test_system_and_sampling_fields_are_read(claude):
 def test_output_config_format_gives_schema_valid_json(claude):
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     reply = claude.messages.create(
-        model=MODEL, max_tokens=200, messages=messages, output_config={"format": {"type": "json_schema", "schema": ANSWER}},
+        model=MODEL,
+        max_tokens=200,
+        messages=messages,
+        output_config={"format": {"type": "json_schema", "schema": ANSWER}},
         **GREEDY,
     )
     assert reply.stop_reason == "end_turn", reply
@@ -205,7 +215,9 @@ def test_stop_sequences_end_the_reply_and_are_named(claude, server):
     full = claude.messages.create(model=MODEL, max_tokens=40, messages=STORY, **GREEDY)
     text = full.content[0].text
     word, at = pick_stop_word(text)
-    reply = claude.messages.create(model=MODEL, max_tokens=40, messages=STORY, stop_sequences=[word, "\u2603"], **GREEDY)
+    reply = claude.messages.create(
+        model=MODEL, max_tokens=40, messages=STORY, stop_sequences=[word, "\u2603"], **GREEDY
+    )
     assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", word)
     assert reply.content[0].text == text[:at]
     streamed = walk(raw_stream(server, message_body(max_tokens=40, stop_sequences=[word, "\u2603"])))
@@ -236,13 +248,17 @@ def test_a_forced_tool_loop(claude):
     assert [block.type for block in answer.content] == ["text"]
     assert answer.stop_reason in ("end_turn", "max_tokens")
     # The call and its result are in the prompt: the answer's prompt is the longer.
-    alone = claude.messages.count_tokens(model=MODEL, messages=question, tools=[WEATHER_TOOL], tool_choice={"type": "none"})
+    alone = claude.messages.count_tokens(
+        model=MODEL, messages=question, tools=[WEATHER_TOOL], tool_choice={"type": "none"}
+    )
     assert answer.usage.input_tokens > alone.input_tokens
 
     # An error result is marked as one; string content reads like a text block.
     as_string = [*history[:2], {"role": "user", "content": [{**result, "content": "Sunny, 21 C"}]}]
     as_error = [*history[:2], {"role": "user", "content": [{**result, "is_error": True}]}]
-    count = lambda messages: claude.messages.count_tokens(model=MODEL, messages=messages).input_tokens
+    def count(messages):
+        return claude.messages.count_tokens(model=MODEL, messages=messages).input_tokens
+
     assert count(as_string) == count(history)
     assert count(as_error) > count(history)
 
@@ -297,7 +313,9 @@ def test_thinking_comes_back_as_thinking_blocks(thinking_server, thinking):
         assert reply.content[0].text in ("true", "false")
     assert thought.usage.input_tokens > off.usage.input_tokens == plain.usage.input_tokens
 
-    streamed = walk(raw_stream(thinking_server, message_body(IS_IT, max_tokens=1100, output_config=BOOLEAN, thinking=thinking)))
+    streamed = walk(
+        raw_stream(thinking_server, message_body(IS_IT, max_tokens=1100, output_config=BOOLEAN, thinking=thinking))
+    )
     assert streamed["content"] == thought.model_dump()["content"]
 
 
@@ -350,7 +368,9 @@ BAD_BODIES = [
 @pytest.mark.parametrize("fields, named", BAD_BODIES, ids=[named for _, named in BAD_BODIES])
 def test_bad_requests_are_400s_naming_the_field(server, fields, named):
     body = {k: v for k, v in message_body(**fields).items() if v is not None}
-    message = error_of(loopback.post(server.base_url + "/v1/messages", json=body, timeout=60), 400, "invalid_request_error")
+    message = error_of(
+        loopback.post(server.base_url + "/v1/messages", json=body, timeout=60), 400, "invalid_request_error"
+    )
     assert named in message, message
 
 
@@ -395,8 +415,12 @@ def test_keys_are_taken_from_x_api_key_or_bearer(messages_limited_server):
     assert loopback.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60).status_code == 200
     error_of(loopback.post(url, json=body, timeout=60), 401, "authentication_error")
     # x-api-key is Anthropic's header: the OpenAI routes still want a bearer token.
-    chat = loopback.post(messages_limited_server.base_url + "/v1/chat/completions", headers={"x-api-key": KEY}, timeout=60,
-                         json={"model": MODEL, "messages": STORY, "max_tokens": 1})
+    chat = loopback.post(
+        messages_limited_server.base_url + "/v1/chat/completions",
+        headers={"x-api-key": KEY},
+        timeout=60,
+        json={"model": MODEL, "messages": STORY, "max_tokens": 1},
+    )
     assert chat.status_code == 401 and "error" in chat.json() and "type" not in chat.json()
 
 

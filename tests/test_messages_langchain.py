@@ -4,8 +4,9 @@ API: plain chat (unary and streamed alike), tool calling and with_structured_out
 from __future__ import annotations
 
 import pytest
-from conftest import MODEL
 from pydantic import BaseModel, Field
+
+from conftest import MODEL
 
 langchain_anthropic = pytest.importorskip("langchain_anthropic")
 

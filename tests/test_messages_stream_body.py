@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
-from messages_stream import walk
 
+from messages_stream import walk
 from ovtrio.api.messages.prepare import PreparedMessage
 from ovtrio.api.messages.stream import PING_INTERVAL, MessageStream
 from ovtrio.api.messages.writer import MessageWriter

@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from messages_stream import walk
 from pydantic_core import to_jsonable_python
 
+from messages_stream import walk
 from ovtrio.api.errors import APIError, api_error
 from ovtrio.api.messages.errors import error_event, status_of
 from ovtrio.api.messages.writer import MessageWriter
@@ -46,7 +46,11 @@ def test_thinking_text_and_calls_add_up_to_the_message(seed):
     events += [TextDelta(0, p) for p in pieces("Calling the tool now.", rng)]
     events.append(ToolCallStarted(0, 0, "call_abc", "get_weather"))
     events += [ToolCallArguments(0, 0, p) for p in pieces(arguments, rng)]
-    events += [ToolCallDone(0, 0, "call_abc", "get_weather", arguments), ChoiceFinished(0, "tool_calls"), Completed(7, 30)]
+    events += [
+        ToolCallDone(0, 0, "call_abc", "get_weather", arguments),
+        ChoiceFinished(0, "tool_calls"),
+        Completed(7, 30),
+    ]
     written, message = run(events, batch=rng.randint(1, 4))
     streamed = walk(written)
     assert streamed == message

@@ -224,13 +224,21 @@ def test_http_responses_by_route_and_status(server):
     assert post(server.base_url, "/v1/completions", completion_body(model="no-such-model")).status_code == 404
     assert loopback.get(server.base_url + "/v1/no-such-route", timeout=10).status_code == 404
     assert chat(server.base_url, "/v3/chat/completions", max_tokens=4, ignore_eos=True).finish_reason == "length"
-    with loopback.stream("POST", server.base_url + "/v3/chat/completions", json=chat_body(max_tokens=4, stream=True)) as r:
+    with loopback.stream(
+        "POST", server.base_url + "/v3/chat/completions", json=chat_body(max_tokens=4, stream=True)
+    ) as r:
         assert r.status_code == 200
         assert r.read().endswith(b"data: [DONE]\n\n")
     after = scrape(server)
 
-    assert responses(after, "POST", "/v1/chat/completions", 400) - responses(before, "POST", "/v1/chat/completions", 400) == 1
+    assert (
+        responses(after, "POST", "/v1/chat/completions", 400) - responses(before, "POST", "/v1/chat/completions", 400)
+        == 1
+    )
     assert responses(after, "POST", "/v1/completions", 404) - responses(before, "POST", "/v1/completions", 404) == 1
     assert responses(after, "GET", "unmatched", 404) - responses(before, "GET", "unmatched", 404) == 1
     # One unary and one streamed 200, each counted once.
-    assert responses(after, "POST", "/v3/chat/completions", 200) - responses(before, "POST", "/v3/chat/completions", 200) == 2
+    assert (
+        responses(after, "POST", "/v3/chat/completions", 200) - responses(before, "POST", "/v3/chat/completions", 200)
+        == 2
+    )

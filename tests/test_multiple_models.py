@@ -23,9 +23,9 @@ from trio_websocket import open_websocket_url
 import loopback
 from conftest import held_loading
 from helpers import chat_body, post
-from ovtrio.settings.server import Settings, SettingsError
-from ovtrio.settings.config_file import model_settings
 from ovtrio.model import embedded_model_path
+from ovtrio.settings.config_file import model_settings
+from ovtrio.settings.server import Settings, SettingsError
 from server_pool import server_fixture
 from test_startup import assert_one_line_refusal, run_hypercorn, run_serve
 
@@ -77,7 +77,9 @@ def test_each_model_runs_on_its_own_backend(sdk):
     assert "stateful" in refused.value.body["message"]
     # Greedy output of the same prompt on each backend is its own; each repeats itself.
     def greedy(name: str) -> str:
-        return sdk.completions.create(model=name, prompt="Once upon a time", max_tokens=8, temperature=0).choices[0].text
+        return (
+            sdk.completions.create(model=name, prompt="Once upon a time", max_tokens=8, temperature=0).choices[0].text
+        )
 
     assert greedy("small-stateful") == greedy("small-stateful")
 
@@ -172,11 +174,17 @@ def test_requests_to_one_model_move_only_its_metrics(models_server):
 
     for name in NAMES:
         before = {other: generated(other) for other in NAMES}
-        post(models_server.base_url, "/v1/completions", {"model": name, "prompt": "Hi", "max_tokens": 3, "ignore_eos": True})
+        post(
+            models_server.base_url,
+            "/v1/completions",
+            {"model": name, "prompt": "Hi", "max_tokens": 3, "ignore_eos": True},
+        )
         after = {other: generated(other) for other in NAMES}
         for other in NAMES:
             rose = {key: after[other][key] - before[other][key] for key in before[other]}
-            expected = {"vllm": 3, "ovtrio": 3, "finished": 1, "histogram": 3} if other == name else dict.fromkeys(rose, 0)
+            expected = (
+                {"vllm": 3, "ovtrio": 3, "finished": 1, "histogram": 3} if other == name else dict.fromkeys(rose, 0)
+            )
             assert rose == expected, (name, other)
     # The gauges have one series per model too.
     for name in NAMES:
@@ -257,7 +265,10 @@ def write(folder: Path, name: str, text: str) -> Path:
         ({"models": [{"served_model_name": "a", "max_num_seqs": "lots"}]}, ["models[0] ('a')", "max_num_seqs"]),
         ({"models": [{"served_model_name": "a", "colour": "blue"}]}, ["models[0] ('a')", "unknown key 'colour'"]),
         ({"models": [{"served_model_name": "a"}, {"device": "CPU"}]}, ["models[1]", "served_model_name is required"]),
-        ({"models": [{"served_model_name": "a"}, {"served_model_name": "a"}]}, ["models[1] ('a')", "served_model_name 'a'"]),
+        (
+            {"models": [{"served_model_name": "a"}, {"served_model_name": "a"}]},
+            ["models[1] ('a')", "served_model_name 'a'"],
+        ),
         ({"models": []}, ["models"]),
         ({"model": "x.gguf"}, ["model"]),
     ],

@@ -20,10 +20,10 @@ import loopback
 from browser import REBOUND_DOMAIN, browser, page, page_server_fixture  # noqa: F401 (fixtures)
 from conftest import MODEL, RunningServer
 from guarded_servers import PAGE_ORIGIN, PAGE_PORT, open_hypercorn, origin_server  # noqa: F401 (fixtures)
-from test_api_keys import FLAG_KEYS, keyed_server  # noqa: F401 (fixture)
 from ovtrio.api.json_bodies import refusal as body_refusal
 from ovtrio.api.origins import OriginPolicy
 from ovtrio.settings.server import SettingsError, settings_from_env
+from test_api_keys import FLAG_KEYS, keyed_server  # noqa: F401 (fixture)
 
 page_server = page_server_fixture(PAGE_PORT)
 
@@ -169,7 +169,9 @@ def test_origin_is_checked_before_the_key_and_a_preflight_needs_none(keyed_serve
     assert preflight.headers["access-control-allow-headers"] == "authorization"
     foreign = post_chat(keyed_server, {**JSON, "Origin": "http://evil.example"})
     assert_refused(foreign, 403, "origin_not_allowed")
-    keyed = post_chat(keyed_server, {**JSON, "Origin": keyed_server.base_url, "Authorization": f"Bearer {FLAG_KEYS[0]}"})
+    keyed = post_chat(
+        keyed_server, {**JSON, "Origin": keyed_server.base_url, "Authorization": f"Bearer {FLAG_KEYS[0]}"}
+    )
     assert keyed.status_code == 200, keyed.text
 
 

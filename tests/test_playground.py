@@ -28,7 +28,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 import loopback
 from browser import browser  # noqa: F401 (the fixture)
-from conftest import MODEL, RunningServer, sample_value
+from conftest import MODEL, RunningServer
 from server_pool import server_fixture
 
 API_KEY = "pg-key-7f3a"
@@ -66,7 +66,9 @@ class Watched:
         assert not self.foreign, f"requests left the page's origin: {self.foreign}"
         assert not self.page_errors, f"uncaught errors: {self.page_errors}"
         errors = [e for e in self.console_errors if not (allow_refused_key and _about_a_refused_key(e))]
-        loads = [e for e in errors if re.match(r"Failed to load resource: the server responded with a status of 40[04]", e)]
+        loads = [
+            e for e in errors if re.match(r"Failed to load resource: the server responded with a status of 40[04]", e)
+        ]
         assert len(loads) <= self.expected_refusals and len(errors) == len(loads), f"console errors: {errors}"
 
 
@@ -99,7 +101,7 @@ def open_page(browser, server: RunningServer, **context_options) -> Watched:
             try:
                 if response.json()["error"]["param"] in DEGRADES_ON:
                     watched.expected_refusals += 1
-            except Exception:
+            except Exception:  # noqa: BLE001 (a body that is not an OpenAI error counts for nothing)
                 pass
 
     def on_socket(socket) -> None:
@@ -118,7 +120,7 @@ def open_page(browser, server: RunningServer, **context_options) -> Watched:
 
 
 @pytest.fixture
-def watched(browser, server):  # noqa: F811
+def watched(browser, server):
     watched = open_page(browser, server)
     page_ready(watched.page)
     yield watched
@@ -203,7 +205,9 @@ def test_the_page_and_its_files_are_served_with_a_policy_for_its_own_origin_only
     page = (STATIC / "index.html").read_text()
     # No inline script or style, and nothing from another origin.
     assert "<script>" not in page and "<style" not in page and " style=" not in page and "http" not in page
-    again = loopback.get(server.base_url + "/", headers={"If-None-Match": loopback.get(server.base_url + "/").headers["etag"]})
+    again = loopback.get(
+        server.base_url + "/", headers={"If-None-Match": loopback.get(server.base_url + "/").headers["etag"]}
+    )
     assert again.status_code == 304
     missing = loopback.get(server.base_url + "/playground/js/missing.js")
     assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
@@ -211,6 +215,7 @@ def test_the_page_and_its_files_are_served_with_a_policy_for_its_own_origin_only
 
 def test_every_file_of_the_page_ships_in_the_wheel():
     import fnmatch
+
     import tomllib
 
     config = tomllib.loads((STATIC.parents[2] / "pyproject.toml").read_text())
@@ -218,7 +223,9 @@ def test_every_file_of_the_page_ships_in_the_wheel():
     for path in STATIC.rglob("*"):
         if path.is_file():
             relative = path.relative_to(STATIC.parent).as_posix()
-            assert any(fnmatch.fnmatch(relative, pattern) and relative.count("/") == pattern.count("/") for pattern in patterns), relative
+            assert any(
+                fnmatch.fnmatch(relative, pattern) and relative.count("/") == pattern.count("/") for pattern in patterns
+            ), relative
 
 
 def test_the_page_needs_no_key_but_the_api_does(keyed_playground_server):
@@ -249,7 +256,9 @@ async def test_a_browser_websocket_offers_the_key_as_a_subprotocol(keyed_playgro
     url = keyed_playground_server.base_url.replace("http://", "ws://") + "/v1/responses"
     async with open_websocket_url(url, subprotocols=["responses", "openai-insecure-api-key." + API_KEY]) as ws:
         assert ws.subprotocol == "responses"  # never the one carrying the key
-        await ws.send_message(json.dumps({"type": "response.create", "model": MODEL, "input": "Hi", "max_output_tokens": 2}))
+        await ws.send_message(
+            json.dumps({"type": "response.create", "model": MODEL, "input": "Hi", "max_output_tokens": 2})
+        )
         with trio.fail_after(60):
             while json.loads(await ws.get_message())["type"] not in ("response.completed", "response.incomplete"):
                 pass
@@ -266,7 +275,7 @@ browser_test = pytest.mark.browser
 
 
 @browser_test
-def test_the_text_box_takes_input_within_500_ms_of_navigation(browser, server):  # noqa: F811
+def test_the_text_box_takes_input_within_500_ms_of_navigation(browser, server):
     """Measured in the browser, from navigation start to the page's `playground-ready`
     mark (set once its handlers are installed); the best of three fresh pages, so that
     the other work on a loaded machine does not decide it, after one first page that pays
@@ -397,7 +406,11 @@ def test_hostile_text_from_the_user_and_the_model_stays_inert(watched):
     page = watched.page
     # The model is made to write the payload: a JSON schema whose only value it is.
     schema = {"type": "string", "enum": [HOSTILE]}
-    configure(page, max_tokens=300, extra={"response_format": {"type": "json_schema", "json_schema": {"name": "payload", "schema": schema}}})
+    configure(
+        page,
+        max_tokens=300,
+        extra={"response_format": {"type": "json_schema", "json_schema": {"name": "payload", "schema": schema}}},
+    )
     send(page, HOSTILE)
     wait_for_reply(page)
     reply = last_reply(page)
@@ -430,15 +443,23 @@ def test_the_markdown_renderer_builds_safe_nodes(watched):
     )
     chunks = [reply[i : i + 7] for i in range(0, len(reply), 7)]
     thinking = "".join(
-        "data: " + json.dumps({"choices": [{"index": 0, "delta": {"reasoning_content": part}, "finish_reason": None}]}) + "\n\n"
+        "data: "
+        + json.dumps({"choices": [{"index": 0, "delta": {"reasoning_content": part}, "finish_reason": None}]})
+        + "\n\n"
         for part in ("First, <b>think</b> ", "about it.")
     )
     body = thinking + "".join(
         "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": chunk}, "finish_reason": None}]}) + "\n\n"
         for chunk in chunks
     )
-    body += "data: " + json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) + "\n\ndata: [DONE]\n\n"
-    page.route("**/v1/chat/completions", lambda route: route.fulfill(status=200, content_type="text/event-stream", body=body))
+    body += (
+        "data: "
+        + json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        + "\n\ndata: [DONE]\n\n"
+    )
+    page.route(
+        "**/v1/chat/completions", lambda route: route.fulfill(status=200, content_type="text/event-stream", body=body)
+    )
     send(page, "Show me everything.")
     wait_for_reply(page)
     reasoning = page.locator(".msg.assistant details.reasoning")
@@ -578,7 +599,7 @@ def test_the_server_panel_shows_live_load(watched, server):
 
 
 @browser_test
-def test_with_an_api_key_the_page_asks_for_it_and_then_works(browser, keyed_playground_server):  # noqa: F811
+def test_with_an_api_key_the_page_asks_for_it_and_then_works(browser, keyed_playground_server):
     server = keyed_playground_server
     watched = open_page(browser, server)
     page = watched.page

@@ -21,9 +21,9 @@ from PIL import Image
 
 import tiny_vlm
 from browser import browser  # noqa: F401 (the fixture)
-from test_images import MODEL as VLM, vlm_server  # noqa: F401 (the fixture: 300 kB per image at most)
+from test_images import MODEL as VLM
+from test_images import vlm_server  # noqa: F401 (the fixture: 300 kB per image at most)
 from test_playground import (
-    DONE,
     choose_mode,
     configure,
     conversation,
@@ -91,7 +91,9 @@ def pending_thumbnails(page) -> list[str]:
 def shown_images(page) -> list[str]:
     """The images shown in the sent user messages, loaded (decoded by the browser)."""
     page.wait_for_function("() => [...document.querySelectorAll('.msg.user img.thumb')].every(i => i.complete)")
-    return page.eval_on_selector_all(".msg.user img.thumb", "images => images.filter(i => i.naturalWidth > 0).map(i => i.src)")
+    return page.eval_on_selector_all(
+        ".msg.user img.thumb", "images => images.filter(i => i.naturalWidth > 0).map(i => i.src)"
+    )
 
 
 def image_parts(body: dict) -> list[str]:
@@ -113,7 +115,7 @@ def api_sent(watched) -> list[dict]:
 
 
 @pytest.fixture
-def vlm_page(browser, vlm_server):  # noqa: F811
+def vlm_page(browser, vlm_server):
     watched = open_page(browser, vlm_server)
     page_ready(watched.page)
     watched.page.wait_for_selector("#attach:not([hidden])")
@@ -125,7 +127,7 @@ def vlm_page(browser, vlm_server):  # noqa: F811
 
 
 @pytest.fixture
-def text_page(browser, server):  # noqa: F811
+def text_page(browser, server):
     watched = open_page(browser, server)
     page_ready(watched.page)
     yield watched
@@ -268,7 +270,10 @@ def test_an_image_over_the_servers_limit_gets_its_400_as_a_sentence(vlm_page, tm
     attach(page, "picker", big, tmp_path, "big.png")
     page.wait_for_selector("#pending-images img.thumb")
     refusals = []
-    page.on("response", lambda r: r.url.endswith("/v1/chat/completions") and r.status == 400 and refusals.append(r.json()["error"]))
+    page.on(
+        "response",
+        lambda r: r.url.endswith("/v1/chat/completions") and r.status == 400 and refusals.append(r.json()["error"]),
+    )
     send(page, "Describe this image.")
     wait_for_reply(page)
     # (A first refusal may be of the alternatives, which the page answers by asking again

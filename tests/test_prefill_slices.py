@@ -11,11 +11,11 @@ import pytest
 import trio
 
 from fake_engine import DROPPED_PROMPT, REFUSED_PROMPT, received, request, start_scheduler
-from ovtrio.settings.server import Settings
 from ovtrio.model.limits import prefill_slice_tokens
 from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, SamplingParams, UnsupportedParams
 from ovtrio.scheduler.params import OutputConstraint, SpeculativeDecoding
 from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
+from ovtrio.settings.server import Settings
 
 SLICE = 4
 BLOCK = 2
@@ -138,7 +138,7 @@ async def test_a_long_prompt_admitted_with_a_short_one_lets_it_go_first(engine):
     results = await with_a_step_held(
         engine, {"busy": request(3, [1])}, {"long": request(2, LONG), "short": request(2, [1, 1])}
     )
-    busy, short, first_slice = engine.pipeline.handles[:3]
+    _busy, short, first_slice = engine.pipeline.handles[:3]
     assert short.prompt == [1, 1] and first_slice.prompt == LONG[: len(first_slice.prompt)]
     # The short request's first step is its own; the long prompt's first slice follows.
     assert first_slice.added_after_step == short.added_after_step + 1

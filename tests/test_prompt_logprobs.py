@@ -222,7 +222,11 @@ def test_prompt_logprobs_in_vllm_shape_agree_with_echoed_logprobs(server):
         ("/v1/completions", {"prompt": "Hi", "max_tokens": -1, "echo": True}, "max_tokens"),
         ("/v1/completions", {"prompt": "Hi", "prompt_logprobs": 21}, "prompt_logprobs"),
         ("/v1/completions", {"prompt": "Hi", "prompt_logprobs": -1}, "prompt_logprobs"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 1}, "prompt_logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 1},
+            "prompt_logprobs",
+        ),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 0}, "max_tokens"),
     ],
 )

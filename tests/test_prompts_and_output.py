@@ -12,12 +12,12 @@ from helpers import (
     COMPLETION_PATHS,
     ENDS_BY_ITSELF,
     assert_error,
-    pick_stop_word,
     chat,
     chat_stream,
     complete,
     complete_stream,
     completion_body,
+    pick_stop_word,
     post,
 )
 from openai_schema import validate
@@ -51,7 +51,12 @@ def digit_ids(server) -> list[int]:
 
 @pytest.mark.parametrize("form", ["string", "list-of-strings", "token-ids", "list-of-token-id-lists"])
 def test_the_four_prompt_forms_are_the_same_prompt(server, digit_ids, form):
-    prompt = {"string": DIGITS, "list-of-strings": [DIGITS], "token-ids": digit_ids, "list-of-token-id-lists": [digit_ids]}[form]
+    prompt = {
+        "string": DIGITS,
+        "list-of-strings": [DIGITS],
+        "token-ids": digit_ids,
+        "list-of-token-id-lists": [digit_ids],
+    }[form]
     reference = complete(server.base_url, prompt=DIGITS, logprobs=1, **GREEDY)
     result = complete(server.base_url, prompt=prompt, logprobs=1, **GREEDY)
     assert result.usage["prompt_tokens"] == len(digit_ids) == reference.usage["prompt_tokens"]
@@ -229,7 +234,9 @@ def test_completion_logprobs_stream(server, echo):
     assert streamed.texts == [unary.text]
     expected = unary.body["choices"][0]["logprobs"]
     if echo:  # the prompt's scores came with the echoed prompt; the rest is the completion's
-        assert choice.echo_logprobs == {key: values[: len(choice.echo_logprobs["tokens"])] for key, values in expected.items()}
+        assert choice.echo_logprobs == {
+            key: values[: len(choice.echo_logprobs["tokens"])] for key, values in expected.items()
+        }
         expected = {key: values[len(choice.echo_logprobs["tokens"]) :] for key, values in expected.items()}
     tokens, offsets, token_logprobs, top_logprobs = [], [], [], []
     for text, logprobs in choice.pieces:
@@ -456,7 +463,13 @@ def test_stop_strings_on_chat_through_the_sdk(client, counting_entries):
     tokens = [entry.token for entry in counting_entries]
     text = "".join(tokens[:-1])
     stop = pick_stop_word(text, 1)[0]
-    params = {"model": MODEL, "messages": COUNTING, "temperature": 0, "max_tokens": 24, "extra_body": {"ignore_eos": True}}
+    params = {
+        "model": MODEL,
+        "messages": COUNTING,
+        "temperature": 0,
+        "max_tokens": 24,
+        "extra_body": {"ignore_eos": True},
+    }
     stopped = client.chat.completions.create(**params, stop=[stop])
     assert stopped.choices[0].message.content == stop_cut(tokens, [stop], False)[0]
     assert stopped.choices[0].finish_reason == "stop"

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from splitting import splittings
-
 from ovtrio.parsing import ReasoningSplitter
+from splitting import splittings
 
 
 @dataclass
@@ -61,7 +60,9 @@ SAMPLES = [
         "I should mention the <think> tag and </thin k>.",
         "Use <think> and </think> tags.",
     ),
-    Sample("open_tag_later_is_content", "Answer: <think>not reasoning</think>", "", "Answer: <think>not reasoning</think>"),
+    Sample(
+        "open_tag_later_is_content", "Answer: <think>not reasoning</think>", "", "Answer: <think>not reasoning</think>"
+    ),
     Sample("stray_close_tag_is_content", "abc</think>def", "", "abc</think>def"),
     Sample("looks_like_tag", "<thinking>is not the tag</thinking>", "", "<thinking>is not the tag</thinking>"),
     Sample("partial_open_tag_only", "<thi", "", "<thi"),

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from chat_output import streamed_chat, unary_chat
 import loopback
+from chat_output import streamed_chat, unary_chat
 from helpers import ENDS_BY_ITSELF, chat_body, post
 from openai_schema import validate
 from ovtrio.output import OutputStage
@@ -30,11 +30,15 @@ QUESTION = [{"role": "user", "content": "Why is the sky blue?"}]
 BOOLEAN = ENDS_BY_ITSELF["response_format"]
 
 
-thinking_server = server_fixture("thinking_server", "--chat-template", "{template.jinja}", files={"template.jinja": THINKING_TEMPLATE})
+thinking_server = server_fixture(
+    "thinking_server", "--chat-template", "{template.jinja}", files={"template.jinja": THINKING_TEMPLATE}
+)
 
 
 def ask(server, **fields) -> dict:
-    reply = post(server.base_url, "/v3/chat/completions", chat_body(messages=QUESTION, max_tokens=16, temperature=0, **fields))
+    reply = post(
+        server.base_url, "/v3/chat/completions", chat_body(messages=QUESTION, max_tokens=16, temperature=0, **fields)
+    )
     assert reply.status_code == 200, reply.text
     body = reply.json()
     validate(body, "CreateChatCompletionResponse")
@@ -43,7 +47,11 @@ def ask(server, **fields) -> dict:
 
 @pytest.mark.parametrize(
     "switch",
-    [{"chat_template_kwargs": {"enable_thinking": True}}, {"reasoning": {"effort": "low"}}, {"reasoning_effort": "high"}],
+    [
+        {"chat_template_kwargs": {"enable_thinking": True}},
+        {"reasoning": {"effort": "low"}},
+        {"reasoning_effort": "high"},
+    ],
 )
 def test_thinking_goes_to_reasoning_content(thinking_server, switch):
     plain = ask(thinking_server, response_format=BOOLEAN)
@@ -130,7 +138,10 @@ def test_responses_stream_reasoning_events(thinking_server):
         validate(event, "ResponseStreamEvent")
     kinds = [e["type"] for e in events]
     assert kinds[:4] == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.reasoning_summary_part.added"
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
     ]
     assert events[2]["item"]["type"] == "reasoning"
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta")

@@ -105,7 +105,11 @@ def test_message_items_and_parts(server):
 
 def test_forced_function_call(server):
     body = create(
-        server, input="What is the weather in Paris?", tools=[WEATHER_TOOL], tool_choice="required", max_output_tokens=60
+        server,
+        input="What is the weather in Paris?",
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_output_tokens=60,
     )
     calls = [item for item in body["output"] if item["type"] == "function_call"]
     assert calls and calls[0]["name"] == "get_weather" and calls[0]["call_id"].startswith("call_")
@@ -116,7 +120,10 @@ def test_forced_function_call(server):
 def test_tool_choice_is_reported_as_sent_or_openais_default(server):
     assert create(server, input="Hi", max_output_tokens=1)["tool_choice"] == "auto"
     assert create(server, input="Hi", tools=[WEATHER_TOOL], max_output_tokens=1)["tool_choice"] == "auto"
-    assert create(server, input="Hi", tools=[WEATHER_TOOL], tool_choice="none", max_output_tokens=1)["tool_choice"] == "none"
+    assert (
+        create(server, input="Hi", tools=[WEATHER_TOOL], tool_choice="none", max_output_tokens=1)["tool_choice"]
+        == "none"
+    )
 
 
 def test_function_call_history_is_accepted(server):
@@ -150,12 +157,18 @@ def test_echoed_settings(server):
 
 
 BAD = [
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}, "input[0].content[0].image_url"),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]},
+        "input[0].content[0].image_url",
+    ),
     ({"input": "x", "max_tokens": 5}, "max_tokens"),
     ({"input": []}, "input"),
     ({}, "input"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0]"),
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "nope"}}}}, "text.format.schema"),
+    (
+        {"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "nope"}}}},
+        "text.format.schema",
+    ),
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
     ({"input": "x", "stream": True, "n": 2}, "n"),
 ]
@@ -244,7 +257,12 @@ def test_streamed_truncation_ends_with_response_incomplete(server):
 
 
 def test_streamed_function_call_events(server):
-    fields = {"input": "What is the weather in Paris?", "tools": [WEATHER_TOOL], "tool_choice": "required", "max_output_tokens": 60}
+    fields = {
+        "input": "What is the weather in Paris?",
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "required",
+        "max_output_tokens": 60,
+    }
     events = stream_events(server, **fields)
     assert collapsed(events)[:6] == CALL_EVENTS and events[-1]["type"] == "response.completed"
     added = events[2]["item"]

@@ -10,9 +10,9 @@ import random
 from functools import partial
 
 import pytest
-from openai_schema import validate
 from pydantic_core import to_jsonable_python
 
+from openai_schema import validate
 from ovtrio.api.responses.body import response_envelope
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.protocol import ResponsesRequest

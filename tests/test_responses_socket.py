@@ -21,7 +21,9 @@ def ws_url(server, path: str = "/v1/responses") -> str:
 
 def test_sdk_connect_multi_turn_with_store_false(client):
     with client.responses.connect() as connection:
-        connection.response.create(model=MODEL, input="My name is Ada.", max_output_tokens=12, temperature=0, store=False)
+        connection.response.create(
+            model=MODEL, input="My name is Ada.", max_output_tokens=12, temperature=0, store=False
+        )
         first = _final(connection)
         connection.response.create(
             model=MODEL, input="What is my name?", previous_response_id=first.id, max_output_tokens=12,

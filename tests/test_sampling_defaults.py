@@ -14,7 +14,9 @@ MODEL_DEFAULTS = ServerDefaults({"temperature": 0.3, "top_p": 0.8, "top_k": 7, "
 
 
 def chat(**fields) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], **fields})
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
+    )
 
 
 def test_openai_defaults_without_a_generation_config():
@@ -27,7 +29,9 @@ def test_openai_defaults_without_a_generation_config():
 def test_generation_config_supplies_defaults_and_the_request_wins():
     silent = sampling_params(chat(), 10, LIMIT, MODEL_DEFAULTS)
     assert (silent.temperature, silent.top_p, silent.top_k, silent.repetition_penalty) == (0.3, 0.8, 7, 1.05)
-    explicit = sampling_params(chat(temperature=0.9, top_p=0.5, top_k=-1, repetition_penalty=1.0), 10, LIMIT, MODEL_DEFAULTS)
+    explicit = sampling_params(
+        chat(temperature=0.9, top_p=0.5, top_k=-1, repetition_penalty=1.0), 10, LIMIT, MODEL_DEFAULTS
+    )
     assert (explicit.temperature, explicit.top_p, explicit.top_k, explicit.repetition_penalty) == (0.9, 0.5, None, 1.0)
 
 
@@ -47,7 +51,9 @@ def test_streaming_includes_stop_strings_by_default():
 
 def test_nvext_overrides_top_level_fields():
     params = sampling_params(
-        chat(temperature=1.2, top_k=3, ignore_eos=False, nvext={"greedy_sampling": True, "top_k": 9, "ignore_eos": True}),
+        chat(
+            temperature=1.2, top_k=3, ignore_eos=False, nvext={"greedy_sampling": True, "top_k": 9, "ignore_eos": True}
+        ),
         10,
         LIMIT,
     )

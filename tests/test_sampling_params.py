@@ -405,7 +405,9 @@ def test_nvext_greedy_sampling_overrides_temperature(server, greedy_story):
     assert complete(server.base_url, **sampled(nvext={"greedy_sampling": True})).text == greedy_story
     # Sampling at temperature 1.5 leaves the greedy text within a few seeds (most often at
     # the first); stop at the first that does.
-    sampled_texts = (complete(server.base_url, **sampled(seed=seed, nvext={"greedy_sampling": False})).text for seed in range(5))
+    sampled_texts = (
+        complete(server.base_url, **sampled(seed=seed, nvext={"greedy_sampling": False})).text for seed in range(5)
+    )
     assert any(text != greedy_story for text in sampled_texts)
 
 

@@ -136,7 +136,9 @@ def test_chat_top_logprobs_lead_with_the_token_greedy_decoding_picks(exact_scori
 def test_sampled_tokens_get_their_own_scores_beside_the_top_list(exact_scoring_server):
     """With sampling the chosen token need not be the most likely; its entry holds its own
     log-probability, and the top list the k most likely, sorted."""
-    body = completions(exact_scoring_server.base_url, prompt=PROMPTS[1], max_tokens=16, temperature=1.5, seed=7, logprobs=3)
+    body = completions(
+        exact_scoring_server.base_url, prompt=PROMPTS[1], max_tokens=16, temperature=1.5, seed=7, logprobs=3
+    )
     logprobs = body["choices"][0]["logprobs"]
     check_top_lists(logprobs, 3)
     assert "".join(logprobs["tokens"]) == body["choices"][0]["text"]
@@ -227,7 +229,9 @@ def test_scoring_works_with_the_prefix_cache_and_matches_direct_scoring(hypercor
     ):
         choice = completions(base, HYPERCORN_MODEL, prompt=ids, **body)["choices"][0]
         if "prompt_logprobs" in body:
-            values = [entry[str(token_id)]["logprob"] for token_id, entry in zip(ids[1:], choice["prompt_logprobs"][1:])]
+            values = [
+                entry[str(token_id)]["logprob"] for token_id, entry in zip(ids[1:], choice["prompt_logprobs"][1:])
+            ]
         else:
             values = choice["logprobs"]["token_logprobs"][1 : len(ids)]
             assert "".join(choice["logprobs"]["tokens"][: len(ids)]) == prompt
@@ -236,7 +240,14 @@ def test_scoring_works_with_the_prefix_cache_and_matches_direct_scoring(hypercor
 
 def test_a_scored_stream_carries_the_same_figures(hypercorn_server):
     base = hypercorn_server.base_url
-    body = {"model": HYPERCORN_MODEL, "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "logprobs": 2, "echo": True}
+    body = {
+        "model": HYPERCORN_MODEL,
+        "prompt": PROMPTS[0],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": 2,
+        "echo": True,
+    }
     unary = completions(base, **body)["choices"][0]
     tokens, values, tops, text = [], [], [], ""
     for chunk in stream_post(base, "/v1/completions", {**body, "stream": True}):
@@ -254,7 +265,9 @@ def test_a_scored_stream_carries_the_same_figures(hypercorn_server):
 # ---- lm-evaluation-harness's requests -----------------------------------------------------
 
 
-def lm_eval_loglikelihood(base: str, requests: list[tuple[list[int], list[int]]], tokenized: bool) -> list[tuple[float, bool]]:
+def lm_eval_loglikelihood(
+    base: str, requests: list[tuple[list[int], list[int]]], tokenized: bool
+) -> list[tuple[float, bool]]:
     """LocalCompletionsAPI's loglikelihood: one request for the batch (context +
     continuation ids; with tokenized_requests=False the texts /detokenize gives, a string
     for a batch of one), then its parse_logprobs."""
@@ -316,7 +329,11 @@ def test_lm_eval_loglikelihood_multiple_choice_by_ids_and_by_text(hypercorn_serv
         for choice in doc["choices"]
     ]
     # lm-eval sends batch_size requests at once (the server here runs at most 8 choices).
-    by_ids = [result for at in range(0, len(requests), 4) for result in lm_eval_loglikelihood(base, requests[at : at + 4], tokenized=True)]
+    by_ids = [
+        result
+        for at in range(0, len(requests), 4)
+        for result in lm_eval_loglikelihood(base, requests[at : at + 4], tokenized=True)
+    ]
     by_text = [lm_eval_loglikelihood(base, [request], tokenized=False)[0] for request in requests]
     for (context, continuation), (score, greedy), (text_score, text_greedy) in zip(requests, by_ids, by_text):
         direct = direct_logprobs(context + continuation)[len(context) - 1 :]
@@ -435,10 +452,13 @@ def test_the_server_answers_while_a_long_prompt_is_scored(hypercorn_server):
 
     def score() -> None:
         started = time.monotonic()
-        outcome["reply"] = post(base, "/v1/completions",
-                                {"model": HYPERCORN_MODEL, "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1})
-        outcome["seconds"] = time.monotonic() - started
-        done.set()
+        try:  # a request that fails must still end the probing loop below
+            outcome["reply"] = post(base, "/v1/completions",
+                                    {"model": HYPERCORN_MODEL, "prompt": text, "max_tokens": 0, "echo": True,
+                                     "logprobs": 1})
+        finally:
+            outcome["seconds"] = time.monotonic() - started
+            done.set()
 
     worker = threading.Thread(target=score)
     worker.start()
@@ -449,6 +469,7 @@ def test_the_server_answers_while_a_long_prompt_is_scored(hypercorn_server):
         waits.append(time.monotonic() - started)
         time.sleep(0.05)
     worker.join()
+    assert "reply" in outcome, "the scoring request raised (its traceback is above)"
     assert outcome["reply"].status_code == 200, outcome["reply"].text
     assert outcome["reply"].json()["usage"]["prompt_tokens"] > 1000
     assert len(waits) >= 3

@@ -162,7 +162,9 @@ def server_name(command: str, name: str) -> str:
     return name if command == "serve" else f"hypercorn_{name}"
 
 
-@pytest.mark.parametrize(("command", "name"), [(command, server_name(command, "draining_server")) for command in CAUSES])
+@pytest.mark.parametrize(
+    ("command", "name"), [(command, server_name(command, "draining_server")) for command in CAUSES]
+)
 async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(server_pool, command, name):
     server = server_pool.take(name)
     try:
@@ -286,7 +288,9 @@ def test_the_drain_patch_leaves_other_hypercorn_code_alone(monkeypatch):
     said: list[str] = []
     monkeypatch.setattr(hypercorn_drain, "_applied", False)
     monkeypatch.setattr(
-        hypercorn_drain, "PATCHED_SOURCES", {**hypercorn_drain.PATCHED_SOURCES, "hypercorn.trio.run.trio_worker": "0" * 64}
+        hypercorn_drain,
+        "PATCHED_SOURCES",
+        {**hypercorn_drain.PATCHED_SOURCES, "hypercorn.trio.run.trio_worker": "0" * 64},
     )
     monkeypatch.setattr(hypercorn_drain.log, "warning", lambda message, *args: said.append(message % args))
     before = trio_run.check_multiprocess_shutdown_event

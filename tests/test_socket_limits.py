@@ -15,8 +15,8 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 
 from conftest import MODEL
 from guarded_servers import SOCKET_IDLE_SECONDS, SOCKET_MAX_MESSAGE_BYTES, open_hypercorn, origin_server  # noqa: F401
-from ovtrio.api.responses.socket import IdleClock
 from ovtrio.api.responses.oversized_message import OversizedMessage
+from ovtrio.api.responses.socket import IdleClock
 from ovtrio.server.hypercorn_patches.websocket_message_size import BoundedMessageBuffer
 
 # Beyond Hypercorn's default websocket_max_message_size (16 MiB).

@@ -18,11 +18,10 @@ import pytest
 
 from conftest import RunningServer
 from helpers import assert_error, chat, chat_stream, complete, complete_stream, pick_stop_word, post
+from ovtrio.model import embedded_model_path
 from server_pool import server_fixture
 from sse import MODEL
 from test_responses import stream_events
-
-from ovtrio.model import embedded_model_path
 
 EXACT_ARITHMETIC = (
     "--inference-precision", "f32",
@@ -129,7 +128,9 @@ def test_streams_equal_unary_output(speculating_server: RunningServer) -> None:
     unary_logprobs = unary.body["choices"][0]["logprobs"]["content"]
     streamed_logprobs = [entry for chunk in streamed.choices[0].logprobs for entry in chunk["content"]]
     assert len(unary_logprobs) == TOKENS
-    assert [(e["token"], e["logprob"]) for e in streamed_logprobs] == [(e["token"], e["logprob"]) for e in unary_logprobs]
+    assert [(e["token"], e["logprob"]) for e in streamed_logprobs] == [
+        (e["token"], e["logprob"]) for e in unary_logprobs
+    ]
 
     # A stop string from that output cuts both exactly where it first occurs.
     completion = {"prompt": "Copy:\n" + PASSAGE, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
@@ -166,7 +167,9 @@ def test_metrics_count_drafted_and_accepted_tokens(speculating_server: RunningSe
              "vllm:spec_decode_num_accepted_tokens_total")
     before = [server.metric(name, model_name=MODEL, engine="0") for name in names]
     complete(server.base_url, prompt=PASSAGE * 2, max_tokens=TOKENS, temperature=0, ignore_eos=True)
-    drafts, drafted, accepted = (server.metric(name, model_name=MODEL, engine="0") - b for name, b in zip(names, before))
+    drafts, drafted, accepted = (
+        server.metric(name, model_name=MODEL, engine="0") - b for name, b in zip(names, before)
+    )
     assert drafts >= 1
     assert 0 < accepted <= drafted
     # Each verification step adds its accepted tokens and one of the main model's own.

@@ -111,7 +111,9 @@ def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
             assert time.monotonic() < deadline and loading.process.poll() is None, "the model did not finish loading"
             time.sleep(0.05)
         assert reply.status_code == 200 and reply.json()["status"] == "ready"
-        late = loopback.post(base + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1})
+        late = loopback.post(
+            base + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1}
+        )
         assert late.status_code == 200, late.text
 
 
@@ -190,8 +192,8 @@ def test_device_strings_name_their_physical_devices():
 def test_a_model_that_fails_its_warm_up_is_a_one_line_load_failure(monkeypatch):
     """The engine can compile a model and still fail to run it (a kernel the device
     lacks): the first generation says so, and that is a load failure, not a traceback."""
-    from ovtrio.settings.server import Settings
     from ovtrio.model import ModelLoadError, loading, resolve_model
+    from ovtrio.settings.server import Settings
 
     engine_message = (
         "Exception from src/inference/src/cpp/infer_request.cpp:224:\n"
@@ -221,8 +223,8 @@ def test_plugin_config_is_checked_before_loading_and_the_engine_names_what_it_re
 
 
     # A property the device does not know: the load fails in one line naming it.
-    from ovtrio.settings.server import settings_from_env
     from ovtrio.model import ModelLoadError, load_model, resolve_model
+    from ovtrio.settings.server import settings_from_env
 
     settings = settings_from_env(plugin_config='{"NO_SUCH_PROPERTY": 1}')  # and the session's model cache
     with pytest.raises(ModelLoadError) as failed:

@@ -23,8 +23,8 @@ import pytest
 
 from conftest import RunningServer, free_port
 from helpers import ENDS_BY_ITSELF, assert_error, chat, chat_body, completion_body, pick_stop_word, post
-from sse import MODEL, check_chat_stream
 from server_pool import server_fixture
+from sse import MODEL, check_chat_stream
 
 MAX_PROMPT_LEN = 200
 stateful_server = server_fixture(
@@ -188,7 +188,9 @@ def test_a_prompt_beyond_max_prompt_len_is_refused_naming_the_limit(stateful_ser
         ("/v3/chat/completions", chat_body(long_text, max_tokens=4), "messages"),
         ("/v3/completions", completion_body(long_text, max_tokens=4), "prompt"),
     ]:
-        error = assert_error(post(stateful_server.base_url, path, body), 400, param=param, code="context_length_exceeded")
+        error = assert_error(
+            post(stateful_server.base_url, path, body), 400, param=param, code="context_length_exceeded"
+        )
         assert str(MAX_PROMPT_LEN) in error["message"] and "--max-prompt-len" in error["message"]
     # A prompt within the limit is served.
     response = post(stateful_server.base_url, "/v3/completions", completion_body("word " * 20, max_tokens=2))
@@ -229,8 +231,21 @@ def test_constrained_output_runs_on_the_stateful_pipeline(sdk: openai.OpenAI) ->
 
 def test_speculative_decoding_is_refused_at_startup_in_one_line() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(free_port()), "--backend", "stateful", "--prompt-lookup"],
-        capture_output=True, text=True, timeout=60, env=dict(os.environ),
+        [
+            sys.executable,
+            "-m",
+            "ovtrio",
+            "serve",
+            "--port",
+            str(free_port()),
+            "--backend",
+            "stateful",
+            "--prompt-lookup",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
     )
     assert result.returncode != 0
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]

@@ -11,10 +11,12 @@ TOKENS = 24
 
 
 def test_chunks_carry_several_tokens_and_add_up_to_the_unary_text(alternate_server):
-    params = dict(max_tokens=TOKENS, temperature=0, ignore_eos=True)
+    params = {"max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
     unary = complete(alternate_server.base_url, prompt="Once upon a time", **params)
     body = completion_body("Once upon a time", stream=True, stream_options={"include_usage": True}, **params)
-    result = check_completion_stream(stream_post(alternate_server.base_url, "/v3/completions", body), include_usage=True)
+    result = check_completion_stream(
+        stream_post(alternate_server.base_url, "/v3/completions", body), include_usage=True
+    )
     assert result.text == unary.text
     assert result.usage["completion_tokens"] == TOKENS
     text_chunks = len(result.chunks) - 2  # minus the finish and usage chunks

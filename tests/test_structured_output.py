@@ -176,8 +176,10 @@ BAD_FORMATS = [
     ({"type": "yaml"}, "response_format.type"),
     ({"json_schema": {}}, "response_format"),
     ({"type": "structural_tag", "structures": [], "triggers": ["<a>"]}, "response_format.structures"),
-    ({"type": "structural_tag", "structures": [{"begin": "<b>", "schema": {}, "end": "</b>"}], "triggers": ["<a"]},
-     "response_format.structures[0].begin"),
+    (
+        {"type": "structural_tag", "structures": [{"begin": "<b>", "schema": {}, "end": "</b>"}], "triggers": ["<a"]},
+        "response_format.structures[0].begin",
+    ),
 ]
 
 

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from ovtrio.model import embedded_model_path
-from ovtrio.scheduler.text_output import IncrementalDetokenizer, StopMatcher, VocabularyDetokenizer, decode_batch
 from ovtrio.model.vocabulary import load_vocabulary
+from ovtrio.scheduler.text_output import IncrementalDetokenizer, StopMatcher, VocabularyDetokenizer, decode_batch
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.\n\nIt was a bright cold day in April.",

@@ -19,11 +19,18 @@ def test_a_prompt_is_tokenized_as_completions_does(server, path):
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert set(body) == {"tokens", "count", "max_model_len"}
-    assert body["count"] == len(body["tokens"]) == complete(server.base_url, prompt=PROMPT, max_tokens=1).usage["prompt_tokens"]
+    assert (
+        body["count"]
+        == len(body["tokens"])
+        == complete(server.base_url, prompt=PROMPT, max_tokens=1).usage["prompt_tokens"]
+    )
     assert body["max_model_len"] == 8192
     # the same ids as a prompt of token ids give the same completion
     params = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
-    assert complete(server.base_url, prompt=body["tokens"], **params).text == complete(server.base_url, prompt=PROMPT, **params).text
+    assert (
+        complete(server.base_url, prompt=body["tokens"], **params).text
+        == complete(server.base_url, prompt=PROMPT, **params).text
+    )
 
 
 def test_messages_are_rendered_by_the_chat_template(server):

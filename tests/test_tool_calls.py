@@ -31,7 +31,10 @@ ADD = {
 }
 # One nested (OpenAI) and one flat (OVMS) function tool.
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER},
+    },
     {"type": "function", "name": "add", "description": "Add two integers", "parameters": ADD},
 ]
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
@@ -70,7 +73,9 @@ def test_forced_calls_unary(server, tool_choice, sampling):
 
 
 def test_flat_named_tool_choice(server):
-    reply = post(server.base_url, "/v3/chat/completions", tool_body({"type": "function", "name": "get_weather"}, temperature=0))
+    reply = post(
+        server.base_url, "/v3/chat/completions", tool_body({"type": "function", "name": "get_weather"}, temperature=0)
+    )
     calls = reply.json()["choices"][0]["message"]["tool_calls"]
     assert_valid_calls(calls, "get_weather")
 
@@ -93,12 +98,22 @@ def test_forced_calls_streamed_in_openai_delta_format(server):
     streamed = [calls[i] for i in sorted(calls)]
     assert [c["name"] for c in streamed] == [c["function"]["name"] for c in unary]
     assert [c["arguments"] for c in streamed] == [c["function"]["arguments"] for c in unary]
-    assert_valid_calls([{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in streamed])
+    assert_valid_calls(
+        [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in streamed
+        ]
+    )
 
 
 def test_sdk_reads_forced_calls(client):
     reply = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct", messages=QUESTION, tools=TOOLS[:1], tool_choice="required", max_tokens=80, temperature=0
+        model="SmolLM2-135M-Instruct",
+        messages=QUESTION,
+        tools=TOOLS[:1],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0,
     )
     call = reply.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather"
@@ -107,7 +122,9 @@ def test_sdk_reads_forced_calls(client):
 
 
 def test_parallel_tool_calls_false_makes_one_call(server):
-    reply = post(server.base_url, "/v3/chat/completions", tool_body("required", temperature=0, parallel_tool_calls=False))
+    reply = post(
+        server.base_url, "/v3/chat/completions", tool_body("required", temperature=0, parallel_tool_calls=False)
+    )
     assert len(reply.json()["choices"][0]["message"]["tool_calls"]) == 1
 
 
@@ -124,21 +141,42 @@ def test_tool_choice_none_answers_in_text(server):
 def test_tool_history_reaches_the_template(server):
     """An assistant tool call and the tool's result are part of the prompt."""
     history = QUESTION + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees and sunny"},
     ]
-    short = post(server.base_url, "/v3/chat/completions", chat_body(messages=QUESTION, tools=TOOLS, tool_choice="none", max_tokens=1)).json()
-    long = post(server.base_url, "/v3/chat/completions", chat_body(messages=history, tools=TOOLS, tool_choice="none", max_tokens=1)).json()
+    short = post(
+        server.base_url,
+        "/v3/chat/completions",
+        chat_body(messages=QUESTION, tools=TOOLS, tool_choice="none", max_tokens=1),
+    ).json()
+    long = post(
+        server.base_url,
+        "/v3/chat/completions",
+        chat_body(messages=history, tools=TOOLS, tool_choice="none", max_tokens=1),
+    ).json()
     assert long["usage"]["prompt_tokens"] > short["usage"]["prompt_tokens"] + 10
 
 
 BAD = [
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
     ({"tools": [{"type": "function"}]}, "tools[0]"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}], "tool_choice": "required"},
-     "tools[0].function.parameters"),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+            "tool_choice": "required",
+        },
+        "tools[0].function.parameters",
+    ),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 
-from splitting import splittings
-
 from ovtrio.parsing import (
     PARSERS,
     HermesToolParser,
@@ -28,6 +26,7 @@ from ovtrio.parsing import (
     ToolCallParser,
     guess_parser,
 )
+from splitting import splittings
 
 NOT_JSON = object()  # expected value of arguments cut short: not parseable
 
@@ -866,10 +865,10 @@ def test_guess_parser(template: str, expected: str | None) -> None:
 
 
 def test_parser_registry() -> None:
-    assert PARSERS == {
+    assert {
         "hermes": HermesToolParser,
         "qwen": HermesToolParser,
         "llama3_json": Llama3JsonToolParser,
         "mistral": MistralToolParser,
         "json_tool_calls": JsonToolCallsParser,
-    }
+    } == PARSERS

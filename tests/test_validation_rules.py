@@ -6,13 +6,11 @@ refused by name; context-length limits; and the server-wide --max-tokens-limit."
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 import openai
 import pytest
 
-from server_pool import server_fixture
 from helpers import (
     CHAT_PATHS,
     COMPLETION_PATHS,
@@ -27,6 +25,7 @@ from helpers import (
     expected_choices,
     post,
 )
+from server_pool import server_fixture
 from sse import MODEL
 
 CHAT = CHAT_PATHS[0]

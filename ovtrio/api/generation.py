@@ -28,8 +28,8 @@ from ovtrio.api.errors import APIError, api_error, from_validation_error, invali
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
-from ovtrio.parsing.ids import new_id
 from ovtrio.output import Outcome, OutputEvent, OutputStage, ResultCollector
+from ovtrio.parsing.ids import new_id
 from ovtrio.scheduler import (
     Failed,
     GenerationRequest,

@@ -12,7 +12,6 @@ import time
 from typing import Annotated, Any
 
 import trio
-
 from pydantic import Field
 from quart import Blueprint, Response, request
 

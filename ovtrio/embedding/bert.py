@@ -48,18 +48,6 @@ class BertWeightsError(ValueError):
     """The weights are not those of a BERT model this builder knows."""
 
 
-def read_weights(folder: Path) -> dict[str, np.ndarray]:
-    """The tensors of `folder`/model.safetensors as float32 arrays, named without the
-    `bert.` prefix that checkpoints of task models carry."""
-    from safetensors.numpy import load_file
-
-    weights = load_file(str(folder / "model.safetensors"))
-    return {
-        name.removeprefix("bert."): array.astype(np.float32) if array.dtype != np.int64 else array
-        for name, array in weights.items()
-    }
-
-
 def build_bert(
     config: BertConfig, weights: Mapping[str, np.ndarray], head: Literal["hidden", "classifier"] = "hidden"
 ) -> Any:
@@ -80,7 +68,9 @@ def build_bert(
         return ops.add(ops.matmul(x, weight(f"{prefix}.weight"), False, True), weight(f"{prefix}.bias"))
 
     def layer_norm(x: Any, prefix: str) -> Any:
-        normalized = ops.mvn(x, ops.constant(np.array([-1], dtype=np.int64)), True, config.layer_norm_eps, "inside_sqrt")
+        normalized = ops.mvn(
+            x, ops.constant(np.array([-1], dtype=np.int64)), True, config.layer_norm_eps, "inside_sqrt"
+        )
         return ops.add(ops.multiply(normalized, weight(f"{prefix}.weight")), weight(f"{prefix}.bias"))
 
     def activation(x: Any) -> Any:
@@ -130,7 +120,9 @@ def build_bert(
         attended = linear(context, f"{prefix}.attention.output.dense")
         hidden = layer_norm(ops.add(attended, hidden), f"{prefix}.attention.output.LayerNorm")
         intermediate = activation(linear(hidden, f"{prefix}.intermediate.dense"))
-        hidden = layer_norm(ops.add(linear(intermediate, f"{prefix}.output.dense"), hidden), f"{prefix}.output.LayerNorm")
+        hidden = layer_norm(
+            ops.add(linear(intermediate, f"{prefix}.output.dense"), hidden), f"{prefix}.output.LayerNorm"
+        )
 
     if head == "hidden":
         output = hidden

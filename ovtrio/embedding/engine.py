@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ovtrio.embedding.kinds import hidden_size, max_input_tokens, normalizes, pooling_of
+from ovtrio.embedding.kinds import max_input_tokens, normalizes, pooling_of
 from ovtrio.errors import FieldError
 from ovtrio.model.loading import engine_error_reason
 from ovtrio.model.source import ModelLoadError
@@ -122,7 +122,6 @@ class Embedder:
 
         started = time.perf_counter()
         self.limit = max_input_tokens(folder)
-        self.dimensions = hidden_size(folder)
         self.pooling = pooling_of(folder)
         self.max_batch = options.max_batch
         config = openvino_genai.TextEmbeddingPipeline.Config()
@@ -131,7 +130,9 @@ class Embedder:
         config.max_length = self.limit
         try:
             self.tokens = _Tokens(folder, self.limit)
-            self.pipeline = openvino_genai.TextEmbeddingPipeline(str(folder), options.device, config, **options.properties)
+            self.pipeline = openvino_genai.TextEmbeddingPipeline(
+                str(folder), options.device, config, **options.properties
+            )
             vectors = np.asarray(self.pipeline.embed_documents(["warm up"]), dtype=np.float32)
         except RuntimeError as exc:
             raise _engine_error("embedding model", folder, options, exc) from None

@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 from xml.etree import ElementTree
 
-from ovtrio.settings.server import Settings
 from ovtrio.model.json_files import read_json_object
+from ovtrio.settings.server import Settings
 
 ModelKind = Literal["generation", "embedding", "rerank"]
 Pooling = Literal["CLS", "MEAN", "LAST_TOKEN"]
@@ -133,16 +133,11 @@ def max_input_tokens(folder: Path) -> int:
     return min(candidates) if candidates else 512
 
 
-def hidden_size(folder: Path) -> int | None:
-    size = read_json_object(folder / "config.json").get("hidden_size")
-    return size if isinstance(size, int) else None
-
-
 def served_models(settings: Settings) -> tuple[list[Settings], list[tuple[Settings, ModelKind]]]:
     """The generation models and the encoders of the config file (or of the flags' one
     model). Raises SettingsError when no generation model is left."""
-    from ovtrio.settings.server import SettingsError
     from ovtrio.settings.config_file import model_settings
+    from ovtrio.settings.server import SettingsError
 
     generation, encoders = split_by_kind(model_settings(settings))
     if not generation:

@@ -18,13 +18,13 @@ from typing import Any
 
 import trio
 
-from ovtrio.settings.server import Settings
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME, embedded_embedder_folder
 from ovtrio.embedding.engine import Embedder, EmbeddingInput, EncoderOptions, Reranker
 from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.worker import EncoderObserver, EncoderUnavailable, EncoderWorker, Job, WorkerStats
 from ovtrio.model.cache import default_cache_dir
 from ovtrio.model.source import ModelLoadError
+from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 
@@ -50,7 +50,7 @@ def _embed_batch(embedder: Embedder, jobs: Sequence[Job]) -> None:
         work: EmbeddingWork = job.payload
         try:
             converted.append((job, embedder.texts_of(work.inputs, work.names)))
-        except Exception as exc:  # InputError, or the tokenizer refusing the ids
+        except Exception as exc:  # noqa: BLE001 (InputError, or the tokenizer refusing the ids: the job's own)
             job.error = exc
     counts = embedder.counts([text for _, texts in converted for text in texts])
     texts: list[str] = []
@@ -62,7 +62,7 @@ def _embed_batch(embedder: Embedder, jobs: Sequence[Job]) -> None:
         offset += len(job_texts)
         try:
             fitted, job.tokens = embedder.fit(job_texts, job_counts, work.truncate, work.names)
-        except Exception as exc:  # InputError
+        except Exception as exc:  # noqa: BLE001 (InputError: the job's own)
             job.error = exc
             continue
         spans.append((job, len(texts), len(fitted)))

@@ -117,7 +117,8 @@ class EncoderWorker(Generic[Model]):
             self._rejected += 1
             self._observer.rejected()
             raise Overloaded(
-                f"The server has {len(self._queue)} requests waiting for this model; retry later.", self._retry.seconds()
+                f"The server has {len(self._queue)} requests waiting for this model; retry later.",
+                self._retry.seconds(),
             )
         self._queue.append(job)
         self._wakeup.set()
@@ -195,7 +196,7 @@ class EncoderWorker(Generic[Model]):
     def _compute(self, model: Model, batch: Sequence[Job]) -> None:
         try:
             self._run_batch(model, batch)
-        except Exception as exc:  # the engine failed: every job of the batch gets it
+        except Exception as exc:  # noqa: BLE001 (the engine failed: every job of the batch gets it)
             for job in batch:
                 if job.error is None and job.result is None:
                     job.error = exc

@@ -116,7 +116,9 @@ def _data_url_bytes(url: str, param: str, limits: ImageLimits) -> bytes:
     try:
         data = _b64decode_in_pieces(encoded)
     except (binascii.Error, ValueError):
-        raise ImageError(f"Invalid value for '{param}': the data URL is not valid base64.", param, "invalid_image_url") from None
+        raise ImageError(
+            f"Invalid value for '{param}': the data URL is not valid base64.", param, "invalid_image_url"
+        ) from None
     if len(data) > limits.max_bytes:
         raise _too_large(param, limits)
     return data
@@ -153,37 +155,35 @@ async def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
     import httpx
 
     async def redirect_check(response: httpx.Response) -> None:
-        if response.is_redirect and response.next_request is not None:
-            if response.next_request.url.scheme not in ("http", "https"):
-                raise ImageError(
-                    f"Invalid value for '{param}': the image URL redirects to a {response.next_request.url.scheme}"
-                    " URL.",
-                    param,
-                    "invalid_image_url",
-                )
+        target = response.next_request if response.is_redirect else None
+        if target is not None and target.url.scheme not in ("http", "https"):
+            raise ImageError(
+                f"Invalid value for '{param}': the image URL redirects to a {target.url.scheme} URL.",
+                param,
+                "invalid_image_url",
+            )
 
     try:
         with trio.fail_after(limits.fetch_timeout):
             async with httpx.AsyncClient(
                 follow_redirects=True, max_redirects=3, timeout=limits.fetch_timeout,
                 event_hooks={"response": [redirect_check]},
-            ) as client:
-                async with client.stream("GET", url) as response:
-                    if response.status_code != 200:
-                        raise ImageError(
-                            f"Invalid value for '{param}': fetching the image URL gave HTTP {response.status_code}.",
-                            param,
-                            "image_url_unreachable",
-                        )
-                    declared = response.headers.get("content-length")
-                    if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
+            ) as client, client.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise ImageError(
+                        f"Invalid value for '{param}': fetching the image URL gave HTTP {response.status_code}.",
+                        param,
+                        "image_url_unreachable",
+                    )
+                declared = response.headers.get("content-length")
+                if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
+                    raise _too_large(param, limits)
+                chunks = bytearray()
+                async for chunk in response.aiter_bytes():
+                    chunks += chunk
+                    if len(chunks) > limits.max_bytes:
                         raise _too_large(param, limits)
-                    chunks = bytearray()
-                    async for chunk in response.aiter_bytes():
-                        chunks += chunk
-                        if len(chunks) > limits.max_bytes:
-                            raise _too_large(param, limits)
-                    return bytes(chunks)
+                return bytes(chunks)
     except trio.TooSlowError:
         raise ImageError(
             f"Invalid value for '{param}': the image URL did not answer within {limits.fetch_timeout:g} s.",
@@ -224,7 +224,9 @@ def _decode(data: bytes, param: str, limits: ImageLimits) -> Any:
         raise
     except Image.DecompressionBombError:
         raise ImageError(
-            f"Invalid value for '{param}': the image has more pixels than can be decoded safely.", param, "image_too_large"
+            f"Invalid value for '{param}': the image has more pixels than can be decoded safely.",
+            param,
+            "image_too_large",
         ) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         reason = "is not an image in a format this server reads (png, jpeg, webp, gif)"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from ovtrio.settings.server import Settings
 from ovtrio.parsing import PARSERS, THINK_OPEN, ToolCallParser, guess_parser
+from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 
@@ -17,7 +17,7 @@ def tool_parser_for(settings: Settings, chat_template: str) -> type[ToolCallPars
     A template with no tool support at all gets OpenVINO GenAI's polyfill, which teaches
     the model to reply with a {"tool_calls": [...]} object: that is then the format.
     """
-    name = settings.tool_parser
+    name: str | None = settings.tool_parser
     if name is None:
         name = guess_parser(chat_template) or (None if "tools" in chat_template else "json_tool_calls")
         if name:

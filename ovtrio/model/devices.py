@@ -40,7 +40,9 @@ def is_available(device: str, available: list[str]) -> bool:
     """`device` ("GPU", "GPU.0", "NPU") among OpenVINO's available devices; a bare type
     matches any of its numbered devices ("GPU" when OpenVINO lists "GPU.0", "GPU.1")."""
     device = device.upper()
-    return any(device == found.upper() or ("." not in device and found.upper().split(".")[0] == device) for found in available)
+    return any(
+        device == found.upper() or ("." not in device and found.upper().split(".")[0] == device) for found in available
+    )
 
 
 @functools.cache

@@ -28,6 +28,7 @@ import ctypes
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("ovtrio")
@@ -46,8 +47,8 @@ class _Hook:
 
     def __init__(self) -> None:
         self.limit = -1
-        self.real: ctypes._CFuncPtr | None = None
-        self.cache_size: ctypes._CFuncPtr | None = None
+        self.real: Callable[[int, int, int, bool, int], None] | None = None
+        self.cache_size: Callable[[int], int] | None = None
         self.compilers: list[int] = []
         self.lock = threading.Lock()
         self.callback = _Constructor(self._construct)  # kept alive: the library calls it
@@ -84,12 +85,12 @@ def install(limit_bytes: int) -> bool:
         hook.limit = limit_bytes
         library = _genai_library()
         handle = ctypes.CDLL(str(library))
-        real_address = ctypes.cast(getattr(handle, CONSTRUCTOR), ctypes.c_void_p).value
+        real_address = _address(getattr(handle, CONSTRUCTOR))
         hook.real = _Constructor(real_address)
-        hook.cache_size = _CacheSize(ctypes.cast(getattr(handle, CACHE_SIZE), ctypes.c_void_p).value)
+        hook.cache_size = _CacheSize(_address(getattr(handle, CACHE_SIZE)))
         value, slot_offset = _symbol_value_and_slot(library, CONSTRUCTOR)
         base = real_address - value
-        _write_pointer(base + slot_offset, ctypes.cast(hook.callback, ctypes.c_void_p).value)
+        _write_pointer(base + slot_offset, _address(hook.callback))
     except Exception as exc:  # noqa: BLE001 - any build we cannot redirect keeps working unbounded
         log.warning("cannot bound the engine's compiled-grammar cache (%s): it grows with every distinct schema", exc)
         return False
@@ -107,6 +108,13 @@ def cache_bytes() -> int:
     return sum(max(0, _hook.cache_size(address)) for address in compilers)
 
 
+def _address(function: ctypes._CFunctionType) -> int:
+    address = ctypes.cast(function, ctypes.c_void_p).value
+    if address is None:
+        raise LookupError("a null function pointer")
+    return address
+
+
 def _genai_library() -> Path:
     import openvino_genai
 
@@ -122,10 +130,13 @@ def _symbol_value_and_slot(library: Path, name: str) -> tuple[int, int]:
     the library calls it."""
     from elftools.elf.elffile import ELFFile
     from elftools.elf.relocation import RelocationSection
+    from elftools.elf.sections import SymbolTableSection
 
     with open(library, "rb") as file:
         elf = ELFFile(file)
         dynsym = elf.get_section_by_name(".dynsym")
+        if not isinstance(dynsym, SymbolTableSection):
+            raise LookupError("no .dynsym section")
         index = next(i for i, symbol in enumerate(dynsym.iter_symbols()) if symbol.name == name)
         value = dynsym.get_symbol(index)["st_value"]
         plt = elf.get_section_by_name(".rela.plt")

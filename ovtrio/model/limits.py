@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ovtrio.settings.server import Settings
 from ovtrio.model.backend import engine_backend, npu_context
 from ovtrio.model.loading import block_tokens
 from ovtrio.model.source import ModelSource
 from ovtrio.model.speculation import Speculation, speculation_for
+from ovtrio.settings.server import Settings
 
 # Defaults a model's generation_config.json may set for requests that leave them out.
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "repetition_penalty")

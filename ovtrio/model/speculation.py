@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ovtrio.settings.server import Settings
 from ovtrio.model.cache import cache_folder
 from ovtrio.model.engine_file import place_for_engine
 from ovtrio.model.source import ModelLoadError, ModelSource
+from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 
@@ -118,7 +118,7 @@ def pipeline_properties(settings: Settings, device_properties: dict[str, str]) -
         kwargs["scheduler_config"] = scheduler
     try:
         draft = openvino_genai.draft_model(str(folder), settings.draft_device or settings.device, **kwargs)
-    except Exception as exc:  # RuntimeError with the engine's multi-line trace
+    except Exception as exc:  # noqa: BLE001 (RuntimeError with the engine's multi-line trace)
         raise ModelLoadError(f"cannot load draft model {settings.draft_model}: {_last_line(exc)}") from None
     return {"draft_model": draft}
 
@@ -164,7 +164,7 @@ def _convert_gguf(path: Path, folder: Path) -> None:
         scheduler.cache_size = 0
         openvino_genai.ContinuousBatchingPipeline(str(link), scheduler, "CPU", {"enable_save_ov_model": True})
         openvino_genai.Tokenizer(str(link), enable_save_ov_model=True)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (the engine's RuntimeError, or a file error)
         raise ModelLoadError(f"cannot convert draft model {path}: {_last_line(exc)}") from None
     finally:
         link.unlink(missing_ok=True)

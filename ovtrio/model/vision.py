@@ -73,7 +73,10 @@ def preprocessor_sizes(path: Path) -> tuple[int | None, int | None]:
     size = config.get("size")
     short = size.get("shortest_edge") if isinstance(size, dict) else None
     most = config.get("max_pixels")
-    return (short if isinstance(short, int) and short > 0 else None, most if isinstance(most, int) and most > 0 else None)
+    return (
+        short if isinstance(short, int) and short > 0 else None,
+        most if isinstance(most, int) and most > 0 else None,
+    )
 
 
 def probe_side(path: Path) -> int:

@@ -54,7 +54,7 @@ class Vocabulary:
     pieces: tuple[str, ...] = ()
 
     @classmethod
-    def from_byte_level(cls, tokens: list[str], special_ids: set[int]) -> "Vocabulary | None":
+    def from_byte_level(cls, tokens: list[str], special_ids: set[int]) -> Vocabulary | None:
         table = []
         for token_id, token in enumerate(tokens):
             try:

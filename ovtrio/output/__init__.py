@@ -17,10 +17,10 @@ from ovtrio.output.events import (
     ReasoningDelta,
     TextDelta,
     TokenLogprob,
-    TopLogprob,
     ToolCallArguments,
     ToolCallDone,
     ToolCallStarted,
+    TopLogprob,
 )
 from ovtrio.output.results import ChoiceResult, Outcome, ResultCollector
 from ovtrio.output.stage import OutputStage, TokenBytes

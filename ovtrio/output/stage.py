@@ -120,10 +120,6 @@ class OutputStage:
         self._token_bytes = logprobs
         self._choices: dict[int, _ChoiceReader] = {}
 
-    @property
-    def parses_tool_calls(self) -> bool:
-        return self._tool_parser is not None
-
     def feed(self, messages: list[Message]) -> list[OutputEvent]:
         """The events of messages received together, in order."""
         events: list[OutputEvent] = []

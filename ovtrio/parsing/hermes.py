@@ -5,6 +5,7 @@ from __future__ import annotations
 from ovtrio.parsing.json_scan import skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
+
 class HermesToolParser(ToolCallParser):
     """Hermes 2 Pro, Qwen2.5, Qwen3:
 

@@ -114,6 +114,7 @@ class CallObject:
         pos = 0
         while pos < len(text) and self.state not in ("done", "failed"):
             if self.state in ("key", "value"):
+                assert self._token is not None  # these states read one
                 pos += self._token.consume(text, pos)
                 if self._token.done:
                     self._end_token()
@@ -148,6 +149,7 @@ class CallObject:
         return 1
 
     def _end_token(self) -> None:
+        assert self._token is not None
         if self.state == "key":
             try:
                 self._key = json.loads(self._token.text)

@@ -1,4 +1,5 @@
-"""The `{"tool_calls": [...]}` reply that OpenVINO GenAI's tool polyfill teaches models without tool support of their own."""
+"""The `{"tool_calls": [...]}` reply that OpenVINO GenAI's tool polyfill teaches models
+without tool support of their own."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 
 from ovtrio.parsing.json_scan import VALUE_STARTS, JsonValue, skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
+
 
 class JsonToolCallsParser(ToolCallParser):
     """The reply OpenVINO GenAI's tool polyfill teaches models whose chat template has no
@@ -99,6 +101,7 @@ class JsonToolCallsParser(ToolCallParser):
 
     def _in_key(self, final: bool) -> bool:
         token = self._token
+        assert token is not None  # set by the state before
         self._take_into_call(token.consume(self._buf))
         if not token.done:
             if final:
@@ -145,6 +148,7 @@ class JsonToolCallsParser(ToolCallParser):
 
     def _in_value(self, final: bool) -> bool:
         token = self._token
+        assert token is not None  # set by the state before
         self._take_into_call(token.consume(self._buf))
         if not token.done:
             return self._stop(False) if final else False

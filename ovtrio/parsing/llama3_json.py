@@ -5,6 +5,7 @@ from __future__ import annotations
 from ovtrio.parsing.json_scan import skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
+
 class Llama3JsonToolParser(ToolCallParser):
     """Llama 3.1 / 3.2 / 3.3 JSON tool calling: the whole output is
 

@@ -8,6 +8,7 @@ from ovtrio.parsing.ids import new_mistral_call_id
 from ovtrio.parsing.json_scan import VALUE_STARTS, JsonValue, skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
+
 class MistralToolParser(ToolCallParser):
     """Mistral tool calling, `[TOOL_CALLS]` followed by either
 
@@ -132,11 +133,13 @@ class MistralToolParser(ToolCallParser):
 
     def _in_args(self, final: bool) -> bool:
         """The newer form's arguments: a bare JSON value, streamed as it comes."""
-        self._take_into_call(self._args.consume(self._buf))
-        self._stream_call(self._name, self._args)
-        if not (self._args.done or final):
+        args = self._args
+        assert args is not None  # set by _before_args
+        self._take_into_call(args.consume(self._buf))
+        self._stream_call(self._name, args)
+        if not (args.done or final):
             return False
-        self._close_call(self._name, self._args)
+        self._close_call(self._name, args)
         self._args = None
         self._state = self._in_content
         return True

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 from ovtrio.parsing.tool_calls import partial_tag_at_end
 
-
 # The tags thinking models write around their reasoning.
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
 
 class ReasoningSplitter:
-    def __init__(self, start_in_reasoning: bool = False, open_tag: str = THINK_OPEN, close_tag: str = THINK_CLOSE) -> None:
+    def __init__(
+        self, start_in_reasoning: bool = False, open_tag: str = THINK_OPEN, close_tag: str = THINK_CLOSE
+    ) -> None:
         self.open_tag = open_tag
         self.close_tag = close_tag
         self._start_in_reasoning = start_in_reasoning

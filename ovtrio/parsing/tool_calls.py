@@ -30,8 +30,8 @@ How text becomes calls:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ovtrio.parsing.ids import new_call_id
 from ovtrio.parsing.json_scan import CallObject, JsonValue, skip_space
@@ -192,6 +192,7 @@ class ToolCallParser:
 
     def _take_into_call(self, count: int) -> None:
         """Move `count` characters of the buffer into the pending call's raw text."""
+        assert self._call is not None  # the states that read a call run while one is open
         self._call.raw += self._buf[:count]
         self._buf = self._buf[count:]
 
@@ -202,6 +203,7 @@ class ToolCallParser:
         """Announce the pending call once its name is complete and its arguments have
         begun, then stream whatever arguments text is new."""
         call = self._call
+        assert call is not None
         if call.index is None:
             if name is None or args is None:
                 return
@@ -211,31 +213,39 @@ class ToolCallParser:
 
     def _announce(self, name: str) -> None:
         call = self._call
-        call.index, call.id, call.name = len(self._calls), self._new_id(), name
-        self._deltas.append(ToolCallDelta(call.index, call.id, name, ""))
+        assert call is not None
+        index, call_id = len(self._calls), self._new_id()
+        call.index, call.id, call.name = index, call_id, name
+        self._deltas.append(ToolCallDelta(index, call_id, name, ""))
 
     def _send_arguments(self, piece: str) -> None:
         """Stream arguments text, merged into this output's last delta of the same call."""
         if not piece:
             return
         call = self._call
+        assert call is not None and call.index is not None  # arguments follow the announcement
         call.sent += len(piece)
         if self._deltas and self._deltas[-1].index == call.index:
             self._deltas[-1].arguments += piece
         else:
             self._deltas.append(ToolCallDelta(call.index, None, None, piece))
 
-    def _close_call(self, name: str, args: JsonValue | None) -> None:
+    def _close_call(self, name: str | None, args: JsonValue | None) -> None:
         """The pending call is complete (or cut short after it was announced)."""
-        if self._call.index is None:
+        call = self._call
+        assert call is not None
+        if call.index is None:
+            assert name is not None  # a call not yet announced closes only once complete
             self._announce(name)
         arguments = args.trimmed if args is not None else "{}"
-        self._send_arguments(arguments[self._call.sent :])
-        self._calls.append(ToolCall(self._call.id, self._call.name, arguments))
+        self._send_arguments(arguments[call.sent :])
+        assert call.id is not None and call.name is not None  # set by the announcement
+        self._calls.append(ToolCall(call.id, call.name, arguments))
         self._call = None
 
     def _give_back_call(self) -> None:
         """Not a call after all: its raw text is content, as generated."""
+        assert self._call is not None
         raw, self._call = self._call.raw, None
         self._emit_content(raw)
 
@@ -266,13 +276,14 @@ class ToolCallParser:
 
     def _in_object(self, final: bool) -> bool:
         """Inside a call object: stream it, and decide at its end whether it was a call."""
-        obj = self._object
+        obj, call = self._object, self._call
+        assert obj is not None and call is not None
         self._take_into_call(obj.consume(self._buf))
         self._stream_call(obj.name, obj.args)
         if not (obj.done or obj.failed or final):
             return False
         complete = obj.done and obj.name is not None and (obj.args is not None or not self.requires_args)
-        if self._call.index is not None or complete:
+        if call.index is not None or complete:
             self._close_call(obj.name, obj.args)
             self._state = self._then
         else:

@@ -16,11 +16,11 @@ from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.params import (
     GenerationRequest,
-    TextPrompt,
     OutputConstraint,
     SamplingParams,
     SpeculativeDecoding,
     TaggedRegion,
+    TextPrompt,
     UnsupportedParams,
     check_params,
     sequences_per_prompt,

@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.intake import RequestIntake
 from ovtrio.scheduler.observer import RequestObserver
-from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.params import (
     SamplingParams,
     TextPrompt,

@@ -38,15 +38,10 @@ class Scorer:
         self._unavailable = unavailable
         self._engine: ScoringEngine | None = None
         self._lock = trio.Lock()  # one infer request: one sequence at a time
-        self.scored_tokens = 0
 
     @property
     def available(self) -> bool:
         return self._load is not None
-
-    @property
-    def unavailable_reason(self) -> str:
-        return self._unavailable
 
     @property
     def loaded(self) -> bool:
@@ -66,7 +61,6 @@ class Scorer:
                 while not run.done:
                     await trio.to_thread.run_sync(run.step)
                 scored[ids] = run.result()
-                self.scored_tokens += len(ids)
         return [scored[tuple(ids)] for ids in sequences]
 
     async def _loaded_engine(self) -> ScoringEngine:

@@ -12,6 +12,7 @@ from typing import NoReturn
 
 import trio
 from quart import Response
+from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
@@ -83,6 +84,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = body_limit
     # Bodies keep the order they are built in: a top_logprobs object lists the most
     # likely token first (Quart would sort the keys).
+    assert isinstance(app.json, DefaultJSONProvider)
     app.json.sort_keys = False
     server_metrics = ServerMetrics()
     encoder_metrics = EncoderMetrics(server_metrics.registry)
@@ -116,7 +118,18 @@ def create_app(
         app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)
     )
     websocket_message_size.apply(settings.websocket_max_message_bytes)
-    for module in (completions, chat, responses, responses_socket, embeddings, rerank, models, tokenize, health, metrics):
+    for module in (
+        completions,
+        chat,
+        responses,
+        responses_socket,
+        embeddings,
+        rerank,
+        models,
+        tokenize,
+        health,
+        metrics,
+    ):
         app.register_blueprint(module.blueprint)
     app.register_blueprint(messages.blueprint)
     messages_errors.install()

@@ -70,7 +70,9 @@ class RequestFamilies:
             REQUEST_LATENCY_BUCKETS,
         )
         self.time_to_first_token = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TIME_TO_FIRST_TOKEN_BUCKETS,
         )
         self.inter_token = histogram(
             "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOKEN_LATENCY_BUCKETS
@@ -83,7 +85,9 @@ class RequestFamilies:
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
         )
-        self.prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_counts)
+        self.prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_counts
+        )
         self.generation_tokens = histogram(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", token_counts
         )
@@ -152,12 +156,15 @@ class ModelMetrics:
         self._prompt_tokens = families.prompt_tokens.labels(*labels)
         self._generation_tokens = families.generation_tokens.labels(*labels)
         self._success = {reason: families.success.labels(*labels, reason) for reason in FINISH_REASONS}
-        self._spec_drafts = self._spec_draft_tokens = self._spec_accepted_tokens = None
+        # Drafts, drafted tokens and accepted tokens, for a speculative model.
+        self._speculation: tuple[Counter, Counter, Counter] | None = None
         if speculative:
             drafts, draft_tokens, accepted_tokens = families.speculation()
-            self._spec_drafts = drafts.labels(*labels)
-            self._spec_draft_tokens = draft_tokens.labels(*labels)
-            self._spec_accepted_tokens = accepted_tokens.labels(*labels)
+            self._speculation = (
+                drafts.labels(*labels),
+                draft_tokens.labels(*labels),
+                accepted_tokens.labels(*labels),
+            )
 
     def queued(self, seconds: float) -> None:
         self._queue.observe(seconds)
@@ -178,10 +185,11 @@ class ModelMetrics:
         self._time_per_output_token.observe(time_per_output_token)
 
     def speculated(self, drafted: int, accepted: int) -> None:
-        if self._spec_drafts is not None:
-            self._spec_drafts.inc()
-            self._spec_draft_tokens.inc(drafted)
-            self._spec_accepted_tokens.inc(accepted)
+        if self._speculation is not None:
+            drafts, draft_tokens, accepted_tokens = self._speculation
+            drafts.inc()
+            draft_tokens.inc(drafted)
+            accepted_tokens.inc(accepted)
 
     def ended(self, reason: str) -> None:
         self._success[reason].inc()

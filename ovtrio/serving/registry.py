@@ -24,12 +24,12 @@ from typing import Literal
 
 import trio
 
-from ovtrio.settings.server import Settings
 from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
 from ovtrio.scheduler import RequestObserver
 from ovtrio.serving.service import ModelService, ObserverFactory
 from ovtrio.serving.shutdown import Shutdown
+from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 
@@ -111,7 +111,9 @@ class ModelRegistry:
         if not self._by_name:
             self.check()
         if not self._preloaded:
-            futures = start_loading_in_order([(service.source, service.settings) for service in self.services])
+            futures = start_loading_in_order(
+                [(service.source or service.check(), service.settings) for service in self.services]
+            )
             for service, future in zip(self.services, futures):
                 service.loading = future
         with self._running:

@@ -17,14 +17,14 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
 
 from ovtrio import __version__
-from ovtrio.settings.server import Settings
+from ovtrio.images import ImageLimits
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
 from ovtrio.model.backend import Capabilities, capabilities_for, engine_backend
 from ovtrio.model.chat_format import thinks, tool_parser_for
@@ -41,13 +41,13 @@ from ovtrio.model.limits import (
 from ovtrio.model.loading import block_tokens, engine_properties
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.model.speculation import apply_defaults
-from ovtrio.images import ImageLimits
 from ovtrio.model.vision import VisionModel
 from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import AdmissionLimits, GenerationScheduler, RequestObserver, Scheduler, StatefulScheduler
 from ovtrio.scheduler.engine_step import choose_step
 from ovtrio.scoring import Scorer, ScoringEngine
 from ovtrio.serving import memory
+from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 
@@ -201,7 +201,9 @@ class ModelService:
         log.info("%s", load_summary(model))
         limit = sequence_limit(source, kv_capacity, self.settings)
         if 0 < kv_capacity < source.context_length:
-            log.warning("the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length)
+            log.warning(
+                "the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length
+            )
         template = model.tokenizer.chat_template or ""
         work = work_limits(self.settings, kv_capacity)
         caps = request_caps(self.settings, source, kv_capacity, work)

@@ -11,8 +11,14 @@ from ovtrio.api.conversation import chat_stage, encode_conversation, output_cons
 from ovtrio.api.formats import from_response_format
 from ovtrio.api.generation import accept, envelope, generation_request, respond
 from ovtrio.api.protocol import ChatCompletionRequest
+from ovtrio.api.rescoring import (
+    fill_generated,
+    generated_entries,
+    generated_events,
+    respond_with_events,
+    scored_sequences,
+)
 from ovtrio.api.vision import text_prompts
-from ovtrio.api.rescoring import fill_generated, generated_entries, generated_events, respond_with_events, scored_sequences
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import GenerationRequest
 from ovtrio.serving.service import ServingModel

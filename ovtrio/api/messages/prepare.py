@@ -31,6 +31,7 @@ from typing import Any
 
 from ovtrio.api.conversation import chat_stage, encode_conversation, output_constraint
 from ovtrio.api.formats import ConstraintError, checked_schema, from_response_format
+from ovtrio.api.generation import generation_request
 from ovtrio.api.messages.protocol import (
     ImageBlock,
     InputMessage,
@@ -40,8 +41,6 @@ from ovtrio.api.messages.protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from ovtrio.api.generation import generation_request
-from ovtrio.api.vision import text_prompts
 from ovtrio.api.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -53,6 +52,7 @@ from ovtrio.api.protocol import (
     Tool,
     ToolCallRef,
 )
+from ovtrio.api.vision import text_prompts
 from ovtrio.model.prompts import ChatPrompt
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import GenerationRequest

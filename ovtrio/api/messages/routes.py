@@ -8,11 +8,11 @@ from pydantic_core import to_jsonable_python
 from quart import Blueprint, Response
 
 from ovtrio.api.context import ready_model
+from ovtrio.api.generation import accept, parse_body
 from ovtrio.api.messages.prepare import count_tokens, prepare
 from ovtrio.api.messages.protocol import MessagesInput, MessagesRequest
 from ovtrio.api.messages.stream import MessageStream, unary_message
 from ovtrio.api.messages.writer import MessageWriter
-from ovtrio.api.generation import accept, parse_body
 from ovtrio.api.sse import HEADERS
 from ovtrio.parsing.ids import new_id
 

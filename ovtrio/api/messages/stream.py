@@ -22,11 +22,11 @@ from contextlib import AbstractAsyncContextManager
 import trio
 
 from ovtrio.api.errors import APIError, api_error
+from ovtrio.api.generation import submitted
 from ovtrio.api.messages.errors import error_event
 from ovtrio.api.messages.objects import Message, Ping
 from ovtrio.api.messages.prepare import PreparedMessage
 from ovtrio.api.messages.writer import MessageWriter
-from ovtrio.api.generation import submitted
 from ovtrio.api.sse import typed_frame
 from ovtrio.scheduler import GenerationScheduler
 

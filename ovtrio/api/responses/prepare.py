@@ -18,8 +18,8 @@ from ovtrio.api.responses.events import Envelope
 from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.api.vision import text_prompts
-from ovtrio.parsing.ids import new_id
 from ovtrio.output import OutputStage
+from ovtrio.parsing.ids import new_id
 from ovtrio.scheduler import GenerationRequest
 from ovtrio.serving.service import ServingModel
 

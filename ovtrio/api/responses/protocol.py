@@ -9,15 +9,15 @@ from pydantic import Field, model_validator
 
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import (
+    Body,
     ChatMessage,
     FunctionCall,
     ImagePart,
     ImageURL,
-    TextPart,
     SamplingFields,
+    TextPart,
     ToolAndReasoningFields,
     ToolCallRef,
-    Body,
 )
 
 

@@ -29,7 +29,6 @@ code server_shutting_down and closes with 1001 (going away).
 from __future__ import annotations
 
 import logging
-
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,12 +44,12 @@ from ovtrio.api.context import generation_model, model_registry, response_store,
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
 from ovtrio.api.generation import submitted
 from ovtrio.api.responses.events import ResponseEvents
+from ovtrio.api.responses.oversized_message import OversizedMessage
 from ovtrio.api.responses.prepare import PreparedResponse, prepare
 from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.responses.running import response_events
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.scheduler import GenerationScheduler
-from ovtrio.api.responses.oversized_message import OversizedMessage
 
 log = logging.getLogger("ovtrio")
 

@@ -29,6 +29,8 @@ from importlib import metadata
 from io import BytesIO, StringIO
 from typing import Any
 
+from ovtrio.api.responses.oversized_message import OversizedMessage
+
 log = logging.getLogger("ovtrio")
 
 # sha256 of inspect.getsource() of WebsocketBuffer, WSStream._handle_events and
@@ -39,8 +41,6 @@ PATCHED_SOURCE_SHA256 = (
     "3534d3ebe8f7a1a44877285b6ed6eba7c9544de85d1b402a4b0b7c2a6029ed99",
 )
 
-from ovtrio.api.responses.oversized_message import OversizedMessage
-
 _limit: int | None = None
 
 
@@ -50,7 +50,8 @@ class BoundedMessageBuffer:
     def __init__(self, max_length: int) -> None:
         # Hypercorn passes its config's websocket_max_message_size; ovtrio's setting rules.
         self.max_length = _limit if _limit is not None else max_length
-        self.clear()
+        self.value: StringIO | BytesIO | None = None
+        self.length = 0
 
     def extend(self, event: Any) -> None:
         from wsproto.events import TextMessage
@@ -67,7 +68,7 @@ class BoundedMessageBuffer:
             self.value.write(event.data)
 
     def clear(self) -> None:
-        self.value: StringIO | BytesIO | None = None
+        self.value = None
         self.length = 0
 
     def to_message(self) -> dict[str, Any]:
@@ -97,5 +98,6 @@ def apply(limit: int) -> bool:
             metadata.version("hypercorn"),
         )
         return False
-    ws_stream.WebsocketBuffer = BoundedMessageBuffer
+    # The patch itself: a class of the same interface in place of Hypercorn's.
+    ws_stream.WebsocketBuffer = BoundedMessageBuffer  # type: ignore[misc,assignment]
     return True
