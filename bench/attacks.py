@@ -165,8 +165,15 @@ def attack(server: Server, name: str, run, rss_target: bool = False) -> Result:
         notes = run()
     time.sleep(SETTLE_SECONDS)
     return Result(
-        name, probe.p99_ms(), probe.max_ms(), len(probe.latencies), before, max(probe.peak_rss_mb, before),
-        server.rss_mb(), notes, rss_target,
+        name,
+        probe.p99_ms(),
+        probe.max_ms(),
+        len(probe.latencies),
+        before,
+        max(probe.peak_rss_mb, before),
+        server.rss_mb(),
+        notes,
+        rss_target,
     )
 
 
@@ -270,15 +277,21 @@ def largest_enum(tag: str, max_bytes: int) -> dict:
 def constrained(client: httpx.Client, server: Server, schema: dict) -> httpx.Response:
     return client.post(
         server.base_url + "/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "Pick one."}], "max_tokens": 2,
-              "response_format": {"type": "json_schema", "json_schema": {"name": "pick", "schema": schema}}},
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Pick one."}],
+            "max_tokens": 2,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "pick", "schema": schema}},
+        },
     )
 
 
 def grammar_cache(server: Server, client: httpx.Client, schemas: int, max_schema_bytes: int) -> list[str]:
     reported = at_once(
-        *[lambda k=k: constrained(client, server, {"type": "string", "enum": [f"v{k}_{i}" for i in range(100_000)]})
-          for k in range(4)]
+        *[
+            lambda k=k: constrained(client, server, {"type": "string", "enum": [f"v{k}_{i}" for i in range(100_000)]})
+            for k in range(4)
+        ]
     )
     replies = []
     started = time.perf_counter()
@@ -302,10 +315,14 @@ def metric(client: httpx.Client, server: Server, name: str) -> float:
 
 def response_store(server: Server, client: httpx.Client, count: int) -> tuple[list[str], float]:
     reported = [
-        client.post(server.base_url + "/v1/responses",
-                    json={"model": MODEL, "input": "Hi", "max_output_tokens": 1, "metadata": metadata})
-        for metadata in ({f"k{i}": "x" * 650_000 for i in range(16)},  # ~10 MB, as reported: over the body limit
-                         {f"k{i}": "x" * 110_000 for i in range(16)})  # ~1.8 MB, under it: checked as OpenAI does
+        client.post(
+            server.base_url + "/v1/responses",
+            json={"model": MODEL, "input": "Hi", "max_output_tokens": 1, "metadata": metadata},
+        )
+        for metadata in (
+            {f"k{i}": "x" * 650_000 for i in range(16)},  # ~10 MB, as reported: over the body limit
+            {f"k{i}": "x" * 110_000 for i in range(16)},
+        )  # ~1.8 MB, under it: checked as OpenAI does
         for _ in range(count // 2)
     ]
     largest_allowed = {f"{i:02d}" + "k" * 62: "v" * 512 for i in range(16)}
@@ -392,9 +409,12 @@ def main() -> None:
             if "grammar" in only:
                 constrained(client, server, largest_enum("warm-up-", options.max_schema_bytes))
                 results.append(
-                    attack(server, "grammar cache",
-                           lambda: grammar_cache(server, client, options.schemas, options.max_schema_bytes),
-                           rss_target=True)
+                    attack(
+                        server,
+                        "grammar cache",
+                        lambda: grammar_cache(server, client, options.schemas, options.max_schema_bytes),
+                        rss_target=True,
+                    )
                 )
             if "store" in only:
                 results.append(store_attack(server, client, options.responses))

@@ -50,15 +50,22 @@ def main() -> None:
         build = work / "build"
         subprocess.run(
             [
-                "cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON",
-                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF",
+                "cmake",
+                "-S",
+                str(source),
+                "-B",
+                str(build),
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DLLAMA_CURL=OFF",
+                "-DGGML_NATIVE=ON",
+                "-DLLAMA_BUILD_SERVER=ON",
+                "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_EXAMPLES=OFF",
+                "-DBUILD_SHARED_LIBS=OFF",
             ],
             check=True,
         )
-        subprocess.run(
-            ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(args.jobs)], check=True
-        )
+        subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(args.jobs)], check=True)
         built = next(build.glob("**/bin/llama-server"))
         shutil.copy2(built, binary_path(args.out))
         (args.out / "llama-server.version").write_text(sdist.name + "\n")

@@ -47,8 +47,13 @@ def percentile(values: list[float], q: float) -> float:
 
 def completion_request(host: str, model: str, tokens: int, index: int) -> bytes:
     body = json.dumps(
-        {"model": model, "prompt": f"Request {index}: say hello.", "max_tokens": tokens,
-         "temperature": 0, "ignore_eos": True}
+        {
+            "model": model,
+            "prompt": f"Request {index}: say hello.",
+            "max_tokens": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
     ).encode()
     return (
         f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
@@ -153,13 +158,19 @@ async def run(args: argparse.Namespace, host: str, port: int, pid: int | None) -
     )
     print(f"unloaded ({args.unloaded} one after another): latency p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms")
     print(f"burst of {args.requests} at once, over {wall:.1f} s:")
-    print(f"  200: {statuses.get(200, 0)}   429: {statuses.get(429, 0)}   other statuses: "
-          f"{sum(v for k, v in statuses.items() if k not in (0, 200, 429))}   connection errors: "
-          f"{statuses.get(0, 0)} {dict(errors) if errors else ''}")
-    print(f"  admitted latency p50 {a50 * 1000:.0f} ms, p99 {a99 * 1000:.0f} ms;"
-          f" ratio to unloaded: p50 {a50 / p50:.1f}x, p99 {a99 / p99:.1f}x")
-    print(f"  429 latency p50 {percentile(refused, 50) * 1000:.0f} ms, p99 {percentile(refused, 99) * 1000:.0f} ms;"
-          f" server counted {rejected:.0f} rejections")
+    print(
+        f"  200: {statuses.get(200, 0)}   429: {statuses.get(429, 0)}   other statuses: "
+        f"{sum(v for k, v in statuses.items() if k not in (0, 200, 429))}   connection errors: "
+        f"{statuses.get(0, 0)} {dict(errors) if errors else ''}"
+    )
+    print(
+        f"  admitted latency p50 {a50 * 1000:.0f} ms, p99 {a99 * 1000:.0f} ms;"
+        f" ratio to unloaded: p50 {a50 / p50:.1f}x, p99 {a99 / p99:.1f}x"
+    )
+    print(
+        f"  429 latency p50 {percentile(refused, 50) * 1000:.0f} ms, p99 {percentile(refused, 99) * 1000:.0f} ms;"
+        f" server counted {rejected:.0f} rejections"
+    )
     print(f"  server RSS {rss_before:.0f} MB before, {rss_after:.0f} MB after")
 
 

@@ -32,8 +32,16 @@ from serving import free_port
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTIONS = [
-    "Tell me about the sea.", "Why is it salty?", "What lives in it?", "How deep is it?", "Who explored it first?",
-    "What is a reef?", "Are reefs in danger?", "What can we do?", "Name a famous ship.", "Summarize our chat.",
+    "Tell me about the sea.",
+    "Why is it salty?",
+    "What lives in it?",
+    "How deep is it?",
+    "Who explored it first?",
+    "What is a reef?",
+    "Are reefs in danger?",
+    "What can we do?",
+    "Name a famous ship.",
+    "Summarize our chat.",
 ]
 
 
@@ -46,8 +54,15 @@ async def socket_conversation(port: int, turns: int, tokens: int) -> list[tuple[
     async with open_websocket_url(f"ws://127.0.0.1:{port}/v1/responses") as ws:
         previous = None
         for i in range(turns):
-            request = {"type": "response.create", "model": MODEL, "input": QUESTIONS[i % len(QUESTIONS)],
-                       "max_output_tokens": tokens, "temperature": 0, "ignore_eos": True, "store": False}
+            request = {
+                "type": "response.create",
+                "model": MODEL,
+                "input": QUESTIONS[i % len(QUESTIONS)],
+                "max_output_tokens": tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "store": False,
+            }
             if previous:
                 request["previous_response_id"] = previous
             started = trio.current_time()
@@ -65,8 +80,14 @@ async def socket_conversation(port: int, turns: int, tokens: int) -> list[tuple[
 
 
 def turn(client: httpx.Client, text: str, previous: str | None, tokens: int) -> tuple[float, str, int, float]:
-    body = {"model": MODEL, "input": text, "max_output_tokens": tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "input": text,
+        "max_output_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     if previous:
         body["previous_response_id"] = previous
     started = time.perf_counter()
@@ -118,8 +139,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     args = parser.parse_args()
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
             while True:
@@ -142,12 +166,16 @@ def main() -> None:
         process.terminate()
         process.wait(timeout=30)
 
-    print(f"ovtrio chained conversation: {args.turns} turns, {args.tokens} output tokens each, streamed, "
-          "previous_response_id, SmolLM2-135M-Instruct, CPU")
+    print(
+        f"ovtrio chained conversation: {args.turns} turns, {args.tokens} output tokens each, streamed, "
+        "previous_response_id, SmolLM2-135M-Instruct, CPU"
+    )
     print(f"{'turn':>4} {'input tokens':>12} {'HTTP TTFT':>10} {'HTTP turn':>10} {'WS TTFT':>9} {'WS turn':>9}")
     for (number, input_tokens, ttft, whole), (ws_ttft, ws_whole) in zip(rows, socket_rows):
-        print(f"{number:>4} {input_tokens:>12} {ttft * 1e3:>8.1f}ms {whole * 1e3:>8.1f}ms"
-              f" {ws_ttft * 1e3:>7.1f}ms {ws_whole * 1e3:>7.1f}ms")
+        print(
+            f"{number:>4} {input_tokens:>12} {ttft * 1e3:>8.1f}ms {whole * 1e3:>8.1f}ms"
+            f" {ws_ttft * 1e3:>7.1f}ms {ws_whole * 1e3:>7.1f}ms"
+        )
     first, final = rows[0][2], rows[-1][2]
     print(
         f"TTFT turn {rows[-1][0]} / turn 1: {final / first:.2f} with {rows[-1][1] / rows[0][1]:.1f}x the input tokens"
@@ -155,12 +183,16 @@ def main() -> None:
     # Raw engine on a prompt as long as the last turn's: cold, and with it cached.
     prompt = [504] * rows[-1][1]
     cold, cached = engine_prefill(prompt)
-    print(f"raw engine prefill of a {len(prompt)}-token prompt: cold {cold * 1e3:.1f} ms, cached {cached * 1e3:.1f} ms;"
-          f" server turn {rows[-1][0]} TTFT / engine cached prefill: {final / cached:.2f}")
-    print(f"median TTFT over turns: HTTP {statistics.median(r[2] for r in rows) * 1e3:.1f} ms,"
-          f" WebSocket {statistics.median(r[0] for r in socket_rows) * 1e3:.1f} ms;"
-          f" median turn: HTTP {statistics.median(r[3] for r in rows) * 1e3:.1f} ms,"
-          f" WebSocket {statistics.median(r[1] for r in socket_rows) * 1e3:.1f} ms")
+    print(
+        f"raw engine prefill of a {len(prompt)}-token prompt: cold {cold * 1e3:.1f} ms, cached {cached * 1e3:.1f} ms;"
+        f" server turn {rows[-1][0]} TTFT / engine cached prefill: {final / cached:.2f}"
+    )
+    print(
+        f"median TTFT over turns: HTTP {statistics.median(r[2] for r in rows) * 1e3:.1f} ms,"
+        f" WebSocket {statistics.median(r[0] for r in socket_rows) * 1e3:.1f} ms;"
+        f" median turn: HTTP {statistics.median(r[3] for r in rows) * 1e3:.1f} ms,"
+        f" WebSocket {statistics.median(r[1] for r in socket_rows) * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -22,17 +22,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 from serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
 PODMAN_RUN = [
-    "podman", "--runtime", "runc", "run", "--detach", "--read-only", "--read-only-tmpfs=false", "--network=host",
-    "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+    "podman",
+    "--runtime",
+    "runc",
+    "run",
+    "--detach",
+    "--read-only",
+    "--read-only-tmpfs=false",
+    "--network=host",
+    "--ulimit",
+    "nofile=1024:1024",
+    "--ulimit",
+    "nproc=1024:1024",
 ]
 
 
@@ -61,14 +70,29 @@ def container_start(image: str, *flags: str) -> float:
     started = time.monotonic()
     try:
         subprocess.run(
-            [*PODMAN_RUN, "--name", name, "--volume", f"{volume}:/var/lib/ovtrio", *flags, image,
-             "serve", "--host", "127.0.0.1", "--port", str(port)],
-            check=True, capture_output=True, timeout=120,
+            [
+                *PODMAN_RUN,
+                "--name",
+                name,
+                "--volume",
+                f"{volume}:/var/lib/ovtrio",
+                *flags,
+                image,
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
 
         def alive() -> bool:
-            state = subprocess.run(["podman", "inspect", "--format", "{{.State.Running}}", name],
-                                   capture_output=True, text=True)
+            state = subprocess.run(
+                ["podman", "inspect", "--format", "{{.State.Running}}", name], capture_output=True, text=True
+            )
             return state.stdout.strip() == "true"
 
         ready(port, alive)
@@ -83,7 +107,9 @@ def host_start(cache: Path) -> float:
     started = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--cache-dir", str(cache)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
     )
     try:
         ready(port, lambda: process.poll() is None)
@@ -98,25 +124,34 @@ def main() -> None:
     parser.add_argument("--image", default=f"localhost/ovtrio:{VERSION}")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    size = subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", args.image],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    size = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Size}}", args.image], check=True, capture_output=True, text=True
+    ).stdout.strip()
     print(f"image {args.image}: {int(size) / 1e6:.0f} MB")
     cache = Path(tempfile.mkdtemp(prefix="ovtrio-bench-cache-"))
     try:
-        subprocess.run([sys.executable, "-m", "ovtrio", "convert", "--cache-dir", str(cache)], check=True,
-                       capture_output=True, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, "-m", "ovtrio", "convert", "--cache-dir", str(cache)],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
         figures: dict[str, list[float]] = {"warm": [], "cold": [], "host": []}
         for run in range(args.runs):
             figures["warm"].append(container_start(args.image))
             figures["cold"].append(container_start(args.image, "--env", "OVTRIO_PREBUILT_CACHE_DIR="))
             figures["host"].append(host_start(cache))
-            print(f"run {run + 1}: " + ", ".join(f"{name} {values[-1]:.1f} s" for name, values in figures.items()),
-                  flush=True)
+            print(
+                f"run {run + 1}: " + ", ".join(f"{name} {values[-1]:.1f} s" for name, values in figures.items()),
+                flush=True,
+            )
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     warm, cold, host = (statistics.median(figures[name]) for name in ("warm", "cold", "host"))
-    print(f"start to ready (median of {args.runs}): container warm {warm:.1f} s, container cold {cold:.1f} s,"
-          f" host (warm cache) {host:.1f} s; cold/warm {cold / warm:.2f}x, warm container/host {warm / host:.2f}x")
+    print(
+        f"start to ready (median of {args.runs}): container warm {warm:.1f} s, container cold {cold:.1f} s,"
+        f" host (warm cache) {host:.1f} s; cold/warm {cold / warm:.2f}x, warm container/host {warm / host:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -150,7 +150,9 @@ def main() -> None:
     bandwidth = read_bandwidth_gb_s()
     ceiling = ceiling_tok_s(gguf, bandwidth)
     print(f"cpu: {describe_cpu()}; read bandwidth {bandwidth:.1f} GB/s")
-    print(f"{gguf.name}: one stream's ceiling {ceiling:.0f} tok/s; {args.tokens} decode tokens, medians of {args.repeats}")
+    print(
+        f"{gguf.name}: one stream's ceiling {ceiling:.0f} tok/s; {args.tokens} decode tokens, medians of {args.repeats}"
+    )
     plain, profile = plain_decode(folder, args.tokens, args.repeats)
     batching = engine_decode(folder, args.tokens, args.repeats, stateful=False)
     stateful = engine_decode(folder, args.tokens, args.repeats, stateful=True)

@@ -104,8 +104,13 @@ async def health_beside_generation(port: int, client: httpx.AsyncClient, seconds
     latencies: list[float] = []
 
     async def generate() -> None:
-        body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 64,
-                "ignore_eos": True, "stream": True, "model": "SmolLM2-135M-Instruct"}
+        body = {
+            "messages": [{"role": "user", "content": "Tell me a story."}],
+            "max_tokens": 64,
+            "ignore_eos": True,
+            "stream": True,
+            "model": "SmolLM2-135M-Instruct",
+        }
         while True:
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 async for _ in response.aiter_bytes():
@@ -134,8 +139,13 @@ async def health_beside_generation(port: int, client: httpx.AsyncClient, seconds
 
 
 # Each HTTP figure and the pipeline figure at the same batch size.
-CASES = {"1 concurrent x 1 text": (1, 1, 1), "8 concurrent x 1 text": (8, 1, 8), "32 concurrent x 1 text": (32, 1, 32),
-         "1 client x 8 texts": (1, 8, 8), "1 client x 32 texts": (1, 32, 32)}
+CASES = {
+    "1 concurrent x 1 text": (1, 1, 1),
+    "8 concurrent x 1 text": (8, 1, 8),
+    "32 concurrent x 1 text": (32, 1, 32),
+    "1 client x 8 texts": (1, 8, 8),
+    "1 client x 32 texts": (1, 32, 32),
+}
 
 
 # The server's CPU time per embedding in the run kept for each HTTP case: what the HTTP
@@ -151,9 +161,21 @@ async def server_rates(
     port = free_port()
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / "ovtrio-embeddings-bench.log", "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--encoder-preload",
-         "--encoder-inference-precision", precision, "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "ovtrio",
+            "serve",
+            "--port",
+            str(port),
+            "--encoder-preload",
+            "--encoder-inference-precision",
+            precision,
+            "--log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         with trio.fail_after(300):

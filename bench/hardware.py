@@ -94,7 +94,9 @@ def main() -> None:
     print(f"read bandwidth: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
     for model in args.models:
         per_token = weight_bytes_per_token(model)
-        print(f"{model.name}: {per_token / 1e6:.0f} MB of weights per token -> ceiling {bandwidth * 1e3 / (per_token / 1e6):.0f} tok/s")
+        print(
+            f"{model.name}: {per_token / 1e6:.0f} MB of weights per token -> ceiling {bandwidth * 1e3 / (per_token / 1e6):.0f} tok/s"
+        )
 
 
 if __name__ == "__main__":

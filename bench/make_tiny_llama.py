@@ -104,9 +104,7 @@ def write(path: Path, quant: str, seed: int) -> None:
     writer.add_rope_dimension_count(HIDDEN // HEADS)
     writer.add_rope_freq_base(ROPE_THETA)
     writer.add_layer_norm_rms_eps(NORM_EPS)
-    writer.add_file_type(
-        gguf.LlamaFileType.MOSTLY_Q4_0 if quant == "Q4_0" else gguf.LlamaFileType.MOSTLY_Q8_0
-    )
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if quant == "Q4_0" else gguf.LlamaFileType.MOSTLY_Q8_0)
     vocab_size = copy_tokenizer(reader, writer)
     writer.add_vocab_size(vocab_size)
 

@@ -46,8 +46,20 @@ def start_ovtrio(gguf: Path, port: int) -> subprocess.Popen:
 def start_llama_server(binary: Path, gguf: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(
         [
-            str(binary), "-m", str(gguf), "--port", str(port), "--host", "127.0.0.1",
-            "-np", "32", "-c", "32768", "-t", str(os.cpu_count() or 2), "--log-disable",
+            str(binary),
+            "-m",
+            str(gguf),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "-np",
+            "32",
+            "-c",
+            "32768",
+            "-t",
+            str(os.cpu_count() or 2),
+            "--log-disable",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -122,7 +134,9 @@ def print_table(args: argparse.Namespace, gguf: Path, figures: Figures, ceiling:
         o = ours[c]
         share = f"{o['tok_s'] / ceiling:.2f}" if c == 1 else ""
         if peer is None:
-            print(f"{c:>4} {o['tok_s']:>12.1f} {'-':>11} {'-':>6} {o['ttft_p50']:>9.1f}ms {'-':>10} {'-':>8} {share:>31}")
+            print(
+                f"{c:>4} {o['tok_s']:>12.1f} {'-':>11} {'-':>6} {o['ttft_p50']:>9.1f}ms {'-':>10} {'-':>8} {share:>31}"
+            )
             continue
         p = peer[c]
         if c == 1:
@@ -180,7 +194,9 @@ def main() -> None:
         figures = trio.run(measure, args, gguf)
         print_table(args, gguf, figures, ceiling_tok_s(gguf, bandwidth))
         results[gguf.name] = figures
-    print(f"(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's; {time.perf_counter() - started:.0f} s)")
+    print(
+        f"(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's; {time.perf_counter() - started:.0f} s)"
+    )
     if args.plot:
         plot(args.plot, args.concurrency, results, machine)
 

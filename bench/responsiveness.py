@@ -322,9 +322,24 @@ async def server_run(
     flags = {"binding": ["--no-gil-free-step"], "no-slices": ["--long-prefill-token-threshold", "0"]}.get(mode, [])
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"ovtrio-responsiveness-{mode}.log", "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--model", model,
-         "--served-model-name", SERVED_NAME, "--max-num-batched-tokens", str(batched_tokens),
-         "--log-level", "info", *extra, *flags],  # the mode's own flags win
+        [
+            sys.executable,
+            "-m",
+            "ovtrio",
+            "serve",
+            "--port",
+            str(port),
+            "--model",
+            model,
+            "--served-model-name",
+            SERVED_NAME,
+            "--max-num-batched-tokens",
+            str(batched_tokens),
+            "--log-level",
+            "info",
+            *extra,
+            *flags,
+        ],  # the mode's own flags win
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -346,14 +361,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="GGUF file or OpenVINO IR folder (default: the embedded model)")
     parser.add_argument("--prefills", type=int, default=4, help="2,000-token prompts in the measured window")
-    parser.add_argument("--modes", nargs="+", default=["engine", "binding", "no-slices", "gil-free"],
-                        choices=["engine", "binding", "no-slices", "gil-free"])
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["engine", "binding", "no-slices", "gil-free"],
+        choices=["engine", "binding", "no-slices", "gil-free"],
+    )
     parser.add_argument("--decode-tokens", type=int, default=1024, help="max_tokens of each decoding stream")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256, help="the server's and engine's setting")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
-        "--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeat), e.g."
-        " --server-arg=--long-prefill-token-threshold=128"
+        "--server-arg",
+        action="append",
+        default=[],
+        help="extra `ovtrio serve` flag (repeat), e.g. --server-arg=--long-prefill-token-threshold=128",
     )
     args = parser.parse_args()
 
@@ -366,20 +387,29 @@ def main() -> None:
             results[mode] = raw_engine(model, args.prefills, args.decode_tokens, args.max_num_batched_tokens)
         else:
             results[mode] = trio.run(
-                server_run, model, mode, args.prefills, args.decode_tokens, args.max_num_batched_tokens,
+                server_run,
+                model,
+                mode,
+                args.prefills,
+                args.decode_tokens,
+                args.max_num_batched_tokens,
                 args.server_arg,
             )
         print(f"  {mode}: done", file=sys.stderr)
 
     load = os.getloadavg()
-    print(f"ovtrio responsiveness: {Path(model).name}, CPU, {os.cpu_count()} cores; {STREAMS} decoding streams,"
-          f" {args.prefills} prompts of {LONG_PROMPT_TOKENS} tokens prefilled one after the other"
-          f" (--max-num-batched-tokens {args.max_num_batched_tokens}), /health every {PROBE_INTERVAL * 1e3:.0f} ms,"
-          f" a short chat every {SHORT_INTERVAL:.0f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"ovtrio responsiveness: {Path(model).name}, CPU, {os.cpu_count()} cores; {STREAMS} decoding streams,"
+        f" {args.prefills} prompts of {LONG_PROMPT_TOKENS} tokens prefilled one after the other"
+        f" (--max-num-batched-tokens {args.max_num_batched_tokens}), /health every {PROBE_INTERVAL * 1e3:.0f} ms,"
+        f" a short chat every {SHORT_INTERVAL:.0f} s; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     if args.server_arg:
         print(f"server flags: {' '.join(args.server_arg)}")
-    print(f"{'stepping':>9} {'health p50':>10} {'p99':>9} {'max':>9} {'probes':>6}"
-          f" {'short TTFT p50':>14} {'p99':>9} {'n':>3} {'stream tok/s':>12} {'long prompt':>11}")
+    print(
+        f"{'stepping':>9} {'health p50':>10} {'p99':>9} {'max':>9} {'probes':>6}"
+        f" {'short TTFT p50':>14} {'p99':>9} {'n':>3} {'stream tok/s':>12} {'long prompt':>11}"
+    )
     for mode, f in results.items():
         health = (
             f"{percentile(f.health_ms, 50):>8.1f}ms {percentile(f.health_ms, 99):>7.1f}ms"
@@ -396,16 +426,22 @@ def main() -> None:
         chunk = statistics.median(engine.prefill_step_ms) if engine.prefill_step_ms else float("nan")
         decode = statistics.median(engine.decode_step_ms) if engine.decode_step_ms else float("nan")
         bound = chunk + decode
-        print(f"engine: step with a prefill chunk {chunk:.1f} ms, decode step {decode:.1f} ms (medians):"
-              f" short TTFT bound {bound:.1f} ms")
+        print(
+            f"engine: step with a prefill chunk {chunk:.1f} ms, decode step {decode:.1f} ms (medians):"
+            f" short TTFT bound {bound:.1f} ms"
+        )
         for mode, f in results.items():
             if mode != "engine":
-                print(f"{mode}: short TTFT p99 {percentile(f.short_ttft_ms, 99) / bound:.2f} of the bound,"
-                      f" stream tok/s {f.stream_tok_s / engine.stream_tok_s:.2f} of the engine's,"
-                      f" long prompt {statistics.median(f.long_prompt_s) / statistics.median(engine.long_prompt_s):.2f}"
-                      " of the engine's time")
-    print("(stream tok/s: tokens the 8 streams received per second in the window; long prompt: median time from"
-          " sending a 2,000-token prompt to its one token)")
+                print(
+                    f"{mode}: short TTFT p99 {percentile(f.short_ttft_ms, 99) / bound:.2f} of the bound,"
+                    f" stream tok/s {f.stream_tok_s / engine.stream_tok_s:.2f} of the engine's,"
+                    f" long prompt {statistics.median(f.long_prompt_s) / statistics.median(engine.long_prompt_s):.2f}"
+                    " of the engine's time"
+                )
+    print(
+        "(stream tok/s: tokens the 8 streams received per second in the window; long prompt: median time from"
+        " sending a 2,000-token prompt to its one token)"
+    )
     if args.json:
         args.json.write_text(json.dumps({mode: vars(f) for mode, f in results.items()}, indent=2))
 

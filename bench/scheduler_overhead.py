@@ -129,18 +129,26 @@ def main() -> None:
         return figures
 
     figures = trio.run(run)
-    print(f"ovtrio scheduler overhead (no HTTP): {Path(str(model.source.path)).name}, CPU, {os.cpu_count()} cores,"
-          f" {TOKENS} output tokens, ignore_eos, greedy, {ROUNDS} requests per consumer")
-    print(f"{'conc':>4} {'engine tok/s':>12}  {'stepping':<8} {'tok/s':>7} {'ratio':>6} {'in step':>7}"
-          f" {'gap/step':>9} {'loop CPU/token':>14}")
+    print(
+        f"ovtrio scheduler overhead (no HTTP): {Path(str(model.source.path)).name}, CPU, {os.cpu_count()} cores,"
+        f" {TOKENS} output tokens, ignore_eos, greedy, {ROUNDS} requests per consumer"
+    )
+    print(
+        f"{'conc':>4} {'engine tok/s':>12}  {'stepping':<8} {'tok/s':>7} {'ratio':>6} {'in step':>7}"
+        f" {'gap/step':>9} {'loop CPU/token':>14}"
+    )
     for concurrency, by_name in figures.items():
         engine = by_name["engine"]["tok_s"]
         for name in ("runs", "one step"):
             f = by_name[name]
-            print(f"{concurrency:>4} {engine:>12.1f}  {name:<8} {f['tok_s']:>7.1f} {f['tok_s'] / engine:>6.2f}"
-                  f" {f['in_step']:>7.0%} {f['gap_ms']:>7.2f}ms {f['loop_cpu_us']:>12.0f}us")
-    print("(runs: the worker steps on by itself between hand-offs, as the server does; one step: every step"
-          " handed back to the loop; gap/step: wall time outside the engine's step per step)")
+            print(
+                f"{concurrency:>4} {engine:>12.1f}  {name:<8} {f['tok_s']:>7.1f} {f['tok_s'] / engine:>6.2f}"
+                f" {f['in_step']:>7.0%} {f['gap_ms']:>7.2f}ms {f['loop_cpu_us']:>12.0f}us"
+            )
+    print(
+        "(runs: the worker steps on by itself between hand-offs, as the server does; one step: every step"
+        " handed back to the loop; gap/step: wall time outside the engine's step per step)"
+    )
 
 
 async def _serve(scheduler, scope: trio.CancelScope, task_status=trio.TASK_STATUS_IGNORED) -> None:

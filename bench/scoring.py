@@ -54,7 +54,6 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-
 def prompt_texts(count: int, words: int, rng: random.Random) -> list[str]:
     return [f"Note {rng.random():.8f}: " + " ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(count)]
 

@@ -32,10 +32,38 @@ from typing import Any
 import trio
 
 TOPICS = [
-    "a dragon", "the sea", "a lost key", "a robot", "the moon", "a small town", "a violin", "a storm",
-    "a garden", "a train", "a lighthouse", "a fox", "a mountain", "a library", "a clock", "a river",
-    "a desert", "a city at night", "a snowman", "a pirate", "a bakery", "a comet", "a forest", "a bridge",
-    "a cat", "an island", "a castle", "a painter", "a volcano", "a market", "a whale", "a bicycle",
+    "a dragon",
+    "the sea",
+    "a lost key",
+    "a robot",
+    "the moon",
+    "a small town",
+    "a violin",
+    "a storm",
+    "a garden",
+    "a train",
+    "a lighthouse",
+    "a fox",
+    "a mountain",
+    "a library",
+    "a clock",
+    "a river",
+    "a desert",
+    "a city at night",
+    "a snowman",
+    "a pirate",
+    "a bakery",
+    "a comet",
+    "a forest",
+    "a bridge",
+    "a cat",
+    "an island",
+    "a castle",
+    "a painter",
+    "a volcano",
+    "a market",
+    "a whale",
+    "a bicycle",
 ]
 
 
@@ -165,9 +193,7 @@ async def stream_chat(port: int, model: str, text: str, tokens: int) -> StreamRe
             tail = chunk[-64:]
     if first is None:
         raise RuntimeError("stream produced no tokens")
-    return StreamResult(
-        ttft=first - started, inter_token=gaps, completion_tokens=usage, generation_time=last - first
-    )
+    return StreamResult(ttft=first - started, inter_token=gaps, completion_tokens=usage, generation_time=last - first)
 
 
 async def load(port: int, model: str, concurrency: int, tokens: int, rounds: int) -> dict[str, float]:
@@ -279,7 +305,7 @@ async def metric(port: int, name: str) -> float:
     async with stream:
         await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         reply = b""
-        while (data := await stream.receive_some(65536)):
+        while data := await stream.receive_some(65536):
             reply += data
             if b"\n" + name.encode() in reply and reply.endswith(b"\n"):
                 break
@@ -318,8 +344,10 @@ def main() -> None:
     engine = RawEngine(str(embedded_model_path()), args.tokens)
     server, misc = trio.run(server_figures, args, EMBEDDED_NAME, engine)
 
-    print(f"ovtrio serving benchmark: SmolLM2-135M-Instruct Q4_1, CPU, {os.cpu_count()} cores,"
-          f" {args.tokens} output tokens, ignore_eos, greedy, chat streaming")
+    print(
+        f"ovtrio serving benchmark: SmolLM2-135M-Instruct Q4_1, CPU, {os.cpu_count()} cores,"
+        f" {args.tokens} output tokens, ignore_eos, greedy, chat streaming"
+    )
     header = (
         f"{'conc':>4} {'engine tok/s':>12} {'server tok/s':>12} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9}"
         f" {'ITL p50':>8} {'ITL p99':>8} {'TPOT':>7} {'in step':>7}"
@@ -332,13 +360,17 @@ def main() -> None:
             f" {s['ttft_p50']:>7.1f}ms {s['ttft_p99']:>7.1f}ms {s['itl_p50']:>6.1f}ms {s['itl_p99']:>6.1f}ms"
             f" {s['tpot_p50']:>5.1f}ms {s['engine_busy']:>6.0%}"
         )
-    print("(ITL: gap between streamed chunks; TPOT: time per output token after the first;"
-          " in step: share of the server's wall time spent inside the engine's step())")
+    print(
+        "(ITL: gap between streamed chunks; TPOT: time per output token after the first;"
+        " in step: share of the server's wall time spent inside the engine's step())"
+    )
     if args.server_arg:
         print(f"server flags: {' '.join(args.server_arg)}")
     print(f"engine TTFT (prefill step of a lone request): {misc['engine_ttft_ms']:.1f} ms")
-    print(f"server idle RSS: {misc['idle_rss_mb']:.0f} MB; idle CPU: {misc['idle_cpu_percent']:.1f}%;"
-          f" process start to first token: {misc['start_to_first_token_s']:.2f} s")
+    print(
+        f"server idle RSS: {misc['idle_rss_mb']:.0f} MB; idle CPU: {misc['idle_cpu_percent']:.1f}%;"
+        f" process start to first token: {misc['start_to_first_token_s']:.2f} s"
+    )
     if args.json:
         args.json.write_text(json.dumps({"server": server, "misc": misc}, indent=2))
 

@@ -54,8 +54,12 @@ EXACT = {
     "plugin_config": {"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0},
 }
 EXACT_FLAGS = [
-    "--inference-precision", "f32", "--kv-cache-precision", "f32",
-    "--plugin-config", json.dumps(EXACT["plugin_config"]),
+    "--inference-precision",
+    "f32",
+    "--kv-cache-precision",
+    "f32",
+    "--plugin-config",
+    json.dumps(EXACT["plugin_config"]),
 ]
 
 
@@ -80,8 +84,14 @@ def start_server(flags: list[str]) -> tuple[subprocess.Popen, str]:
 
 
 def server_run(url: str, prompt_ids: list[int], tokens: int) -> tuple[float, str]:
-    body = {"model": "SmolLM2-135M-Instruct", "prompt": prompt_ids, "max_tokens": tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "prompt": prompt_ids,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     text, first, last = [], None, None
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as reply:
         for line in reply.iter_lines():
@@ -161,9 +171,11 @@ def main() -> None:
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"speculative decoding, single stream: SmolLM2-135M-Instruct Q4_1, {cpu}, {os.cpu_count()} cores,")
-    print(f"prompt {len(prompt_ids)} tokens (copy a passage of code), {args.tokens} output tokens, greedy, "
-          f"ignore_eos, medians of {args.turns} turns, decode tok/s after the first token"
-          + (", exact arithmetic (f32, f32 KV cache, no dynamic quantization)" if args.exact else ""))
+    print(
+        f"prompt {len(prompt_ids)} tokens (copy a passage of code), {args.tokens} output tokens, greedy, "
+        f"ignore_eos, medians of {args.turns} turns, decode tok/s after the first token"
+        + (", exact arithmetic (f32, f32 KV cache, no dynamic quantization)" if args.exact else "")
+    )
     print(f"{'variant':<15}{'engine tok/s':>14}{'x plain':>9}{'server tok/s':>14}{'x plain':>9}  same text as plain")
     for name in VARIANTS:
         row = [f"{name:<15}"]

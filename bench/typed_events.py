@@ -47,7 +47,9 @@ def as_dict(i: int) -> bytes:
 
 
 def as_dataclass(i: int) -> bytes:
-    return to_json(OutputTextDelta(sequence_number=i, item_id="msg_0123456789abcdef", output_index=0, delta=" word", logprobs=[]))
+    return to_json(
+        OutputTextDelta(sequence_number=i, item_id="msg_0123456789abcdef", output_index=0, delta=" word", logprobs=[])
+    )
 
 
 def as_model(i: int) -> bytes:

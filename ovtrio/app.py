@@ -16,7 +16,6 @@ from ovtrio.settings.server import SettingsError
 __all__ = ["app", "create_app"]
 
 
-
 class _LazyApp:
     """Builds the app on first use, so importing ovtrio.app has no side effects beyond
     reading the environment when a server actually starts (and the drain patch)."""

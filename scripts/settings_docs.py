@@ -183,13 +183,7 @@ def description(field: FieldInfo) -> str:
 
 def markdown_text(text: str) -> str:
     """A description as a table cell's text: no raw HTML, emphasis or cell break."""
-    return (
-        text.replace("&", "&amp;")
-        .replace("<", "&lt;")
-        .replace(">", "&gt;")
-        .replace("*", "\\*")
-        .replace("|", "\\|")
-    )
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*").replace("|", "\\|")
 
 
 def table(fields: dict[str, FieldInfo]) -> str:

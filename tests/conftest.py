@@ -104,12 +104,26 @@ def launch_server(
     port = free_port()
     if hypercorn:
         command = [
-            sys.executable, *HYPERCORN_COMMAND, "-b", f"127.0.0.1:{port}",
-            "--keep-alive", str(HYPERCORN_KEEP_ALIVE), "ovtrio.app:app",
+            sys.executable,
+            *HYPERCORN_COMMAND,
+            "-b",
+            f"127.0.0.1:{port}",
+            "--keep-alive",
+            str(HYPERCORN_KEEP_ALIVE),
+            "ovtrio.app:app",
         ]
     else:
         command = [
-            sys.executable, "-m", "ovtrio", "serve", "--host", "127.0.0.1", "--port", str(port), *EXACT_REPEATS, *args,
+            sys.executable,
+            "-m",
+            "ovtrio",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *EXACT_REPEATS,
+            *args,
         ]
     log_path = tmp_dir / f"server-{port}.log"
     with open(log_path, "w") as log:
@@ -369,5 +383,3 @@ async def async_client(server: RunningServer):
 
     async with openai.AsyncOpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120) as sdk:
         yield sdk
-
-

@@ -76,5 +76,3 @@ def write_reranker(folder: Path) -> Path:
     ov.save_model(tokenizer, str(folder / "openvino_tokenizer.xml"))
     ov.save_model(detokenizer, str(folder / "openvino_detokenizer.xml"))
     return folder
-
-

@@ -64,11 +64,16 @@ def hidden_states(
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         scores /= scores.sum(-1, keepdims=True)
         context = (scores @ v).transpose(1, 0, 2).reshape(tokens, hidden)
-        x = _layer_norm(dense(context, "attention.output.dense") + x, w[p + "attention.output.LayerNorm.weight"],
-                        w[p + "attention.output.LayerNorm.bias"], eps)
+        x = _layer_norm(
+            dense(context, "attention.output.dense") + x,
+            w[p + "attention.output.LayerNorm.weight"],
+            w[p + "attention.output.LayerNorm.bias"],
+            eps,
+        )
         inner = _gelu(dense(x, "intermediate.dense"))
-        x = _layer_norm(dense(inner, "output.dense") + x, w[p + "output.LayerNorm.weight"],
-                        w[p + "output.LayerNorm.bias"], eps)
+        x = _layer_norm(
+            dense(inner, "output.dense") + x, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], eps
+        )
     return x
 
 

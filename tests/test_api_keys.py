@@ -46,7 +46,8 @@ API_ROUTES = [
 keyed_server = server_fixture(
     "keyed_server",
     *(arg for key in FLAG_KEYS for arg in ("--api-key", key)),
-    "--api-key-file", "{keys.txt}",
+    "--api-key-file",
+    "{keys.txt}",
     "--protect-metrics",
     files={"keys.txt": "# operators' keys\n\n" + "\n".join(FILE_KEYS) + "\n"},
 )
@@ -117,11 +118,16 @@ async def test_the_websocket_handshake_needs_a_key(keyed_server):
         error = json.loads(rejected.value.body)["error"]
         assert error["type"] == "invalid_request_error" and error["param"] is None
     async with open_websocket_url(url, extra_headers=[(b"authorization", b"Bearer key-from-file")]) as ws:
-        await ws.send_message(json.dumps({"type": "response.create", "model": MODEL, "input": "Hi",
-                                          "max_output_tokens": 2, "store": False}))
+        await ws.send_message(
+            json.dumps(
+                {"type": "response.create", "model": MODEL, "input": "Hi", "max_output_tokens": 2, "store": False}
+            )
+        )
         with trio.fail_after(60):
-            while (event := json.loads(await ws.get_message()))["type"] not in ("response.completed",
-                                                                                 "response.incomplete"):
+            while (event := json.loads(await ws.get_message()))["type"] not in (
+                "response.completed",
+                "response.incomplete",
+            ):
                 assert event["type"] != "error", event
 
 
@@ -167,7 +173,9 @@ def test_an_unreadable_key_file_is_refused_in_one_line(tmp_path):
     missing = tmp_path / "absent.txt"
     result = subprocess.run(
         [sys.executable, "-m", "ovtrio", "serve", "--port", str(free_port()), "--api-key-file", str(missing)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [

@@ -172,10 +172,14 @@ def test_an_error_naming_a_request_field_is_a_field_error():
                 classes[node.name] = node
 
     def bases(node: ast.ClassDef) -> set[str]:
-        return {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, ast.Name | ast.Attribute)}
+        return {
+            b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, ast.Name | ast.Attribute)
+        }
 
     def is_field_error(name: str) -> bool:
-        return name == "FieldError" or (name in classes and any(is_field_error(b) for b in bases(classes[name]) - {name}))
+        return name == "FieldError" or (
+            name in classes and any(is_field_error(b) for b in bases(classes[name]) - {name})
+        )
 
     def sets_param(node: ast.ClassDef) -> bool:
         return any(

@@ -28,7 +28,8 @@ def test_auto_picks_stateful_on_npu_only():
 def test_the_npu_gets_ovms_compile_lengths_and_other_devices_the_stateful_attention():
     assert stateful_properties(Settings(device="NPU")) == {"MAX_PROMPT_LEN": 1024, "MIN_RESPONSE_LEN": 128}
     assert stateful_properties(Settings(device="NPU", max_prompt_len=2048, min_response_len=256)) == {
-        "MAX_PROMPT_LEN": 2048, "MIN_RESPONSE_LEN": 256,
+        "MAX_PROMPT_LEN": 2048,
+        "MIN_RESPONSE_LEN": 256,
     }
     assert stateful_properties(Settings(device="CPU", backend="stateful")) == {"ATTENTION_BACKEND": "SDPA"}
 

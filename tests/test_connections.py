@@ -300,20 +300,42 @@ def _text_frame(text: bytes) -> bytes:
 
 def _websocket_mid_response(sock: socket.socket) -> None:
     _websocket(sock)
-    sock.sendall(_text_frame(json.dumps({
-        "type": "response.create", "model": MODEL, "input": "Once", "max_output_tokens": 3000, "ignore_eos": True,
-    }).encode()))
+    sock.sendall(
+        _text_frame(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "input": "Once",
+                    "max_output_tokens": 3000,
+                    "ignore_eos": True,
+                }
+            ).encode()
+        )
+    )
     _read_until(sock, b"response.output_text.delta")
 
 
 @pytest.mark.parametrize(
     "before_closing",
     [
-        _nothing, _after_a_request, _after_a_stream, _mid_headers, _mid_body, _mid_stream, _websocket,
+        _nothing,
+        _after_a_request,
+        _after_a_stream,
+        _mid_headers,
+        _mid_body,
+        _mid_stream,
+        _websocket,
         _websocket_mid_response,
     ],
     ids=[
-        "idle", "between requests", "after a stream", "mid-headers", "mid-body", "mid-stream", "websocket",
+        "idle",
+        "between requests",
+        "after a stream",
+        "mid-headers",
+        "mid-body",
+        "mid-stream",
+        "websocket",
         "websocket mid-response",
     ],
 )

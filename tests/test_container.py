@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import tomllib
 
 import loopback
 from conftest import free_port
@@ -75,9 +75,7 @@ def built() -> tuple[str, str, str]:
     require(not missing, f"needs {', '.join(missing)} (apt-get install podman runc mmdebstrap)")
     require(os.geteuid() == 0, "builds and runs images as root")
     started = time.monotonic()
-    base = subprocess.run(
-        [ROOT / "scripts" / "make-base-image"], capture_output=True, text=True, timeout=1200
-    )
+    base = subprocess.run([ROOT / "scripts" / "make-base-image"], capture_output=True, text=True, timeout=1200)
     assert base.returncode == 0, base.stderr
     based = time.monotonic()
     previous = image_id(IMAGE)
@@ -87,15 +85,19 @@ def built() -> tuple[str, str, str]:
         # chroot isolation: builds where the runtime cannot make cgroups; no layers kept:
         # every build's install differs (ovtrio's wheel), and kept layers would pile up.
         [ROOT / "scripts" / "build-image", "--base", base.stdout.strip(), "--", "--isolation=chroot", "--layers=false"],
-        capture_output=True, text=True, timeout=1500,
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert build.returncode == 0, build.stdout[-5000:] + build.stderr[-5000:]
     built = image_id(IMAGE)
     if previous and previous != built:
         subprocess.run(["podman", "rmi", previous], capture_output=True)  # the last run's, now untagged
     size = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE))
-    print(f"\nimage {IMAGE}: {size / 1e6:.0f} MB; base {base.stdout.strip()} in {based - started:.0f} s,"
-          f" wheelhouse and image in {time.monotonic() - based:.0f} s")
+    print(
+        f"\nimage {IMAGE}: {size / 1e6:.0f} MB; base {base.stdout.strip()} in {based - started:.0f} s,"
+        f" wheelhouse and image in {time.monotonic() - based:.0f} s"
+    )
     return IMAGE, base.stdout.strip(), revision
 
 
@@ -144,9 +146,22 @@ def start(image: str, volume: Path) -> Iterator:
         names.append(name)
         started = time.monotonic()
         podman_run = [
-            *RUN, "--detach", "--name", name, "--read-only", "--read-only-tmpfs=false",
-            "--volume", f"{volume}:{VOLUME}", *LIMITS, *podman_flags,
-            image, "serve", "--host", "127.0.0.1", "--port", str(port),
+            *RUN,
+            "--detach",
+            "--name",
+            name,
+            "--read-only",
+            "--read-only-tmpfs=false",
+            "--volume",
+            f"{volume}:{VOLUME}",
+            *LIMITS,
+            *podman_flags,
+            image,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
         ]
         done = subprocess.run(podman_run, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
@@ -185,8 +200,11 @@ def test_warm_start_serves_and_drains_a_stream_on_sigterm(start):
     chat(container)
 
     body = {
-        "model": MODEL, "messages": [{"role": "user", "content": "Count to a thousand."}],
-        "max_tokens": 160, "ignore_eos": True, "stream": True,
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count to a thousand."}],
+        "max_tokens": 160,
+        "ignore_eos": True,
+        "stream": True,
     }
     events: list[str] = []
     after_signal = 0
@@ -195,7 +213,7 @@ def test_warm_start_serves_and_drains_a_stream_on_sigterm(start):
         for line in response.iter_lines():
             if not line.startswith("data: "):
                 continue
-            events.append(line[len("data: "):])
+            events.append(line[len("data: ") :])
             if len(events) == 3:
                 podman("kill", "--signal", "TERM", container.name)
             elif len(events) > 3:
@@ -223,8 +241,11 @@ def test_cold_start_converts_into_the_volume(start, volume):
 
 
 def files_of(root: Path) -> set[str]:
-    return {"/" + os.path.relpath(os.path.join(folder, name), root)
-            for folder, dirs, files in os.walk(root) for name in dirs + files}
+    return {
+        "/" + os.path.relpath(os.path.join(folder, name), root)
+        for folder, dirs, files in os.walk(root)
+        for name in dirs + files
+    }
 
 
 def test_the_image_holds_no_build_tools(built):
@@ -243,13 +264,17 @@ def test_the_image_holds_no_build_tools(built):
         for folder, _dirs, files in os.walk(root):
             relative = "/" + os.path.relpath(folder, root)
             files = [name for name in files if f"{relative}/{name}" not in in_base]
-            if relative.endswith("/.cache/pip") or (relative.startswith("/opt/ovtrio/venv") and (
-                relative.endswith(("/site-packages/pip", "/site-packages/setuptools"))
-            )):
+            if relative.endswith("/.cache/pip") or (
+                relative.startswith("/opt/ovtrio/venv")
+                and (relative.endswith(("/site-packages/pip", "/site-packages/setuptools")))
+            ):
                 found.append(relative)
             found += [f"{relative}/{name}" for name in files if name.endswith(".whl")]
-            found += [f"{relative}/{name}" for name in files
-                      if relative in ("/usr/bin", "/usr/local/bin") and name in ("gcc", "cc", "g++", "make")]
+            found += [
+                f"{relative}/{name}"
+                for name in files
+                if relative in ("/usr/bin", "/usr/local/bin") and name in ("gcc", "cc", "g++", "make")
+            ]
         assert not found
         assert (root / "opt/ovtrio/venv/bin/ovtrio").is_file()
         assert list((root / PREBUILT.lstrip("/") / "gguf").glob("*/entry.json"))

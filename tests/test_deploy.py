@@ -7,10 +7,10 @@ name and version, its port, its user, its read-only root and its one volume."""
 from __future__ import annotations
 
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 
 import loopback
@@ -58,9 +58,14 @@ def test_the_container_listens_where_the_server_does():
     assert args[args.index("--host") + 1] == "0.0.0.0"
 
 
-@pytest.mark.parametrize("probe, path", [
-    ("startupProbe", "/health"), ("livenessProbe", "/health"), ("readinessProbe", "/health/ready"),
-])
+@pytest.mark.parametrize(
+    "probe, path",
+    [
+        ("startupProbe", "/health"),
+        ("livenessProbe", "/health"),
+        ("readinessProbe", "/health/ready"),
+    ],
+)
 def test_probes_use_the_health_routes(server, probe, path):
     check = container()[probe]["httpGet"]
     assert check["path"] == path and port_number(check["port"]) == DEFAULT_PORT
@@ -97,8 +102,13 @@ def test_service_and_pool_select_the_deployments_pods():
 
 def test_the_route_sends_traffic_to_the_pool():
     backends = [ref for rule in MANIFESTS["HTTPRoute"]["spec"]["rules"] for ref in rule["backendRefs"]]
-    assert backends == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
-                         "name": MANIFESTS["InferencePool"]["metadata"]["name"]}]
+    assert backends == [
+        {
+            "group": "inference.networking.k8s.io",
+            "kind": "InferencePool",
+            "name": MANIFESTS["InferencePool"]["metadata"]["name"],
+        }
+    ]
 
 
 # The image.

@@ -35,11 +35,16 @@ HOLDER_INPUTS = 160  # about 16,000 tokens: some seconds of work
 
 encoder_server = server_fixture(
     "encoder_server",
-    "--encoder-inference-precision", "f32",
-    "--encoder-max-batch", "8",
-    "--encoder-max-queued-requests", str(QUEUED),
-    "--max-inputs-per-request", str(MAX_INPUTS),
-    "--rerank-model", "{folder}/" + RERANKER,
+    "--encoder-inference-precision",
+    "f32",
+    "--encoder-max-batch",
+    "8",
+    "--encoder-max-queued-requests",
+    str(QUEUED),
+    "--max-inputs-per-request",
+    str(MAX_INPUTS),
+    "--rerank-model",
+    "{folder}/" + RERANKER,
     prepare=lambda folder: write_reranker(folder / RERANKER),
 )
 
@@ -174,15 +179,28 @@ def test_token_ids_that_are_not_their_texts_tokens_are_refused(encoder_server: R
 
 
 def test_models_of_another_kind_or_unknown(encoder_server: RunningServer) -> None:
-    assert_error(post(encoder_server.base_url, "/v1/embeddings", {"model": MODEL, "input": "x"}), 400, param="model",
-                 code="model_kind_mismatch")
-    assert_error(post(encoder_server.base_url, "/v1/embeddings", {"model": "nope", "input": "x"}), 404, param="model",
-                 code="model_not_found")
-    assert_error(post(encoder_server.base_url, "/v1/rerank", {"model": EMBEDDER, "query": "q", "documents": ["d"]}),
-                 400, param="model", code="model_kind_mismatch")
+    assert_error(
+        post(encoder_server.base_url, "/v1/embeddings", {"model": MODEL, "input": "x"}),
+        400,
+        param="model",
+        code="model_kind_mismatch",
+    )
+    assert_error(
+        post(encoder_server.base_url, "/v1/embeddings", {"model": "nope", "input": "x"}),
+        404,
+        param="model",
+        code="model_not_found",
+    )
+    assert_error(
+        post(encoder_server.base_url, "/v1/rerank", {"model": EMBEDDER, "query": "q", "documents": ["d"]}),
+        400,
+        param="model",
+        code="model_kind_mismatch",
+    )
     chat = {"model": EMBEDDER, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    error = assert_error(post(encoder_server.base_url, "/v1/chat/completions", chat), 400, param="model",
-                         code="model_kind_mismatch")
+    error = assert_error(
+        post(encoder_server.base_url, "/v1/chat/completions", chat), 400, param="model", code="model_kind_mismatch"
+    )
     assert "/v1/embeddings" in error["message"]
 
 
@@ -204,8 +222,9 @@ def _holder(server: RunningServer, results: list[httpx.Response]) -> threading.T
     long_text = "the quick brown fox jumps over the lazy dog " * 11
     thread = threading.Thread(
         target=lambda: results.append(
-            httpx.post(server.v1 + "/embeddings", json={"model": EMBEDDER, "input": [long_text] * HOLDER_INPUTS},
-                       timeout=600)
+            httpx.post(
+                server.v1 + "/embeddings", json={"model": EMBEDDER, "input": [long_text] * HOLDER_INPUTS}, timeout=600
+            )
         )
     )
     thread.start()
@@ -231,7 +250,8 @@ def test_a_full_queue_gives_429_and_a_client_that_left_costs_nothing(encoder_ser
     with socket.create_connection((host, int(port))) as leaver:
         leaver.sendall(
             b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
         )
         time.sleep(1.0)
     # The queue holds QUEUED requests: those fill it (the leaver's place frees as it is
@@ -269,8 +289,9 @@ def test_requests_that_arrive_together_share_a_batch(encoder_server: RunningServ
     holder = _holder(encoder_server, held)
     wait_for(lambda: _batches(encoder_server) > batches, "the holding request started")
     replies: list[httpx.Response] = []
-    threads = [threading.Thread(target=lambda: replies.append(embed(encoder_server, input="together")))
-               for _ in range(QUEUED)]
+    threads = [
+        threading.Thread(target=lambda: replies.append(embed(encoder_server, input="together"))) for _ in range(QUEUED)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -313,8 +334,9 @@ def test_rerank_returns_the_scores_numpy_computes_sorted_and_cut(encoder_server:
         expected.append((cross_encoder_score(weights, config, encoding.ids, encoding.type_ids), index))
     expected.sort(reverse=True)
     documents: list[Any] = [DOCUMENTS[0], *({"text": text} for text in DOCUMENTS[1:])]
-    response = post(encoder_server.base_url, path, {"model": RERANKER, "query": query, "documents": documents,
-                                                      "top_n": 3})
+    response = post(
+        encoder_server.base_url, path, {"model": RERANKER, "query": query, "documents": documents, "top_n": 3}
+    )
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["model"] == RERANKER and body["usage"]["total_tokens"] > 0

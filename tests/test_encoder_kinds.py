@@ -58,11 +58,17 @@ def test_the_config_file_serves_encoders_beside_generation_models(
     reranker: Path, converted: Path, tmp_path: Path
 ) -> None:
     config = tmp_path / "models.json"
-    config.write_text(json.dumps({"models": [
-        {"served_model_name": "chat"},
-        {"served_model_name": "vectors", "model": str(converted)},
-        {"served_model_name": "scores", "model": str(reranker), "model_kind": "rerank"},
-    ]}))
+    config.write_text(
+        json.dumps(
+            {
+                "models": [
+                    {"served_model_name": "chat"},
+                    {"served_model_name": "vectors", "model": str(converted)},
+                    {"served_model_name": "scores", "model": str(reranker), "model_kind": "rerank"},
+                ]
+            }
+        )
+    )
     generation, encoders = served_models(Settings(config=str(config)))
     assert [model.served_model_name for model in generation] == ["chat"]
     assert [(model.served_model_name, kind) for model, kind in encoders] == [

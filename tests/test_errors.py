@@ -125,9 +125,7 @@ def test_bad_request_names_the_param(server, path, body, param, code):
 
 
 @pytest.mark.parametrize("path", CHAT_PATHS + COMPLETION_PATHS)
-@pytest.mark.parametrize(
-    "raw", ["{not json", "", '{"model": "x",}', "[1, 2]", '"a string"', "null", "42"], ids=repr
-)
+@pytest.mark.parametrize("raw", ["{not json", "", '{"model": "x",}', "[1, 2]", '"a string"', "null", "42"], ids=repr)
 def test_body_that_is_not_a_json_object(server, path, raw):
     assert_error(post(server.base_url, path, content=raw), 400, param=None, code="invalid_json")
 
@@ -143,10 +141,13 @@ def test_context_error_message_gives_the_numbers(server):
     assert "8192" in error["message"] and "100000" in error["message"]
 
 
-@pytest.mark.parametrize("path, body, param", [
-    (COMPLETIONS, completion_body("hello world " * 50_000, max_tokens=1), "prompt"),
-    (CHAT, chat_body("hello world " * 50_000, max_tokens=1), "messages"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        (COMPLETIONS, completion_body("hello world " * 50_000, max_tokens=1), "prompt"),
+        (CHAT, chat_body("hello world " * 50_000, max_tokens=1), "messages"),
+    ],
+)
 def test_an_over_long_prompt_error_states_its_real_length(server, path, body, param):
     """The tokenizer cuts its output at the context length; the error must not."""
     prompt = body.get("prompt") or body["messages"][0]["content"]
@@ -224,7 +225,9 @@ def test_sdk_not_found_error(client):
 async def test_async_sdk_bad_request_error(async_client):
     with pytest.raises(openai.BadRequestError) as caught:
         await async_client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": 5}], max_tokens=4  # type: ignore[list-item]
+            model=MODEL,
+            messages=[{"role": "user", "content": 5}],
+            max_tokens=4,  # type: ignore[list-item]
         )
     assert caught.value.param == "messages[0].content"
 
@@ -253,11 +256,26 @@ def test_error_bodies_are_utf8_json(server):
     "error, message, param, code",
     [
         (PromptError("no template", "messages"), "no template", "messages", "invalid_value"),
-        (ImageError("too big", "messages[0].content[1]", "image_too_large"), "too big", "messages[0].content[1]", "image_too_large"),
+        (
+            ImageError("too big", "messages[0].content[1]", "image_too_large"),
+            "too big",
+            "messages[0].content[1]",
+            "image_too_large",
+        ),
         (ConstraintError("bad schema", "response_format"), "bad schema", "response_format", "invalid_value"),
         (InputError("too long", "input[2]"), "too long", "input[2]", "invalid_value"),
-        (UnsupportedParams("it requires x", "stop"), "The engine cannot run this request: it requires x", "stop", "invalid_value"),
-        (UnsupportedParams("it requires x"), "The engine cannot run this request: it requires x", None, "invalid_value"),
+        (
+            UnsupportedParams("it requires x", "stop"),
+            "The engine cannot run this request: it requires x",
+            "stop",
+            "invalid_value",
+        ),
+        (
+            UnsupportedParams("it requires x"),
+            "The engine cannot run this request: it requires x",
+            None,
+            "invalid_value",
+        ),
     ],
     ids=["prompt", "image", "constraint", "encoder-input", "engine-settings", "engine-settings-unnamed"],
 )

@@ -66,7 +66,9 @@ async def test_base64_longer_than_the_limit_is_refused_before_decoding():
     assert caught.value.code == "image_too_large"
 
 
-@pytest.mark.parametrize("url", ["file:///etc/passwd", "javascript:alert(1)", "no-scheme-at-all", "HTTP://example.com/a.png"])
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "javascript:alert(1)", "no-scheme-at-all", "HTTP://example.com/a.png"]
+)
 async def test_urls_other_than_data_urls_are_refused_by_default(url):
     with pytest.raises(ImageError) as caught:
         await load_image(url, PARAM, ImageLimits())

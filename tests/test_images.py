@@ -119,13 +119,15 @@ def test_rgba_palette_and_greyscale_images_are_read_as_rgb(client):
     as_grey, _ = ask(client, user_with_image(data_url(encoded(Image.fromarray(grey, "L")))))
     assert as_grey == as_rgb
     opaque = Image.fromarray(pixels(5)).convert("RGBA")
-    assert ask(client, user_with_image(data_url(encoded(opaque))))[0] == ask(
-        client, user_with_image(data_url(encoded(Image.fromarray(pixels(5)))))
-    )[0]
+    assert (
+        ask(client, user_with_image(data_url(encoded(opaque))))[0]
+        == ask(client, user_with_image(data_url(encoded(Image.fromarray(pixels(5))))))[0]
+    )
     palette = Image.fromarray(pixels(6)).convert("P")
-    assert ask(client, user_with_image(data_url(encoded(palette))))[0] == ask(
-        client, user_with_image(data_url(encoded(palette.convert("RGB"))))
-    )[0]
+    assert (
+        ask(client, user_with_image(data_url(encoded(palette))))[0]
+        == ask(client, user_with_image(data_url(encoded(palette.convert("RGB")))))[0]
+    )
 
 
 def test_the_text_around_the_images_is_kept_in_order(client):

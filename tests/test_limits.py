@@ -94,8 +94,16 @@ LONG = "ab " * (MAX_PROMPT_CHARS // 3 + 10)
         (RESPONSES, response_body(LONG), "input"),
         (RESPONSES, response_body(instructions=LONG), "input"),
     ],
-    ids=["tokenize-prompt", "tokenize-messages", "completions", "completions-list", "chat", "chat-two-halves",
-         "responses", "responses-instructions"],
+    ids=[
+        "tokenize-prompt",
+        "tokenize-messages",
+        "completions",
+        "completions-list",
+        "chat",
+        "chat-two-halves",
+        "responses",
+        "responses-instructions",
+    ],
 )
 def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(server, path, body, param):
     response = post(server.base_url, path, body)
@@ -116,7 +124,7 @@ def test_a_prompt_just_under_the_bound_is_still_counted(server):
 
 async def test_the_websocket_refuses_a_too_long_input_and_stays_open(server):
     async with open_websocket_url(ws_url(server), max_message_size=8 * 1024 * 1024) as ws:
-        await ws.send_message(json.dumps({"type": "response.create", **response_body(LONG[: 3_000_000])}))
+        await ws.send_message(json.dumps({"type": "response.create", **response_body(LONG[:3_000_000])}))
         with trio.fail_after(60):
             error = await receive_json(ws)
         assert error["type"] == "error" and error["param"] == "input" and error["code"] == "context_length_exceeded"
@@ -139,16 +147,38 @@ OVERSIZED = big_enum(8000)  # about 120 KB of JSON
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        (CHAT, chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": OVERSIZED}}),
-         "response_format"),
-        (RESPONSES, response_body(text={"format": {"type": "json_schema", "name": "x", "schema": OVERSIZED}}),
-         "text.format"),
-        (CHAT, chat_body(tools=[{"type": "function", "function": {"name": "f", "parameters": {
-            "type": "object", "properties": {"a": OVERSIZED}}}}], tool_choice="required"),
-         "tools[0].function.parameters"),
-        (RESPONSES, response_body(tools=[{"type": "function", "name": "f", "parameters": {
-            "type": "object", "properties": {"a": OVERSIZED}}}]),
-         "tools[0].function.parameters"),
+        (
+            CHAT,
+            chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": OVERSIZED}}),
+            "response_format",
+        ),
+        (
+            RESPONSES,
+            response_body(text={"format": {"type": "json_schema", "name": "x", "schema": OVERSIZED}}),
+            "text.format",
+        ),
+        (
+            CHAT,
+            chat_body(
+                tools=[
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": OVERSIZED}}},
+                    }
+                ],
+                tool_choice="required",
+            ),
+            "tools[0].function.parameters",
+        ),
+        (
+            RESPONSES,
+            response_body(
+                tools=[
+                    {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": OVERSIZED}}}
+                ]
+            ),
+            "tools[0].function.parameters",
+        ),
     ],
     ids=["chat-response-format", "responses-text-format", "chat-forced-tool", "responses-tool"],
 )
@@ -179,9 +209,12 @@ BIG_SCHEMA_BYTES = 600_000
 
 grammar_server = server_fixture(
     "grammar_server",
-    "--max-schema-bytes", str(BIG_SCHEMA_BYTES),
-    "--grammar-cache-bytes", str(GRAMMAR_CACHE_BYTES),
-    "--response-store-bytes", "100000",
+    "--max-schema-bytes",
+    str(BIG_SCHEMA_BYTES),
+    "--grammar-cache-bytes",
+    str(GRAMMAR_CACHE_BYTES),
+    "--response-store-bytes",
+    "100000",
 )
 
 
@@ -282,10 +315,19 @@ def test_the_largest_metadata_openai_allows_is_accepted(server, path):
 HUGE = 2**63
 
 INTEGER_FIELDS = [
-    (COMPLETIONS, "top_k"), (COMPLETIONS, "min_tokens"), (COMPLETIONS, "seed"), (COMPLETIONS, "n"),
-    (COMPLETIONS, "best_of"), (COMPLETIONS, "logprobs"), (COMPLETIONS, "max_tokens"),
-    (CHAT, "top_k"), (CHAT, "min_tokens"), (CHAT, "max_completion_tokens"), (CHAT, "top_logprobs"),
-    (RESPONSES, "top_k"), (RESPONSES, "max_output_tokens"),
+    (COMPLETIONS, "top_k"),
+    (COMPLETIONS, "min_tokens"),
+    (COMPLETIONS, "seed"),
+    (COMPLETIONS, "n"),
+    (COMPLETIONS, "best_of"),
+    (COMPLETIONS, "logprobs"),
+    (COMPLETIONS, "max_tokens"),
+    (CHAT, "top_k"),
+    (CHAT, "min_tokens"),
+    (CHAT, "max_completion_tokens"),
+    (CHAT, "top_logprobs"),
+    (RESPONSES, "top_k"),
+    (RESPONSES, "max_output_tokens"),
 ]
 
 
@@ -299,8 +341,9 @@ def test_integer_fields_are_bounded(server, path, field, value):
     assert_error(post(server.base_url, path, body), 400, param=field)
 
 
-@pytest.mark.parametrize(("extra", "param"), [({"stop_token_ids": [HUGE]}, "stop_token_ids[0]"),
-                                              ({"nvext": {"top_k": HUGE}}, "nvext.top_k")])
+@pytest.mark.parametrize(
+    ("extra", "param"), [({"stop_token_ids": [HUGE]}, "stop_token_ids[0]"), ({"nvext": {"top_k": HUGE}}, "nvext.top_k")]
+)
 def test_nested_integer_fields_are_bounded(server, extra, param):
     assert_error(post(server.base_url, COMPLETIONS, completion_body(**extra)), 400, param=param)
 
@@ -323,8 +366,14 @@ def three_items(server) -> str:
 
 @pytest.mark.parametrize(
     ("query", "param"),
-    [("limit=0", "limit"), ("limit=-5", "limit"), ("limit=abc", "limit"), ("limit=101", "limit"),
-     ("order=sideways", "order"), ("after=nope", "after")],
+    [
+        ("limit=0", "limit"),
+        ("limit=-5", "limit"),
+        ("limit=abc", "limit"),
+        ("limit=101", "limit"),
+        ("order=sideways", "order"),
+        ("after=nope", "after"),
+    ],
 )
 def test_input_items_page_arguments_are_checked(server, three_items, query, param):
     response = loopback.get(f"{server.base_url}/v1/responses/{three_items}/input_items?{query}")
@@ -401,9 +450,13 @@ NULLABLE = _nullable_fields()
 
 
 def test_the_spec_walk_finds_the_fields_reported_refused():
-    assert {("CreateCompletionRequest", "n"), ("CreateChatCompletionRequest", "stream"),
-            ("CreateChatCompletionRequest", "logprobs"), ("CreateCompletionRequest", "echo"),
-            ("CreateResponse", "store")} <= set(NULLABLE)
+    assert {
+        ("CreateCompletionRequest", "n"),
+        ("CreateChatCompletionRequest", "stream"),
+        ("CreateChatCompletionRequest", "logprobs"),
+        ("CreateCompletionRequest", "echo"),
+        ("CreateResponse", "store"),
+    } <= set(NULLABLE)
 
 
 @pytest.mark.parametrize(("schema", "field"), NULLABLE, ids=[f"{s}.{f}" for s, f in NULLABLE])

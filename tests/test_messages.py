@@ -86,8 +86,9 @@ def claude(server):
 def raw_stream(
     server: RunningServer, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    with loopback.stream("POST", server.base_url + "/v1/messages", json={**body, "stream": True}, headers=headers,
-                         timeout=120) as reply:
+    with loopback.stream(
+        "POST", server.base_url + "/v1/messages", json={**body, "stream": True}, headers=headers, timeout=120
+    ) as reply:
         raw = reply.read().decode()
     assert reply.status_code == 200, raw
     assert reply.headers["content-type"].startswith("text/event-stream")
@@ -128,13 +129,19 @@ def test_v1_and_v3_answer_alike_with_or_without_anthropic_version(server):
 def test_system_and_sampling_fields_are_read(claude):
     short = claude.messages.create(model=MODEL, max_tokens=4, messages=STORY, system="Be brief.", **GREEDY)
     longer = claude.messages.create(
-        model=MODEL, max_tokens=4, messages=STORY, **GREEDY,
+        model=MODEL,
+        max_tokens=4,
+        messages=STORY,
+        **GREEDY,
         system=[{"type": "text", "text": "Be brief. "}, {"type": "text", "text": "Answer in English."}],
     )
     assert longer.usage.input_tokens > short.usage.input_tokens
     # temperature, top_p, top_k and metadata.user_id are accepted (older clients send them)
     sampled = claude.messages.create(
-        model=MODEL, max_tokens=4, messages=STORY, metadata={"user_id": "u-1"},
+        model=MODEL,
+        max_tokens=4,
+        messages=STORY,
+        metadata={"user_id": "u-1"},
         extra_body={"temperature": 0.7, "top_p": 0.9, "top_k": 40},
     )
     assert sampled.usage.output_tokens <= 4
@@ -232,8 +239,12 @@ def test_a_forced_tool_loop(claude):
     question = [{"role": "user", "content": "What is the weather in Paris?"}]
     # Room for the whitespace a call's JSON may be padded with: the call ends well before.
     call = claude.messages.create(
-        model=MODEL, max_tokens=160, messages=question, tools=[WEATHER_TOOL, TIME_TOOL],
-        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}, **GREEDY,
+        model=MODEL,
+        max_tokens=160,
+        messages=question,
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        **GREEDY,
     )
     assert call.stop_reason == "tool_use"
     [use] = call.content
@@ -256,6 +267,7 @@ def test_a_forced_tool_loop(claude):
     # An error result is marked as one; string content reads like a text block.
     as_string = [*history[:2], {"role": "user", "content": [{**result, "content": "Sunny, 21 C"}]}]
     as_error = [*history[:2], {"role": "user", "content": [{**result, "is_error": True}]}]
+
     def count(messages):
         return claude.messages.count_tokens(model=MODEL, messages=messages).input_tokens
 
@@ -265,7 +277,10 @@ def test_a_forced_tool_loop(claude):
 
 def test_auto_tool_choice_may_call_or_answer(claude):
     reply = claude.messages.create(
-        model=MODEL, max_tokens=60, messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER_TOOL],
+        model=MODEL,
+        max_tokens=60,
+        messages=[{"role": "user", "content": "Weather in Rome?"}],
+        tools=[WEATHER_TOOL],
         **GREEDY,
     )
     kinds = {block.type for block in reply.content}
@@ -322,11 +337,14 @@ def test_thinking_comes_back_as_thinking_blocks(thinking_server, thinking):
 def test_thinking_blocks_passed_back_are_accepted_and_left_out(thinking_server):
     earlier = [
         *IS_IT,
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "The sky scatters blue light.", "signature": ""},
-            {"type": "redacted_thinking", "data": "opaque"},
-            {"type": "text", "text": "true"},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "The sky scatters blue light.", "signature": ""},
+                {"type": "redacted_thinking", "data": "opaque"},
+                {"type": "text", "text": "true"},
+            ],
+        },
         {"role": "user", "content": "And the grass?"},
     ]
     without = [*earlier[:1], {"role": "assistant", "content": "true"}, earlier[2]]
@@ -351,8 +369,14 @@ def error_of(reply: httpx.Response, status: int, kind: str) -> str:
 BAD_BODIES = [
     ({"max_tokens": None}, "max_tokens"),
     ({"unknown_field": 1}, "unknown_field"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]},
-     "messages[0].content[0]"),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}
+            ]
+        },
+        "messages[0].content[0]",
+    ),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages[0].content[0]"),
     ({"tool_choice": {"type": "tool", "name": "nowhere"}, "tools": [WEATHER_TOOL]}, "tool_choice.name"),
     ({"thinking": {"type": "enabled", "budget_tokens": 100}}, "thinking.budget_tokens"),
@@ -376,8 +400,14 @@ def test_bad_requests_are_400s_naming_the_field(server, fields, named):
 
 def test_fields_that_change_nothing_here_are_accepted(server):
     ignored = {
-        "service_tier": "auto", "speed": "standard", "cache_control": {"type": "ephemeral"}, "container": None,
-        "inference_geo": "us", "diagnostics": {}, "mcp_servers": [], "output_config": {"effort": "high"},
+        "service_tier": "auto",
+        "speed": "standard",
+        "cache_control": {"type": "ephemeral"},
+        "container": None,
+        "inference_geo": "us",
+        "diagnostics": {},
+        "mcp_servers": [],
+        "output_config": {"effort": "high"},
         "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
     }
     reply = loopback.post(server.base_url + "/v1/messages", json=message_body(max_tokens=2, **ignored), timeout=60)
@@ -455,7 +485,7 @@ async def test_a_queued_stream_pings_and_a_full_queue_is_429(messages_limited_se
                     seen.append(line)
                     if line == "event: ping":
                         break
-            names = [line[len("event: "):] for line in seen if line.startswith("event: ")]
+            names = [line[len("event: ") :] for line in seen if line.startswith("event: ")]
             assert names == ["message_start", "ping"], seen
             assert messages_limited_server.metric("ovtrio_requests_waiting") == 1
 
@@ -468,7 +498,7 @@ async def test_a_queued_stream_pings_and_a_full_queue_is_429(messages_limited_se
             holding.cancel()  # room again: the queued stream runs to its end
             with trio.fail_after(120):
                 seen += [line async for line in lines]
-    walk([json.loads(line[len("data: "):]) for line in seen if line.startswith("data: ")])
+    walk([json.loads(line[len("data: ") :]) for line in seen if line.startswith("data: ")])
 
 
 # ---- disconnects and metrics ------------------------------------------------------------

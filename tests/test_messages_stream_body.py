@@ -62,7 +62,7 @@ def stream_of(scheduler: FakeScheduler) -> MessageStream:
 
 def events_of(frames: list[bytes]) -> list[dict[str, Any]]:
     text = b"".join(frames).decode()
-    return [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+    return [json.loads(line[len("data: ") :]) for line in text.splitlines() if line.startswith("data: ")]
 
 
 async def test_a_waiting_request_pings_until_it_runs(autojump_clock):

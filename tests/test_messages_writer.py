@@ -101,14 +101,20 @@ def test_a_failure_after_the_stream_began_is_an_error_event():
 )
 def test_errors_take_anthropics_types_and_status_codes(error, status, kind):
     assert status_of(error) == status
-    assert to_jsonable_python(error_event(error)) == {"type": "error", "error": {"type": kind, "message": error.message}}
+    assert to_jsonable_python(error_event(error)) == {
+        "type": "error",
+        "error": {"type": kind, "message": error.message},
+    }
 
 
 def test_disable_parallel_tool_use_keeps_the_first_call():
     calls = []
     for call, name in enumerate(("first", "second")):
-        calls += [ToolCallStarted(0, call, f"call_{call}", name), ToolCallArguments(0, call, "{}"),
-                  ToolCallDone(0, call, f"call_{call}", name, "{}")]
+        calls += [
+            ToolCallStarted(0, call, f"call_{call}", name),
+            ToolCallArguments(0, call, "{}"),
+            ToolCallDone(0, call, f"call_{call}", name, "{}"),
+        ]
     events = calls + [ChoiceFinished(0, "tool_calls"), Completed(7, 9)]
     writer = MessageWriter("msg_test", "model", 7, one_call=True)
     written = to_jsonable_python(writer.opening() + writer.write(events))

@@ -112,9 +112,7 @@ def test_a_known_workload_moves_the_histograms_exactly(server):
     assert rose(before, after, "vllm:generation_tokens_total") == k * m
     assert rose(before, after, "vllm:prompt_tokens_total") == sum(prompts)
     # One source of truth: the ovtrio_ name moves with the vLLM one.
-    assert (
-        after.plain("ovtrio_generated_tokens_total") - before.plain("ovtrio_generated_tokens_total") == k * m
-    )
+    assert after.plain("ovtrio_generated_tokens_total") - before.plain("ovtrio_generated_tokens_total") == k * m
     assert rose(before, after, "vllm:request_success_total", finished_reason="length") == k
     assert rose(before, after, "vllm:request_success_total", finished_reason="stop") == 0
 
@@ -192,9 +190,13 @@ def test_running_waiting_and_kv_cache_while_a_request_runs_and_after_it_leaves(s
             # The same number as the ovtrio_ gauge, as a fraction.
             assert during("vllm:kv_cache_usage_perc") * 100 == during.plain("ovtrio_kv_cache_usage_percent")
     # The client left: the request ends as aborted, and the engine is empty again.
-    wait_until(lambda: scrape(server)("vllm:request_success_total", finished_reason="abort") > before(
-        "vllm:request_success_total", finished_reason="abort"
-    ), within=10)
+    wait_until(
+        lambda: (
+            scrape(server)("vllm:request_success_total", finished_reason="abort")
+            > before("vllm:request_success_total", finished_reason="abort")
+        ),
+        within=10,
+    )
     wait_until(lambda: server.metric("ovtrio_engine_requests") == 0, within=10)
     after = scrape(server)
     assert after("vllm:num_requests_running") == 0

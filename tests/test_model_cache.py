@@ -285,7 +285,12 @@ def _seed_damaged_cache(folder: Path) -> None:
 
 damaged_cache_server = server_fixture(
     "damaged_cache_server",
-    "--model", "{folder}/model.gguf", "--served-model-name", NAME, "--cache-dir", "{folder}/cache",
+    "--model",
+    "{folder}/model.gguf",
+    "--served-model-name",
+    NAME,
+    "--cache-dir",
+    "{folder}/cache",
     prepare=_seed_damaged_cache,
 )
 
@@ -321,8 +326,12 @@ def _seed_prebuilt_cache(folder: Path) -> None:
 
 prebuilt_cache_server = server_fixture(
     "prebuilt_cache_server",
-    "--prebuilt-cache-dir", "{folder}/prebuilt", "--data-dir", "{folder}/data",
-    "--response-store-path", "responses.sqlite",
+    "--prebuilt-cache-dir",
+    "{folder}/prebuilt",
+    "--data-dir",
+    "{folder}/data",
+    "--response-store-path",
+    "responses.sqlite",
     env={"OVTRIO_CACHE_DIR": ""},  # the session's (conftest.py): unset, so the cache is the data dir's
     prepare=_seed_prebuilt_cache,
 )
@@ -349,12 +358,17 @@ def test_ovtrio_convert_fills_the_cache_and_exits(tmp_path):
     import sys
 
     cache = tmp_path / "cache"
-    done = subprocess.run([sys.executable, "-m", "ovtrio", "convert", "--cache-dir", str(cache)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "ovtrio", "convert", "--cache-dir", str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     key = entry_key(model_identity(embedded_model_path()), engine_versions())
     assert done.stdout.strip() == f"{MODEL}: converted and cached in {cache / 'gguf' / key}"
     assert ModelCache(cache).lookup(key) == cache / "gguf" / key
-    refused = subprocess.run([sys.executable, "-m", "ovtrio", "convert", "--no-model-cache"],
-                             capture_output=True, text=True, timeout=600)
+    refused = subprocess.run(
+        [sys.executable, "-m", "ovtrio", "convert", "--no-model-cache"], capture_output=True, text=True, timeout=600
+    )
     assert refused.returncode == 1 and "--no-model-cache" in refused.stderr

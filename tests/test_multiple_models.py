@@ -75,6 +75,7 @@ def test_each_model_runs_on_its_own_backend(sdk):
         sdk.completions.create(model="small-stateful", prompt="Hi", n=2, max_tokens=2)
     assert refused.value.body["param"] == "n"
     assert "stateful" in refused.value.body["message"]
+
     # Greedy output of the same prompt on each backend is its own; each repeats itself.
     def greedy(name: str) -> str:
         return (
@@ -125,10 +126,16 @@ async def test_the_websocket_routes_each_response_by_its_model(models_server):
     url = models_server.base_url.replace("http://", "ws://") + "/v1/responses"
 
     def create(model: str, stream_id: str) -> str:
-        return json.dumps({
-            "type": "response.create", "model": model, "input": "Hi", "max_output_tokens": 2, "ignore_eos": True,
-            "stream_id": stream_id,
-        })
+        return json.dumps(
+            {
+                "type": "response.create",
+                "model": model,
+                "input": "Hi",
+                "max_output_tokens": 2,
+                "ignore_eos": True,
+                "stream_id": stream_id,
+            }
+        )
 
     finals: dict[str, dict[str, Any]] = {}
     errors: dict[str, dict[str, Any]] = {}
@@ -201,11 +208,17 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
     damaged = tmp_path / "damaged-ir"
     damaged.mkdir()
     (damaged / "openvino_model.xml").write_text("<net>not a model</net>")
-    config.write_text(json.dumps({"models": [
-        {"served_model_name": "small-a", "model": EMBEDDED, "chat_template": str(template)},
-        {"served_model_name": "broken", "model": str(damaged)},
-        {"served_model_name": "held", "model": EMBEDDED},
-    ]}))
+    config.write_text(
+        json.dumps(
+            {
+                "models": [
+                    {"served_model_name": "small-a", "model": EMBEDDED, "chat_template": str(template)},
+                    {"served_model_name": "broken", "model": str(damaged)},
+                    {"served_model_name": "held", "model": EMBEDDED},
+                ]
+            }
+        )
+    )
     with held_loading(tmp_path, "--config", str(config)) as loading:
         base = loading.base_url
 
@@ -226,7 +239,9 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
         assert loopback.get(base + "/health", timeout=10).status_code == 200  # alive: one model serves
         states = loopback.get(base + "/v1/config", timeout=10).json()
         assert {name: status["model_version_status"][0]["state"] for name, status in states.items()} == {
-            "small-a": "AVAILABLE", "broken": "END", "held": "LOADING",
+            "small-a": "AVAILABLE",
+            "broken": "END",
+            "held": "LOADING",
         }
         assert "damaged-ir" in states["broken"]["model_version_status"][0]["status"]["error_message"]
 
@@ -296,11 +311,27 @@ def test_a_missing_config_file_and_a_missing_model_are_refused_in_one_line(tmp_p
 
 
 def test_entries_override_the_command_line_which_is_every_models_default(tmp_path):
-    json_file = write(tmp_path, "models.json", json.dumps({"models": [
-        {"served_model_name": "a", "model": "a.gguf", "device": "GPU"},
-        {"served_model_name": "b", "model": "/models/b", "chat_template": "b.jinja", "enable_prefix_caching": True},
-    ]}))
-    toml_file = write(tmp_path, "models.toml", """
+    json_file = write(
+        tmp_path,
+        "models.json",
+        json.dumps(
+            {
+                "models": [
+                    {"served_model_name": "a", "model": "a.gguf", "device": "GPU"},
+                    {
+                        "served_model_name": "b",
+                        "model": "/models/b",
+                        "chat_template": "b.jinja",
+                        "enable_prefix_caching": True,
+                    },
+                ]
+            }
+        ),
+    )
+    toml_file = write(
+        tmp_path,
+        "models.toml",
+        """
 [[models]]
 served_model_name = "a"
 model = "a.gguf"
@@ -311,7 +342,8 @@ served_model_name = "b"
 model = "/models/b"
 chat_template = "b.jinja"
 enable_prefix_caching = true
-""")
+""",
+    )
     defaults = {"max_tokens_limit": 64, "enable_prefix_caching": False, "port": 9000}
     from_json = model_settings(Settings(config=str(json_file), **defaults))
     assert model_settings(Settings(config=str(toml_file), **defaults)) == [

@@ -34,12 +34,18 @@ MAX_PROMPTS, MAX_PROMPT_TOKENS = 4, 64
 
 overload_server = server_fixture(
     "overload_server",
-    "--max-running-sequences", str(RUNNING),
-    "--max-queued-requests", str(QUEUED),
-    "--max-prompts-per-request", str(MAX_PROMPTS),
-    "--max-prompt-tokens-per-request", str(MAX_PROMPT_TOKENS),
-    "--slow-reader-buffer", str(SLOW_READER_BUFFER),
-    "--slow-reader-timeout", str(SLOW_READER_TIMEOUT),
+    "--max-running-sequences",
+    str(RUNNING),
+    "--max-queued-requests",
+    str(QUEUED),
+    "--max-prompts-per-request",
+    str(MAX_PROMPTS),
+    "--max-prompt-tokens-per-request",
+    str(MAX_PROMPT_TOKENS),
+    "--slow-reader-buffer",
+    str(SLOW_READER_BUFFER),
+    "--slow-reader-timeout",
+    str(SLOW_READER_TIMEOUT),
 )
 
 
@@ -139,8 +145,14 @@ async def test_a_full_server_refuses_http_and_websocket_before_any_work(server):
             assert server.metric("vllm:num_requests_running", model_name=MODEL, engine="0") == RUNNING
 
             url = server.base_url.replace("http://", "ws://") + "/v1/responses"
-            create = {"type": "response.create", "model": MODEL, "input": "Hi", "max_output_tokens": 4,
-                      "ignore_eos": True, "stream_id": "a"}
+            create = {
+                "type": "response.create",
+                "model": MODEL,
+                "input": "Hi",
+                "max_output_tokens": 4,
+                "ignore_eos": True,
+                "stream_id": "a",
+            }
             async with open_websocket_url(url) as ws:
                 await ws.send_message(json.dumps(create))
                 with trio.fail_after(60):
@@ -164,24 +176,52 @@ async def test_a_full_server_refuses_http_and_websocket_before_any_work(server):
 
 def test_request_caps_are_400s_naming_the_parameter(server):
     base = server.base_url
-    too_many = assert_error(post(base, "/v3/completions", completion_body(["Hi"] * 1000, max_tokens=1)), 400,
-                            param="prompt", code="too_many_prompts")
+    too_many = assert_error(
+        post(base, "/v3/completions", completion_body(["Hi"] * 1000, max_tokens=1)),
+        400,
+        param="prompt",
+        code="too_many_prompts",
+    )
     assert str(MAX_PROMPTS) in too_many["message"] and "1000" in too_many["message"]
-    assert_error(post(base, "/v3/completions", completion_body([[1, 2]] * (MAX_PROMPTS + 1), max_tokens=1)), 400,
-                 param="prompt", code="too_many_prompts")
+    assert_error(
+        post(base, "/v3/completions", completion_body([[1, 2]] * (MAX_PROMPTS + 1), max_tokens=1)),
+        400,
+        param="prompt",
+        code="too_many_prompts",
+    )
     # n x prompts beyond the choices one request may have (RUNNING by default here).
-    assert_error(post(base, "/v3/completions", completion_body("Hi", n=RUNNING + 1, temperature=1, max_tokens=1)),
-                 400, param="n", code="too_many_choices")
-    assert_error(post(base, "/v3/completions", completion_body(["Hi", "Ho"], n=2, temperature=1, max_tokens=1)),
-                 400, param="n", code="too_many_choices")
-    assert_error(post(base, "/v3/chat/completions", chat_body("Hi", n=RUNNING + 1, temperature=1, max_tokens=1)),
-                 400, param="n", code="too_many_choices")
+    assert_error(
+        post(base, "/v3/completions", completion_body("Hi", n=RUNNING + 1, temperature=1, max_tokens=1)),
+        400,
+        param="n",
+        code="too_many_choices",
+    )
+    assert_error(
+        post(base, "/v3/completions", completion_body(["Hi", "Ho"], n=2, temperature=1, max_tokens=1)),
+        400,
+        param="n",
+        code="too_many_choices",
+    )
+    assert_error(
+        post(base, "/v3/chat/completions", chat_body("Hi", n=RUNNING + 1, temperature=1, max_tokens=1)),
+        400,
+        param="n",
+        code="too_many_choices",
+    )
     # Prompt tokens, all prompts together.
     half = " ".join(["word"] * (MAX_PROMPT_TOKENS // 2 + 4))
-    assert_error(post(base, "/v3/completions", completion_body([half, half], max_tokens=1)), 400,
-                 param="prompt", code="too_many_prompt_tokens")
-    assert_error(post(base, "/v3/chat/completions", chat_body(half + " " + half, max_tokens=1)), 400,
-                 param="messages", code="too_many_prompt_tokens")
+    assert_error(
+        post(base, "/v3/completions", completion_body([half, half], max_tokens=1)),
+        400,
+        param="prompt",
+        code="too_many_prompt_tokens",
+    )
+    assert_error(
+        post(base, "/v3/chat/completions", chat_body(half + " " + half, max_tokens=1)),
+        400,
+        param="messages",
+        code="too_many_prompt_tokens",
+    )
     # Within the caps, the same shapes are served.
     result = complete(base, prompt=["Hi", "Ho"], max_tokens=2, ignore_eos=True, temperature=0)
     assert len(result.texts) == 2 and result.usage["completion_tokens"] == 4
@@ -222,7 +262,7 @@ class RawStream:
 
 
 def sse_events(raw: bytes) -> list[str]:
-    return [line[len("data: "):] for line in raw.decode().split("\n") if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in raw.decode().split("\n") if line.startswith("data: ")]
 
 
 def test_a_client_that_stops_reading_is_paused_then_cancelled(server):
@@ -235,8 +275,11 @@ def test_a_client_that_stops_reading_is_paused_then_cancelled(server):
         result = complete(server.base_url, max_tokens=8, ignore_eos=True, temperature=0)
         assert result.usage["completion_tokens"] == 8
         # Past the timeout it is cancelled: out of the engine, its KV cache freed.
-        wait_for(server, lambda: server.metric("ovtrio_slow_readers_cancelled_total") == cancelled_before + 1,
-                 "the paused request is cancelled")
+        wait_for(
+            server,
+            lambda: server.metric("ovtrio_slow_readers_cancelled_total") == cancelled_before + 1,
+            "the paused request is cancelled",
+        )
         wait_idle(server)
         wait_for(server, lambda: server.metric("ovtrio_kv_cache_usage_percent") == 0, "the KV cache is freed")
         assert server.metric("ovtrio_requests_paused") == 0
@@ -251,8 +294,15 @@ def test_a_client_that_stops_reading_is_paused_then_cancelled(server):
 def test_a_paused_client_that_reads_again_gets_the_whole_stream(server):
     cancelled_before = server.metric("ovtrio_slow_readers_cancelled_total")
     tokens = 300
-    body = completion_body("Once upon a time", max_tokens=tokens, ignore_eos=True, temperature=0, stream=True,
-                           logprobs=0, stream_options={"include_usage": True})
+    body = completion_body(
+        "Once upon a time",
+        max_tokens=tokens,
+        ignore_eos=True,
+        temperature=0,
+        stream=True,
+        logprobs=0,
+        stream_options={"include_usage": True},
+    )
     reader = RawStream(server, body)
     try:
         wait_for(server, lambda: server.metric("ovtrio_requests_paused") == 1, "the request is paused")

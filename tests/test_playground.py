@@ -215,7 +215,6 @@ def test_the_page_and_its_files_are_served_with_a_policy_for_its_own_origin_only
 
 def test_every_file_of_the_page_ships_in_the_wheel():
     import fnmatch
-
     import tomllib
 
     config = tomllib.loads((STATIC.parents[2] / "pyproject.toml").read_text())

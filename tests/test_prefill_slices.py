@@ -32,12 +32,21 @@ def test_slices_fit_in_a_step_beside_the_decoding_sequences_in_whole_blocks():
 
 def test_a_slice_asks_for_one_greedy_token_and_keeps_only_the_speculative_settings():
     params = SamplingParams(
-        max_new_tokens=50, n=3, temperature=0.7, seed=5, stop=("x",), logprobs=True, min_new_tokens=4,
+        max_new_tokens=50,
+        n=3,
+        temperature=0.7,
+        seed=5,
+        stop=("x",),
+        logprobs=True,
+        min_new_tokens=4,
         constraint=OutputConstraint(json_schema='{"type": "object"}'),
         speculation=SpeculativeDecoding(num_assistant_tokens=3, max_ngram_size=2),
     )
     assert slice_params(params) == SamplingParams(
-        max_new_tokens=1, temperature=0.0, ignore_eos=True, speculation=SpeculativeDecoding(num_assistant_tokens=3, max_ngram_size=2)
+        max_new_tokens=1,
+        temperature=0.0,
+        ignore_eos=True,
+        speculation=SpeculativeDecoding(num_assistant_tokens=3, max_ngram_size=2),
     )
 
 

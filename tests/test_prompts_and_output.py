@@ -436,8 +436,14 @@ def test_streamed_stop_strings_include_the_stop_string(server, count_tokens, cas
     stops = stops_for(case, count_tokens)
     extra = {} if include is None else {"include_stop_str_in_output": include}
     streamed = complete_stream(
-        server.base_url, prompt=COUNT, max_tokens=12, temperature=0, ignore_eos=True, stop=stops,
-        stream_options={"include_usage": True}, **extra,
+        server.base_url,
+        prompt=COUNT,
+        max_tokens=12,
+        temperature=0,
+        ignore_eos=True,
+        stop=stops,
+        stream_options={"include_usage": True},
+        **extra,
     )
     expected, generated = stop_cut(count_tokens, stops, True)
     assert streamed.texts == [expected]
@@ -534,7 +540,9 @@ def test_stop_token_ids_keep_the_stop_token(server, natural_count, case):
     usable = ordinary_tokens(tokens[:-1])
     stop_tokens = {"one": usable[-1:], "two": usable[-1:] + usable[:1], "none": []}[case]
     params = {
-        "prompt": COUNT, "max_tokens": 12, "temperature": 0,
+        "prompt": COUNT,
+        "max_tokens": 12,
+        "temperature": 0,
         "stop_token_ids": [vocabulary.token_id(token) for token in stop_tokens],
     }
     result = complete(server.base_url, **params)

@@ -40,8 +40,9 @@ def as_user() -> list[str]:
     setpriv = shutil.which("setpriv")
     assert setpriv, "setpriv (util-linux) is needed to run the server as another user"
     prefix = [setpriv, f"--reuid={UID}", f"--regid={UID}", "--clear-groups"]
-    probe = subprocess.run([*prefix, sys.executable, "-c", "import ovtrio, openvino_genai"], cwd=ROOT,
-                           capture_output=True)
+    probe = subprocess.run(
+        [*prefix, sys.executable, "-c", "import ovtrio, openvino_genai"], cwd=ROOT, capture_output=True
+    )
     if probe.returncode != 0:
         # The interpreter or its site-packages lie where that user cannot reach them (a
         # pyenv under /root, mode 0700): it may then read and search any file, which
@@ -82,8 +83,18 @@ def start(place: Path, *flags: str, env: dict[str, str] | None = None) -> Runnin
     port = free_port()
     log_path = place / f"server-{port}.log"
     command = [
-        *as_user(), sys.executable, "-m", "ovtrio", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--model", str(place / "model" / embedded_model_path().name), *flags,
+        *as_user(),
+        sys.executable,
+        "-m",
+        "ovtrio",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        str(place / "model" / embedded_model_path().name),
+        *flags,
     ]
     env = {**os.environ, "HOME": str(place / "home"), "PYTHONPATH": str(ROOT), **(env or {})}
     with open(log_path, "w") as log:
@@ -133,8 +144,9 @@ def test_without_a_model_cache_the_copy_is_temporary(place):
     scratch.mkdir(exist_ok=True)
     if os.geteuid() == 0:
         os.chown(scratch, UID, UID)
-    server = start(place, "--no-model-cache", "--cache-dir", str(place / "cache" / "unused"),
-                   env={"TMPDIR": str(scratch)})
+    server = start(
+        place, "--no-model-cache", "--cache-dir", str(place / "cache" / "unused"), env={"TMPDIR": str(scratch)}
+    )
     chat(server)
     log = stop(server)
     assert f"converting a private copy in {scratch}" in log and "(converted)" in log, log

@@ -86,8 +86,6 @@ SAMPLES = [
 ]
 
 
-
-
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s.id)
 def test_unary_split(sample: Sample) -> None:
     assert sample.splitter().parse(sample.text) == (sample.reasoning, sample.content)

@@ -71,7 +71,8 @@ def test_streamed_reasoning_matches_unary(thinking_server):
     fields = {"chat_template_kwargs": {"enable_thinking": True}}
     unary = ask(thinking_server, **fields)["choices"][0]["message"]
     chunks = stream_post(
-        thinking_server.base_url, "/v3/chat/completions",
+        thinking_server.base_url,
+        "/v3/chat/completions",
         chat_body(messages=QUESTION, max_tokens=16, temperature=0, stream=True, **fields),
     )
     reasoning = content = ""
@@ -128,9 +129,15 @@ def test_responses_stream_reasoning_events(thinking_server):
     """The Responses API streams thinking as a reasoning item, with its own events."""
     import json
 
-    body = {"model": "SmolLM2-135M-Instruct", "input": "Is the sky blue?", "max_output_tokens": 12,
-            "temperature": 0, "stream": True, "reasoning": {"effort": "low"},
-            "text": {"format": {"type": "json_schema", "name": "answer", "schema": {"type": "boolean"}}}}
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "input": "Is the sky blue?",
+        "max_output_tokens": 12,
+        "temperature": 0,
+        "stream": True,
+        "reasoning": {"effort": "low"},
+        "text": {"format": {"type": "json_schema", "name": "answer", "schema": {"type": "boolean"}}},
+    }
     with loopback.stream("POST", thinking_server.base_url + "/v1/responses", json=body, timeout=60) as reply:
         raw = reply.read().decode()
     events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]

@@ -139,8 +139,12 @@ def test_function_call_history_is_accepted(server):
 
 @pytest.mark.parametrize("format_field", ["text", "response_format"])
 def test_structured_output_in_either_field(server, format_field):
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
     if format_field == "text":
         fields = {"text": {"format": {"type": "json_schema", "name": "person", "schema": schema}}}
     else:
@@ -308,7 +312,10 @@ def test_engine_failure_ends_the_stream_with_response_failed():
     for event in events:
         validate(event, "ResponseStreamEvent")
     assert [e["type"] for e in events][-4:] == [
-        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.failed"
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.failed",
     ]
     assert events[-1]["response"]["status"] == "failed" and events[-1]["response"]["error"]["message"] == "engine error"
 

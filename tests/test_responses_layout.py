@@ -110,7 +110,12 @@ def test_reasoning_text_and_a_call_add_up_to_the_response(seed):
 def test_a_token_with_no_text_keeps_its_logprob_in_the_open_message():
     """The end-of-text token adds no text: it still has its entry, streamed as an
     output_text.delta with empty text, as in the unary body."""
-    events = [TextDelta(0, "Hi", [logprob("Hi")]), TextDelta(0, "", [logprob("", -0.1)]), ChoiceFinished(0, "stop"), Completed(3, 2)]
+    events = [
+        TextDelta(0, "Hi", [logprob("Hi")]),
+        TextDelta(0, "", [logprob("", -0.1)]),
+        ChoiceFinished(0, "stop"),
+        Completed(3, 2),
+    ]
     written, final = run(events)
     deltas = [e for e in written if e["type"] == "response.output_text.delta"]
     assert [(e["delta"], len(e["logprobs"])) for e in deltas] == [("Hi", 1), ("", 1)]
@@ -123,7 +128,11 @@ def test_a_reply_with_nothing_to_show_is_an_empty_message():
     assert final["output"][0]["content"][0]["text"] == "" and len(final["output"][0]["content"][0]["logprobs"]) == 1
     assert added_up(written) == final["output"]
     # Tool calls alone answer without a message item.
-    calls = [ToolCallStarted(0, 0, "call_1", "f"), ToolCallDone(0, 0, "call_1", "f", "{}"), ChoiceFinished(0, "tool_calls")]
+    calls = [
+        ToolCallStarted(0, 0, "call_1", "f"),
+        ToolCallDone(0, 0, "call_1", "f", "{}"),
+        ChoiceFinished(0, "tool_calls"),
+    ]
     _, final = run([TextDelta(0, "", [logprob("{")]), *calls, Completed(3, 1)])
     assert [item["type"] for item in final["output"]] == ["function_call"]
 
@@ -144,5 +153,8 @@ def test_the_stored_conversation_comes_from_the_outcome():
     turns = [turn.model_dump(exclude_none=True) for turn in answer(writer.outcome)]
     assert turns == [
         {"role": "assistant", "content": "Let me look."},
-        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+        },
     ]

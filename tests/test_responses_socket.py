@@ -26,8 +26,12 @@ def test_sdk_connect_multi_turn_with_store_false(client):
         )
         first = _final(connection)
         connection.response.create(
-            model=MODEL, input="What is my name?", previous_response_id=first.id, max_output_tokens=12,
-            temperature=0, store=False,
+            model=MODEL,
+            input="What is my name?",
+            previous_response_id=first.id,
+            max_output_tokens=12,
+            temperature=0,
+            store=False,
         )
         second = _final(connection)
     assert second.previous_response_id == first.id
@@ -90,9 +94,19 @@ async def test_events_match_the_sse_stream_and_validate(server):
 async def test_two_multiplexed_responses_on_one_socket(server):
     async with open_websocket_url(ws_url(server)) as ws:
         for stream_id, text in (("a", "Tell me about cats."), ("b", "Tell me about dogs.")):
-            await ws.send_message(json.dumps({"type": "response.create", "stream_id": stream_id, "model": MODEL,
-                                              "input": text, "max_output_tokens": 16, "ignore_eos": True,
-                                              "temperature": 0}))
+            await ws.send_message(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "stream_id": stream_id,
+                        "model": MODEL,
+                        "input": text,
+                        "max_output_tokens": 16,
+                        "ignore_eos": True,
+                        "temperature": 0,
+                    }
+                )
+            )
         events: dict[str, list[dict]] = {"a": [], "b": []}
         finished = set()
         while finished != {"a", "b"}:
@@ -116,8 +130,10 @@ async def test_bad_frames_get_error_events_and_the_socket_stays_usable(server):
             (json.dumps({"type": "response.cancel"}), "type"),
             (json.dumps({"type": "response.create", "model": MODEL, "input": "x", "temperature": 5}), "temperature"),
             (json.dumps({"type": "response.create", "model": "nope", "input": "x"}), "model"),
-            (json.dumps({"type": "response.create", "model": MODEL, "input": "x", "previous_response_id": "resp_x"}),
-             "previous_response_id"),
+            (
+                json.dumps({"type": "response.create", "model": MODEL, "input": "x", "previous_response_id": "resp_x"}),
+                "previous_response_id",
+            ),
             ("x" * (5 * 1024 * 1024), None),
             # Nesting far beyond any parser's depth: refused like the same HTTP body.
             ('{"type": "response.create", "input": ' + "[" * 10_000 + "]" * 10_000 + "}", None),
@@ -129,8 +145,18 @@ async def test_bad_frames_get_error_events_and_the_socket_stays_usable(server):
                 event = await receive_json(ws)
             validate(event, "ResponseErrorEvent")
             assert event["type"] == "error" and event["param"] == param, event
-        await ws.send_message(json.dumps({"type": "response.create", "model": MODEL, "input": "Hi",
-                                          "max_output_tokens": 4, "temperature": 0, "ignore_eos": True}))
+        await ws.send_message(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "input": "Hi",
+                    "max_output_tokens": 4,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                }
+            )
+        )
         events = await receive_response(ws)
         assert [e["type"] for e in events if e["type"] == "error"] == []
         assert events[-1]["type"] == "response.incomplete"
@@ -141,9 +167,18 @@ def test_closing_the_socket_cancels_its_engine_requests(server):
     async def open_and_leave() -> None:
         async with open_websocket_url(ws_url(server)) as ws:
             for stream_id in ("x", "y"):
-                await ws.send_message(json.dumps({"type": "response.create", "stream_id": stream_id, "model": MODEL,
-                                                  "input": "Write a very long story.", "max_output_tokens": 3000,
-                                                  "ignore_eos": True}))
+                await ws.send_message(
+                    json.dumps(
+                        {
+                            "type": "response.create",
+                            "stream_id": stream_id,
+                            "model": MODEL,
+                            "input": "Write a very long story.",
+                            "max_output_tokens": 3000,
+                            "ignore_eos": True,
+                        }
+                    )
+                )
             deltas = 0
             while deltas < 6:
                 if (await receive_json(ws))["type"] == "response.output_text.delta":
@@ -163,9 +198,18 @@ def test_closing_the_socket_cancels_its_engine_requests(server):
 async def test_one_socket_runs_at_most_sixteen_responses(server):
     async with open_websocket_url(ws_url(server)) as ws:
         for i in range(17):
-            await ws.send_message(json.dumps({"type": "response.create", "stream_id": i, "model": MODEL,
-                                              "input": "Write a long story.", "max_output_tokens": 500,
-                                              "ignore_eos": True}))
+            await ws.send_message(
+                json.dumps(
+                    {
+                        "type": "response.create",
+                        "stream_id": i,
+                        "model": MODEL,
+                        "input": "Write a long story.",
+                        "max_output_tokens": 500,
+                        "ignore_eos": True,
+                    }
+                )
+            )
         refused = None
         with trio.fail_after(30):
             while refused is None:

@@ -240,13 +240,17 @@ def test_same_seed_same_text_different_seed_different_text(server, client):
     messages = [{"role": "user", "content": "Write a poem about the sea."}]
 
     def text(seed):
-        return client.chat.completions.create(
-            model=MODEL,
-            messages=messages,
-            max_tokens=24,
-            temperature=1.0,
-            seed=seed,
-        ).choices[0].message.content
+        return (
+            client.chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                max_tokens=24,
+                temperature=1.0,
+                seed=seed,
+            )
+            .choices[0]
+            .message.content
+        )
 
     first = text(42)
     assert first and text(42) == first

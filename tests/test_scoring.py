@@ -32,9 +32,12 @@ from vocab import embedded_vocabulary
 MODEL = "SmolLM2-135M-Instruct"
 EXACT_FLAGS = (
     "--enable-prefix-caching",
-    "--inference-precision", "f32",
-    "--kv-cache-precision", "f32",
-    "--plugin-config", json.dumps({"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}),
+    "--inference-precision",
+    "f32",
+    "--kv-cache-precision",
+    "f32",
+    "--plugin-config",
+    json.dumps({"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}),
 )
 exact_scoring_server = server_fixture("exact_scoring_server", *EXACT_FLAGS)
 
@@ -85,8 +88,9 @@ def test_top_logprobs_lead_with_the_token_greedy_decoding_picks(exact_scoring_se
     base = exact_scoring_server.base_url
     for prompt in PROMPTS:
         for _ in range(2):
-            body = completions(base, prompt=prompt, max_tokens=12, temperature=0, logprobs=k, echo=True,
-                               skip_special_tokens=False)
+            body = completions(
+                base, prompt=prompt, max_tokens=12, temperature=0, logprobs=k, echo=True, skip_special_tokens=False
+            )
             logprobs = body["choices"][0]["logprobs"]
             check_top_lists(logprobs, k)
             prompt_tokens = body["usage"]["prompt_tokens"]
@@ -187,12 +191,14 @@ def direct_logprobs(ids: list[int]) -> np.ndarray:
     request = compiled.create_infer_request()
     request.reset_state()
     tokens = np.asarray([ids], dtype=np.int64)
-    request.infer({
-        "input_ids": tokens,
-        "attention_mask": np.ones_like(tokens),
-        "position_ids": np.arange(len(ids), dtype=np.int64)[None],
-        "beam_idx": np.zeros(1, dtype=np.int32),
-    })
+    request.infer(
+        {
+            "input_ids": tokens,
+            "attention_mask": np.ones_like(tokens),
+            "position_ids": np.arange(len(ids), dtype=np.int64)[None],
+            "beam_idx": np.zeros(1, dtype=np.int32),
+        }
+    )
     logits = request.get_tensor("logits").data[0].astype(np.float64)
     shifted = logits - logits.max(axis=-1, keepdims=True)
     logprobs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
@@ -276,8 +282,15 @@ def lm_eval_loglikelihood(
         prompts = [detokenize(base, ids) for ids in prompts]
         if len(prompts) == 1:
             prompts = prompts[0]
-    payload = {"model": HYPERCORN_MODEL, "prompt": prompts, "temperature": 0, "max_tokens": 1, "logprobs": 1,
-               "seed": 1234, "echo": True}
+    payload = {
+        "model": HYPERCORN_MODEL,
+        "prompt": prompts,
+        "temperature": 0,
+        "max_tokens": 1,
+        "logprobs": 1,
+        "seed": 1234,
+        "echo": True,
+    }
     reply = post(base, "/v1/completions", payload)
     assert reply.status_code == 200, reply.text
     results = []
@@ -371,8 +384,14 @@ def test_lm_eval_generate_until_with_six_stop_strings(hypercorn_server):
     texts = {}
     for form in ("ids", "text"):
         prompt = tokenize(base, "def add(a, b):\n", add_special_tokens=False) if form == "ids" else "def add(a, b):\n"
-        payload = {"model": HYPERCORN_MODEL, "prompt": [prompt], "max_tokens": 48, "temperature": 0, "stop": stop,
-                   "seed": 1234}
+        payload = {
+            "model": HYPERCORN_MODEL,
+            "prompt": [prompt],
+            "max_tokens": 48,
+            "temperature": 0,
+            "stop": stop,
+            "seed": 1234,
+        }
         reply = post(base, "/v1/completions", payload)
         assert reply.status_code == 200, reply.text
         texts[form] = reply.json()["choices"][0]["text"]
@@ -434,8 +453,11 @@ def test_many_stop_strings_are_taken_up_to_the_cap(hypercorn_server, path, body)
 
 
 def test_responses_top_logprobs_is_refused_not_ignored(hypercorn_server):
-    reply = post(hypercorn_server.base_url, "/v1/responses",
-                 {"model": HYPERCORN_MODEL, "input": "Hi", "max_output_tokens": 2, "top_logprobs": 2})
+    reply = post(
+        hypercorn_server.base_url,
+        "/v1/responses",
+        {"model": HYPERCORN_MODEL, "input": "Hi", "max_output_tokens": 2, "top_logprobs": 2},
+    )
     assert_error(reply, 400, param="top_logprobs")
 
 
@@ -453,9 +475,11 @@ def test_the_server_answers_while_a_long_prompt_is_scored(hypercorn_server):
     def score() -> None:
         started = time.monotonic()
         try:  # a request that fails must still end the probing loop below
-            outcome["reply"] = post(base, "/v1/completions",
-                                    {"model": HYPERCORN_MODEL, "prompt": text, "max_tokens": 0, "echo": True,
-                                     "logprobs": 1})
+            outcome["reply"] = post(
+                base,
+                "/v1/completions",
+                {"model": HYPERCORN_MODEL, "prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1},
+            )
         finally:
             outcome["seconds"] = time.monotonic() - started
             done.set()

@@ -17,7 +17,7 @@ def test_settings_are_one_models_and_the_servers():
     model, server = set(ModelSettings.model_fields), set(ServerSettings.model_fields)
     assert not model & server
     assert set(Settings.model_fields) == model | server
-    assert PER_MODEL_SETTINGS == tuple(ModelSettings.model_fields)
+    assert tuple(ModelSettings.model_fields) == PER_MODEL_SETTINGS
     assert {"max_num_seqs", "plugin_config", "model"} <= model
     assert {"port", "api_key", "config", "cache_dir"} <= server
     assert Settings(max_num_seqs=8, port=0).max_num_seqs == 8

@@ -54,10 +54,16 @@ def ws_url(server: RunningServer) -> str:
 
 
 def response_create(max_output_tokens: int, **fields: Any) -> str:
-    return json.dumps({
-        "type": "response.create", "model": MODEL, "input": "Write a long story.",
-        "max_output_tokens": max_output_tokens, "ignore_eos": True, **fields,
-    })
+    return json.dumps(
+        {
+            "type": "response.create",
+            "model": MODEL,
+            "input": "Write a long story.",
+            "max_output_tokens": max_output_tokens,
+            "ignore_eos": True,
+            **fields,
+        }
+    )
 
 
 def named_events(raw: str) -> list[dict[str, Any]]:
@@ -172,8 +178,9 @@ async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(serve
             with trio.fail_after(HANG_GUARD):
                 async with trio.open_nursery() as nursery:
                     traffic = Traffic(server, http, nursery)
-                    traffic.stream("chat", "/v1/chat/completions",
-                                   chat_body(max_tokens=FINISHES, ignore_eos=True, stream=True))
+                    traffic.stream(
+                        "chat", "/v1/chat/completions", chat_body(max_tokens=FINISHES, ignore_eos=True, stream=True)
+                    )
                     traffic.unary("unary", "/v1/completions", completion_body(max_tokens=FINISHES, ignore_eos=True))
                     send_frame = traffic.socket("socket", FINISHES)
                     await traffic.all_running()
@@ -235,14 +242,25 @@ async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(ser
             with trio.fail_after(HANG_GUARD):
                 async with trio.open_nursery() as nursery:
                     traffic = Traffic(server, http, nursery)
-                    traffic.stream("chat", "/v1/chat/completions",
-                                   chat_body(max_tokens=NEVER_FINISHES, ignore_eos=True, stream=True))
-                    traffic.stream("responses", "/v1/responses", {
-                        "model": MODEL, "input": "Write a long story.", "max_output_tokens": NEVER_FINISHES,
-                        "ignore_eos": True, "stream": True,
-                    })
-                    traffic.unary("unary", "/v1/chat/completions",
-                                  chat_body(max_tokens=NEVER_FINISHES, ignore_eos=True))
+                    traffic.stream(
+                        "chat",
+                        "/v1/chat/completions",
+                        chat_body(max_tokens=NEVER_FINISHES, ignore_eos=True, stream=True),
+                    )
+                    traffic.stream(
+                        "responses",
+                        "/v1/responses",
+                        {
+                            "model": MODEL,
+                            "input": "Write a long story.",
+                            "max_output_tokens": NEVER_FINISHES,
+                            "ignore_eos": True,
+                            "stream": True,
+                        },
+                    )
+                    traffic.unary(
+                        "unary", "/v1/chat/completions", chat_body(max_tokens=NEVER_FINISHES, ignore_eos=True)
+                    )
                     traffic.socket("socket", NEVER_FINISHES)
                     await traffic.all_running()
                     server.process.send_signal(signal.SIGTERM)

@@ -24,19 +24,19 @@ from sse import MODEL
 from test_responses import stream_events
 
 EXACT_ARITHMETIC = (
-    "--inference-precision", "f32",
-    "--kv-cache-precision", "f32",
-    "--plugin-config", '{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}',
+    "--inference-precision",
+    "f32",
+    "--kv-cache-precision",
+    "f32",
+    "--plugin-config",
+    '{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}',
 )
 prompt_lookup_server = server_fixture("prompt_lookup_server", "--prompt-lookup", *EXACT_ARITHMETIC)
 draft_server = server_fixture("draft_server", "--draft-model", str(embedded_model_path()), *EXACT_ARITHMETIC)
 plain_exact_server = server_fixture("plain_exact_server", *EXACT_ARITHMETIC)
 
 # A text to repeat: prompt lookup finds its n-grams in the prompt.
-PASSAGE = (
-    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
-    "def mul(a, b):\n    return a * b\n\n"
-)
+PASSAGE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\n"
 REWRITE = [{"role": "user", "content": f"Copy this code exactly:\n\n{PASSAGE}"}]
 # Enough for several speculative steps (the code copy left plain decoding's text by token
 # 10 without the exact settings), few enough to keep the draft model's cost down.
@@ -75,8 +75,9 @@ def test_field_rules_per_way_of_speculating(prompt_lookup_server: RunningServer,
     refused(draft_server, "assistant_confidence_threshold", assistant_confidence_threshold=1.5)
 
 
-@pytest.mark.parametrize("text", [PASSAGE + PASSAGE[:40], "Write a short story about a lighthouse keeper."],
-                         ids=["code-to-copy", "prose"])
+@pytest.mark.parametrize(
+    "text", [PASSAGE + PASSAGE[:40], "Write a short story about a lighthouse keeper."], ids=["code-to-copy", "prose"]
+)
 def test_speculative_greedy_output_is_plain_greedy_output(
     text: str,
     prompt_lookup_server: RunningServer,
@@ -145,8 +146,15 @@ def test_streams_equal_unary_output(speculating_server: RunningServer) -> None:
 
 
 def test_responses_api_speculates(prompt_lookup_server: RunningServer) -> None:
-    body = {"model": MODEL, "input": REWRITE[0]["content"], "max_output_tokens": 24, "temperature": 0,
-            "num_assistant_tokens": 4, "max_ngram_size": 2, "store": False}
+    body = {
+        "model": MODEL,
+        "input": REWRITE[0]["content"],
+        "max_output_tokens": 24,
+        "temperature": 0,
+        "num_assistant_tokens": 4,
+        "max_ngram_size": 2,
+        "store": False,
+    }
     unary = post(prompt_lookup_server.base_url, "/v1/responses", body)
     assert unary.status_code == 200, unary.text
     text = unary.json()["output"][0]["content"][0]["text"]
@@ -163,8 +171,11 @@ def test_responses_api_speculates(prompt_lookup_server: RunningServer) -> None:
 
 def test_metrics_count_drafted_and_accepted_tokens(speculating_server: RunningServer) -> None:
     server = speculating_server
-    names = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-             "vllm:spec_decode_num_accepted_tokens_total")
+    names = (
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+    )
     before = [server.metric(name, model_name=MODEL, engine="0") for name in names]
     complete(server.base_url, prompt=PASSAGE * 2, max_tokens=TOKENS, temperature=0, ignore_eos=True)
     drafts, drafted, accepted = (

@@ -122,7 +122,10 @@ def test_hypercorn_entry_point_serves_with_environment_settings(hypercorn_server
     assert [m["id"] for m in models["data"]] == [HYPERCORN_MODEL, "all-MiniLM-L6-v2"]  # and the embedded embedder
     with openai.OpenAI(base_url=hypercorn_server.base_url + "/v3", api_key="unused", max_retries=0) as sdk:
         reply = sdk.chat.completions.create(
-            model=HYPERCORN_MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0,
+            model=HYPERCORN_MODEL,
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=8,
+            temperature=0,
             extra_body={"ignore_eos": True},
         )
         assert reply.model == HYPERCORN_MODEL
@@ -220,7 +223,6 @@ def test_plugin_config_is_checked_before_loading_and_the_engine_names_what_it_re
     assert not_json.returncode == 2
     owned = run_serve("--plugin-config", '{"INFERENCE_PRECISION_HINT": "f32"}')
     assert_one_line_refusal(owned, "INFERENCE_PRECISION_HINT", "--inference-precision")
-
 
     # A property the device does not know: the load fails in one line naming it.
     from ovtrio.model import ModelLoadError, load_model, resolve_model

@@ -48,8 +48,13 @@ def greedy_chat(sdk: openai.OpenAI, messages: list[dict[str, Any]] = QUESTION, *
 def streamed_chat(sdk: openai.OpenAI, messages: list[dict[str, Any]] = QUESTION, **params: Any) -> Any:
     extra = {"ignore_eos": params.pop("ignore_eos")} if "ignore_eos" in params else None
     stream = sdk.chat.completions.create(
-        model=MODEL, messages=messages, temperature=0, stream=True, stream_options={"include_usage": True},
-        extra_body=extra, **params,
+        model=MODEL,
+        messages=messages,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=extra,
+        **params,
     )
     return check_chat_stream([chunk.model_dump(exclude_unset=True) for chunk in stream], include_usage=True)
 
@@ -222,7 +227,10 @@ def test_what_the_backend_cannot_do_is_refused_naming_the_field(
 
 def test_constrained_output_runs_on_the_stateful_pipeline(sdk: openai.OpenAI) -> None:
     reply = sdk.chat.completions.create(
-        model=MODEL, temperature=0, max_tokens=16, messages=ENDS_BY_ITSELF["messages"],
+        model=MODEL,
+        temperature=0,
+        max_tokens=16,
+        messages=ENDS_BY_ITSELF["messages"],
         response_format=ENDS_BY_ITSELF["response_format"],
     )
     assert json.loads(reply.choices[0].message.content) in (True, False)

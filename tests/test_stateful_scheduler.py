@@ -178,7 +178,6 @@ async def test_stopping_the_loop_fails_what_runs_and_waits_for_the_engine(engine
     assert engine.pipeline.cancelled == 1
 
 
-
 async def test_a_request_whose_settings_the_engine_refuses_does_not_hold_the_drain(engine, monkeypatch):
     from ovtrio.scheduler import stateful
 

@@ -61,7 +61,9 @@ async def test_a_failed_step_raises_in_the_waiting_task():
     assert not stepper.inside_step
 
 
-@pytest.mark.parametrize("after_step", [None, lambda: AfterStep(None, True)], ids=["one step", "a run that would go on"])
+@pytest.mark.parametrize(
+    "after_step", [None, lambda: AfterStep(None, True)], ids=["one step", "a run that would go on"]
+)
 async def test_cancellation_waits_for_the_step_to_end(after_step):
     """The engine is never left mid-step: a cancelled wait returns only after the step,
     and a run is handed back first, so no worker steps on once the caller has gone."""

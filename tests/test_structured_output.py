@@ -114,7 +114,8 @@ def test_json_object_gives_a_json_object(server, prompt):
 def test_text_format_is_unconstrained(server):
     plain = post(server.base_url, "/v3/chat/completions", chat_body("Say hi", max_tokens=8, temperature=0)).json()
     text = post(
-        server.base_url, "/v3/chat/completions",
+        server.base_url,
+        "/v3/chat/completions",
         chat_body("Say hi", max_tokens=8, temperature=0, response_format={"type": "text"}),
     ).json()
     assert text["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
@@ -133,16 +134,22 @@ def test_sdk_parse_helper_gets_a_valid_object(client):
 
 def test_structural_tags_constrain_only_the_tagged_region(server):
     """Free text, but whatever follows the trigger must be the tagged JSON."""
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     response_format = {
         "type": "structural_tag",
         "structures": [{"begin": "<answer>", "schema": schema, "end": "</answer>"}],
         "triggers": ["<answer>"],
     }
     body = chat_body(
-        "What is the capital of France? Answer inside <answer>{\"city\": ...}</answer>.",
-        max_tokens=60, temperature=0, response_format=response_format,
+        'What is the capital of France? Answer inside <answer>{"city": ...}</answer>.',
+        max_tokens=60,
+        temperature=0,
+        response_format=response_format,
     )
     reply = post(server.base_url, "/v3/chat/completions", body)
     assert reply.status_code == 200, reply.text
@@ -153,8 +160,14 @@ def test_structural_tags_constrain_only_the_tagged_region(server):
 
 
 BAD_FORMATS = [
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}, "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}}, "response_format.json_schema.schema"),
+    (
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}},
+        "response_format.json_schema.schema",
+    ),
     # References the engine does not follow: an anchor (it would constrain nothing), another
     # document, and paths valid in JSON Schema that XGrammar cannot walk (an array's item,
     # escaped keys: a fatal error that ended the server), or that lead into a `const`
@@ -170,7 +183,10 @@ BAD_FORMATS = [
             {"const": {"$ref": "#/nowhere"}, "$ref": "#/const"},
         )
     ),
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(((("}}}, "response_format.json_schema.schema"),
+    (
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(((("}}},
+        "response_format.json_schema.schema",
+    ),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}, "response_format.json_schema.schema"),
     ({"type": "json_schema"}, "response_format.json_schema"),
     ({"type": "yaml"}, "response_format.type"),

@@ -35,8 +35,13 @@ def greedy(pipeline, prompt: str, images: list) -> tuple[list[int], int]:
 
 def test_the_fixture_holds_a_vlm_and_no_plain_language_model(tiny_vlm_folder):
     names = {path.name for path in tiny_vlm_folder.iterdir()}
-    assert {"openvino_language_model.xml", "openvino_text_embeddings_model.xml",
-            "openvino_vision_embeddings_model.xml", "config.json", "preprocessor_config.json"} <= names
+    assert {
+        "openvino_language_model.xml",
+        "openvino_text_embeddings_model.xml",
+        "openvino_vision_embeddings_model.xml",
+        "config.json",
+        "preprocessor_config.json",
+    } <= names
     assert "openvino_model.xml" not in names
 
 

@@ -67,7 +67,9 @@ def value(raw: str) -> Any:
 
 
 HERMES = [
-    Sample("single", HermesToolParser, hermes_call("get_weather", WEATHER), "", [("get_weather", WEATHER, value(WEATHER))]),
+    Sample(
+        "single", HermesToolParser, hermes_call("get_weather", WEATHER), "", [("get_weather", WEATHER, value(WEATHER))]
+    ),
     Sample(
         "parallel",
         HermesToolParser,
@@ -78,11 +80,16 @@ HERMES = [
     Sample(
         "content_before",
         HermesToolParser,
-        "I'll check both cities for you.\n\n" + hermes_call("get_weather", WEATHER) + "\n" + hermes_call("get_weather", LONDON),
+        "I'll check both cities for you.\n\n"
+        + hermes_call("get_weather", WEATHER)
+        + "\n"
+        + hermes_call("get_weather", LONDON),
         "I'll check both cities for you.\n\n",
         [("get_weather", WEATHER, value(WEATHER)), ("get_weather", LONDON, value(LONDON))],
     ),
-    Sample("tricky_strings", HermesToolParser, hermes_call("run_sql", TRICKY), "", [("run_sql", TRICKY, value(TRICKY))]),
+    Sample(
+        "tricky_strings", HermesToolParser, hermes_call("run_sql", TRICKY), "", [("run_sql", TRICKY, value(TRICKY))]
+    ),
     Sample("unicode", HermesToolParser, hermes_call("greet", UNICODE), "", [("greet", UNICODE, value(UNICODE))]),
     Sample(
         "pretty_printed",
@@ -228,7 +235,13 @@ def llama_call(name: str, parameters: str) -> str:
 
 
 LLAMA = [
-    Sample("single", Llama3JsonToolParser, llama_call("get_weather", WEATHER), "", [("get_weather", WEATHER, value(WEATHER))]),
+    Sample(
+        "single",
+        Llama3JsonToolParser,
+        llama_call("get_weather", WEATHER),
+        "",
+        [("get_weather", WEATHER, value(WEATHER))],
+    ),
     Sample(
         "python_tag",
         Llama3JsonToolParser,
@@ -264,7 +277,9 @@ LLAMA = [
         "",
         [("get_weather", WEATHER, value(WEATHER))],
     ),
-    Sample("tricky_strings", Llama3JsonToolParser, llama_call("run_sql", TRICKY), "", [("run_sql", TRICKY, value(TRICKY))]),
+    Sample(
+        "tricky_strings", Llama3JsonToolParser, llama_call("run_sql", TRICKY), "", [("run_sql", TRICKY, value(TRICKY))]
+    ),
     Sample("unicode", Llama3JsonToolParser, llama_call("greet", UNICODE), "", [("greet", UNICODE, value(UNICODE))]),
     Sample(
         "trailing_semicolon",
@@ -296,7 +311,9 @@ LLAMA = [
     ),
     Sample("plain_text", Llama3JsonToolParser, "The weather in Paris is sunny.", "The weather in Paris is sunny."),
     Sample("plain_with_leading_space", Llama3JsonToolParser, "  \nSure, here it is.", "  \nSure, here it is."),
-    Sample("json_answer_without_name", Llama3JsonToolParser, '{"answer": 42, "unit": "m"}', '{"answer": 42, "unit": "m"}'),
+    Sample(
+        "json_answer_without_name", Llama3JsonToolParser, '{"answer": 42, "unit": "m"}', '{"answer": 42, "unit": "m"}'
+    ),
     Sample("name_without_parameters", Llama3JsonToolParser, '{"name": "Bob", "age": 42}', '{"name": "Bob", "age": 42}'),
     Sample(
         "json_then_text",  # starts like JSON but is prose
@@ -311,7 +328,12 @@ LLAMA = [
         '<|python_tag|>brave_search.call(query="weather in Paris")',
     ),
     Sample("partial_python_tag", Llama3JsonToolParser, "<|python_ta", "<|python_ta"),
-    Sample("calls_later_are_content", Llama3JsonToolParser, "Here: " + llama_call("f", "{}"), "Here: " + llama_call("f", "{}")),
+    Sample(
+        "calls_later_are_content",
+        Llama3JsonToolParser,
+        "Here: " + llama_call("f", "{}"),
+        "Here: " + llama_call("f", "{}"),
+    ),
     Sample("empty", Llama3JsonToolParser, "", ""),
 ]
 
@@ -348,7 +370,11 @@ MISTRAL = [
     Sample(
         "array_tricky",
         MistralToolParser,
-        '[TOOL_CALLS][{"name": "run_sql", "arguments": ' + TRICKY + '}, {"name": "greet", "arguments": ' + UNICODE + "}]",
+        '[TOOL_CALLS][{"name": "run_sql", "arguments": '
+        + TRICKY
+        + '}, {"name": "greet", "arguments": '
+        + UNICODE
+        + "}]",
         "",
         [("run_sql", TRICKY, value(TRICKY)), ("greet", UNICODE, value(UNICODE))],
     ),
@@ -431,11 +457,19 @@ MISTRAL = [
 
 def polyfill_call(name: str, arguments: str, call_id: str = "call_1___") -> str:
     """One call as the polyfill's example shows it: pretty-printed, the model's own id last."""
-    return '    {\n      "name": "' + name + '",\n      "arguments": ' + arguments + ',\n      "id": "' + call_id + '"\n    }'
+    return (
+        '    {\n      "name": "'
+        + name
+        + '",\n      "arguments": '
+        + arguments
+        + ',\n      "id": "'
+        + call_id
+        + '"\n    }'
+    )
 
 
 def polyfill_reply(*calls: str, before: str = "", after: str = "") -> str:
-    return '{\n' + before + '  "tool_calls": [\n' + ",\n".join(calls) + "\n  ]" + after + "\n}"
+    return "{\n" + before + '  "tool_calls": [\n' + ",\n".join(calls) + "\n  ]" + after + "\n}"
 
 
 PRETTY_WEATHER = '{\n        "city": "Paris",\n        "unit": "celsius"\n      }'
@@ -465,7 +499,9 @@ JSON_TOOL_CALLS = [
     Sample(
         "content_before",
         JsonToolCallsParser,
-        polyfill_reply(polyfill_call("get_weather", WEATHER), before='  "content": "Let me check \\"both\\" cities.\\n",\n'),
+        polyfill_reply(
+            polyfill_call("get_weather", WEATHER), before='  "content": "Let me check \\"both\\" cities.\\n",\n'
+        ),
         'Let me check "both" cities.\n',
         [("get_weather", WEATHER, value(WEATHER))],
     ),
@@ -569,7 +605,12 @@ JSON_TOOL_CALLS = [
         '{"content": "Hi", "name": "f", "tool_calls": []}',
         '{"content": "Hi", "name": "f", "tool_calls": []}',
     ),
-    Sample("content_not_a_string", JsonToolCallsParser, '{"content": 7, "tool_calls": []}', '{"content": 7, "tool_calls": []}'),
+    Sample(
+        "content_not_a_string",
+        JsonToolCallsParser,
+        '{"content": 7, "tool_calls": []}',
+        '{"content": 7, "tool_calls": []}',
+    ),
     Sample("empty_object", JsonToolCallsParser, "{}", "{}"),
     Sample("braces_in_prose", JsonToolCallsParser, "{braces} make a set", "{braces} make a set"),
     Sample("empty", JsonToolCallsParser, "", ""),
@@ -584,8 +625,6 @@ def sample_id(sample: Sample) -> str:
 
 
 # --- Splitting and streaming -----------------------------------------------------------
-
-
 
 
 @dataclass
@@ -854,8 +893,15 @@ DEEPSEEK_R1_TEMPLATE = r"""{%- if message['role'] == 'assistant' and message['co
         ("", None),
     ],
     ids=[
-        "qwen2.5", "hermes2pro", "mistral-v0.3", "llama3.1", "llama3.2-ipython-role",
-        "smollm2", "llama3-no-tools", "deepseek-r1", "empty",
+        "qwen2.5",
+        "hermes2pro",
+        "mistral-v0.3",
+        "llama3.1",
+        "llama3.2-ipython-role",
+        "smollm2",
+        "llama3-no-tools",
+        "deepseek-r1",
+        "empty",
     ],
 )
 def test_guess_parser(template: str, expected: str | None) -> None:

@@ -53,6 +53,7 @@ VISION_CHANNELS = 32
 IMAGE_TOKENS = (CROP // PATCH) ** 2
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's token type for control tokens
 
+
 def write_language_gguf(path: Path, seed: int = 0) -> int:
     """A tiny llama GGUF with the embedded tokenizer plus IMAGE_TOKEN; returns that
     token's id."""

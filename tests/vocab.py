@@ -27,11 +27,7 @@ class EmbeddedVocabulary:
     def token_id(self, data: bytes | str) -> int:
         """The one ordinary token whose bytes are `data`."""
         data = data.encode() if isinstance(data, str) else data
-        ids = [
-            i
-            for i, token in enumerate(self.table.token_bytes)
-            if token == data and i not in self.table.special_ids
-        ]
+        ids = [i for i, token in enumerate(self.table.token_bytes) if token == data and i not in self.table.special_ids]
         assert len(ids) == 1, f"{data!r} is {len(ids)} tokens of the vocabulary"
         return ids[0]
 

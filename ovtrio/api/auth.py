@@ -111,7 +111,9 @@ def socket_authorization(headers: Any) -> str | None:
 
 
 def offered_subprotocols(headers: Any) -> list[str]:
-    return [item.strip() for value in headers.getlist("Sec-WebSocket-Protocol") for item in value.split(",") if item.strip()]
+    return [
+        item.strip() for value in headers.getlist("Sec-WebSocket-Protocol") for item in value.split(",") if item.strip()
+    ]
 
 
 def socket_subprotocol(offered: Iterable[str]) -> str | None:

@@ -17,11 +17,15 @@ def check_capabilities(capabilities: Capabilities, body: SamplingFields, prompts
     what = _BACKEND if capabilities.backend == "stateful" else "this server"
     if not capabilities.several_choices:
         if body.n > 1:
-            raise invalid(f"Invalid value for 'n': {what} makes one choice per request; n must be 1.", "n",
-                          "unsupported_parameter")
+            raise invalid(
+                f"Invalid value for 'n': {what} makes one choice per request; n must be 1.",
+                "n",
+                "unsupported_parameter",
+            )
         if prompts > 1:
-            raise invalid(f"Invalid value for 'prompt': {what} takes one prompt per request.", "prompt",
-                          "unsupported_parameter")
+            raise invalid(
+                f"Invalid value for 'prompt': {what} takes one prompt per request.", "prompt", "unsupported_parameter"
+            )
     if not capabilities.beam_search and body.beam_width() > 1:
         raise invalid(f"best_of > 1 (beam search) is not supported by {what}.", "best_of", "unsupported_parameter")
     if not capabilities.prompt_logprobs and body.scores_prompt():

@@ -73,7 +73,9 @@ def template_messages(messages: list[ChatMessage], tagged: bool = False) -> list
     return [_template_message(m, counter if tagged else None) for m in messages]
 
 
-def _image_refs(model: ServingModel, messages: list[ChatMessage], params: Callable[[int, int], str]) -> list[tuple[str, str]]:
+def _image_refs(
+    model: ServingModel, messages: list[ChatMessage], params: Callable[[int, int], str]
+) -> list[tuple[str, str]]:
     """Each image of the conversation, in order: its URL and the request field that
     holds it (`params(message index, part index)`). A model that reads text only
     refuses them."""
@@ -172,7 +174,8 @@ def _template_message(message: ChatMessage, image_numbers: Iterator[int] | None 
         # Text and images in their order: each image as the engine's numbered tag.
         assert isinstance(message.content, list)
         content = "".join(
-            part.text if isinstance(part, TextPart) else IMAGE_TAG.format(next(image_numbers)) for part in message.content
+            part.text if isinstance(part, TextPart) else IMAGE_TAG.format(next(image_numbers))
+            for part in message.content
         )
     rendered: dict[str, Any] = {"role": _template_role(message.role), "content": content}
     if message.tool_calls:
@@ -194,7 +197,10 @@ def _template_message(message: ChatMessage, image_numbers: Iterator[int] | None 
 
 
 def _template_tool(spec: FunctionSpec) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": spec.name, "parameters": spec.parameters or {"type": "object", "properties": {}}}
+    function: dict[str, Any] = {
+        "name": spec.name,
+        "parameters": spec.parameters or {"type": "object", "properties": {}},
+    }
     if spec.description:
         function["description"] = spec.description
     return {"type": "function", "function": function}

@@ -85,10 +85,14 @@ async def embeddings() -> Any:
     inputs = _inputs(body, encoder.settings.max_inputs_per_request)
     truncate = body.truncate_prompt_tokens
     if truncate == 0:
-        raise invalid("Invalid value for 'truncate_prompt_tokens': it must be -1 or at least 1.", "truncate_prompt_tokens")
-    names = ["input"] if isinstance(body.input, str) or inputs == [body.input] else [
-        f"input[{index}]" for index in range(len(inputs))
-    ]
+        raise invalid(
+            "Invalid value for 'truncate_prompt_tokens': it must be -1 or at least 1.", "truncate_prompt_tokens"
+        )
+    names = (
+        ["input"]
+        if isinstance(body.input, str) or inputs == [body.input]
+        else [f"input[{index}]" for index in range(len(inputs))]
+    )
     job = await run(encoder, EmbeddingWork(inputs, truncate, names), len(inputs))
     vectors: np.ndarray = job.result
 

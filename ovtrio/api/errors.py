@@ -157,7 +157,10 @@ def shutting_down(*, cut: bool = False) -> APIError:
 
 def model_not_found(name: str) -> APIError:
     return APIError(
-        404, f"The model '{name}' does not exist or you do not have access to it.", param="model", code="model_not_found"
+        404,
+        f"The model '{name}' does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
     )
 
 

@@ -143,17 +143,25 @@ def _structural_tags(spec: dict[str, Any], param: str) -> OutputConstraint:
     structures = spec.get("structures")
     triggers = spec.get("triggers")
     if not isinstance(structures, list) or not structures:
-        raise ConstraintError(f"Invalid value for '{param}.structures': a non-empty list is required.", f"{param}.structures")
+        raise ConstraintError(
+            f"Invalid value for '{param}.structures': a non-empty list is required.", f"{param}.structures"
+        )
     if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
-        raise ConstraintError(f"Invalid value for '{param}.triggers': a non-empty list of strings is required.", f"{param}.triggers")
+        raise ConstraintError(
+            f"Invalid value for '{param}.triggers': a non-empty list of strings is required.", f"{param}.triggers"
+        )
     regions = []
     for i, item in enumerate(structures):
         where = f"{param}.structures[{i}]"
         if not isinstance(item, dict) or not isinstance(item.get("begin"), str) or not isinstance(item.get("end"), str):
             raise ConstraintError(f"Invalid value for '{where}': begin and end strings are required.", where)
         if not any(item["begin"].startswith(t) for t in triggers):
-            raise ConstraintError(f"Invalid value for '{where}.begin': it must start with one of the triggers.", f"{where}.begin")
-        regions.append(TaggedRegion(item["begin"], checked_schema(item.get("schema", {}), f"{where}.schema"), item["end"]))
+            raise ConstraintError(
+                f"Invalid value for '{where}.begin': it must start with one of the triggers.", f"{where}.begin"
+            )
+        regions.append(
+            TaggedRegion(item["begin"], checked_schema(item.get("schema", {}), f"{where}.schema"), item["end"])
+        )
     return OutputConstraint(tags=tuple(regions), triggers=tuple(triggers))
 
 
@@ -174,8 +182,7 @@ def from_response_format(value: Any, param: str = "response_format") -> OutputCo
     if kind in ("structural_tag", "structural_tags"):
         return _structural_tags(value, param)
     raise ConstraintError(
-        f"Invalid value for '{param}.type': '{kind}' is not one of text, json_object, json_schema,"
-        " structural_tag.",
+        f"Invalid value for '{param}.type': '{kind}' is not one of text, json_object, json_schema, structural_tag.",
         f"{param}.type",
     )
 

@@ -191,7 +191,9 @@ async def event_stream(
     return sse_response(await EventStream(submitted(model.scheduler, generation), frames).open())
 
 
-async def unary_outcome(model: ServingModel, generation: GenerationRequest, stage: OutputStage, choices: int) -> Outcome:
+async def unary_outcome(
+    model: ServingModel, generation: GenerationRequest, stage: OutputStage, choices: int
+) -> Outcome:
     """Run the request to its end and aggregate its events."""
     collector = ResultCollector(choices)
     async with submitted(model.scheduler, generation) as stream:

@@ -47,10 +47,14 @@ class MemoryCollector(Collector):
             yield GaugeMetricFamily(
                 "ovtrio_response_store_bytes", "Bytes of memory the stored responses take", value=self._store.bytes
             )
-            yield GaugeMetricFamily("ovtrio_response_store_entries", "Stored responses in memory", value=len(self._store))
+            yield GaugeMetricFamily(
+                "ovtrio_response_store_entries", "Stored responses in memory", value=len(self._store)
+            )
 
 
-def registry_for(models: ModelRegistry, metrics: ServerMetrics, store: ResponseStore | None = None) -> CollectorRegistry:
+def registry_for(
+    models: ModelRegistry, metrics: ServerMetrics, store: ResponseStore | None = None
+) -> CollectorRegistry:
     """The app's registry: what `metrics` records, the schedulers' numbers, and the
     memory kept between requests."""
     metrics.registry.register(SchedulerCollector(models))

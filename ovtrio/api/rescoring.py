@@ -61,7 +61,9 @@ def generated_entries(events: list[OutputEvent], choices: int) -> list[list[Toke
     return entries
 
 
-async def scored_sequences(model: ServingModel, sequences: list[list[int]], top: int, param: str) -> list[SequenceScores]:
+async def scored_sequences(
+    model: ServingModel, sequences: list[list[int]], top: int, param: str
+) -> list[SequenceScores]:
     """Each sequence scored on the scoring path with its `top` most likely tokens; a 400
     naming `param` where the scoring path cannot run."""
     scorer = model.scorer

@@ -60,11 +60,7 @@ def speculative_fields(body: SamplingFields, speculation: Speculation) -> dict[s
     num_assistant_tokens and max_ngram_size, a draft model num_assistant_tokens or
     assistant_confidence_threshold (not both, checked in protocol/sampling_fields.py).
     """
-    sent = {
-        name: value
-        for name in _ENABLED_BY
-        if (value := getattr(body, name)) is not None
-    }
+    sent = {name: value for name in _ENABLED_BY if (value := getattr(body, name)) is not None}
     if speculation.mode == "none":
         for name in sent:
             raise invalid(
@@ -148,7 +144,9 @@ def sampling_params(
         top_p=body.top_p if body.top_p is not None else defaults.get("top_p", 1.0),
         top_k=None if top_k == -1 else top_k,
         min_p=body.min_p or 0.0,
-        repetition_penalty=repetition_penalty if repetition_penalty is not None else defaults.get("repetition_penalty", 1.0),
+        repetition_penalty=repetition_penalty
+        if repetition_penalty is not None
+        else defaults.get("repetition_penalty", 1.0),
         frequency_penalty=body.frequency_penalty or 0.0,
         presence_penalty=body.presence_penalty or 0.0,
         length_penalty=body.length_penalty,

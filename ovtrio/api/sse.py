@@ -50,12 +50,12 @@ class EventStream:
         self._events: AsyncIterator[bytes] | None = None
         self._closed = False
 
-    async def open(self) -> "EventStream":
+    async def open(self) -> EventStream:
         """Submit the request; returns once the engine has it (or raises its refusal)."""
         self._events = self._frames(await self._submission.__aenter__())
         return self
 
-    def __aiter__(self) -> "EventStream":
+    def __aiter__(self) -> EventStream:
         return self
 
     async def __anext__(self) -> bytes:

@@ -48,7 +48,10 @@ class EncoderMetrics:
             registry=registry,
         )
         self.batch_size = Histogram(
-            "ovtrio_encoder_batch_size", "Inputs computed in one batch", _LABELS, buckets=BATCH_BUCKETS,
+            "ovtrio_encoder_batch_size",
+            "Inputs computed in one batch",
+            _LABELS,
+            buckets=BATCH_BUCKETS,
             registry=registry,
         )
         self._observers: dict[str, _ModelObserver] = {}

@@ -156,8 +156,13 @@ class EncoderService:
             return
         self.model = model
         self.loaded.set()
-        log.info("serving %s model '%s' (loaded in %.2f s, inputs of at most %d tokens)", self.kind, self.name,
-                 model.load_seconds, model.limit)
+        log.info(
+            "serving %s model '%s' (loaded in %.2f s, inputs of at most %d tokens)",
+            self.kind,
+            self.name,
+            model.load_seconds,
+            model.limit,
+        )
         try:
             await self.worker.run(model)
         finally:

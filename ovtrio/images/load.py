@@ -109,7 +109,7 @@ def _data_url_bytes(url: str, param: str, limits: ImageLimits) -> bytes:
     mime = (match.group("mime") or "").lower()
     if mime and not mime.startswith("image/"):
         raise ImageError(f"Invalid value for '{param}': {mime} is not an image type.", param, "invalid_image_format")
-    encoded = url[match.end():]
+    encoded = url[match.end() :]
     # Base64 is 4 characters for 3 bytes: refuse by length before decoding anything.
     if len(encoded) * 3 // 4 > limits.max_bytes + 3:
         raise _too_large(param, limits)
@@ -165,10 +165,15 @@ async def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
 
     try:
         with trio.fail_after(limits.fetch_timeout):
-            async with httpx.AsyncClient(
-                follow_redirects=True, max_redirects=3, timeout=limits.fetch_timeout,
-                event_hooks={"response": [redirect_check]},
-            ) as client, client.stream("GET", url) as response:
+            async with (
+                httpx.AsyncClient(
+                    follow_redirects=True,
+                    max_redirects=3,
+                    timeout=limits.fetch_timeout,
+                    event_hooks={"response": [redirect_check]},
+                ) as client,
+                client.stream("GET", url) as response,
+            ):
                 if response.status_code != 200:
                     raise ImageError(
                         f"Invalid value for '{param}': fetching the image URL gave HTTP {response.status_code}.",

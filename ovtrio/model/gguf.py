@@ -35,8 +35,16 @@ def _format() -> _Format:
 
     kind = gguf.GGUFValueType
     scalars = {
-        kind.UINT8: "<B", kind.INT8: "<b", kind.UINT16: "<H", kind.INT16: "<h", kind.UINT32: "<I",
-        kind.INT32: "<i", kind.FLOAT32: "<f", kind.BOOL: "<?", kind.UINT64: "<Q", kind.INT64: "<q",
+        kind.UINT8: "<B",
+        kind.INT8: "<b",
+        kind.UINT16: "<H",
+        kind.INT16: "<h",
+        kind.UINT32: "<I",
+        kind.INT32: "<i",
+        kind.FLOAT32: "<f",
+        kind.BOOL: "<?",
+        kind.UINT64: "<Q",
+        kind.INT64: "<q",
         kind.FLOAT64: "<d",
     }
     return _Format(struct.pack("<I", gguf.GGUF_MAGIC), scalars, kind.STRING, kind.ARRAY, gguf.GGMLQuantizationType)

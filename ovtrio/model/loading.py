@@ -178,9 +178,7 @@ def _build_with_cache(
             tokenizer, pipeline = _build(folder, settings, phases)
             return tokenizer, pipeline, f"cached in {folder}", folder
         except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
-            log.warning(
-                "model cache entry %s is unusable (%s); rebuilding it", folder, engine_error_reason(exc)
-            )
+            log.warning("model cache entry %s is unusable (%s); rebuilding it", folder, engine_error_reason(exc))
             replacing = True
     try:
         with cache.building(key, source.path, identity, replacing) as path:
@@ -204,9 +202,15 @@ def convert_into_cache(source: ModelSource, settings: Settings) -> str:
         raise ModelLoadError("the model cache is off (--no-model-cache): there is nothing to convert into")
     quick = settings.model_copy(
         update={
-            "device": "CPU", "backend": "continuous_batching", "num_kv_blocks": 1, "draft_model": None,
-            "prompt_lookup": False, "plugin_config": {}, "inference_precision": "auto",
-            "kv_cache_precision": "auto", "num_threads": None,
+            "device": "CPU",
+            "backend": "continuous_batching",
+            "num_kv_blocks": 1,
+            "draft_model": None,
+            "prompt_lookup": False,
+            "plugin_config": {},
+            "inference_precision": "auto",
+            "kv_cache_precision": "auto",
+            "num_threads": None,
         }
     )
     try:

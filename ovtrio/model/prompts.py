@@ -170,7 +170,6 @@ class PromptBuilder:
         token's, a special token no detokenizer shows."""
         return [max(self._tokenizer.get_eos_token_id(), 0)] * (images * tokens_per_image)
 
-
     def special_token_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
         """The ids of those `texts` that are each one special token of the vocabulary."""
         if self._vocabulary is None:

@@ -128,9 +128,7 @@ def resolve_model(settings: Settings) -> ModelSource:
 
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ModelLoadError(
-                f"cannot load model {path}: expected a .gguf file or an OpenVINO IR folder"
-            )
+            raise ModelLoadError(f"cannot load model {path}: expected a .gguf file or an OpenVINO IR folder")
         context_length, vocab_size = _check_gguf(path)
         return ModelSource(path, "gguf", name, context_length, {}, vocab_size)
 

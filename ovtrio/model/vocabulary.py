@@ -67,9 +67,7 @@ class Vocabulary:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Whole-sequence decode (for checking against the engine's detokenizer)."""
-        data = b"".join(
-            self.token_bytes[i] for i in ids if not (skip_special_tokens and i in self.special_ids)
-        )
+        data = b"".join(self.token_bytes[i] for i in ids if not (skip_special_tokens and i in self.special_ids))
         return data.decode("utf-8", errors="replace")
 
 

@@ -155,4 +155,3 @@ class OutputStage:
                 self._token_bytes,
             )
         return reader
-

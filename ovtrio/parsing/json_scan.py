@@ -22,7 +22,7 @@ _JSON_SPACE = " \t\n\r"
 VALUE_STARTS = frozenset('{["-0123456789tfn')
 # Characters that can continue a bare number or true/false/null. A bare value has no
 # closing character, so it ends at the first character that is not one of these.
-_SCALAR_CHARS = frozenset("0123456789+-.eE" "truefalsn")
+_SCALAR_CHARS = frozenset("0123456789+-.eEtruefalsn")
 
 
 class JsonValue:

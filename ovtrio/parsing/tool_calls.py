@@ -27,7 +27,6 @@ How text becomes calls:
   are the text written so far, which is what OpenAI does too (finish_reason "length").
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -198,7 +198,11 @@ class Delivery:
         observer, read_at = self._observer, self._read_at
         for output, text in zip(fresh, texts):
             active, part, sequence, ids, reason = (
-                output.active, output.part, output.sequence, output.ids, output.finish_reason
+                output.active,
+                output.part,
+                output.sequence,
+                output.ids,
+                output.finish_reason,
             )
             if active.request_id not in self._active or active.request_id in ended:
                 continue
@@ -291,4 +295,3 @@ class Delivery:
         if self._configured_interval:
             return self._configured_interval
         return min(3, 1 + len(self._active) // 12)
-

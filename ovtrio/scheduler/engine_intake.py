@@ -169,9 +169,7 @@ class EngineIntake(RequestIntake):
         prompt = engine_prompt(text) if text is not None else prompt_tensor(prompt_ids)
 
         def new_sequences(count: int) -> list[Sequence]:
-            made = [
-                self._delivery.new_sequence(len(active.sequences) + i, prompt_ids, params) for i in range(count)
-            ]
+            made = [self._delivery.new_sequence(len(active.sequences) + i, prompt_ids, params) for i in range(count)]
             active.sequences.extend(made)
             return made
 
@@ -187,9 +185,7 @@ class EngineIntake(RequestIntake):
 
     def _add_request(self, prompt: Any, params: SamplingParams, seed_offset: int) -> Any:
         self._between_steps("add_request")
-        config = to_generation_config(
-            params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids
-        )
+        config = to_generation_config(params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids)
         try:
             if isinstance(prompt, tuple):  # text and images (engine_prompt)
                 return self._pipeline.add_request(next(self._ids), prompt[0], prompt[1], config)

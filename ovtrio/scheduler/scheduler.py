@@ -361,4 +361,3 @@ class Scheduler(EngineIntake):
             step_in_flight=self._stepper.inside_step,
             step_releases_gil=self._stepper.releases_gil,
         )
-

@@ -69,9 +69,7 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def configure_allocator(
-    mmap_threshold: int = MMAP_THRESHOLD_BYTES, trim_threshold: int = TRIM_THRESHOLD_BYTES
-) -> bool:
+def configure_allocator(mmap_threshold: int = MMAP_THRESHOLD_BYTES, trim_threshold: int = TRIM_THRESHOLD_BYTES) -> bool:
     """Fix glibc's mmap and trim thresholds for the whole process; False where there is
     no glibc (or it refused)."""
     libc = _libc()

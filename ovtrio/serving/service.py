@@ -110,6 +110,7 @@ def scorer_for(model: LoadedModel, settings: Settings, scheduler: Scheduler) -> 
             "scoring needs the model as OpenVINO IR, and this GGUF file was converted without the model cache"
             " (start the server without --no-model-cache, with a writable --cache-dir)",
         )
+
     def load() -> ScoringEngine:
         return ScoringEngine(xml, model.device, engine_properties(settings), settings.scoring_chunk_tokens)
 
@@ -186,12 +187,16 @@ class ModelService:
             else:
                 model, kv_capacity = await trio.to_thread.run_sync(load_and_warm_up, source, self.settings)
             stateful = engine_backend(self.settings) == "stateful"
-            step = None if stateful else await trio.to_thread.run_sync(
-                choose_step,
-                model.pipeline,
-                self.settings.gil_free_step,
-                partial(apply_defaults, speculation=model.speculation),
-                source.vision,
+            step = (
+                None
+                if stateful
+                else await trio.to_thread.run_sync(
+                    choose_step,
+                    model.pipeline,
+                    self.settings.gil_free_step,
+                    partial(apply_defaults, speculation=model.speculation),
+                    source.vision,
+                )
             )
         except ModelLoadError as exc:
             self.failure = str(exc)

@@ -20,10 +20,10 @@ for an empty one, where a missing file here stops startup naming it.
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ovtrio.settings.model import ModelSettings

@@ -120,7 +120,7 @@ class ModelSettings(BaseModel):
     plugin_config: dict[str, bool | int | float | str] = Field(
         default_factory=dict,
         description="OpenVINO properties for the device, as a JSON object (OVMS's plugin_config), e.g."
-        ' \'{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}\'; also given to the draft model. Properties that a setting'
+        " '{\"DYNAMIC_QUANTIZATION_GROUP_SIZE\": 0}'; also given to the draft model. Properties that a setting"
         " of their own controls (precision, KV cache precision, threads) are refused here, naming the setting; a"
         " property the device does not know fails the load in one line naming it",
     )

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import re
 import typing
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -115,8 +116,7 @@ class ServerSettings(BaseModel):
     response_store_bytes: int = Field(
         64 * 1024 * 1024,
         ge=0,
-        description="bytes of memory the stored responses may take (oldest dropped first), beside"
-        " response_store_size",
+        description="bytes of memory the stored responses may take (oldest dropped first), beside response_store_size",
     )
     max_body_bytes: int = Field(
         2 * 1024 * 1024,
@@ -173,9 +173,7 @@ class ServerSettings(BaseModel):
         description="seconds a Responses WebSocket may stay open with no message from the client and no response"
         " running; then it is closed (code 1000)",
     )
-    playground: bool = Field(
-        True, description="serve the browser playground at / (--no-playground leaves / a 404)"
-    )
+    playground: bool = Field(True, description="serve the browser playground at / (--no-playground leaves / a 404)")
     host: str = Field(
         "127.0.0.1",
         description="address to listen on (any but a loopback address, without an API key, logs a warning)",
@@ -188,7 +186,6 @@ class ServerSettings(BaseModel):
         " error (new ones are refused meanwhile)",
     )
     log_level: str = Field("info", description="debug, info, warning or error")
-
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod

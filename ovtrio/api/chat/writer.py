@@ -37,8 +37,12 @@ class ChatWriter:
         self.choices = choices
         self.logprobs = logprobs
 
-    def _chunk(self, index: int, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None) -> dict[str, Any]:
-        return self.envelope.wrap(CHUNK, [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}])
+    def _chunk(
+        self, index: int, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None
+    ) -> dict[str, Any]:
+        return self.envelope.wrap(
+            CHUNK, [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]
+        )
 
     def opening(self) -> list[dict[str, Any]]:
         return [self._chunk(i, {"role": "assistant", "content": ""}) for i in range(self.choices)]
@@ -54,7 +58,10 @@ class ChatWriter:
             elif isinstance(event, ToolCallStarted):
                 following = events[at + 1] if at + 1 < len(events) else None
                 arguments = ""
-                if isinstance(following, ToolCallArguments) and (following.choice, following.call) == (event.choice, event.call):
+                if isinstance(following, ToolCallArguments) and (following.choice, following.call) == (
+                    event.choice,
+                    event.call,
+                ):
                     arguments, merged = following.fragment, at + 1
                 call = {"index": event.call, "function": {"arguments": arguments, "name": event.name}}
                 call["id"], call["type"] = event.id, "function"

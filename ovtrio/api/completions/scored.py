@@ -76,7 +76,9 @@ async def scored_completion(
         texts = model.prompts.prompt_texts(body.prompt, prompts)
         for choice in range(choices):
             prompt = prompts[choice // body.n]
-            leading.append(PromptScored(choice, prompt_entries(model.prompts, prompt, texts[choice // body.n], scores[choice])))
+            leading.append(
+                PromptScored(choice, prompt_entries(model.prompts, prompt, texts[choice // body.n], scores[choice]))
+            )
     if rescored:
         fill_generated(model, [prompts[choice // body.n] for choice in range(choices)], generated, scores)
     return respond_with_events(body, writer, leading + events, choices)

@@ -24,7 +24,8 @@ def prompt_logprobs_body(entries: list[TokenLogprob], top: int) -> list[dict[str
         scores = {str(entry.token_id): {"logprob": entry.logprob, "rank": entry.rank, "decoded_token": entry.text}}
         for rank, alternative in enumerate((entry.top or [])[:top], start=1):
             scores.setdefault(
-                str(alternative.token_id), {"logprob": alternative.logprob, "rank": rank, "decoded_token": alternative.text}
+                str(alternative.token_id),
+                {"logprob": alternative.logprob, "rank": rank, "decoded_token": alternative.text},
             )
         body.append(scores)
     return body
@@ -86,7 +87,9 @@ class CompletionWriter:
     def opening(self) -> list[dict[str, Any]]:
         if not self.echo or self.scored:
             return []
-        return [self.envelope.wrap(OBJECT, [self._choice(i, self._echo_text(i), None, None)]) for i in range(self.choices)]
+        return [
+            self.envelope.wrap(OBJECT, [self._choice(i, self._echo_text(i), None, None)]) for i in range(self.choices)
+        ]
 
     def write(self, events: list[OutputEvent]) -> list[dict[str, Any]]:
         chunks = []

@@ -145,4 +145,6 @@ class Ping:
     type: Literal["ping"] = "ping"
 
 
-MessageEvent = MessageStart | ContentBlockStart | ContentBlockDelta | ContentBlockStop | MessageDelta | MessageStop | ErrorEvent
+MessageEvent = (
+    MessageStart | ContentBlockStart | ContentBlockDelta | ContentBlockStop | MessageDelta | MessageStop | ErrorEvent
+)

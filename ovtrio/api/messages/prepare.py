@@ -129,7 +129,9 @@ def _translated(message: InputMessage, index: int) -> list[ChatMessage]:
         text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
         calls = [
             ToolCallRef.model_construct(
-                id=b.id, type="function", function=FunctionCall.model_construct(name=b.name, arguments=json.dumps(b.input))
+                id=b.id,
+                type="function",
+                function=FunctionCall.model_construct(name=b.name, arguments=json.dumps(b.input)),
             )
             for b in message.content
             if isinstance(b, ToolUseBlock)
@@ -163,7 +165,9 @@ def _content(parts: list[TextPart | ImagePart]) -> str | list[TextPart | ImagePa
 
 
 def _message(role: str, content: str | list[TextPart | ImagePart], **fields: Any) -> ChatMessage:
-    return ChatMessage.model_construct(**{"role": role, "content": content, "name": None, "tool_calls": None, "tool_call_id": None, **fields})
+    return ChatMessage.model_construct(
+        **{"role": role, "content": content, "name": None, "tool_calls": None, "tool_call_id": None, **fields}
+    )
 
 
 async def encode(model: ServingModel, body: MessagesInput, chat: ChatCompletionRequest) -> ChatPrompt:
@@ -202,7 +206,9 @@ async def prepare(model: ServingModel, body: MessagesRequest) -> PreparedMessage
             chat, lambda fmt: from_response_format(fmt, "output_config.format"), model.caps.schema_bytes
         )
     except ConstraintError as exc:
-        raise ConstraintError(str(exc).replace("output_config.format.json_schema", "output_config.format"), _param(exc)) from None
+        raise ConstraintError(
+            str(exc).replace("output_config.format.json_schema", "output_config.format"), _param(exc)
+        ) from None
     texts = await text_prompts(model, prompt)
     generation = generation_request(
         model, chat, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts

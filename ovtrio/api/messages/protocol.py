@@ -59,7 +59,7 @@ class ImageSource(_Strict):
     url: str | None = None  # url
 
     @model_validator(mode="after")
-    def _check_source(self) -> "ImageSource":
+    def _check_source(self) -> ImageSource:
         if self.type == "base64" and not (self.media_type and self.data is not None):
             raise ValueError("a base64 image source needs media_type and data")
         if self.type == "url" and not self.url:
@@ -252,7 +252,7 @@ class MessagesInput(_Strict):
         return self.output_config.format.schema_
 
     def tool_choice_type(self) -> str:
-        """"auto", "any", "tool" or "none": Anthropic's default is auto."""
+        """ "auto", "any", "tool" or "none": Anthropic's default is auto."""
         return self.tool_choice.type if self.tool_choice else "auto"
 
 
@@ -267,7 +267,9 @@ class MessagesRequest(MessagesInput):
     """The body of POST /v1/messages."""
 
     max_tokens: Annotated[int, Field(ge=1)]
-    stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    stop_sequences: (
+        Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] | None
+    ) = None
     stream: bool = False
     # No longer in Anthropic's SDK, still sent by older clients and other tools.
     temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None

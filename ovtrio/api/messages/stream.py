@@ -97,7 +97,11 @@ class MessageStream:
 
     @classmethod
     def of(
-        cls, scheduler: GenerationScheduler, ready: PreparedMessage, writer: MessageWriter, interval: float = PING_INTERVAL
+        cls,
+        scheduler: GenerationScheduler,
+        ready: PreparedMessage,
+        writer: MessageWriter,
+        interval: float = PING_INTERVAL,
     ) -> MessageStream:
         return cls(lambda: _frames(scheduler, ready, writer, interval))
 

@@ -67,7 +67,12 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 class MessageWriter(BlockWriter[ContentBlock, MessageEvent]):
     def __init__(
-        self, message_id: str, model: str, input_tokens: int, stop_sequences: tuple[str, ...] = (), one_call: bool = False
+        self,
+        message_id: str,
+        model: str,
+        input_tokens: int,
+        stop_sequences: tuple[str, ...] = (),
+        one_call: bool = False,
     ) -> None:
         """`one_call`: disable_parallel_tool_use; a model that writes more calls anyway
         has only its first one returned."""

@@ -30,8 +30,7 @@ def check_metadata(value: Any, param: str = "metadata") -> dict[str, str] | None
     for key, item in value.items():
         if len(key) > METADATA_KEY_CHARS:
             raise invalid(
-                f"Invalid '{param}': keys may be at most {METADATA_KEY_CHARS} characters long, and one has"
-                f" {len(key)}.",
+                f"Invalid '{param}': keys may be at most {METADATA_KEY_CHARS} characters long, and one has {len(key)}.",
                 f"{param}.{key[:METADATA_KEY_CHARS]}",
                 "string_above_max_length",
             )

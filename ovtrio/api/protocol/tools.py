@@ -40,7 +40,9 @@ class Tool(Body):
     def spec(self) -> FunctionSpec:
         if self.function is not None:
             return self.function
-        return FunctionSpec(name=self.name or "", description=self.description, parameters=self.parameters, strict=self.strict)
+        return FunctionSpec(
+            name=self.name or "", description=self.description, parameters=self.parameters, strict=self.strict
+        )
 
 
 class NamedFunction(Body):
@@ -88,7 +90,7 @@ class ToolAndReasoningFields(Body):
         return [tool.spec() for tool in self.tools or []]
 
     def effective_tool_choice(self) -> str:
-        """"none", "auto", "required" or "function" (a named one); OpenAI's defaults."""
+        """ "none", "auto", "required" or "function" (a named one); OpenAI's defaults."""
         if isinstance(self.tool_choice, NamedToolChoice):
             return "function"
         return self.tool_choice or ("auto" if self.tools else "none")

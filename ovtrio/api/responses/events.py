@@ -75,7 +75,7 @@ def message_status(finish_reason: str) -> str:
 
 class ChoiceItems(BlockWriter[OutputItem, StreamEvent]):
     """One choice's output items (`items`), and the events that build them. The
-request's end (Completed, Failed) is ResponseEvents' to write."""
+    request's end (Completed, Failed) is ResponseEvents' to write."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -112,10 +112,15 @@ request's end (Completed, Failed) is ResponseEvents' to write."""
         return item
 
     def started(self, item: OutputItem, kind: Kind) -> list[StreamEvent]:
-        added = OutputItemEvent(type="response.output_item.added", output_index=len(self.items) - 1, item=snapshot(item))
+        added = OutputItemEvent(
+            type="response.output_item.added", output_index=len(self.items) - 1, item=snapshot(item)
+        )
         where = self._where(item)
         if isinstance(item, ReasoningItem):
-            return [added, SummaryPartEvent(type="response.reasoning_summary_part.added", **where, part=SummaryText(text=""))]
+            return [
+                added,
+                SummaryPartEvent(type="response.reasoning_summary_part.added", **where, part=SummaryText(text="")),
+            ]
         if isinstance(item, MessageItem):
             return [added, ContentPartEvent(type="response.content_part.added", **where, part=OutputText(text=""))]
         return [added]
@@ -150,7 +155,9 @@ request's end (Completed, Failed) is ResponseEvents' to write."""
             events.append(ArgumentsDone(**where, name=item.name, arguments=item.arguments))
             item.status = "completed"
         self._text, self._logprobs = "", []
-        done = OutputItemEvent(type="response.output_item.done", output_index=where["output_index"], item=snapshot(item))
+        done = OutputItemEvent(
+            type="response.output_item.done", output_index=where["output_index"], item=snapshot(item)
+        )
         return events + [done]
 
     def choice_finished(self, reason: str) -> list[StreamEvent]:
@@ -193,8 +200,10 @@ class ResponseEvents:
     def opening(self) -> list[StreamEvent]:
         response = self._envelope("in_progress", [], None, False, None)
         return self._numbered(
-            [ResponseStateEvent(type="response.created", response=response),
-             ResponseStateEvent(type="response.in_progress", response=response)]
+            [
+                ResponseStateEvent(type="response.created", response=response),
+                ResponseStateEvent(type="response.in_progress", response=response),
+            ]
         )
 
     def write(self, events: list[OutputEvent]) -> list[StreamEvent]:
@@ -224,4 +233,3 @@ class ResponseEvents:
         error = {"code": "server_error", "message": api_error(failed).message}
         response = self._envelope("failed", self.output, None, False, error)
         return events + [ResponseStateEvent(type="response.failed", response=response)]
-

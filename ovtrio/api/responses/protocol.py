@@ -44,7 +44,7 @@ class InputItem(Body):
     status: str | None = None
 
     @model_validator(mode="after")
-    def _check_kind(self) -> "InputItem":
+    def _check_kind(self) -> InputItem:
         if self.type == "message" and self.role is None:
             raise ValueError("a message item needs a role")
         if self.type == "function_call" and not (self.call_id and self.name and self.arguments is not None):
@@ -90,7 +90,7 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
     previous_response_id: str | None = None
 
     @model_validator(mode="after")
-    def _check_responses(self) -> "ResponsesRequest":
+    def _check_responses(self) -> ResponsesRequest:
         if self.stream and self.n > 1:
             raise invalid("n must be 1 when streaming a response.", "n")
         if self.max_tokens is not None:
@@ -140,7 +140,9 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
         messages: list[ChatMessage] = []
         for index, item in enumerate(self.items()):
             if item.type == "function_call":
-                call = ToolCallRef(id=item.call_id or "", function=FunctionCall(name=item.name or "", arguments=item.arguments or ""))
+                call = ToolCallRef(
+                    id=item.call_id or "", function=FunctionCall(name=item.name or "", arguments=item.arguments or "")
+                )
                 if messages and messages[-1].role == "assistant" and messages[-1].tool_calls is not None:
                     messages[-1].tool_calls.append(call)
                 else:
@@ -159,7 +161,9 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
                 ]
                 messages.append(ChatMessage(role=item.role or "user", content=parts))
             else:
-                text = item.content if isinstance(item.content, str) else "".join(p.text or "" for p in item.content or [])
+                text = (
+                    item.content if isinstance(item.content, str) else "".join(p.text or "" for p in item.content or [])
+                )
                 messages.append(ChatMessage(role=item.role or "user", content=text))
         return messages
 

@@ -100,7 +100,9 @@ def _page_arguments() -> tuple[int, str, str | None]:
     try:
         limit = int(raw_limit)
     except ValueError:
-        raise invalid(f"Invalid type for 'limit': expected an integer, got '{raw_limit[:40]}'.", "limit", "invalid_type") from None
+        raise invalid(
+            f"Invalid type for 'limit': expected an integer, got '{raw_limit[:40]}'.", "limit", "invalid_type"
+        ) from None
     if not 1 <= limit <= MAX_PAGE:
         raise invalid(f"Invalid value for 'limit': must be between 1 and {MAX_PAGE}, got {limit}.", "limit")
     order = request.args.get("order", "desc")

@@ -67,9 +67,7 @@ async def store_response(
         {"id": item.id or new_id("msg_"), **item.model_dump(exclude_none=True, exclude={"id"})}
         for item in ready.body.items()
     ]
-    entry = StoredResponse(
-        to_jsonable_python(response), items, [turn.model_dump(exclude_none=True) for turn in turns]
-    )
+    entry = StoredResponse(to_jsonable_python(response), items, [turn.model_dump(exclude_none=True) for turn in turns])
     for store in stores:
         await store.put(dataclasses.replace(entry))
 

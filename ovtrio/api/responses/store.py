@@ -38,7 +38,7 @@ class StoredResponse:
     stored_at: float = field(default_factory=time.time)
     size: int = 0  # bytes in memory, set by the store
 
-    def measured(self) -> "StoredResponse":
+    def measured(self) -> StoredResponse:
         self.size = memory_size(self.response) + memory_size(self.input_items) + memory_size(self.conversation)
         return self
 
