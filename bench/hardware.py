@@ -51,7 +51,7 @@ def read_bandwidth_gb_s(threads: int | None = None, mib_per_thread: int = 512, r
     for _ in range(repeats):
         barrier = threading.Barrier(threads + 1)
 
-        def read(array: np.ndarray) -> None:
+        def read(array: np.ndarray, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
             array.sum()
 
@@ -94,9 +94,8 @@ def main() -> None:
     print(f"read bandwidth: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
     for model in args.models:
         per_token = weight_bytes_per_token(model)
-        print(
-            f"{model.name}: {per_token / 1e6:.0f} MB of weights per token -> ceiling {bandwidth * 1e3 / (per_token / 1e6):.0f} tok/s"
-        )
+        ceiling = bandwidth * 1e9 / per_token
+        print(f"{model.name}: {per_token / 1e6:.0f} MB of weights per token -> ceiling {ceiling:.0f} tok/s")
 
 
 if __name__ == "__main__":

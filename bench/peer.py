@@ -194,9 +194,8 @@ def main() -> None:
         figures = trio.run(measure, args, gguf)
         print_table(args, gguf, figures, ceiling_tok_s(gguf, bandwidth))
         results[gguf.name] = figures
-    print(
-        f"(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's; {time.perf_counter() - started:.0f} s)"
-    )
+    elapsed = time.perf_counter() - started
+    print(f"(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's; {elapsed:.0f} s)")
     if args.plot:
         plot(args.plot, args.concurrency, results, machine)
 

@@ -19,9 +19,10 @@ from ovtrio.serving import memory
 
 # Allocates 40 blocks of 2 MB, each followed by a block of 200 kB that stays (so the
 # heap's top cannot shrink past them), touches them all, frees the large ones and prints
-# how many MB of RSS the process kept (8 MB of it the small blocks). Before that, one 16 MB block is allocated and freed:
-# left alone, glibc then raises its mmap threshold to 16 MB, so the 2 MB blocks land in
-# the heap and keep their pages after they are freed.
+# how many MB of RSS the process kept (8 MB of it the small blocks). Before that, one
+# 16 MB block is allocated and freed: left alone, glibc then raises its mmap threshold
+# to 16 MB, so the 2 MB blocks land in the heap and keep their pages after they are
+# freed.
 RETAINED = textwrap.dedent(
     """
     import ctypes, sys

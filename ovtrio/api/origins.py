@@ -111,7 +111,7 @@ class OriginPolicy:
 
     def same_origin(self, origin: str, host: str | None) -> bool:
         """Whether `origin` names the server itself, as its request's Host header does."""
-        scheme, separator, authority = _normal_origin(origin).partition("://")
+        _scheme, separator, authority = _normal_origin(origin).partition("://")
         return bool(separator) and host is not None and authority == host.strip().lower()
 
     def cross_origin_allowed(self, origin: str) -> bool:

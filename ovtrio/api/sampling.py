@@ -64,7 +64,8 @@ def speculative_fields(body: SamplingFields, speculation: Speculation) -> dict[s
     if speculation.mode == "none":
         for name in sent:
             raise invalid(
-                f"{name} needs speculative decoding, which this server does not run: start it with {_ENABLED_BY[name]}.",
+                f"{name} needs speculative decoding, which this server does not run:"
+                f" start it with {_ENABLED_BY[name]}.",
                 name,
                 "unsupported_parameter",
             )

@@ -255,7 +255,7 @@ def check_params(params: SamplingParams) -> None:
     config = to_generation_config(params)
     try:
         config.validate()
-    except Exception as exc:  # the engine raises RuntimeError("Check 'x' failed at file:line ...")
+    except Exception as exc:  # noqa: BLE001 - the engine raises RuntimeError("Check 'x' failed at file:line ...")
         text = str(exc)
         if "Check '" in text:
             text = "it requires " + text.split("Check '", 1)[1].split("'", 1)[0]

@@ -116,7 +116,7 @@ class StatefulScheduler(RequestIntake):
         prompt_ids = request.prompts[0]
         try:
             config = to_generation_config(params, model_stop_token_ids=self._model_stop_token_ids)
-        except Exception as exc:  # settings the engine cannot take
+        except Exception as exc:  # noqa: BLE001 - settings the engine cannot take
             admission.error = UnsupportedParams(str(exc).splitlines()[0])
             active.close()
             admission.added.set()
@@ -147,7 +147,7 @@ class StatefulScheduler(RequestIntake):
             self._generations += 1
             try:
                 outcome.append(await trio.to_thread.run_sync(partial(run, streamer=streamer)))
-            except Exception as exc:  # an engine fault: fail this request, keep serving
+            except Exception as exc:  # noqa: BLE001 - an engine fault: fail this request, keep serving
                 outcome.append(exc)
             finally:
                 self._generating = False

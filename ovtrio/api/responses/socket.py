@@ -152,7 +152,7 @@ async def _serve_frames(
             return
         try:
             request = _read_frame(frame, max_bytes)
-        except Exception as error:  # whatever a frame does, the socket stays usable
+        except Exception as error:  # noqa: BLE001 - whatever a frame does, the socket stays usable
             request = api_error(error)
         if isinstance(request, APIError):
             await send.send(frame_text(request.event()))

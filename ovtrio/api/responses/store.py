@@ -75,7 +75,8 @@ class ResponseStore:
         if path:
             self._db = sqlite3.connect(Path(path).expanduser(), isolation_level=None, check_same_thread=False)
             self._db.execute(
-                "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, stored_at REAL NOT NULL, entry TEXT NOT NULL)"
+                "CREATE TABLE IF NOT EXISTS responses"
+                " (id TEXT PRIMARY KEY, stored_at REAL NOT NULL, entry TEXT NOT NULL)"
             )
             self._db.execute("CREATE INDEX IF NOT EXISTS responses_age ON responses (stored_at)")
 
