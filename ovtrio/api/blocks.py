@@ -51,9 +51,9 @@ class BlockWriter(Generic[Block, Event]):
                 block = self._calls[event.call] = self.new_block("call", event)
                 written += self._opened(block, "call")
             elif isinstance(event, ToolCallArguments):
-                block = self._calls.get(event.call)
-                if block is not None and event.fragment:
-                    written += self.grown(block, "call", event.fragment)
+                growing = self._calls.get(event.call)
+                if growing is not None and event.fragment:
+                    written += self.grown(growing, "call", event.fragment)
             elif isinstance(event, ToolCallDone):
                 if self.open is not None and self.open is self._calls.get(event.call):
                     written += self.close()

@@ -50,7 +50,7 @@ def install(app: Quart) -> None:
     # (a refusal by another hook would answer before the body is read, on a connection
     # that then stays open).
     hooks = app.before_request_funcs[None]
-    hooks.insert(0, hooks.pop())  # type: ignore[arg-type]
+    hooks.insert(0, hooks.pop())
 
 
 def _refusal(headers: object) -> Response | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import trio
 from pydantic import ValidationError
@@ -42,15 +42,33 @@ from ovtrio.scheduler import (
 )
 from ovtrio.serving.service import ServingModel
 
-Body = TypeVar("Body", bound=SamplingFields)
+
+class JsonBody(Protocol):
+    """A request body's model: pydantic's, read from JSON."""
+
+    @classmethod
+    def model_validate_json(cls, json_data: str | bytes | bytearray) -> Self: ...
 
 
-class Writer(Protocol):
+class NamesAModel(JsonBody, Protocol):
+    """A request body that names the model it is for."""
+
+    model: str
+
+
+Body = TypeVar("Body", bound=JsonBody)
+Routed = TypeVar("Routed", bound=NamesAModel)
+
+
+Written = TypeVar("Written")  # what a writer writes: dicts for chunks, typed events
+
+
+class Writer(Protocol[Written]):
     """Writes one response's bodies (chunks or events) from its output events."""
 
-    def opening(self) -> list[dict[str, Any]]: ...
+    def opening(self) -> list[Written]: ...
 
-    def write(self, events: list[OutputEvent]) -> list[dict[str, Any]]: ...
+    def write(self, events: list[OutputEvent]) -> list[Written]: ...
 
 
 # Bodies this large take milliseconds to parse, on the event loop: pydantic holds the GIL
@@ -75,7 +93,7 @@ async def parse_body(model_type: type[Body]) -> Body:
         raise from_validation_error(exc) from None
 
 
-async def accept(model_type: type[Body]) -> tuple[Body, ServingModel]:
+async def accept(model_type: type[Routed]) -> tuple[Routed, ServingModel]:
     """The request's body, validated, and the ready model it names (a 404 for a model the
     server does not serve), which has room for it (Overloaded otherwise: a 429)."""
     body = await parse_body(model_type)
@@ -165,7 +183,7 @@ async def submitted(scheduler: GenerationScheduler, generation: GenerationReques
         raise UnsupportedParams(str(exc), param) from None
 
 
-async def written(stream: RequestStream, stage: OutputStage, writer: Writer) -> AsyncIterator[list[dict[str, Any]]]:
+async def written(stream: RequestStream, stage: OutputStage, writer: Writer[Written]) -> AsyncIterator[list[Written]]:
     """The writer's bodies for one request, in batches as the engine produces them."""
     if opening := writer.opening():
         yield opening
@@ -178,7 +196,7 @@ async def event_stream(
     model: ServingModel,
     generation: GenerationRequest,
     stage: OutputStage,
-    writer: Writer,
+    writer: Writer[dict[str, Any]],
 ) -> Response:
     """The writer's chat or completion chunks as data-only server-sent events (the
     Responses API's named events are streamed by ovtrio/api/responses/running.py)."""
@@ -212,7 +230,7 @@ def envelope(id_prefix: str, model: ServingModel, body: SamplingFields) -> Envel
     return Envelope(new_id(id_prefix), model.name, model.system_fingerprint, include_usage)
 
 
-class ChunkWriter(Writer, Protocol):
+class ChunkWriter(Writer[dict[str, Any]], Protocol):
     def completion(self, outcome: Outcome) -> dict[str, Any]: ...
 
 

@@ -33,8 +33,9 @@ checkers address the server by whatever name they have.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from quart import Quart, Response, request, websocket
 
@@ -143,7 +144,7 @@ class OriginPolicy:
         return "*" if "*" in self.allowed_origins else origin
 
 
-def _local_address(scope: dict) -> str | None:
+def _local_address(scope: Mapping[str, Any]) -> str | None:
     server = scope.get("server")
     return server[0] if server else None
 
@@ -160,7 +161,7 @@ def install(app: Quart, policy: OriginPolicy) -> None:
             return error_response(error)
         preflight = request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
         granted = origin is not None and (policy.same_origin(origin, host) or policy.cross_origin_allowed(origin))
-        if preflight and granted:
+        if preflight and granted and origin is not None:
             return _preflight(policy, origin)
         return None  # the probes answer any origin, but grant none
 

@@ -6,6 +6,8 @@ scheduler/params.py's to_generation_config.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.model.limits import SequenceLimit, ServerDefaults
@@ -50,7 +52,7 @@ _ENABLED_BY = {
 }
 
 
-def speculative_fields(body: SamplingFields, speculation: Speculation) -> dict[str, int | float]:
+def speculative_fields(body: SamplingFields, speculation: Speculation) -> dict[str, Any]:
     """The request's speculative-decoding settings, checked against how the server
     speculates, with the server's defaults for what it leaves out.
 

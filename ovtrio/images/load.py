@@ -214,7 +214,8 @@ def _decode(data: bytes, param: str, limits: ImageLimits) -> Any:
         with Image.open(io.BytesIO(data), formats=FORMATS) as image:
             image.seek(0)  # a GIF's first frame
             # Bound the decode itself: a tiny file can declare a huge canvas.
-            if image.width * image.height > Image.MAX_IMAGE_PIXELS:
+            limit = Image.MAX_IMAGE_PIXELS  # Pillow's; None would mean no bound
+            if limit is not None and image.width * image.height > limit:
                 raise ImageError(
                     f"Invalid value for '{param}': the image is {image.width}x{image.height} pixels, more than"
                     " can be decoded safely.",

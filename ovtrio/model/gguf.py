@@ -34,7 +34,7 @@ def _format() -> _Format:
     import gguf
 
     kind = gguf.GGUFValueType
-    scalars = {
+    scalars: dict[int, str] = {
         kind.UINT8: "<B",
         kind.INT8: "<b",
         kind.UINT16: "<H",

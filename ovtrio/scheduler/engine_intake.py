@@ -129,7 +129,7 @@ class EngineIntake(RequestIntake):
     def _register_sliced_prefill(self, admission: Admission, waited: float) -> bool:
         """Register an admitted request with long prompts to be prefilled in slices
         (prefill.py); False if it has none."""
-        request = admission.request
+        request = admission.generation
         threshold = self._prefill_slice_tokens
         # A text prompt (a vision-language model's) goes to the engine whole.
         if not threshold or request.texts is not None:
@@ -149,7 +149,7 @@ class EngineIntake(RequestIntake):
         `waited`, its time in the queue, unless already reported (a sliced prefill)."""
         active = admission.active
         try:
-            request = admission.request
+            request = admission.generation
             for i, prompt_ids in enumerate(request.prompts):
                 text = request.texts[i] if request.texts is not None else None
                 self._add_engine_requests(active, prompt_ids, request.params, text)
@@ -205,8 +205,10 @@ class EngineIntake(RequestIntake):
         prefix = prefill.next_prefix(size)
         if prefix is None:
             return False
-        handle = self._add_request(prompt_tensor(prefix), prefill.params, 0)
-        prefill.running = self._first_steps.added(EngineRequest(handle, []), prefill.params)
+        params = prefill.params
+        assert params is not None, "a sliced prefill is registered with its slices' settings"
+        handle = self._add_request(prompt_tensor(prefix), params, 0)
+        prefill.running = self._first_steps.added(EngineRequest(handle, []), params)
         active.parts.append(prefill.running)
         return True
 

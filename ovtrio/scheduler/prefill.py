@@ -65,7 +65,7 @@ class SlicedPrefill:
     @property
     def choices(self) -> int:
         """The request's choices once it runs: one per prompt and n."""
-        return self.admission.request.choices
+        return self.admission.generation.choices
 
     def next_prefix(self, size: int) -> list[int] | None:
         """The next prefix to prefill, `size` tokens longer than the last one; None once

@@ -120,6 +120,12 @@ class Admission:
         """How many engine requests it will become (none for a reservation)."""
         return 0 if self.request is None else self.request.engine_requests
 
+    @property
+    def generation(self) -> GenerationRequest:
+        """The request to generate for: only a submitted request has one."""
+        assert self.request is not None, "a reservation generates nothing"
+        return self.request
+
 
 class RequestStream:
     """The consumer's end of one request: messages in arrival order.

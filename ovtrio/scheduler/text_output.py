@@ -92,20 +92,20 @@ def decode_batch(decoder: Any, detokenizers: Sequence[Detokenizer]) -> list[str]
             results[i] = detokenizer.take()
     for skip in (True, False):
         chosen = [
-            i
+            (i, d)
             for i, d in enumerate(detokenizers)
             if isinstance(d, IncrementalDetokenizer) and d.skip_special_tokens is skip
         ]
         if not chosen:
             continue
         batch: list[list[int]] = []
-        for i in chosen:
-            prefix, full = detokenizers[i].windows()
+        for _, detokenizer in chosen:
+            prefix, full = detokenizer.windows()
             batch.append(prefix)
             batch.append(full)
         texts = _decode(decoder, batch, skip)
-        for n, i in enumerate(chosen):
-            results[i] = detokenizers[i].advance(texts[2 * n], texts[2 * n + 1])
+        for n, (i, detokenizer) in enumerate(chosen):
+            results[i] = detokenizer.advance(texts[2 * n], texts[2 * n + 1])
     return results
 
 

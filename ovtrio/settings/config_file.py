@@ -56,9 +56,9 @@ def model_settings(settings: Settings) -> list[Settings]:
     models = []
     for index, entry in enumerate(parsed.models):
         values = entry.model_dump(exclude_unset=True)
-        for name in PATH_SETTINGS:
-            if values.get(name) is not None:
-                values[name] = str(path.parent / Path(values[name]).expanduser())
+        for setting in PATH_SETTINGS:
+            if values.get(setting) is not None:
+                values[setting] = str(path.parent / Path(values[setting]).expanduser())
         models.append(Settings.model_validate({**defaults, **values}))
         if len(parsed.models) > 1 and "served_model_name" not in values:
             raise SettingsError(

@@ -216,7 +216,9 @@ async def prepare(model: ServingModel, body: MessagesRequest) -> PreparedMessage
     return PreparedMessage(body, generation, stage, len(prompt.ids), tuple(body.stop_sequences or ()))
 
 
-def _param(exc: ConstraintError) -> str:
+def _param(exc: ConstraintError) -> str | None:
+    if exc.param is None:
+        return None
     return exc.param.replace("output_config.format.json_schema", "output_config.format").replace(
         ".function.parameters", ".input_schema"
     )

@@ -16,7 +16,7 @@ the engine request.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import AbstractAsyncContextManager
 
 import trio
@@ -68,7 +68,7 @@ async def _produce(
 @trio.as_safe_channel
 async def _frames(
     scheduler: GenerationScheduler, ready: PreparedMessage, writer: MessageWriter, interval: float
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     yield b"".join(map(typed_frame, writer.opening()))
     send, receive = trio.open_memory_channel[bytes](0)
     async with trio.open_nursery() as nursery:

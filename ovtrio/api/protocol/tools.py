@@ -3,7 +3,7 @@ the Responses API share."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -66,6 +66,8 @@ class ReasoningOptions(Body):
 class ToolAndReasoningFields(Body):
     """Tools, structured output and reasoning: shared by chat completions and the
     Responses API."""
+
+    prompt_field: ClassVar[str]  # the field that holds the conversation
 
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning: ReasoningOptions | None = None

@@ -27,12 +27,15 @@ class ResponseUsage(BaseModel):
     total_tokens: int
 
 
+ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
+
+
 class Response(BaseModel):
     id: str
     object: Literal["response"] = "response"
     created_at: int
     completed_at: int | None
-    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    status: ResponseStatus
     error: dict[str, str] | None
     incomplete_details: dict[str, str] | None
     instructions: str | None
@@ -88,7 +91,7 @@ def response_envelope(
     response_id: str,
     created_at: int,
     model: str,
-    status: str,
+    status: ResponseStatus,
     output: list[Any],
     usage: Completed | None,
     incomplete: bool,

@@ -27,7 +27,7 @@ that only called tools, belong to no output text and are left out.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from ovtrio.api.blocks import BlockWriter, Kind
 from ovtrio.api.errors import api_error
@@ -69,7 +69,7 @@ from ovtrio.scheduler import Completed, Failed
 Envelope = Callable[..., Response]
 
 
-def message_status(finish_reason: str) -> str:
+def message_status(finish_reason: str) -> Literal["completed", "incomplete"]:
     return "incomplete" if finish_reason == "length" else "completed"
 
 

@@ -92,7 +92,7 @@ class FunctionCallItem:
 
 
 OutputItem = MessageItem | ReasoningItem | FunctionCallItem
-Item = TypeVar("Item", MessageItem, ReasoningItem, FunctionCallItem)
+Item = TypeVar("Item", bound=OutputItem)
 
 
 def snapshot(item: Item) -> Item:
