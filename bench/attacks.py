@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from serving import free_port
+
 MODEL = "SmolLM2-135M-Instruct"
 HEALTH_TARGET_MS = 50.0
 CLOSE_WAIT_TARGET = 10
@@ -54,12 +56,6 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 import trio
+
+from serving import free_port
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -172,12 +173,6 @@ async def run(args: argparse.Namespace, host: str, port: int, pid: int | None) -
         f" server counted {rejected:.0f} rejections"
     )
     print(f"  server RSS {rss_before:.0f} MB before, {rss_after:.0f} MB after")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:

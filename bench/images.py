@@ -24,7 +24,6 @@ import base64
 import io
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,14 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import tiny_vlm
+from serving import free_port
 
 MODEL = "vlm"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def png(seed: int, side: int) -> bytes:

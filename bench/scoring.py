@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,26 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from serving import free_port, rss_mb
+
 WORDS = (
     "river mountain lantern copper violin harbor meadow thunder velvet orchard canyon marble ember falcon willow"
     " glacier saddle pepper compass quartz tundra banner cobalt drizzle fern garnet hammock iris jasmine kettle"
     " lagoon mosaic nectar oasis pebble quiver raven sapphire thistle umber vortex walnut yonder zephyr anchor"
     " biscuit cinder dune"
 ).split()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def prompt_texts(count: int, words: int, rng: random.Random) -> list[str]:
