@@ -2,7 +2,10 @@
 pure-logic tests: each engine request makes a token "a" per step until max_new_tokens,
 and its handle queues one output per step, as the real one does (`read()` takes one). Each
 handle keeps the prompt it was added with; `gate`, when set to a cleared
-threading.Event, holds every step until it is set."""
+threading.Event, holds every step until it is set. A text prompt with images (a
+vision-language model's `add_request(id, text, images, config)`) is added as the prompt
+[1]; `add_gate` holds such adds as `gate` holds steps, and `add_threads` records the
+thread of each."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ DROPPED_PROMPT = [2]
 # A prompt that starts with token 3 is one whose add_request raises, as the engine's
 # does for a grammar it cannot compile.
 REFUSED_PROMPT = [3]
+# A text prompt that starts with this is refused the same way.
+REFUSED_TEXT = "refuse"
 
 
 @dataclass
@@ -71,12 +76,23 @@ class FakePipeline:
         self.failing_steps = 0
         self.gate: threading.Event | None = None
         self.steps = 0
+        self.add_gate: threading.Event | None = None
+        self.adding = threading.Event()  # set when an add with images has begun
+        self.add_threads: list[int] = []
 
     def get_config(self) -> Any:
         return SimpleNamespace(stop_token_ids={0})
 
-    def add_request(self, request_id: int, prompt: Any, config: Any) -> FakeHandle:
-        ids = prompt.data[0].tolist()
+    def add_request(self, request_id: int, prompt: Any, *images_and_config: Any) -> FakeHandle:
+        *images, config = images_and_config
+        if images:  # a text prompt and its images
+            self.add_threads.append(threading.get_ident())
+            self.adding.set()
+            if self.add_gate is not None:
+                self.add_gate.wait(10)  # a test that fails while holding it still ends
+            ids = [3] if prompt.startswith(REFUSED_TEXT) else [1]
+        else:
+            ids = prompt.data[0].tolist()
         if ids[:1] == REFUSED_PROMPT:
             raise RuntimeError("the engine refuses this request")
         handle = FakeHandle(config.max_new_tokens, ids[:1] == DROPPED_PROMPT, ids, self.steps)

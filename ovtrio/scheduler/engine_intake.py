@@ -8,19 +8,27 @@ growing prefixes of it, one slice a step (prefill.py). Each engine request added
 registered with the first-step check (stepping.py) before the next step runs.
 
 `add_request()` is only safe between steps (scheduler.py's docstring says why): every
-call here checks that no step is in flight (`_between_steps`).
+call here checks that no step is in flight (`_between_steps`). A vision-language model's
+engine decodes and encodes a request's images inside `add_request()`, for tens of
+milliseconds, with the GIL released: the loop makes those calls in a worker thread
+(`_add_image_requests`), still between steps, and the event loop serves other requests
+meanwhile.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
+
+import trio
 
 from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.intake import RequestIntake
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import (
+    GenerationRequest,
     SamplingParams,
     TextPrompt,
     UnsupportedParams,
@@ -70,6 +78,12 @@ class EngineIntake(RequestIntake):
         self._running_sequences = 0
         # Engine requests whose first step has not run yet, when it may throw.
         self._first_steps = FirstSteps()
+        # Requests with a text prompt (a vision-language model's) admitted in this pass,
+        # with their time in the queue: added by `_add_image_requests`, off the loop.
+        self._image_admissions: list[tuple[Admission, float]] = []
+        # The engine requests (or the engine's refusal) that the worker thread made for
+        # one of them, taken in order by `_add_request`.
+        self._made: deque[Any] = deque()
 
     def _between_steps(self, call: str) -> None:
         """Check that no engine step is in flight: `call` is only safe between steps."""
@@ -121,10 +135,57 @@ class EngineIntake(RequestIntake):
             if admission.request is None:  # a reservation: its holder does the work
                 admission.added.set()
                 continue
-            if not self._register_sliced_prefill(admission, waited):
+            if admission.generation.texts is not None:
+                self._image_admissions.append((admission, waited))
+                added = True
+            elif not self._register_sliced_prefill(admission, waited):
                 self._add_admitted(admission, waited)
                 added = True
         return added
+
+    async def _add_image_requests(self) -> None:
+        """Add the requests with images that `_admit` took, their engine calls made in a
+        worker thread (between steps: the loop starts no step until this returns), then
+        registered here as `_add_admitted` registers any request."""
+        admissions, self._image_admissions = self._image_admissions, []
+        for admission, waited in admissions:
+            calls = self._engine_calls(admission.generation)
+            self._made.extend(await trio.to_thread.run_sync(self._make_engine_requests, calls))
+            if admission.active.request_id in self._active:
+                self._add_admitted(admission, waited)
+            else:  # its consumer left meanwhile: nobody reads what was made
+                admission.added.set()
+            for made in self._made:
+                if not isinstance(made, Exception):
+                    made.cancel()
+            self._made.clear()
+
+    def _engine_calls(self, request: GenerationRequest) -> list[tuple[tuple[str, list[Any]], Any]]:
+        """The add_request calls a request with a text prompt becomes, in the order
+        `_add_engine_requests` takes them: its prompts and their generation configs."""
+        calls = []
+        for text in request.texts or ():
+            prompt = engine_prompt(text)
+            siblings = 1 if request.params.beam_search else request.params.n
+            for sibling in range(siblings):
+                config = to_generation_config(
+                    request.params, seed_offset=sibling, model_stop_token_ids=self._model_stop_token_ids
+                )
+                calls.append((prompt, config))
+        return calls
+
+    def _make_engine_requests(self, calls: list[tuple[tuple[str, list[Any]], Any]]) -> list[Any]:
+        """In a worker thread: the engine requests for `calls`, up to the first the engine
+        refuses (its UnsupportedParams ends the list)."""
+        made: list[Any] = []
+        for (text, images), config in calls:
+            self._between_steps("add_request")
+            try:
+                made.append(self._pipeline.add_request(next(self._ids), text, images, config))
+            except RuntimeError as exc:  # the engine refuses the settings
+                made.append(UnsupportedParams(_first_line(exc)))
+                break
+        return made
 
     def _register_sliced_prefill(self, admission: Admission, waited: float) -> bool:
         """Register an admitted request with long prompts to be prefilled in slices
@@ -166,7 +227,8 @@ class EngineIntake(RequestIntake):
     def _add_engine_requests(
         self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams, text: TextPrompt | None = None
     ) -> None:
-        prompt = engine_prompt(text) if text is not None else prompt_tensor(prompt_ids)
+        # A request with images had its engine requests made already (`_made`).
+        prompt = None if self._made else engine_prompt(text) if text is not None else prompt_tensor(prompt_ids)
 
         def new_sequences(count: int) -> list[Sequence]:
             made = [self._delivery.new_sequence(len(active.sequences) + i, prompt_ids, params) for i in range(count)]
@@ -184,6 +246,11 @@ class EngineIntake(RequestIntake):
             active.parts.append(self._first_steps.added(EngineRequest(handle, sequences), params))
 
     def _add_request(self, prompt: Any, params: SamplingParams, seed_offset: int) -> Any:
+        if self._made:  # made in a worker thread by `_add_image_requests`
+            made = self._made.popleft()
+            if isinstance(made, UnsupportedParams):
+                raise made
+            return made
         self._between_steps("add_request")
         config = to_generation_config(params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids)
         try:

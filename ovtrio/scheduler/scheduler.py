@@ -180,9 +180,10 @@ class Scheduler(EngineIntake):
 
         1. resume the paused requests whose consumers have caught up (what their handles
            hold is read now), and cancel those paused for too long;
-        2. add the queued requests to the engine, then the next slices of long prompts
-           (new requests first: the engine gives each step's budget to prompts in the
-           order added);
+        2. add the queued requests to the engine (those with images from a worker
+           thread: engine_intake.py), then the next slices of long prompts (new
+           requests first: the engine gives each step's budget to prompts in the order
+           added);
         3. with nothing for the engine to do, deliver the last tokens and sleep until
            work comes (after one more, empty, step: the engine releases finished and
            cancelled requests, and stops counting them in its metrics, only inside a
@@ -204,6 +205,8 @@ class Scheduler(EngineIntake):
             while True:
                 pending += self._resume_or_expire_paused()  # 1
                 admitted = self._admit()  # 2
+                if self._image_admissions:
+                    await self._add_image_requests()
                 advanced = self._advance_prefills(arrivals=admitted)
                 working = admitted or advanced or self._engine_unfinished
                 if not working:  # 3
