@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
-from hardware import ceiling_tok_s, describe_cpu, read_bandwidth_gb_s
+from hardware import ceiling_tok_s, describe_cpu, gguf_path, read_bandwidth_gb_s
 
 PROMPT_TOKENS = 16
 
@@ -140,12 +140,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if args.model == "embedded":
-        from ovtrio.model import embedded_model_path
-
-        gguf = Path(embedded_model_path())
-    else:
-        gguf = Path(args.model)
+    gguf = gguf_path(args.model)
     folder = converted_folder(gguf)
     bandwidth = read_bandwidth_gb_s()
     ceiling = ceiling_tok_s(gguf, bandwidth)

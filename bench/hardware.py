@@ -67,6 +67,15 @@ def read_bandwidth_gb_s(threads: int | None = None, mib_per_thread: int = 512, r
     return best
 
 
+def gguf_path(name: str) -> Path:
+    """A benchmark's --model: a GGUF file, or 'embedded' for the embedded model's."""
+    if name != "embedded":
+        return Path(name)
+    from ovtrio.model import embedded_model_path
+
+    return Path(embedded_model_path())
+
+
 def weight_bytes_per_token(gguf_path: Path) -> int:
     """Bytes of weights one decoded token reads: every tensor but the token embedding
     table, of which one row is read (unless the model ties it to the output layer, which
@@ -87,12 +96,12 @@ def ceiling_tok_s(gguf_path: Path, bandwidth_gb_s: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", type=Path, nargs="*")
+    parser.add_argument("models", nargs="*", help="GGUF files ('embedded': the embedded model's)")
     args = parser.parse_args()
     print(f"cpu: {describe_cpu()}")
     bandwidth = read_bandwidth_gb_s()
     print(f"read bandwidth: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
-    for model in args.models:
+    for model in map(gguf_path, args.models):
         per_token = weight_bytes_per_token(model)
         ceiling = bandwidth * 1e9 / per_token
         print(f"{model.name}: {per_token / 1e6:.0f} MB of weights per token -> ceiling {ceiling:.0f} tok/s")

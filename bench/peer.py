@@ -31,7 +31,7 @@ import httpx
 import trio
 
 from build_llama_server import binary_path
-from hardware import ceiling_tok_s, describe_cpu, read_bandwidth_gb_s
+from hardware import ceiling_tok_s, describe_cpu, gguf_path, read_bandwidth_gb_s
 from serving import free_port, load, stream_chat, wait_ready
 
 
@@ -113,12 +113,6 @@ async def measure(args: argparse.Namespace, gguf: Path) -> Figures:
             process.wait(timeout=30)
 
 
-def model_paths(names: list[str]) -> list[Path]:
-    from ovtrio.model import embedded_model_path
-
-    return [Path(embedded_model_path()) if name == "embedded" else Path(name) for name in names]
-
-
 def print_table(args: argparse.Namespace, gguf: Path, figures: Figures, ceiling: float) -> None:
     ours = figures["ovtrio"]
     peer = figures.get("llama-server")
@@ -190,7 +184,7 @@ def main() -> None:
     bandwidth = read_bandwidth_gb_s()
     print(f"cpu: {machine}; read bandwidth {bandwidth:.1f} GB/s")
     results: dict[str, Figures] = {}
-    for gguf in model_paths(args.model):
+    for gguf in map(gguf_path, args.model):
         figures = trio.run(measure, args, gguf)
         print_table(args, gguf, figures, ceiling_tok_s(gguf, bandwidth))
         results[gguf.name] = figures

@@ -29,6 +29,7 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from decode_profile import PROMPT_TOKENS, converted_folder
+from hardware import gguf_path
 
 FORMATS = ("u4-g128", "u8-channel", "f16")
 
@@ -176,12 +177,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if args.model == "embedded":
-        from ovtrio.model import embedded_model_path
-
-        gguf = Path(embedded_model_path())
-    else:
-        gguf = Path(args.model)
+    gguf = gguf_path(args.model)
     folder = converted_folder(gguf)
     source = ov.Core().read_model(folder / "openvino_model.xml")
     models = {"as converted": source} | {fmt: rewritten(folder, fmt) for fmt in args.formats}
