@@ -86,3 +86,29 @@ async def test_a_consumer_that_leaves_while_its_images_are_added_costs_no_engine
     # The next request runs as usual.
     messages = await received(engine.scheduler, image_request())
     assert messages[-1] == Completed(prompt_tokens=3, completion_tokens=3)
+
+
+async def test_every_submitter_goes_on_when_the_loop_ends_during_the_adds(engine):
+    pipeline = engine.pipeline
+    pipeline.add_gate = threading.Event()
+    outcomes: list = []
+
+    async def submit() -> None:
+        try:
+            outcomes.append((await received(engine.scheduler, image_request()))[-1])
+        except Exception as exc:  # noqa: BLE001 - whatever it ends with, it must end
+            outcomes.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        # Both arrive before the loop's next pass: it takes them together.
+        nursery.start_soon(submit)
+        nursery.start_soon(submit)
+        with trio.fail_after(10):
+            while not pipeline.adding.is_set():
+                await trio.sleep(0.001)
+        engine.stop()  # the server shuts down while the engine adds the first one's images
+        pipeline.add_gate.set()
+        with trio.fail_after(10):
+            while len(outcomes) < 2:
+                await trio.sleep(0.001)
+    assert not any(isinstance(outcome, Completed) for outcome in outcomes)

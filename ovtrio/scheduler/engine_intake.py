@@ -148,17 +148,21 @@ class EngineIntake(RequestIntake):
         worker thread (between steps: the loop starts no step until this returns), then
         registered here as `_add_admitted` registers any request."""
         admissions, self._image_admissions = self._image_admissions, []
-        for admission, waited in admissions:
-            calls = self._engine_calls(admission.generation)
-            self._made.extend(await trio.to_thread.run_sync(self._make_engine_requests, calls))
-            if admission.active.request_id in self._active:
-                self._add_admitted(admission, waited)
-            else:  # its consumer left meanwhile: nobody reads what was made
+        try:
+            for admission, waited in admissions:
+                calls = self._engine_calls(admission.generation)
+                self._made.extend(await trio.to_thread.run_sync(self._make_engine_requests, calls))
+                if admission.active.request_id in self._active:
+                    self._add_admitted(admission, waited)
+                for made in self._made:  # its consumer left meanwhile: nobody reads them
+                    if not isinstance(made, Exception):
+                        made.cancel()
+                self._made.clear()
+        finally:
+            # Every submitter goes on, also when the loop ends meanwhile (shutdown): one
+            # whose request was not added finds it failed or ended in its channel.
+            for admission, _ in admissions:
                 admission.added.set()
-            for made in self._made:
-                if not isinstance(made, Exception):
-                    made.cancel()
-            self._made.clear()
 
     def _engine_calls(self, request: GenerationRequest) -> list[tuple[tuple[str, list[Any]], Any]]:
         """The add_request calls a request with a text prompt becomes, in the order
