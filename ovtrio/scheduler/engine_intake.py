@@ -30,7 +30,6 @@ from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import (
     GenerationRequest,
     SamplingParams,
-    TextPrompt,
     UnsupportedParams,
     engine_prompt,
     to_generation_config,
@@ -45,6 +44,16 @@ def _first_line(exc: Exception) -> str:
     # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
     text = lines[0] if lines else type(exc).__name__
     return text.split(": ", 1)[-1] if text.startswith("[") else text
+
+
+# One add_request call: the prompt (text and image tensors), its settings, its seed offset.
+EngineCall = tuple[tuple[str, list[Any]], SamplingParams, int]
+
+
+def seed_offsets(params: SamplingParams) -> range:
+    """The engine requests one prompt becomes, by seed offset: one per choice, or one beam
+    search for all of them."""
+    return range(1) if params.beam_search else range(params.n)
 
 
 class EngineIntake(RequestIntake):
@@ -164,30 +173,24 @@ class EngineIntake(RequestIntake):
             for admission, _ in admissions:
                 admission.added.set()
 
-    def _engine_calls(self, request: GenerationRequest) -> list[tuple[tuple[str, list[Any]], Any]]:
+    def _engine_calls(self, request: GenerationRequest) -> list[EngineCall]:
         """The add_request calls a request with a text prompt becomes, in the order
-        `_add_engine_requests` takes them: its prompts and their generation configs."""
+        `_add_engine_requests` takes them."""
         calls = []
         for text in request.texts or ():
             prompt = engine_prompt(text)
-            siblings = 1 if request.params.beam_search else request.params.n
-            for sibling in range(siblings):
-                config = to_generation_config(
-                    request.params, seed_offset=sibling, model_stop_token_ids=self._model_stop_token_ids
-                )
-                calls.append((prompt, config))
+            calls += [(prompt, request.params, offset) for offset in seed_offsets(request.params)]
         return calls
 
-    def _make_engine_requests(self, calls: list[tuple[tuple[str, list[Any]], Any]]) -> list[Any]:
+    def _make_engine_requests(self, calls: list[EngineCall]) -> list[Any]:
         """In a worker thread: the engine requests for `calls`, up to the first the engine
         refuses (its UnsupportedParams ends the list)."""
         made: list[Any] = []
-        for (text, images), config in calls:
-            self._between_steps("add_request")
+        for prompt, params, seed_offset in calls:
             try:
-                made.append(self._pipeline.add_request(next(self._ids), text, images, config))
-            except RuntimeError as exc:  # the engine refuses the settings
-                made.append(UnsupportedParams(_first_line(exc)))
+                made.append(self._engine_request(prompt, params, seed_offset))
+            except UnsupportedParams as exc:
+                made.append(exc)
                 break
         return made
 
@@ -215,9 +218,8 @@ class EngineIntake(RequestIntake):
         active = admission.active
         try:
             request = admission.generation
-            for i, prompt_ids in enumerate(request.prompts):
-                text = request.texts[i] if request.texts is not None else None
-                self._add_engine_requests(active, prompt_ids, request.params, text)
+            for prompt_ids in request.prompts:
+                self._add_engine_requests(active, prompt_ids, request.params)
         except UnsupportedParams as exc:
             admission.error = exc
             self._abort(active.request_id, None)
@@ -228,26 +230,20 @@ class EngineIntake(RequestIntake):
                     self._observer.queued(waited)
         admission.added.set()
 
-    def _add_engine_requests(
-        self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams, text: TextPrompt | None = None
-    ) -> None:
-        # A request with images had its engine requests made already (`_made`).
-        prompt = None if self._made else engine_prompt(text) if text is not None else prompt_tensor(prompt_ids)
+    def _add_engine_requests(self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams) -> None:
+        # A request with a text prompt had its engine requests made already (`_made`).
+        prompt = None if self._made else prompt_tensor(prompt_ids)
 
         def new_sequences(count: int) -> list[Sequence]:
             made = [self._delivery.new_sequence(len(active.sequences) + i, prompt_ids, params) for i in range(count)]
             active.sequences.extend(made)
             return made
 
-        if params.beam_search:
-            sequences = new_sequences(params.n)
-            handle = self._add_request(prompt, params, 0)
-            active.parts.append(self._first_steps.added(EngineRequest(handle, sequences, beam_search=True), params))
-            return
-        for sibling in range(params.n):
-            sequences = new_sequences(1)
-            handle = self._add_request(prompt, params, sibling)
-            active.parts.append(self._first_steps.added(EngineRequest(handle, sequences), params))
+        beam = params.beam_search
+        for offset in seed_offsets(params):
+            sequences = new_sequences(params.n if beam else 1)
+            handle = self._add_request(prompt, params, offset)
+            active.parts.append(self._first_steps.added(EngineRequest(handle, sequences, beam_search=beam), params))
 
     def _add_request(self, prompt: Any, params: SamplingParams, seed_offset: int) -> Any:
         if self._made:  # made in a worker thread by `_add_image_requests`
@@ -255,13 +251,18 @@ class EngineIntake(RequestIntake):
             if isinstance(made, UnsupportedParams):
                 raise made
             return made
+        return self._engine_request(prompt, params, seed_offset)
+
+    def _engine_request(self, prompt: Any, params: SamplingParams, seed_offset: int) -> Any:
+        """One engine request: `prompt` is a token tensor, or text and image tensors
+        (engine_prompt). The engine's refusal of the settings is an UnsupportedParams."""
         self._between_steps("add_request")
         config = to_generation_config(params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids)
         try:
-            if isinstance(prompt, tuple):  # text and images (engine_prompt)
-                return self._pipeline.add_request(next(self._ids), prompt[0], prompt[1], config)
+            if isinstance(prompt, tuple):
+                return self._pipeline.add_request(next(self._ids), *prompt, config)
             return self._pipeline.add_request(next(self._ids), prompt, config)
-        except RuntimeError as exc:  # the engine refuses the settings
+        except RuntimeError as exc:
             raise UnsupportedParams(_first_line(exc)) from None
 
     # ---- long prompts in slices -----------------------------------------------------------
