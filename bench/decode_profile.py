@@ -25,6 +25,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -64,40 +65,45 @@ def kernel_group(node_type: str, exec_type: str, name: str) -> str:
     return "other"
 
 
-def plain_decode(folder: Path, tokens: int, repeats: int) -> tuple[float, dict[str, float]]:
-    """Decode tok/s of the bare IR (median of `repeats`), and one step's time by group (us)."""
-    core = ov.Core()
-    compiled = core.compile_model(folder / "openvino_model.xml", "CPU", {"PERF_COUNT": True})
-    request = compiled.create_infer_request()
-    rates = []
-    profile: dict[str, float] = defaultdict(float)
-    for _ in range(repeats):
-        request.reset_state()
-        ids = np.arange(1, PROMPT_TOKENS + 1, dtype=np.int64)[None, :]
-        length = PROMPT_TOKENS
-        request.infer(
-            {
-                "input_ids": ids,
-                "attention_mask": np.ones((1, length), dtype=np.int64),
-                "position_ids": np.arange(length, dtype=np.int64)[None, :],
-                "beam_idx": np.zeros(1, dtype=np.int32),
-            }
-        )
+class Decoder:
+    """A compiled model's stateful infer() loop, one token a call, greedy."""
+
+    def __init__(self, model: ov.Model | Path, config: dict[str, Any] | None = None) -> None:
+        self.request = ov.Core().compile_model(model, "CPU", config or {}).create_infer_request()
+
+    def run(self, prompt: np.ndarray, tokens: int) -> tuple[float, np.ndarray]:
+        """Decode tok/s after `prompt`, and the log-softmax at each of its positions."""
+        self.request.reset_state()
+        length = prompt.shape[1]
+        self.request.infer(self._inputs(prompt, 0, length))
+        logits = self.request.get_tensor("logits").data[0].astype(np.float64)
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        prompt_logprobs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        next_id = int(logits[-1].argmax())
         started = time.perf_counter()
         for _ in range(tokens):
-            next_id = int(request.get_tensor("logits").data[0, -1].argmax())
-            request.infer(
-                {
-                    "input_ids": np.array([[next_id]], dtype=np.int64),
-                    "attention_mask": np.ones((1, length + 1), dtype=np.int64),
-                    "position_ids": np.array([[length]], dtype=np.int64),
-                    "beam_idx": np.zeros(1, dtype=np.int32),
-                }
-            )
+            self.request.infer(self._inputs(np.array([[next_id]], dtype=np.int64), length, length + 1))
             length += 1
-        rates.append(tokens / (time.perf_counter() - started))
-    profile.clear()
-    for info in request.profiling_info:
+            next_id = int(self.request.get_tensor("logits").data[0, -1].argmax())
+        return tokens / (time.perf_counter() - started), prompt_logprobs
+
+    @staticmethod
+    def _inputs(ids: np.ndarray, start: int, end: int) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": ids,
+            "attention_mask": np.ones((1, end), dtype=np.int64),
+            "position_ids": np.arange(start, end, dtype=np.int64)[None, :],
+            "beam_idx": np.zeros(1, dtype=np.int32),
+        }
+
+
+def plain_decode(folder: Path, tokens: int, repeats: int) -> tuple[float, dict[str, float]]:
+    """Decode tok/s of the bare IR (median of `repeats`), and one step's time by group (us)."""
+    decoder = Decoder(folder / "openvino_model.xml", {"PERF_COUNT": True})
+    prompt = np.arange(1, PROMPT_TOKENS + 1, dtype=np.int64)[None, :]
+    rates = [decoder.run(prompt, tokens)[0] for _ in range(repeats)]
+    profile: dict[str, float] = defaultdict(float)
+    for info in decoder.request.profiling_info:  # the last infer(): one decode step
         profile[kernel_group(info.node_type, info.exec_type, info.node_name)] += info.real_time.total_seconds() * 1e6
     return statistics.median(rates), dict(profile)
 

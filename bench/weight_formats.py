@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
-from decode_profile import PROMPT_TOKENS, converted_folder
+from decode_profile import PROMPT_TOKENS, Decoder, converted_folder
 from hardware import gguf_path
 
 FORMATS = ("u4-g128", "u8-channel", "f16")
@@ -136,38 +135,6 @@ def weight_bytes(model: ov.Model) -> int:
     return sum(
         op.get_byte_size() for op in model.get_ops() if op.get_type_name() == "Constant" and op.get_byte_size() > 4096
     )
-
-
-class Decoder:
-    """A compiled model's stateful infer() loop, one token a call, greedy."""
-
-    def __init__(self, model: ov.Model) -> None:
-        self.request = ov.Core().compile_model(model, "CPU").create_infer_request()
-
-    def run(self, prompt: np.ndarray, tokens: int) -> tuple[float, np.ndarray]:
-        """Decode tok/s after `prompt`, and the log-softmax at each of its positions."""
-        self.request.reset_state()
-        length = prompt.shape[1]
-        self.request.infer(self._inputs(prompt, 0, length))
-        logits = self.request.get_tensor("logits").data[0].astype(np.float64)
-        shifted = logits - logits.max(axis=-1, keepdims=True)
-        prompt_logprobs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-        next_id = int(logits[-1].argmax())
-        started = time.perf_counter()
-        for _ in range(tokens):
-            self.request.infer(self._inputs(np.array([[next_id]], dtype=np.int64), length, length + 1))
-            length += 1
-            next_id = int(self.request.get_tensor("logits").data[0, -1].argmax())
-        return tokens / (time.perf_counter() - started), prompt_logprobs
-
-    @staticmethod
-    def _inputs(ids: np.ndarray, start: int, end: int) -> dict[str, np.ndarray]:
-        return {
-            "input_ids": ids,
-            "attention_mask": np.ones((1, end), dtype=np.int64),
-            "position_ids": np.arange(start, end, dtype=np.int64)[None, :],
-            "beam_idx": np.zeros(1, dtype=np.int32),
-        }
 
 
 def main() -> None:
