@@ -14,7 +14,6 @@ Needs root and podman.
 from __future__ import annotations
 
 import argparse
-import http.client
 import os
 import shutil
 import statistics
@@ -25,7 +24,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from serving import free_port
+from serving import free_port, ready_by_http
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
@@ -43,22 +42,6 @@ PODMAN_RUN = [
     "--ulimit",
     "nproc=1024:1024",
 ]
-
-
-def ready(port: int, alive, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive():
-            raise RuntimeError("the server exited before it was ready")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            connection.request("GET", "/health/ready")
-            if connection.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError("the server did not become ready")
 
 
 def container_start(image: str, *flags: str) -> float:
@@ -95,7 +78,7 @@ def container_start(image: str, *flags: str) -> float:
             )
             return state.stdout.strip() == "true"
 
-        ready(port, alive)
+        ready_by_http(port, alive)
         return time.monotonic() - started
     finally:
         subprocess.run(["podman", "rm", "--force", "--time", "0", name], capture_output=True, timeout=120)
@@ -112,7 +95,7 @@ def host_start(cache: Path) -> float:
         cwd=ROOT,
     )
     try:
-        ready(port, lambda: process.poll() is None)
+        ready_by_http(port, lambda: process.poll() is None)
         return time.monotonic() - started
     finally:
         process.terminate()

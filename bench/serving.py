@@ -18,6 +18,7 @@ frames, so it takes as little CPU as possible away from the server on a small ma
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import socket
@@ -25,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,6 +236,24 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def ready_by_http(port: int, alive: Callable[[], bool], timeout: float = 300) -> None:
+    """Block until GET /health/ready answers 200 (a driver timing a start), or fail once
+    `alive()` says the server is gone or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError("the server exited before it was ready")
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/health/ready")
+            if connection.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise RuntimeError("the server did not become ready")
 
 
 async def wait_ready(port: int, process: subprocess.Popen, path: bytes = b"/health/ready") -> None:

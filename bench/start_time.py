@@ -23,25 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from serving import free_port, rss_mb
+from serving import free_port, ready_by_http, rss_mb
 
 LOADED = re.compile(r"loaded in .*")
-
-
-def wait_ready(port: int, process: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            connection.request("GET", "/health/ready")
-            if connection.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.02)
-    raise RuntimeError("server not ready in time")
 
 
 def first_token(port: int, model: str) -> None:
@@ -85,7 +69,7 @@ def start_once(cache: Path, args: argparse.Namespace) -> dict[str, object]:
         launched = time.perf_counter()
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     try:
-        wait_ready(port, process)
+        ready_by_http(port, lambda: process.poll() is None)
         ready = time.perf_counter() - launched
         model = model_id(port)
         before_request = time.perf_counter()
