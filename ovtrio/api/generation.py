@@ -25,6 +25,7 @@ from ovtrio.api.capabilities import check_capabilities, check_constraint, check_
 from ovtrio.api.chunks import Envelope
 from ovtrio.api.context import generation_model
 from ovtrio.api.errors import APIError, api_error, from_validation_error, invalid
+from ovtrio.api.lifted_strings import lift_data_urls
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
 from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
@@ -73,6 +74,7 @@ class Writer(Protocol[Written]):
 
 # Bodies this large take milliseconds to parse, on the event loop: pydantic holds the GIL
 # throughout, so a thread would not free it (see docs/benchmarks.md#request-bodies).
+# Their data URLs (images) are lifted out before parsing (lifted_strings.py).
 LARGE_BODY_BYTES = 1024 * 1024
 # One large body parsed at a time: requests whose bodies arrive together would otherwise
 # be parsed one after the other in one pass of trio's run loop, before it reads any
@@ -83,14 +85,21 @@ _LARGE_BODY_PARSE = trio.Lock()
 
 async def parse_body(model_type: type[Body]) -> Body:
     raw = await request.get_data(as_text=False)
+    assert isinstance(raw, bytes)  # as_text=False
     try:
         if len(raw) <= LARGE_BODY_BYTES:
             return model_type.model_validate_json(raw)
-        async with _LARGE_BODY_PARSE:
-            await trio.lowlevel.checkpoint()
-            return model_type.model_validate_json(raw)
+        lifted = await lift_data_urls(raw)
+        if len(lifted.json) <= LARGE_BODY_BYTES:
+            body = model_type.model_validate_json(lifted.json)
+        else:
+            async with _LARGE_BODY_PARSE:
+                await trio.lowlevel.checkpoint()
+                body = model_type.model_validate_json(lifted.json)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
+    lifted.restore(body)
+    return body
 
 
 async def accept(model_type: type[Routed]) -> tuple[Routed, ServingModel]:

@@ -42,7 +42,8 @@ from quart import Blueprint, websocket
 from ovtrio.api.auth import offered_subprotocols, socket_subprotocol
 from ovtrio.api.context import generation_model, model_registry, response_store, socket_limits
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
-from ovtrio.api.generation import submitted
+from ovtrio.api.generation import LARGE_BODY_BYTES, submitted
+from ovtrio.api.lifted_strings import LiftedBody, lift_data_urls
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.oversized_message import OversizedMessage
 from ovtrio.api.responses.prepare import PreparedResponse, prepare
@@ -151,7 +152,7 @@ async def _serve_frames(
         if frame is None:
             return
         try:
-            request = _read_frame(frame, max_bytes)
+            request = await _read_frame(frame, max_bytes)
         except Exception as error:  # noqa: BLE001 - whatever a frame does, the socket stays usable
             request = api_error(error)
         if isinstance(request, APIError):
@@ -191,7 +192,7 @@ async def _write(receive: trio.MemoryReceiveChannel[str]) -> None:
             await websocket.send(text)
 
 
-def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[Any, ResponsesRequest]:
+async def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[Any, ResponsesRequest]:
     if isinstance(frame, OversizedMessage) or len(frame) > max_bytes:  # the latter if Hypercorn's own buffer runs
         size = frame.length if isinstance(frame, OversizedMessage) else len(frame)
         return APIError(
@@ -202,8 +203,10 @@ def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[Any, Res
         )
     try:
         # pydantic's parser, as for HTTP bodies: nesting beyond its depth limit is a
-        # ValueError here, where json.loads would raise RecursionError.
-        message = from_json(frame)
+        # ValueError here, where json.loads would raise RecursionError. Its images'
+        # data URLs are lifted out first, as they are from HTTP bodies.
+        lifted = await lift_data_urls(frame) if len(frame) > LARGE_BODY_BYTES else LiftedBody(frame)
+        message = from_json(lifted.json)
     except ValueError:
         return APIError(400, "The frame is not valid JSON.", code="invalid_json")
     if not isinstance(message, dict):
@@ -215,9 +218,11 @@ def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[Any, Res
     message.pop("stream", None)
     message.pop("background", None)
     try:
-        return stream_id, ResponsesRequest.model_validate({**message, "stream": True})
+        body = ResponsesRequest.model_validate({**message, "stream": True})
     except (ValidationError, APIError) as error:
         return api_error(error)
+    lifted.restore(body)
+    return stream_id, body
 
 
 async def _run(

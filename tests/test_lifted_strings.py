@@ -1,0 +1,111 @@
+"""Data URLs lifted out of large bodies before parsing (ovtrio/api/lifted_strings.py):
+the body parsed from the lifted JSON, with the strings put back, is the body the whole
+JSON parses to, whatever the strings hold; only whole, unescaped ASCII strings that
+open with `data:` are lifted."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+
+import pytest
+import trio
+
+from ovtrio.api.lifted_strings import LIFTED_MIN_BYTES, lift_data_urls
+
+LONG = "data:image/png;base64," + base64.b64encode(random.Random(0).randbytes(LIFTED_MIN_BYTES)).decode()
+
+
+def lifted(raw: bytes):
+    body = trio.run(lift_data_urls, raw)
+    # A WebSocket text frame (a str) is lifted the same way.
+    as_text = trio.run(lift_data_urls, raw.decode())
+    assert (as_text.json.encode() if as_text.strings else raw) == body.json
+    assert list(as_text.strings.values()) == list(body.strings.values())
+    return body
+
+
+def parsed_after_lifting(raw: bytes):
+    body = lifted(raw)
+    value = json.loads(body.json)
+    body.restore(value)
+    return value
+
+
+def test_long_data_urls_are_lifted_and_put_back_where_they_were():
+    other = LONG.replace("png", "jpeg")
+    document = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "two"}, {"type": "image_url", "image_url": {"url": LONG}}],
+            },
+            {"role": "user", "content": [{"type": "image_url", "image_url": other}]},
+        ],
+        "tuple_like": [LONG, "data:short", 1],
+        "nested": {"url": other},
+    }
+    raw = json.dumps(document).encode()
+    body = lifted(raw)
+    assert len(body.strings) == 4  # the short one stays
+    assert len(body.json) < 1024
+    assert parsed_after_lifting(raw) == document
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "data:short",  # below the size worth lifting
+        LONG.replace("/", "\\/", 1),  # an escape inside: the parser must read it
+        LONG + "\u00e9",  # not ASCII
+        'he wrote "' + LONG + '" there',  # a quoted data URL inside other text: its quote is escaped
+        '\\\\"' + LONG,  # a backslash, then an escaped quote, then data:
+    ],
+    ids=["short", "escaped-slash", "non-ascii", "quoted-inside-text", "escaped-quote-after-backslash"],
+)
+def test_strings_that_are_not_plain_whole_data_urls_stay_in_the_json(text):
+    raw = json.dumps({"text": text}, ensure_ascii=False).encode().replace(b"\\\\/", b"\\/")
+    body = lifted(raw)
+    assert body.strings == {} and body.json is raw
+    assert parsed_after_lifting(raw) == json.loads(raw)
+
+
+def test_invalid_json_stays_invalid():
+    # A closing quote followed by data: is not JSON; lifting must not make it so.
+    raw = b'{"a": "x"' + LONG.encode() + b'"}'
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(raw)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(lifted(raw).json)
+
+
+def test_an_unterminated_string_is_left_alone():
+    raw = b'{"a": "' + LONG.encode()
+    assert lifted(raw).json is raw
+
+
+def test_random_documents_parse_the_same_after_lifting():
+    rng = random.Random(7)
+    pieces = [LONG, LONG, LONG, LONG[:100], "\\", '"', "data:", '"data:', '\\"data:', "é", "/", "\n", "x"]
+
+    def string() -> str:
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 4)))
+
+    def value(depth: int):
+        kind = rng.randrange(4 if depth < 3 else 2)
+        if kind == 0:
+            return string()
+        if kind == 1:
+            return rng.choice([1, 2.5, None, True])
+        if kind == 2:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {f"k{i}": value(depth + 1) for i in range(rng.randint(0, 3))}
+
+    lifted_some = 0
+    for _ in range(300):
+        document = {"root": value(0)}
+        raw = json.dumps(document, ensure_ascii=rng.random() < 0.5).encode()
+        lifted_some += bool(lifted(raw).strings)
+        assert parsed_after_lifting(raw) == document
+    assert lifted_some > 30  # the cases exercised the lifting, not only the fallback
