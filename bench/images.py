@@ -57,10 +57,17 @@ def messages(urls: list[str]) -> list[dict]:
     return [{"role": "user", "content": [{"type": "text", "text": "Describe the images."}, *parts]}]
 
 
-def server_ttft(client: httpx.Client, base: str, urls: list[str]) -> float:
+def chat_body(urls: list[str]) -> bytes:
+    """A streamed chat request with the images, encoded before the clock starts (its
+    JSON encoding is the client's time, not the server's)."""
     body = {"model": MODEL, "messages": messages(urls), "max_tokens": 4, "temperature": 0, "stream": True}
+    return json.dumps(body).encode()
+
+
+def server_ttft(client: httpx.Client, base: str, body: bytes) -> float:
+    headers = {"Content-Type": "application/json"}
     started = time.perf_counter()
-    with client.stream("POST", base + "/v1/chat/completions", json=body) as response:
+    with client.stream("POST", base + "/v1/chat/completions", content=body, headers=headers) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if line.startswith("data: ") and '"content"' in line:
@@ -133,13 +140,14 @@ def main() -> None:
             return tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
 
         server_times: dict[int, list[float]] = {0: [], 1: [], 4: []}
+        bodies = {count: chat_body(urls[:count]) for count in server_times}
         engine_times: dict[int, list[float]] = {0: [], 1: [], 4: []}
         for count in server_times:  # warm-up
-            server_ttft(client, base, urls[:count])
+            server_ttft(client, base, bodies[count])
             engine_ttft(pipeline, engine_text(count), [ov.Tensor(image) for image in decoded[:count]])
         for _ in range(args.turns):
             for count in server_times:
-                server_times[count].append(server_ttft(client, base, urls[:count]))
+                server_times[count].append(server_ttft(client, base, bodies[count]))
                 engine_times[count].append(
                     engine_ttft(pipeline, engine_text(count), [ov.Tensor(image) for image in decoded[:count]])
                 )
@@ -179,14 +187,13 @@ def burst_health(base: str, urls: list[str]) -> list[float]:
     The probe runs in a process of its own, and the requests' bodies are encoded before
     the burst: encoding 17 MB of JSON in the probing process would hold its GIL, and the
     figure would measure the client instead of the server."""
-    body = {"model": MODEL, "messages": messages(urls), "max_tokens": 4, "temperature": 0, "stream": True}
-    encoded = json.dumps(body).encode()
+    encoded = chat_body(urls)
     stop = multiprocessing.Event()
     results: multiprocessing.Queue = multiprocessing.Queue()
     prober = multiprocessing.Process(target=probe_health, args=(base, stop, results))
     prober.start()
     time.sleep(0.5)
-    burst = [threading.Thread(target=send_encoded, args=(base, encoded)) for _ in range(8)]
+    burst = [threading.Thread(target=server_ttft, args=(httpx.Client(timeout=120), base, encoded)) for _ in range(8)]
     for thread in burst:
         thread.start()
     for thread in burst:
@@ -208,17 +215,6 @@ def probe_health(base: str, stop: Any, results: Any) -> None:
             health.append(time.perf_counter() - started)
             time.sleep(0.005)
     results.put(health)
-
-
-def send_encoded(base: str, encoded: bytes) -> None:
-    headers = {"Content-Type": "application/json"}
-    with (
-        httpx.Client(timeout=120) as client,
-        client.stream("POST", base + "/v1/chat/completions", content=encoded, headers=headers) as response,
-    ):
-        response.raise_for_status()
-        for _ in response.iter_lines():
-            pass
 
 
 def tiny_vlm_tag(index: int) -> str:

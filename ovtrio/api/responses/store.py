@@ -91,8 +91,7 @@ class ResponseStore:
         self.bytes += entry.size
         released = self._expire_in_memory()
         if self._db is not None:
-            row = (response_id, entry.stored_at, json.dumps(asdict(entry)))
-            await self._in_thread(self._db_put, row)
+            await self._in_thread(self._db_put, entry)
         await release_free_memory(released)
 
     async def get(self, response_id: str) -> StoredResponse | None:
@@ -141,8 +140,11 @@ class ResponseStore:
 
     # ---- SQLite, in the worker thread ---------------------------------------------------
 
-    def _db_put(self, row: tuple[str, float, str]) -> None:
+    def _db_put(self, entry: StoredResponse) -> None:
         assert self._db is not None
+        # Written here, not on the event loop: the JSON of a response whose input held
+        # images is megabytes (json.dumps takes about 18 ms for each 4 MB, holding the GIL).
+        row = (entry.response["id"], entry.stored_at, json.dumps(asdict(entry)))
         self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?)", row)
         self._db_expire()
 
