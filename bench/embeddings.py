@@ -17,7 +17,8 @@ Each HTTP figure is printed beside the pipeline's at the same batch size, as a r
 the two are measured in turns, `--rounds` times: the medians are printed (and the best
 ratio), with the CPU time per embedding of the server and of the benchmark's own
 clients (raw keep-alive sockets, requests encoded beforehand: cheap, since they share
-the machine's cores with the server). `--server-args` passes more flags to the server.
+the machine's cores with the server), and the mean batch the pipeline saw (from the
+server's metrics). `--server-args` passes more flags to the server.
 The goal: 32 concurrent single-text requests reach 0.9 of the pipeline's batch of 32.
 """
 
@@ -208,6 +209,19 @@ class Figures:
     ratios: list[float] = field(default_factory=list)
     server_cpu: list[float] = field(default_factory=list)
     client_cpu: list[float] = field(default_factory=list)
+    batch: list[float] = field(default_factory=list)
+
+
+async def batches(port: int) -> tuple[float, float]:
+    """Inputs computed and batches run so far, from the server's ovtrio_encoder_batch_size
+    histogram: their quotient is the batch size the pipeline saw."""
+    reply = await http_request(port, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    found = dict.fromkeys(("sum", "count"), 0.0)
+    for line in reply.decode().splitlines():
+        for key in found:
+            if line.startswith(f"ovtrio_encoder_batch_size_{key}{{"):
+                found[key] += float(line.rsplit(" ", 1)[1])
+    return found["sum"], found["count"]
 
 
 async def server_rates(
@@ -246,6 +260,7 @@ async def server_rates(
             for name, (concurrency, per_request, batch, encoding) in CASES.items():
                 pipeline_rate = pipeline.rate(batch, seconds)
                 reference.setdefault(batch, []).append(pipeline_rate)
+                inputs_before, batches_before = await batches(port)
                 server_before, client_before = cpu_seconds(process.pid), time.process_time()
                 started = time.perf_counter()
                 rate = await clients(port, concurrency, per_request, seconds, encoding)
@@ -255,6 +270,8 @@ async def server_rates(
                 figure.ratios.append(rate / pipeline_rate)
                 figure.server_cpu.append((cpu_seconds(process.pid) - server_before) / embeddings)
                 figure.client_cpu.append((time.process_time() - client_before) / embeddings)
+                inputs, count = await batches(port)
+                figure.batch.append((inputs - inputs_before) / max(1.0, count - batches_before))
         del pipeline
         limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120, limits=limits) as client:
@@ -278,13 +295,14 @@ def main() -> None:
     )
     median = statistics.median
     print(
-        f"{'':38} {'embeddings/s':>12} {'ratio':>6} {'best':>5} {'server CPU':>10} {'bench CPU':>9}"
-        "  (medians of the rounds; CPU in ms an embedding)"
+        f"{'':38} {'embeddings/s':>12} {'ratio':>6} {'best':>5} {'server CPU':>10} {'bench CPU':>9} {'batch':>5}"
+        "  (medians of the rounds; CPU in ms an embedding; batch: mean inputs a pipeline call)"
     )
     for name, figure in figures.items():
         print(
             f"HTTP {name:33} {median(figure.rates):12.0f} {median(figure.ratios):6.2f} {max(figure.ratios):5.2f}"
             f" {1000 * median(figure.server_cpu):10.2f} {1000 * median(figure.client_cpu):9.2f}"
+            f" {median(figure.batch):5.1f}"
         )
     rates = {batch: median(values) for batch, values in reference.items()}
     print(f"pipeline batch 1 / 8 / 32: {rates[1]:.0f} / {rates[8]:.0f} / {rates[32]:.0f} embeddings/s")
