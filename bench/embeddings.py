@@ -1,6 +1,6 @@
 """Embeddings benchmark: vectors a second through HTTP against TextEmbeddingPipeline alone.
 
-    python bench/embeddings.py [--seconds 5] [--precision auto]
+    python bench/embeddings.py [--seconds 5] [--rounds 3] [--precision auto] [--server-args '...']
 
 In one run, on the embedded all-MiniLM-L6-v2 (converted into the model cache as the
 server does):
@@ -14,18 +14,26 @@ server does):
   embedding clients run beside 4 streaming generations.
 
 Each HTTP figure is printed beside the pipeline's at the same batch size, as a ratio;
-the two are measured in turns, `--rounds` times, and the best of each kept.
+the two are measured in turns, `--rounds` times: the medians are printed (and the best
+ratio), with the CPU time per embedding of the server and of the benchmark's own
+clients (raw keep-alive sockets, requests encoded beforehand: cheap, since they share
+the machine's cores with the server), and the mean batch the pipeline saw (from the
+server's metrics). `--server-args` passes more flags to the server.
 The goal: 32 concurrent single-text requests reach 0.9 of the pipeline's batch of 32.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import shlex
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -77,20 +85,61 @@ class Pipeline:
         return done / (time.perf_counter() - started)
 
 
-async def clients(client: httpx.AsyncClient, concurrency: int, per_request: int, seconds: float) -> float:
-    """Embeddings a second from `concurrency` clients sending `per_request` texts each."""
+def request_bytes(port: int, texts: list[str], encoding: str = "base64") -> bytes:
+    """One keep-alive POST /v1/embeddings, encoded once before the clock starts."""
+    body = json.dumps({"input": texts, "encoding_format": encoding}).encode()
+    head = (
+        f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def read_reply(stream: trio.SocketStream, pending: bytearray) -> None:
+    """Read one reply (headers and a Content-Length body) off a keep-alive connection,
+    leaving anything after it in `pending`; raise unless it is a 200."""
+    while (end := pending.find(b"\r\n\r\n")) < 0:
+        data = await stream.receive_some(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        pending += data
+    head = bytes(pending[:end])
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(head.decode(errors="replace"))
+    length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+    del pending[: end + 4]
+    while len(pending) < length:
+        data = await stream.receive_some(65536)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        pending += data
+    del pending[:length]
+
+
+# The benchmark's own CPU seconds spent sending requests and reading replies, kept
+# beside each HTTP figure: on 2 cores the load generator takes its share from the server.
+async def clients(port: int, concurrency: int, per_request: int, seconds: float, encoding: str = "base64") -> float:
+    """Embeddings a second from `concurrency` clients sending `per_request` texts each,
+    one request after the other on their own keep-alive connection. The requests are
+    encoded beforehand and written to raw sockets: an httpx client cost 1-2 ms of CPU a
+    request, as much as the server's HTTP path, on the same two cores."""
+    requests = [
+        request_bytes(port, [sentence(i * per_request + k) for k in range(per_request)], encoding) for i in range(4096)
+    ]
     done = 0
     counter = 0
     deadline = time.perf_counter() + seconds
 
     async def one_client() -> None:
         nonlocal done, counter
-        while time.perf_counter() < deadline:
-            counter += per_request
-            texts = [sentence(counter + i) for i in range(per_request)]
-            response = await client.post("/v1/embeddings", json={"input": texts, "encoding_format": "base64"})
-            response.raise_for_status()
-            done += per_request
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        pending = bytearray()
+        async with stream:
+            while time.perf_counter() < deadline:
+                counter += 1
+                await stream.send_all(requests[counter % len(requests)])
+                await read_reply(stream, pending)
+                done += per_request
 
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -132,32 +181,54 @@ async def health_beside_generation(port: int, client: httpx.AsyncClient, seconds
         for _ in range(4):
             nursery.start_soon(generate)
         await trio.sleep(1.0)
-        nursery.start_soon(clients, client, 32, 1, seconds)
+        nursery.start_soon(clients, port, 32, 1, seconds)
         await probe()
         nursery.cancel_scope.cancel()
     return latencies
 
 
-# Each HTTP figure and the pipeline figure at the same batch size.
+# Each HTTP figure: (clients, texts a request, the pipeline's batch size to compare with,
+# encoding_format).
 CASES = {
-    "1 concurrent x 1 text": (1, 1, 1),
-    "8 concurrent x 1 text": (8, 1, 8),
-    "32 concurrent x 1 text": (32, 1, 32),
-    "1 client x 8 texts": (1, 8, 8),
-    "1 client x 32 texts": (1, 32, 32),
+    "1 concurrent x 1 text": (1, 1, 1, "base64"),
+    "8 concurrent x 1 text": (8, 1, 8, "base64"),
+    "32 concurrent x 1 text": (32, 1, 32, "base64"),
+    "32 concurrent x 1 text, floats": (32, 1, 32, "float"),
+    "1 client x 8 texts": (1, 8, 8, "base64"),
+    "1 client x 32 texts": (1, 32, 32, "base64"),
 }
 
 
-# The server's CPU time per embedding in the run kept for each HTTP case: what the HTTP
-# path costs beside the model, whatever share of the CPU the machine gives the server.
-CPU_PER_EMBEDDING: dict[str, float] = {}
+@dataclass
+class Figures:
+    """What the rounds measured for one HTTP case: the rate and the ratio to the
+    pipeline measured just before it, each round; the server's and the benchmark's own
+    CPU seconds per embedding."""
+
+    rates: list[float] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)
+    server_cpu: list[float] = field(default_factory=list)
+    client_cpu: list[float] = field(default_factory=list)
+    batch: list[float] = field(default_factory=list)
+
+
+async def batches(port: int) -> tuple[float, float]:
+    """Inputs computed and batches run so far, from the server's ovtrio_encoder_batch_size
+    histogram: their quotient is the batch size the pipeline saw."""
+    reply = await http_request(port, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    found = dict.fromkeys(("sum", "count"), 0.0)
+    for line in reply.decode().splitlines():
+        for key in found:
+            if line.startswith(f"ovtrio_encoder_batch_size_{key}{{"):
+                found[key] += float(line.rsplit(" ", 1)[1])
+    return found["sum"], found["count"]
 
 
 async def server_rates(
-    precision: str, seconds: float, rounds: int
-) -> tuple[dict[str, float], dict[int, float], list[float]]:
-    """The HTTP figures and the pipeline's, measured in turns (`rounds` times each, the
-    best kept): on a shared machine the load drifts, and turns expose both to it alike."""
+    precision: str, seconds: float, rounds: int, server_args: list[str]
+) -> tuple[dict[str, Figures], dict[int, list[float]], list[float]]:
+    """The HTTP figures and the pipeline's, measured in turns (`rounds` times each): on a
+    shared machine the load drifts, and turns expose both to it alike."""
     port = free_port()
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / "ovtrio-embeddings-bench.log", "w")
     process = subprocess.Popen(
@@ -173,6 +244,7 @@ async def server_rates(
             precision,
             "--log-level",
             "warning",
+            *server_args,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -180,24 +252,31 @@ async def server_rates(
     try:
         with trio.fail_after(300):
             await wait_ready(port, process)
-        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        await clients(port, 1, 1, 1.0)  # warm: the embedder loaded
+        pipeline = Pipeline(precision)
+        figures = {name: Figures() for name in CASES}
+        reference: dict[int, list[float]] = {}
+        for _ in range(rounds):
+            for name, (concurrency, per_request, batch, encoding) in CASES.items():
+                pipeline_rate = pipeline.rate(batch, seconds)
+                reference.setdefault(batch, []).append(pipeline_rate)
+                inputs_before, batches_before = await batches(port)
+                server_before, client_before = cpu_seconds(process.pid), time.process_time()
+                started = time.perf_counter()
+                rate = await clients(port, concurrency, per_request, seconds, encoding)
+                embeddings = rate * (time.perf_counter() - started)
+                figure = figures[name]
+                figure.rates.append(rate)
+                figure.ratios.append(rate / pipeline_rate)
+                figure.server_cpu.append((cpu_seconds(process.pid) - server_before) / embeddings)
+                figure.client_cpu.append((time.process_time() - client_before) / embeddings)
+                inputs, count = await batches(port)
+                figure.batch.append((inputs - inputs_before) / max(1.0, count - batches_before))
+        del pipeline
+        limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120, limits=limits) as client:
-            await clients(client, 1, 1, 1.0)  # warm: the embedder loaded, connections open
-            pipeline = Pipeline(precision)
-            rates: dict[str, float] = {}
-            reference: dict[int, float] = {}
-            for _ in range(rounds):
-                for name, (concurrency, per_request, batch) in CASES.items():
-                    reference[batch] = max(reference.get(batch, 0.0), pipeline.rate(batch, seconds))
-                    cpu_before, started = cpu_seconds(process.pid), time.perf_counter()
-                    rate = await clients(client, concurrency, per_request, seconds)
-                    cpu = (cpu_seconds(process.pid) - cpu_before) / (rate * (time.perf_counter() - started))
-                    if rate > rates.get(name, 0.0):
-                        rates[name] = rate
-                        CPU_PER_EMBEDDING[name] = cpu
-            del pipeline
             health = await health_beside_generation(port, client, seconds * 2)
-        return rates, reference, health
+        return figures, reference, health
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -208,16 +287,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds each measurement runs")
     parser.add_argument("--precision", default="auto", choices=["auto", "f32", "bf16"])
-    parser.add_argument("--rounds", type=int, default=2, help="turns of every measurement; the best is kept")
+    parser.add_argument("--rounds", type=int, default=3, help="turns of every measurement; medians are printed")
+    parser.add_argument("--server-args", default="", help="more arguments for `ovtrio serve`, in one string")
     args = parser.parse_args()
-    rates, reference, health = trio.run(server_rates, args.precision, args.seconds, args.rounds)
-    print(f"{'':34} {'embeddings/s':>12} {'pipeline':>9} {'ratio':>6} {'server CPU ms/embedding':>24}")
-    for name, (_, _, batch) in CASES.items():
+    figures, reference, health = trio.run(
+        server_rates, args.precision, args.seconds, args.rounds, shlex.split(args.server_args)
+    )
+    median = statistics.median
+    print(
+        f"{'':38} {'embeddings/s':>12} {'ratio':>6} {'best':>5} {'server CPU':>10} {'bench CPU':>9} {'batch':>5}"
+        "  (medians of the rounds; CPU in ms an embedding; batch: mean inputs a pipeline call)"
+    )
+    for name, figure in figures.items():
         print(
-            f"HTTP {name:29} {rates[name]:12.0f} {reference[batch]:9.0f} {rates[name] / reference[batch]:6.2f}"
-            f" {1000 * CPU_PER_EMBEDDING[name]:24.2f}"
+            f"HTTP {name:33} {median(figure.rates):12.0f} {median(figure.ratios):6.2f} {max(figure.ratios):5.2f}"
+            f" {1000 * median(figure.server_cpu):10.2f} {1000 * median(figure.client_cpu):9.2f}"
+            f" {median(figure.batch):5.1f}"
         )
-    print(f"pipeline batch 1 / 8 / 32: {reference[1]:.0f} / {reference[8]:.0f} / {reference[32]:.0f} embeddings/s")
+    rates = {batch: median(values) for batch, values in reference.items()}
+    print(f"pipeline batch 1 / 8 / 32: {rates[1]:.0f} / {rates[8]:.0f} / {rates[32]:.0f} embeddings/s")
     ms = sorted(1000 * value for value in health)
     print(
         f"/health beside 4 generation streams and 32 embedding clients: p50 {statistics.median(ms):.1f} ms,"

@@ -65,9 +65,10 @@ def _inputs(body: EmbeddingsRequest, limit: int) -> list[str | list[int]]:
 
 
 def _encoded(vector: np.ndarray, encoding: str) -> Any:
+    """base64 text, or the float32 array itself (json_reply writes it)."""
     if encoding == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.tolist()
+    return np.ascontiguousarray(vector, dtype=np.float32)
 
 
 @blueprint.post("/v1/embeddings")
