@@ -3,8 +3,14 @@ sources vendored in the `llama-cpp-python` sdist (fetched with pip: no other net
 
     python bench/build_llama_server.py [--version 0.3.16] [--out ~/.cache/ovtrio-bench]
 
-Needs a C++ compiler and CMake; takes 5-10 minutes on 2 cores. Prints the binary's
-path; bench/peer.py looks for it in the same place.
+Needs a C++ compiler and CMake; takes 5-10 minutes on 2 cores (20 under load). Prints
+the binary's path; bench/peer.py looks for it in the same place.
+
+It is built for this CPU (`-march=native`) but without ggml's AMX kernels: on an Intel
+Xeon with AMX (a KVM guest) the llama.cpp of llama-cpp-python 0.3.36 built with them
+died at its first matmul, on an illegal `tilezero` (SIGILL), while a plain AMX program
+ran there. Its AVX-512 (VNNI, BF16) kernels and its repacked Q4_0 blocks are kept.
+`--amx` builds them in.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+# Explicit -mno-* flags win over what -march=native turns on, so ggml's AMX code is left out.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ovtrio-bench"
 
 
@@ -39,6 +47,7 @@ def main() -> None:
     parser.add_argument("--version", help="llama-cpp-python version (default: the newest)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--amx", action="store_true", help="keep ggml's AMX kernels (see above)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as temp:
@@ -62,6 +71,7 @@ def main() -> None:
                 "-DLLAMA_BUILD_TESTS=OFF",
                 "-DLLAMA_BUILD_EXAMPLES=OFF",
                 "-DBUILD_SHARED_LIBS=OFF",
+                *([] if args.amx else [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]),
             ],
             check=True,
         )
