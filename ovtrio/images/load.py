@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import binascii
 import io
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -33,10 +34,12 @@ FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<base64>;base64)?,", re.I)
 
 
-# Images decoded at once, in worker threads. Each thread takes the GIL between its C
-# calls: dozens of them (8 requests of 4 images) kept the event loop waiting for the GIL
-# for tens of milliseconds at a time.
-_DECODING = trio.CapacityLimiter(2)
+# Images decoded at once, in worker threads: one fewer than the CPU's cores (at least
+# one), so that decoding leaves a core to the event loop and the engine. On the 2-core
+# Xeon, /health p99 during a burst of 8 requests of 4 images each was 45 ms with two
+# decoding threads and 30 ms with one (docs/benchmarks.md#images).
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+_DECODING = trio.CapacityLimiter(max(1, _CORES - 1))
 
 
 class ImageError(FieldError):
