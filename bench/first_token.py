@@ -34,7 +34,6 @@ The parts of a round run in a shuffled order; the figures are medians of the rou
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import statistics
@@ -52,7 +51,7 @@ from build_llama_server import binary_path
 from decode_profile import Decoder, kernel_group
 from hardware import describe_cpu, gguf_path
 from peer import served_model_id, start_llama_server, start_ovtrio
-from serving import TOPICS, free_port, prompts, wait_ready
+from serving import TOPICS, chat_request, free_port, prompts, wait_ready
 
 TOKENS = 32
 PAUSE = 0.2  # seconds between parts
@@ -221,22 +220,7 @@ def by_group(profiling_info: Any) -> dict[str, float]:
 async def stream_once(port: int, model: str, text: str, tokens: int, **extra: Any) -> tuple[float, bytes]:
     """One streamed chat completion (bench/peer.py's settings, plus `extra`): the client's
     TTFT in ms (request sent to the first chunk with content), and the whole reply."""
-    body = json.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": text}],
-            "max_tokens": tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            **extra,
-        }
-    ).encode()
-    request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
+    request = chat_request(model, text, tokens, **extra)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     first: float | None = None
     reply = b""

@@ -145,7 +145,9 @@ class StreamResult:
         return self.generation_time / max(1, self.completion_tokens - 1)
 
 
-async def stream_chat(port: int, model: str, text: str, tokens: int) -> StreamResult:
+def chat_request(model: str, text: str, tokens: int, **extra: Any) -> bytes:
+    """A streamed greedy chat completion of `tokens` tokens (ignore_eos, usage in the last
+    chunk) as raw HTTP/1.1 bytes, with `extra` fields in the body."""
     body = json.dumps(
         {
             "model": model,
@@ -155,12 +157,17 @@ async def stream_chat(port: int, model: str, text: str, tokens: int) -> StreamRe
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **extra,
         }
     ).encode()
-    request = (
+    return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
+
+
+async def stream_chat(port: int, model: str, text: str, tokens: int) -> StreamResult:
+    request = chat_request(model, text, tokens)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         started = time.perf_counter()
