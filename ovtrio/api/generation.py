@@ -85,7 +85,7 @@ _LARGE_BODY_PARSE = trio.Lock()
 
 async def parse_body(model_type: type[Body]) -> Body:
     raw = await request.get_data(as_text=False)
-    assert isinstance(raw, bytes)  # as_text=False
+    assert isinstance(raw, (bytes, bytearray))  # as_text=False (a bytearray: request_body.py)
     try:
         if len(raw) <= LARGE_BODY_BYTES:
             return model_type.model_validate_json(raw)

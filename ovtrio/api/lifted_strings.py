@@ -39,7 +39,7 @@ _BACKSLASH = 0x5C
 class LiftedBody:
     """A body's JSON with its long data URLs replaced by placeholders, and the URLs."""
 
-    json: bytes | str
+    json: bytes | bytearray | str
     strings: dict[str, str] = field(default_factory=dict)
 
     def restore(self, body: object) -> None:
@@ -48,7 +48,7 @@ class LiftedBody:
             _restore(body, self.strings)
 
 
-async def lift_data_urls(raw: bytes | str) -> LiftedBody:
+async def lift_data_urls(raw: bytes | bytearray | str) -> LiftedBody:
     """`raw` (an HTTP body, or a WebSocket text frame) with its long data URLs lifted out;
     the loop is served between two of them."""
     text_form = isinstance(raw, str)
@@ -92,7 +92,7 @@ def _ascii(text: memoryview | str) -> str | None:
         return None
 
 
-def _escaped(raw: bytes | str, quote: int) -> bool:
+def _escaped(raw: bytes | bytearray | str, quote: int) -> bool:
     """Whether the quote at `quote` is escaped: preceded by an odd run of backslashes."""
     run = 0
     while quote - run - 1 >= 0 and raw[quote - run - 1] in (_BACKSLASH, "\\"):

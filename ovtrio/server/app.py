@@ -34,6 +34,7 @@ from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.messages import errors as messages_errors
 from ovtrio.api.messages import routes as messages
+from ovtrio.api.request_body import UncopiedRequest
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
@@ -74,6 +75,7 @@ def create_app(
     connection_close.apply()
     accept_errors.install()
     app = QuartTrio("ovtrio")
+    app.request_class = UncopiedRequest
     framing.install(app)
     # Streams may run for minutes: no response timeout; request bodies are small.
     app.config["RESPONSE_TIMEOUT"] = None
