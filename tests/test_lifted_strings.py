@@ -12,9 +12,22 @@ import random
 import pytest
 import trio
 
+from ovtrio.api import lifted_strings
 from ovtrio.api.lifted_strings import LIFTED_MIN_BYTES, lift_data_urls
 
 LONG = "data:image/png;base64," + base64.b64encode(random.Random(0).randbytes(LIFTED_MIN_BYTES)).decode()
+
+
+@pytest.fixture(autouse=True)
+def lift_from_any_size(monkeypatch):
+    """These documents are smaller than the bodies lifting starts at (1 MiB)."""
+    monkeypatch.setattr(lifted_strings, "LIFTED_FROM_BODY_BYTES", 0)
+
+
+def test_a_body_under_the_size_is_parsed_whole(monkeypatch):
+    monkeypatch.setattr(lifted_strings, "LIFTED_FROM_BODY_BYTES", 1024 * 1024)
+    raw = json.dumps({"url": LONG}).encode()
+    assert trio.run(lift_data_urls, raw).json is raw
 
 
 def lifted(raw: bytes):

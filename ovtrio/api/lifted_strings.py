@@ -26,7 +26,9 @@ from typing import Any
 import trio
 from pydantic import BaseModel
 
-# Strings shorter than this are left to the parser, which reads them fast enough.
+# Bodies up to this size are parsed whole, and strings shorter than LIFTED_MIN_BYTES are
+# left to the parser: it reads them fast enough.
+LIFTED_FROM_BODY_BYTES = 1024 * 1024
 LIFTED_MIN_BYTES = 64 * 1024
 
 # Placeholders carry a per-process secret, so no client can write one itself.
@@ -50,7 +52,10 @@ class LiftedBody:
 
 async def lift_data_urls(raw: bytes | bytearray | str) -> LiftedBody:
     """`raw` (an HTTP body, or a WebSocket text frame) with its long data URLs lifted out;
-    the loop is served between two of them."""
+    the loop is served between two of them. A body of at most LIFTED_FROM_BODY_BYTES is
+    left as it is."""
+    if len(raw) <= LIFTED_FROM_BODY_BYTES:
+        return LiftedBody(raw)
     text_form = isinstance(raw, str)
     opening_mark, quote, backslash = ('"data:', '"', "\\") if text_form else (b'"data:', b'"', b"\\")
     view: Any = raw if isinstance(raw, str) else memoryview(raw)  # bytes: slices without copies

@@ -42,8 +42,8 @@ from quart import Blueprint, websocket
 from ovtrio.api.auth import offered_subprotocols, socket_subprotocol
 from ovtrio.api.context import generation_model, model_registry, response_store, socket_limits
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
-from ovtrio.api.generation import LARGE_BODY_BYTES, submitted
-from ovtrio.api.lifted_strings import LiftedBody, lift_data_urls
+from ovtrio.api.generation import submitted
+from ovtrio.api.lifted_strings import lift_data_urls
 from ovtrio.api.responses.events import ResponseEvents
 from ovtrio.api.responses.oversized_message import OversizedMessage
 from ovtrio.api.responses.prepare import PreparedResponse, prepare
@@ -205,7 +205,7 @@ async def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[An
         # pydantic's parser, as for HTTP bodies: nesting beyond its depth limit is a
         # ValueError here, where json.loads would raise RecursionError. Its images'
         # data URLs are lifted out first, as they are from HTTP bodies.
-        lifted = await lift_data_urls(frame) if len(frame) > LARGE_BODY_BYTES else LiftedBody(frame)
+        lifted = await lift_data_urls(frame)
         message = from_json(lifted.json)
     except ValueError:
         return APIError(400, "The frame is not valid JSON.", code="invalid_json")
