@@ -3,7 +3,7 @@
     python bench/build_llama_server.py     # once: builds the peer (5-10 min on 2 cores)
     python bench/make_tiny_llama.py /tmp/tiny-llama-q4_0.gguf   # the 1B-class fixture
     python bench/peer.py [--model embedded /tmp/tiny-llama-q4_0.gguf] [--concurrency 1 4 16]
-                         [--tokens 64] [--turns 5] [--plot docs/peer.png]
+                         [--tokens 64] [--turns 5] [--plot docs/peer.png] [--isa avx2]
 
 Both servers run each GGUF given (default: the embedded SmolLM2-135M-Instruct Q4_1) on
 the CPU: `ovtrio serve --model <gguf>` with its defaults, `llama-server -np 32 -c 32768
@@ -14,7 +14,9 @@ C clients each stream chat completions (64 tokens, ignore_eos, greedy) back to b
 the two servers take turns at each concurrency, and each figure is the median of the
 turns, since this machine's speed drifts by +-15% from one minute to the next. Prints
 output tok/s and TTFT p50 of each, and ovtrio / llama-server. Without a built peer it
-says so in one line and measures ovtrio alone.
+says so in one line and measures ovtrio alone. `--isa avx2` measures the AVX2 code of both
+on a machine with AVX-512: llama-server built with `build_llama_server.py --isa avx2`, and
+ovtrio with OpenVINO's CPU plugin narrowed to AVX2.
 """
 
 from __future__ import annotations
@@ -34,12 +36,17 @@ from build_llama_server import binary_path
 from hardware import ceiling_tok_s, describe_cpu, gguf_path, read_bandwidth_gb_s
 from serving import free_port, load, stream_chat, wait_ready
 
+# What `--isa avx2` sets for ovtrio: OpenVINO's CPU plugin needs both to keep to AVX2
+# (docs/determinism.md).
+NARROWED_TO_AVX2 = {"OV_CPU_MAX_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
-def start_ovtrio(gguf: Path, port: int) -> subprocess.Popen:
+
+def start_ovtrio(gguf: Path, port: int, isa: str = "native") -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "ovtrio", "serve", "--model", str(gguf), "--port", str(port), "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **(NARROWED_TO_AVX2 if isa == "avx2" else {})},
     )
 
 
@@ -80,18 +87,21 @@ async def measure(args: argparse.Namespace, gguf: Path) -> Figures:
     processes = []
     try:
         port = free_port()
-        processes.append(start_ovtrio(gguf, port))
+        processes.append(start_ovtrio(gguf, port, args.isa))
         await wait_ready(port, processes[-1])
         model_id = await served_model_id(port)
         servers["ovtrio"] = (port, model_id)
-        binary = binary_path()
+        binary = binary_path(isa=args.isa)
         if binary.exists():
             port = free_port()
             processes.append(start_llama_server(binary, gguf, port))
             await wait_ready(port, processes[-1], b"/health")  # 503 while it loads
             servers["llama-server"] = (port, model_id)
         else:
-            print(f"llama-server not built ({binary} missing; run bench/build_llama_server.py): measuring ovtrio alone")
+            print(
+                f"llama-server not built ({binary} missing; run bench/build_llama_server.py --isa {args.isa}):"
+                " measuring ovtrio alone"
+            )
         figures: Figures = {name: {} for name in servers}
         for concurrency in args.concurrency:
             for port, model in servers.values():
@@ -178,9 +188,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="requests each client sends per turn")
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--plot", type=Path, help="write a PNG of tok/s and TTFT against concurrency here")
+    parser.add_argument(
+        "--isa",
+        choices=["native", "avx2"],
+        default="native",
+        help="avx2: both servers keep to AVX2 (llama-server built with --isa avx2, OpenVINO narrowed)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
-    machine = describe_cpu()
+    machine = describe_cpu() + ("; both servers narrowed to AVX2" if args.isa == "avx2" else "")
     bandwidth = read_bandwidth_gb_s()
     print(f"cpu: {machine}; read bandwidth {bandwidth:.1f} GB/s")
     results: dict[str, Figures] = {}
