@@ -29,12 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import trio
 
 from build_llama_server import binary_path
 from hardware import ceiling_tok_s, describe_cpu, gguf_path, read_bandwidth_gb_s
-from serving import free_port, load, stream_chat, wait_ready
+from serving import free_port, load, served_model_id, stream_chat, wait_ready
 
 # What `--isa avx2` sets for ovtrio: OpenVINO's CPU plugin needs both to keep to AVX2
 # (docs/determinism.md).
@@ -74,12 +73,6 @@ def start_llama_server(binary: Path, gguf: Path, port: int) -> subprocess.Popen:
 
 
 Figures = dict[str, dict[int, dict[str, float]]]
-
-
-async def served_model_id(port: int) -> str:
-    async with httpx.AsyncClient() as client:
-        reply = await client.get(f"http://127.0.0.1:{port}/v1/models")
-        return reply.json()["data"][0]["id"]
 
 
 async def measure(args: argparse.Namespace, gguf: Path) -> Figures:

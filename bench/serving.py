@@ -283,18 +283,31 @@ async def wait_ready(port: int, process: subprocess.Popen, path: bytes = b"/heal
         await trio.sleep(0.05)
 
 
+async def served_model_id(port: int) -> str:
+    """The id of the first model the server lists."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while data := await stream.receive_some(65536):
+            reply += data
+    return json.loads(reply.split(b"\r\n\r\n", 1)[1])["data"][0]["id"]
+
+
 async def server_figures(
-    args: argparse.Namespace, model: str, engine: RawEngine
+    args: argparse.Namespace, model_path: Path, engine: RawEngine
 ) -> tuple[dict[int, dict[str, float]], dict[str, float]]:
     port = free_port()
     launched = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning", *args.server_arg],
+        [sys.executable, "-m", "ovtrio", "serve", "--model", str(model_path), "--port", str(port),
+         "--log-level", "warning", *args.server_arg],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )
+    )  # fmt: skip
     try:
         await wait_ready(port, process)
+        model = await served_model_id(port)
         sent = time.perf_counter()
         first = await stream_chat(port, model, "Hello!", 4)
         start_to_first_token = sent + first.ttft - launched
@@ -351,6 +364,7 @@ def cpu_seconds(pid: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="embedded", help="a GGUF file ('embedded': the embedded model)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="requests each client sends per turn")
@@ -366,13 +380,14 @@ def main() -> None:
     if 1 not in args.concurrency:
         args.concurrency = [1, *args.concurrency]
 
-    from ovtrio.model import EMBEDDED_NAME, embedded_model_path
+    from hardware import gguf_path
 
-    engine = RawEngine(str(embedded_model_path()), args.tokens)
-    server, misc = trio.run(server_figures, args, EMBEDDED_NAME, engine)
+    model_path = gguf_path(args.model)
+    engine = RawEngine(str(model_path), args.tokens)
+    server, misc = trio.run(server_figures, args, model_path, engine)
 
     print(
-        f"ovtrio serving benchmark: SmolLM2-135M-Instruct Q4_1, CPU, {os.cpu_count()} cores,"
+        f"ovtrio serving benchmark: {model_path.name}, CPU, {os.cpu_count()} cores,"
         f" {args.tokens} output tokens, ignore_eos, greedy, chat streaming"
     )
     header = (
