@@ -1,13 +1,13 @@
 """One stream on the raw engine under different OpenVINO settings: what a decode step's
 speed depends on.
 
-    python bench/single_stream.py [--tokens 64] [--turns 5]
+    python bench/single_stream.py [--model embedded] [--tokens 64] [--turns 5]
 
-Builds a ContinuousBatchingPipeline for each setting below from the embedded model's
-converted IR (the server's model cache), and an LLMPipeline (the stateful backend),
-then lets them take turns generating one greedy 64-token reply (ignore_eos) to the same
-chat prompt. Prints each one's median output tok/s and its ratio to the defaults.
-Figures in docs/benchmarks.md.
+Builds a ContinuousBatchingPipeline for each setting below from the model's converted IR
+(the server's model cache; the embedded model unless --model names a GGUF file), and an
+LLMPipeline (the stateful backend), then lets them take turns generating one greedy
+64-token reply (ignore_eos) to the same chat prompt. Prints each one's median output
+tok/s and its ratio to the defaults. Figures in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def model_folder() -> Path:
-    """The embedded model converted to IR, from (or into) the server's model cache."""
+def model_folder(model: str = "embedded") -> Path:
+    """The model (a GGUF file, or 'embedded') converted to IR, from (or into) the server's
+    model cache."""
     from ovtrio.model.loading import load_model
     from ovtrio.model.source import resolve_model
     from ovtrio.settings.server import Settings
 
-    settings = Settings()
+    settings = Settings() if model == "embedded" else Settings(model=model)
     model = load_model(resolve_model(settings), settings)
     origin = model.origin or ""
     return Path(origin.split(" in ", 1)[1])
@@ -43,6 +44,7 @@ def model_folder() -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="embedded", help="a GGUF file ('embedded': the embedded model)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--only", nargs="*", help="variants to run (default: all)")
@@ -50,7 +52,7 @@ def main() -> None:
     import openvino as ov
     import openvino_genai
 
-    folder = model_folder()
+    folder = model_folder(args.model)
     tokenizer = openvino_genai.Tokenizer(str(folder))
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Write a short story about a lighthouse."}], add_generation_prompt=True
