@@ -283,15 +283,20 @@ async def wait_ready(port: int, process: subprocess.Popen, path: bytes = b"/heal
         await trio.sleep(0.05)
 
 
-async def served_model_id(port: int) -> str:
-    """The id of the first model the server lists."""
+async def http_get(port: int, path: bytes) -> bytes:
+    """The body of GET `path`, read until the server closes the connection."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
-        await stream.send_all(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        await stream.send_all(b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         reply = b""
         while data := await stream.receive_some(65536):
             reply += data
-    return json.loads(reply.split(b"\r\n\r\n", 1)[1])["data"][0]["id"]
+    return reply.split(b"\r\n\r\n", 1)[1]
+
+
+async def served_model_id(port: int) -> str:
+    """The id of the first model the server lists."""
+    return json.loads(await http_get(port, b"/v1/models"))["data"][0]["id"]
 
 
 async def server_figures(
@@ -341,14 +346,7 @@ async def server_figures(
 
 
 async def metric(port: int, name: str) -> float:
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        reply = b""
-        while data := await stream.receive_some(65536):
-            reply += data
-            if b"\n" + name.encode() in reply and reply.endswith(b"\n"):
-                break
+    reply = await http_get(port, b"/metrics")
     # One model: its series, labelled model_name="..." (or none, for the HTTP ones).
     for line in reply.decode().splitlines():
         if line.startswith((name + " ", name + "{")):
