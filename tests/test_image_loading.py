@@ -83,3 +83,21 @@ async def test_an_image_is_brought_down_to_the_models_own_preprocessing_size():
     assert loaded.pixels.shape == (100, 200, 3)
     small = Image.fromarray(np.zeros((50, 80, 3), dtype=np.uint8))
     assert (await load_image(data_url(small), PARAM, ImageLimits(model_short_side=100))).pixels.shape == (50, 80, 3)
+
+
+async def test_a_large_reduction_stays_within_a_few_levels_of_one_bicubic_pass():
+    # Brought down in two steps (a box filter by a whole factor, then bicubic): compared
+    # with one bicubic pass over the whole image, on a smooth image.
+    x = np.linspace(0.0, 1.0, 1024)
+    smooth = np.stack([np.outer(np.sin(6 * x), np.cos(4 * x)), np.outer(x, x), np.outer(np.cos(9 * x), x)], -1)
+    image = Image.fromarray((smooth * 127 + 128).astype(np.uint8))
+    loaded = await load_image(data_url(image), PARAM, ImageLimits(model_short_side=32))
+    one_pass = np.asarray(image.resize((32, 32), Image.Resampling.BICUBIC)).astype(int)
+    assert loaded.pixels.shape == (32, 32, 3)
+    assert np.abs(loaded.pixels.astype(int) - one_pass).max() <= 3
+
+
+async def test_the_data_scheme_is_read_in_any_case():
+    image = Image.fromarray(np.full((8, 8, 3), 200, dtype=np.uint8))
+    url = "DATA" + data_url(image)[len("data") :]
+    assert (await load_image(url, PARAM, ImageLimits())).pixels.shape == (8, 8, 3)
