@@ -98,8 +98,8 @@ async def load_image(url: str, param: str, limits: ImageLimits) -> LoadedImage:
 
 def _scheme(url: str) -> str:
     """The URL's scheme, lower-cased ("" if none), found among its first characters: a
-    data URL is megabytes long, and splitting it would copy it on the event loop (4 ms
-    for 4 MB in memory not yet touched, on a 2-core Xeon guest)."""
+    data URL is megabytes long, and splitting it would copy it on the event loop
+    (docs/benchmarks.md#image-decoding)."""
     colon = url.find(":", 0, 64)
     return url[:colon].lower() if colon >= 0 else ""
 
@@ -124,8 +124,8 @@ def _data_url_bytes(url: str, param: str, limits: ImageLimits) -> bytes:
     if len(encoded) * 3 // 4 > limits.max_bytes + 3:
         raise _too_large(param, limits)
     try:
-        # pybase64 decodes with SIMD: 0.4 ms for 4 MB, where the standard library's
-        # binascii took 19 ms, holding the GIL throughout (on a 2-core Xeon).
+        # pybase64 decodes with SIMD, without the GIL, 50 times faster than binascii
+        # (docs/benchmarks.md#image-decoding).
         data = pybase64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
         raise ImageError(
@@ -236,8 +236,8 @@ def _decode(data: bytes, param: str, limits: ImageLimits) -> Any:
     size = _fitted(rgb.size, limits)
     if size != rgb.size:
         # In two steps when it shrinks much: first by a whole factor (box filter), then
-        # bicubic from at most 3x the target. A 1024-pixel image to 64 took 7 ms, now
-        # 1.7 ms, within 3 levels of the one-step result on noise, 1 on a smooth image.
+        # bicubic from at most 3x the target; a fourth of one pass's time, within a few
+        # levels of its result (docs/benchmarks.md#image-decoding).
         rgb = rgb.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
     return np.asarray(rgb, dtype=np.uint8)
 
