@@ -74,7 +74,8 @@ class Writer(Protocol[Written]):
 
 # Bodies this large take milliseconds to parse, on the event loop: pydantic holds the GIL
 # throughout, so a thread would not free it (see docs/benchmarks.md#request-bodies).
-# Their data URLs (images) are lifted out before parsing (lifted_strings.py).
+# Their data URLs (images) are lifted out before parsing (lifted_strings.py, which also
+# decides from what size a body is worth searching).
 LARGE_BODY_BYTES = 1024 * 1024
 # One large body parsed at a time: requests whose bodies arrive together would otherwise
 # be parsed one after the other in one pass of trio's run loop, before it reads any
@@ -87,8 +88,6 @@ async def parse_body(model_type: type[Body]) -> Body:
     raw = await request.get_data(as_text=False)
     assert isinstance(raw, (bytes, bytearray))  # as_text=False (a bytearray: request_body.py)
     try:
-        if len(raw) <= LARGE_BODY_BYTES:
-            return model_type.model_validate_json(raw)
         lifted = await lift_data_urls(raw)
         if len(lifted.json) <= LARGE_BODY_BYTES:
             body = model_type.model_validate_json(lifted.json)
