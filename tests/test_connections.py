@@ -522,3 +522,34 @@ def test_the_hypercorn_settings_module_holds_settings_only():
     config = Config.from_object("ovtrio.server.hypercorn_config")
     assert (config.worker_class, config.backlog, config.keep_alive_timeout) == ("trio", 4096, 75)
     assert config.graceful_timeout > Config.graceful_timeout
+
+
+HANGING_UP = 200
+
+
+@pytest.mark.parametrize("name", LAUNCHED)
+def test_clients_hanging_up_while_answered_leave_no_traceback(name, request):
+    """Clients that send a request and hang up at once (shutting down their side, or
+    closing) while the reply is being written: the server's end was closed with an EOF
+    sent first, which held the socket's sending side while the reply's last write came,
+    and Hypercorn logged an "Error in ASGI Framework" traceback for about one in ten."""
+    server = request.getfixturevalue(name)
+    port = port_of(server)
+    logged_before = len(server.log_path.read_bytes())
+
+    def hang_up(count: int) -> None:
+        for index in range(count):
+            with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                if index % 2:
+                    sock.shutdown(socket.SHUT_WR)
+
+    clients = [threading.Thread(target=hang_up, args=(HANGING_UP // 4,)) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    assert loopback.get(server.base_url + "/health", timeout=HANG_GUARD).status_code == 200
+    time.sleep(0.5)  # the last connections' tasks end
+    logged = server.log_path.read_bytes()[logged_before:].decode(errors="replace")
+    assert "Traceback" not in logged and "Error in ASGI" not in logged, logged

@@ -118,9 +118,14 @@ def apply() -> bool:
                 await self.protocol.handle(Closed())
         # Nothing more can come in, and the protocol has been told (a request in flight
         # is ending as a disconnect): release the socket now, not after the idle timer.
+        # Closed without `_close()`'s send_eof first: the client is gone, and send_eof
+        # holds the stream's sending side across a checkpoint, where a response still
+        # being written in another task would meet it and raise BusyResourceError (an
+        # "Error in ASGI Framework" traceback for a client that only hung up). Closing
+        # ends that send with ClosedResourceError, which Hypercorn handles.
         with trio.CancelScope(shield=True):
             await self.idle_task.stop()
-            await self._close()
+            await self.stream.aclose()
 
     protocol_send.__doc__ = original_send.__doc__
     TCPServer.protocol_send = protocol_send  # type: ignore[method-assign]
