@@ -18,18 +18,16 @@ import trio
 from ovtrio.serving import memory
 
 # Allocates 40 blocks of 2 MB, each followed by a block of 200 kB that stays (so the
-# heap's top cannot shrink past them), touches them all, frees the large ones and prints
-# how many MB of RSS the process kept (8 MB of it the small blocks). Before that, one
-# 16 MB block is allocated and freed: left alone, glibc then raises its mmap threshold
-# to 16 MB, so the 2 MB blocks land in the heap and keep their pages after they are
-# freed.
+# heap's top cannot shrink past them), touches them all and frees the large ones; then
+# does it again; then asks glibc to return what is free. Prints how many MB of RSS the
+# process kept after the first round, what the second round added, and what it kept
+# after the trim (8 MB of it the small blocks).
 RETAINED = textwrap.dedent(
     """
     import ctypes, sys
     from ovtrio.serving import memory
 
-    if sys.argv[1] == "configured":
-        assert memory.configure_allocator()
+    assert memory.configure_allocator()
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = (ctypes.c_size_t,)
@@ -39,27 +37,26 @@ RETAINED = textwrap.dedent(
         with open("/proc/self/statm") as file:
             return int(file.read().split()[1]) * 4096 / 1e6
 
-    libc.free(libc.malloc(16 << 20))
+    def allocate_and_free():
+        blocks = []
+        for _ in range(40):
+            block = libc.malloc(2 << 20)
+            ctypes.memset(block, 1, 2 << 20)
+            blocks.append(block)
+            pin = libc.malloc(200_000)
+            ctypes.memset(pin, 1, 200_000)
+        for block in blocks:
+            libc.free(block)
+
     before = rss_mb()
-    blocks, pins = [], []
-    for _ in range(40):
-        block = libc.malloc(2 << 20)
-        ctypes.memset(block, 1, 2 << 20)
-        blocks.append(block)
-        pin = libc.malloc(200_000)
-        ctypes.memset(pin, 1, 200_000)
-        pins.append(pin)
-    for block in blocks:
-        libc.free(block)
-    print(rss_mb() - before)
+    allocate_and_free()
+    kept = rss_mb()
+    allocate_and_free()
+    again = rss_mb()
+    libc.malloc_trim(0)
+    print(kept - before, again - kept, rss_mb() - before)
     """
 )
-
-
-def retained_mb(mode: str) -> float:
-    result = subprocess.run([sys.executable, "-c", RETAINED, mode], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return float(result.stdout)
 
 
 glibc_only = pytest.mark.skipif(
@@ -68,10 +65,16 @@ glibc_only = pytest.mark.skipif(
 
 
 @glibc_only
-def test_large_blocks_go_back_to_the_system_when_freed():
-    # 80 MB were allocated and freed: glibc's defaults keep them all.
-    assert retained_mb("default") > 70
-    assert retained_mb("configured") < 20
+def test_freed_large_blocks_are_reused_until_a_trim_returns_them():
+    result = subprocess.run([sys.executable, "-c", RETAINED], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    kept, added_again, after_trim = map(float, result.stdout.split())
+    # 80 MB were allocated and freed: kept for the next ones, whose pages are already
+    # faulted in (the second round adds only its small blocks, 8 MB)...
+    assert kept > 70
+    assert added_again < 20
+    # ...until a trim gives them back.
+    assert after_trim < 30
 
 
 class FakeLibc:
@@ -132,10 +135,60 @@ async def test_trims_only_when_the_grammar_cache_changed(libc):
 
     async with trio.open_nursery() as nursery:
         scope = await nursery.start(
-            lambda task_status: memory.trim_after_grammar_changes(0.01, probe=probe, task_status=task_status)
+            lambda task_status: memory.trim_in_background(0.01, probe=probe, task_status=task_status)
         )
     # A trim after each look that saw a change (5,000, 9,000 and 4,000), none otherwise.
     assert trims_seen == [0, 0, 0, 0, 1, 1, 1, 2, 3]
+
+
+def test_large_requests_make_a_trim_due_once_they_stop():
+    large = memory._LargeRequests()
+    assert not large.quiet(1000.0)  # none came
+    large.note(10.0)
+    assert not large.quiet(10.0 + memory.QUIET_SECONDS - 0.1)
+    large.note(10.0 + memory.QUIET_SECONDS - 0.1)  # another one: the wait starts again
+    assert not large.quiet(10.0 + memory.QUIET_SECONDS + 1)
+    assert large.quiet(10.0 + 2 * memory.QUIET_SECONDS)
+
+
+def test_only_requests_of_a_megabyte_or_more_count(monkeypatch):
+    monkeypatch.setattr(memory, "_large_requests", memory._LargeRequests())
+    memory.note_request_size(memory.LARGE_REQUEST_BYTES - 1)
+    assert not memory._large_requests.pending
+    memory.note_request_size(memory.LARGE_REQUEST_BYTES)
+    assert memory._large_requests.pending
+
+
+async def test_one_trim_after_large_requests_stop(libc, monkeypatch):
+    large = memory._LargeRequests()
+    monkeypatch.setattr(memory, "_large_requests", large)
+    now = [0.0]
+    trims_seen = []
+    # Each look at the grammar cache (unchanged) moves the clock on by a tenth of the
+    # quiet time; a large request comes at looks 3 and 30.
+    looks = 60
+
+    def probe() -> int:
+        trims_seen.append(libc.trims)
+        if len(trims_seen) in (3, 30):
+            large.note(now[0])
+        if len(trims_seen) == looks:
+            scope.cancel()
+        now[0] += memory.QUIET_SECONDS / 10
+        return 0
+
+    def clock() -> float:
+        return now[0]
+
+    async with trio.open_nursery() as nursery:
+        scope = await nursery.start(
+            lambda task_status: memory.trim_in_background(0.001, probe=probe, clock=clock, task_status=task_status)
+        )
+    # One trim ten looks after each large request (seen from the look after it), none
+    # before or between.
+    assert trims_seen.index(1) == 3 + 10 - 1
+    assert trims_seen.index(2) == 30 + 10 - 1
+    assert trims_seen[-1] == 2
 
 
 async def test_nothing_to_do_without_glibc(monkeypatch):
@@ -144,6 +197,6 @@ async def test_nothing_to_do_without_glibc(monkeypatch):
     await memory.release_free_memory(10 * memory.TRIM_AFTER_BYTES)
     with trio.move_on_after(5) as waiting:
         async with trio.open_nursery() as nursery:
-            await nursery.start(memory.trim_after_grammar_changes)
+            await nursery.start(memory.trim_in_background)
     # The task ended by itself: nothing to probe or trim.
     assert not waiting.cancelled_caught

@@ -148,7 +148,7 @@ def create_app(
             exit_with_error(exc)
         memory.configure_allocator()
         await app.nursery.start(registry.run)
-        trimming.append(await app.nursery.start(memory.trim_after_grammar_changes))
+        trimming.append(await app.nursery.start(memory.trim_in_background))
 
     @app.after_serving
     async def release_models() -> None:

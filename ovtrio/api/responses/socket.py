@@ -51,6 +51,7 @@ from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.responses.running import response_events
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.scheduler import GenerationScheduler
+from ovtrio.serving import memory
 
 log = logging.getLogger("ovtrio")
 
@@ -205,6 +206,7 @@ async def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[An
         # pydantic's parser, as for HTTP bodies: nesting beyond its depth limit is a
         # ValueError here, where json.loads would raise RecursionError. Its images'
         # data URLs are lifted out first, as they are from HTTP bodies.
+        memory.note_request_size(len(frame))
         lifted = await lift_data_urls(frame)
         message = from_json(lifted.json)
     except ValueError:
