@@ -122,3 +122,34 @@ def test_random_documents_parse_the_same_after_lifting():
         lifted_some += bool(lifted(raw).strings)
         assert parsed_after_lifting(raw) == document
     assert lifted_some > 30  # the cases exercised the lifting, not only the fallback
+
+
+def test_bodies_arriving_together_are_read_one_at_a_time(monkeypatch):
+    # Each string read is a pass of the event loop; two bodies lifted at once take turns
+    # by body, not by string, so that one pass never reads two.
+    bodies = {name: json.dumps({"urls": [LONG + name * i for i in range(1, 4)]}).encode() for name in "AB"}
+    reads: list[str] = []
+    ascii_read = lifted_strings._ascii
+
+    def recorded(text):
+        reads.append(next(name for name, raw in bodies.items() if text.obj is raw))
+        return ascii_read(text)
+
+    monkeypatch.setattr(lifted_strings, "_ascii", recorded)
+    results: dict[str, lifted_strings.LiftedBody] = {}
+
+    async def lift(name: str) -> None:
+        results[name] = await lift_data_urls(bodies[name])
+
+    async def both() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lift, "A")
+            nursery.start_soon(lift, "B")
+
+    trio.run(both)
+    assert reads in (list("AAABBB"), list("BBBAAA"))
+    for name, raw in bodies.items():
+        assert len(results[name].strings) == 3
+        parsed = json.loads(results[name].json)
+        results[name].restore(parsed)
+        assert parsed == json.loads(raw)
