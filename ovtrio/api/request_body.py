@@ -12,12 +12,15 @@ body returns `bytes(bytearray)`. Both cost the event loop a copy of the whole bo
   its headers arrive, and each chunk is copied once, into place.
 
 The buffer is only as large as the Content-Length, which Quart has already checked
-against the server's body limit (a larger one is refused with 413 before it is read),
-and its pages are touched only as the body arrives.
+against the server's body limit (a larger one is refused with 413 before it is read).
+It is allocated without being filled (`bytearray(n)` writes n zeros at once: 11 ms for
+17 MB in pages not yet faulted in, in one step of the event loop), so its pages are
+touched only as the body arrives, and nothing of it is read beyond what arrived.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Generator
 from typing import Any
 
@@ -26,6 +29,20 @@ from quart_trio.wrappers.request import TrioBody, TrioRequest
 from ovtrio.serving import memory
 
 PREALLOCATED_FROM_BYTES = 256 * 1024
+
+
+def _unfilled_bytearray(size: int) -> bytearray:
+    """A bytearray of `size` bytes left as the allocator gave them (CPython's C API
+    copies nothing into one made from a NULL string)."""
+    try:
+        make = ctypes.pythonapi.PyByteArray_FromStringAndSize
+    except AttributeError:  # not CPython
+        return bytearray(size)
+    make.restype = ctypes.py_object
+    make.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+    buffer = make(None, size)
+    assert isinstance(buffer, bytearray)
+    return buffer
 
 
 class UncopiedBody(TrioBody):
@@ -39,7 +56,7 @@ class UncopiedBody(TrioBody):
             and expected_content_length is not None
             and expected_content_length >= PREALLOCATED_FROM_BYTES
         ):
-            self._data = bytearray(expected_content_length)
+            self._data = _unfilled_bytearray(expected_content_length)
             self._filled = 0
 
     def append(self, data: bytes) -> None:
