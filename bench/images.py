@@ -1,7 +1,7 @@
 """Images through the server: preprocessing time, time to first token with 0, 1 and 4
 images beside the raw engine's, and /health while large images decode.
 
-    python bench/images.py [--turns 7] [--side 1024] [--bursts 5]
+    python bench/images.py [--turns 7] [--side 1024] [--bursts 9]
 
 Builds the tiny VLM test fixture (tests/tiny_vlm.py: random weights, 16 tokens an
 image) and starts `ovtrio serve` on it. Then, in turns:
@@ -104,7 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=7)
     parser.add_argument("--side", type=int, default=1024, help="side of the square test images in pixels")
-    parser.add_argument("--bursts", type=int, default=5, help="bursts of each kind; their p99s' median is the figure")
+    parser.add_argument("--bursts", type=int, default=9, help="bursts of each kind; their p99s' median is the figure")
     args = parser.parse_args()
     import openvino as ov
     import openvino_genai
