@@ -21,13 +21,19 @@ from ovtrio.serving import memory
 # heap's top cannot shrink past them), touches them all and frees the large ones; then
 # does it again; then asks glibc to return what is free. Prints how many MB of RSS the
 # process kept after the first round, what the second round added, and what it kept
-# after the trim (8 MB of it the small blocks).
+# after the trim (8 MB of it the small blocks). Before that, one 16 MB block is
+# allocated and freed: left alone, glibc then raises its mmap threshold to 16 MB, so the
+# 2 MB blocks land in the heap and keep their pages after they are freed.
 RETAINED = textwrap.dedent(
     """
     import ctypes, sys
     from ovtrio.serving import memory
 
-    assert memory.configure_allocator()
+    if sys.argv[1] == "configured":
+        assert memory.configure_allocator()
+    elif sys.argv[1] == "kept":
+        assert memory.configure_allocator()
+        assert memory.keep_freed_memory()
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = (ctypes.c_size_t,)
@@ -48,6 +54,7 @@ RETAINED = textwrap.dedent(
         for block in blocks:
             libc.free(block)
 
+    libc.free(libc.malloc(16 << 20))
     before = rss_mb()
     allocate_and_free()
     kept = rss_mb()
@@ -59,18 +66,32 @@ RETAINED = textwrap.dedent(
 )
 
 
+def retained_mb(mode: str) -> tuple[float, float, float]:
+    """What the process kept after freeing 80 MB, what allocating them again added, and
+    what it kept after a trim."""
+    result = subprocess.run([sys.executable, "-c", RETAINED, mode], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    kept, added_again, after_trim = map(float, result.stdout.split())
+    return kept, added_again, after_trim
+
+
 glibc_only = pytest.mark.skipif(
     not sys.platform.startswith("linux") or ctypes.util.find_library("c") is None, reason="glibc's allocator only"
 )
 
 
 @glibc_only
-def test_freed_large_blocks_are_reused_until_a_trim_returns_them():
-    result = subprocess.run([sys.executable, "-c", RETAINED], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    kept, added_again, after_trim = map(float, result.stdout.split())
-    # 80 MB were allocated and freed: kept for the next ones, whose pages are already
-    # faulted in (the second round adds only its small blocks, 8 MB)...
+def test_large_blocks_go_back_to_the_system_when_freed():
+    # 80 MB were allocated and freed: glibc's defaults keep them all.
+    assert retained_mb("default")[0] > 70
+    assert retained_mb("configured")[0] < 20
+
+
+@glibc_only
+def test_while_large_requests_come_freed_blocks_are_reused_until_a_trim():
+    kept, added_again, after_trim = retained_mb("kept")
+    # Kept for the next ones, whose pages are already faulted in (the second round adds
+    # only its small blocks, 8 MB)...
     assert kept > 70
     assert added_again < 20
     # ...until a trim gives them back.
@@ -83,12 +104,17 @@ class FakeLibc:
     def __init__(self, seconds: float = 0.0) -> None:
         self.trims = 0
         self.seconds = seconds
+        self.thresholds: dict[int, int] = {}
 
     def malloc_trim(self, pad: int) -> int:
         import time
 
         time.sleep(self.seconds)
         self.trims += 1
+        return 1
+
+    def mallopt(self, option: int, value: int) -> int:
+        self.thresholds[option] = value
         return 1
 
 
@@ -151,12 +177,19 @@ def test_large_requests_make_a_trim_due_once_they_stop():
     assert large.quiet(10.0 + 2 * memory.QUIET_SECONDS)
 
 
-def test_only_requests_of_a_megabyte_or_more_count(monkeypatch):
+MMAP, TRIM = memory._M_MMAP_THRESHOLD, memory._M_TRIM_THRESHOLD
+KEPT = {MMAP: memory.KEPT_MMAP_THRESHOLD_BYTES, TRIM: memory.KEPT_TRIM_THRESHOLD_BYTES}
+RETURNED = {MMAP: memory.MMAP_THRESHOLD_BYTES, TRIM: memory.TRIM_THRESHOLD_BYTES}
+
+
+def test_only_requests_of_a_megabyte_or_more_keep_freed_memory(libc, monkeypatch):
     monkeypatch.setattr(memory, "_large_requests", memory._LargeRequests())
     memory.note_request_size(memory.LARGE_REQUEST_BYTES - 1)
     assert not memory._large_requests.pending
+    assert libc.thresholds == {}
     memory.note_request_size(memory.LARGE_REQUEST_BYTES)
     assert memory._large_requests.pending
+    assert libc.thresholds == KEPT
 
 
 async def test_one_trim_after_large_requests_stop(libc, monkeypatch):
@@ -185,10 +218,38 @@ async def test_one_trim_after_large_requests_stop(libc, monkeypatch):
             lambda task_status: memory.trim_in_background(0.001, probe=probe, clock=clock, task_status=task_status)
         )
     # One trim ten looks after each large request (seen from the look after it), none
-    # before or between.
+    # before or between; then freed memory goes back at once again.
     assert trims_seen.index(1) == 3 + 10 - 1
     assert trims_seen.index(2) == 30 + 10 - 1
     assert trims_seen[-1] == 2
+    assert libc.thresholds == RETURNED
+
+
+async def test_grammar_changes_wait_for_large_requests_to_stop(libc, monkeypatch):
+    large = memory._LargeRequests()
+    monkeypatch.setattr(memory, "_large_requests", large)
+    now = [0.0]
+    trims_seen = []
+    large.note(0.0)
+    # The grammar cache changes at every look, the clock moves on by a tenth of the
+    # quiet time a look: no trim until the quiet one, then one a look.
+    looks = 14
+
+    def probe() -> int:
+        trims_seen.append(libc.trims)
+        if len(trims_seen) == looks:
+            scope.cancel()
+        now[0] += memory.QUIET_SECONDS / 10
+        return len(trims_seen)
+
+    def clock() -> float:
+        return now[0]
+
+    async with trio.open_nursery() as nursery:
+        scope = await nursery.start(
+            lambda task_status: memory.trim_in_background(0.001, probe=probe, clock=clock, task_status=task_status)
+        )
+    assert trims_seen == [0] * 10 + [1, 2, 3, 4]
 
 
 async def test_nothing_to_do_without_glibc(monkeypatch):

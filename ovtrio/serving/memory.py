@@ -1,37 +1,39 @@
-"""Giving freed memory back to the operating system, without giving it back too soon.
+"""Giving freed memory back to the operating system, except while large requests come.
 
 glibc's allocator keeps freed memory for reuse instead of returning it: after big
 objects are dropped the process still holds their pages, and its RSS stays where the
-peak left it. Returning them at once costs as much: a page mapped again faults in on
-first touch, and on a virtual machine's guest that costs about 1 ms a megabyte (a 2-core
+peak left it. Returning them at once has its own cost: a page mapped again faults in on
+first touch, which on a virtual machine's guest costs about 1 ms a megabyte (a 2-core
 Xeon KVM guest). A request with four 1024-pixel images (a 17 MB body, copied into its
-buffer, then its data URLs into strings) spent 24-29 ms of the event loop's time in
-those faults alone, and 5-6 ms once the pages were reused (bench/images.py). So freed
-memory is kept while large requests keep coming, and returned once they stop; none of
-this walks a heap while requests are served unless something just freed a lot:
+buffer, then its data URLs read as strings) spent 24-29 ms of the event loop's time in
+those faults, and 5-6 ms once the pages were reused (bench/images.py). So:
 
 - `configure_allocator`, once at start, fixes glibc's two thresholds (mallopt). A block
-  under `MMAP_THRESHOLD_BYTES` (glibc's largest: any request body, a decoded image, a
-  long prompt's buffers) comes from a heap, where the next one reuses its pages; only
-  larger ones get a mapping of their own, unmapped when freed. Free space at the top of
-  a heap goes back at once only beyond `TRIM_THRESHOLD_BYTES`. Left alone, glibc starts
-  from 128 kB and raises both thresholds as large blocks are freed, so that what it
-  returns at once depends on what the process happened to free first.
-- `trim_in_background` returns what is free (malloc_trim, in a worker thread: ctypes
-  drops the GIL) once no large request (an HTTP body or a
-  WebSocket message of a megabyte or more, `note_request_size`) has come for `QUIET_SECONDS`, and when the
-  engine's grammar cache changed: its threads free memory the server cannot see (a
-  grammar's compilation, a compiled grammar evicted from XGrammar's cache), in their
-  own arenas. Over 150 distinct schemas, RSS grew 162 MB without any trim while the
-  cache held 68 MB.
+  of `MMAP_THRESHOLD_BYTES` or more gets a mapping of its own, unmapped when it is
+  freed; free space over `TRIM_THRESHOLD_BYTES` at the top of a heap goes back at once.
+  Left alone, glibc raises both thresholds each time a large block is freed (up to 32
+  and 64 MB), and from then on such blocks live in the heap and keep their pages after
+  they are freed.
+- While large requests come (`note_request_size`: an HTTP body or a WebSocket message
+  of `LARGE_REQUEST_BYTES` or more), the thresholds are raised to `KEPT_*`: blocks under
+  32 MB (glibc's most) come from a heap, and what is freed stays there for the next
+  request. Once none has come for `QUIET_SECONDS`, `trim_in_background` returns what is
+  free and puts the thresholds back.
+- `trim_in_background` also trims when the engine's grammar cache changed: its threads
+  free memory the server cannot see (a grammar's compilation, a compiled grammar
+  evicted from XGrammar's cache), in their own arenas. Over 150 distinct schemas, RSS
+  grew 162 MB without any trim while the cache held 68 MB. While large requests come,
+  that trim waits for theirs: a heap that keeps what it freed takes long to walk, and
+  with the thresholds raised throughout, a trim every second over 150 compilations held
+  `/health` at a p99 of 375 ms (bench/attacks.py).
 - `return_free_memory` once a model is loaded and warmed up (loading frees much).
 - `release_free_memory`: the server's own large releases (stored responses deleted or
   expired) are counted, and each time they add up to `TRIM_AFTER_BYTES`, a trim runs.
 
-Not a periodic malloc_trim while requests come: it locks each arena while it walks that
-arena's heap, and every allocation the event loop makes meanwhile waits. With one every
-2 s, `/health` p99 while images decoded was 48 ms, against 28 ms without
-(bench/images.py).
+Every trim is malloc_trim in a worker thread (ctypes drops the GIL). None is periodic:
+it locks each arena while it walks that arena's heap, and every allocation the event
+loop makes meanwhile waits. With one every 2 s, `/health` p99 while images decoded was
+48 ms, against 28 ms without (bench/images.py).
 
 Elsewhere than glibc, all of this does nothing.
 """
@@ -50,20 +52,24 @@ import trio
 
 log = logging.getLogger("ovtrio")
 
-# Blocks this large are mapped on their own and unmapped when freed; smaller ones (glibc
-# takes at most 32 MB here) come from a heap and reuse pages already faulted in.
-MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
-# Free space at the top of a heap beyond this goes back to the system at once; below
-# it, it waits for a trim. Large enough for a burst of large requests (8 requests of
-# four 1024-pixel images use about 300 MB at once).
-TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
-# A trim runs once no request of LARGE_REQUEST_BYTES or more has come for QUIET_SECONDS.
+# Blocks this large are mapped on their own and unmapped when freed. Below it, the
+# engine's per-step buffers (a few rows of logits) are reused from the heap, not mapped
+# and faulted in anew every step.
+MMAP_THRESHOLD_BYTES = 1024 * 1024
+# Free space at the top of a heap beyond this goes back to the system when freed.
+TRIM_THRESHOLD_BYTES = 4 * 1024 * 1024
+# While large requests come: blocks under glibc's largest mmap threshold come from a
+# heap, and free space stays at the top of a heap up to more than a burst of them uses
+# (8 requests of four 1024-pixel images use about 300 MB at once).
+KEPT_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
+KEPT_TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
+# Requests this large keep freed memory until none has come for QUIET_SECONDS.
 LARGE_REQUEST_BYTES = 1024 * 1024
 QUIET_SECONDS = 30.0
 # Below this many bytes released since the last trim, trimming is not worth a walk.
 TRIM_AFTER_BYTES = 1024 * 1024
 # How often the background task looks whether a trim is due.
-CHECK_SECONDS = 1.0
+CHECK_SECONDS = 2.0
 
 # glibc's malloc.h
 _M_TRIM_THRESHOLD = -1
@@ -83,9 +89,19 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def configure_allocator(mmap_threshold: int = MMAP_THRESHOLD_BYTES, trim_threshold: int = TRIM_THRESHOLD_BYTES) -> bool:
-    """Fix glibc's mmap and trim thresholds for the whole process; False where there is
-    no glibc (or it refused)."""
+def configure_allocator() -> bool:
+    """Fix glibc's mmap and trim thresholds for the whole process, so that large freed
+    blocks go back to the system; False where there is no glibc (or it refused)."""
+    return _set_thresholds(MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES)
+
+
+def keep_freed_memory() -> bool:
+    """Raise glibc's thresholds, so that freed blocks under 32 MB stay in the heap for
+    the next large request (until configure_allocator puts them back)."""
+    return _set_thresholds(KEPT_MMAP_THRESHOLD_BYTES, KEPT_TRIM_THRESHOLD_BYTES)
+
+
+def _set_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
     libc = _libc()
     if libc is None:
         return False
@@ -141,7 +157,8 @@ async def release_free_memory(released_bytes: int) -> None:
 
 
 class _LargeRequests:
-    """Whether large requests came since the last trim, and when the last one came."""
+    """Whether large requests came since freed memory was last returned, and when the
+    last one came."""
 
     def __init__(self) -> None:
         self.pending = False
@@ -162,8 +179,11 @@ _large_requests = _LargeRequests()
 def note_request_size(size: int) -> None:
     """A request body or WebSocket message of `size` bytes arrives: from
     LARGE_REQUEST_BYTES, freed memory is kept for the next one until they stop."""
-    if size >= LARGE_REQUEST_BYTES:
-        _large_requests.note(time.monotonic())
+    if size < LARGE_REQUEST_BYTES:
+        return
+    if not _large_requests.pending:
+        keep_freed_memory()
+    _large_requests.note(time.monotonic())
 
 
 def _grammar_cache_bytes() -> int:
@@ -180,9 +200,9 @@ async def trim_in_background(
     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Every `interval` seconds, return free memory to the system if large requests came
-    and then stopped for QUIET_SECONDS, or if `probe` (the engine's grammar cache size)
-    changed since the last look; until the cancel scope handed to the starter is
-    cancelled."""
+    and then stopped for QUIET_SECONDS (and put the allocator's thresholds back), or if
+    `probe` (the engine's grammar cache size) changed since the last look while no large
+    requests come; until the cancel scope handed to the starter is cancelled."""
     with trio.CancelScope() as scope:
         task_status.started(scope)
         if _libc() is None:
@@ -193,8 +213,9 @@ async def trim_in_background(
             now = probe()
             grammars_changed = now != seen
             seen = now
-            quiet = _large_requests.quiet(clock())
-            if grammars_changed or quiet:
-                if quiet:
-                    _large_requests.pending = False
+            if _large_requests.quiet(clock()):
+                _large_requests.pending = False
+                configure_allocator()
+                await _trimmer.trim()
+            elif grammars_changed and not _large_requests.pending:
                 await _trimmer.trim()
