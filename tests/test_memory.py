@@ -182,8 +182,7 @@ KEPT = {MMAP: memory.KEPT_MMAP_THRESHOLD_BYTES, TRIM: memory.KEPT_TRIM_THRESHOLD
 RETURNED = {MMAP: memory.MMAP_THRESHOLD_BYTES, TRIM: memory.TRIM_THRESHOLD_BYTES}
 
 
-def test_only_requests_of_a_megabyte_or_more_keep_freed_memory(libc, monkeypatch):
-    monkeypatch.setattr(memory, "_large_requests", memory._LargeRequests())
+def test_only_requests_of_a_megabyte_or_more_keep_freed_memory(libc, large_requests):
     memory.note_request_size(memory.LARGE_REQUEST_BYTES - 1)
     assert not memory._large_requests.pending
     assert libc.thresholds == {}
@@ -192,31 +191,41 @@ def test_only_requests_of_a_megabyte_or_more_keep_freed_memory(libc, monkeypatch
     assert libc.thresholds == KEPT
 
 
-async def test_one_trim_after_large_requests_stop(libc, monkeypatch):
-    large = memory._LargeRequests()
-    monkeypatch.setattr(memory, "_large_requests", large)
-    now = [0.0]
-    trims_seen = []
-    # Each look at the grammar cache (unchanged) moves the clock on by a tenth of the
-    # quiet time; a large request comes at looks 3 and 30.
-    looks = 60
+async def trims_by_look(libc, looks: int, large_request_at: set[int], grammar_cache_changes: bool) -> list[int]:
+    """Runs the background task for `looks` looks at the grammar cache (one at start),
+    the clock moving on by a tenth of the quiet time a look, a large request coming at
+    the looks in `large_request_at`: how many trims had run by each look."""
+    large = memory._large_requests
+    now = 0.0
+    trims_seen: list[int] = []
 
     def probe() -> int:
+        nonlocal now
         trims_seen.append(libc.trims)
-        if len(trims_seen) in (3, 30):
-            large.note(now[0])
+        if len(trims_seen) in large_request_at:
+            large.note(now)
         if len(trims_seen) == looks:
             scope.cancel()
-        now[0] += memory.QUIET_SECONDS / 10
-        return 0
-
-    def clock() -> float:
-        return now[0]
+        now += memory.QUIET_SECONDS / 10
+        return len(trims_seen) if grammar_cache_changes else 0
 
     async with trio.open_nursery() as nursery:
         scope = await nursery.start(
-            lambda task_status: memory.trim_in_background(0.001, probe=probe, clock=clock, task_status=task_status)
+            lambda task_status: memory.trim_in_background(
+                0.001, probe=probe, clock=lambda: now, task_status=task_status
+            )
         )
+    return trims_seen
+
+
+@pytest.fixture
+def large_requests(monkeypatch):
+    monkeypatch.setattr(memory, "_large_requests", memory._LargeRequests())
+    return memory._large_requests
+
+
+async def test_one_trim_after_large_requests_stop(libc, large_requests):
+    trims_seen = await trims_by_look(libc, 60, {3, 30}, grammar_cache_changes=False)
     # One trim ten looks after each large request (seen from the look after it), none
     # before or between; then freed memory goes back at once again.
     assert trims_seen.index(1) == 3 + 10 - 1
@@ -225,30 +234,9 @@ async def test_one_trim_after_large_requests_stop(libc, monkeypatch):
     assert libc.thresholds == RETURNED
 
 
-async def test_grammar_changes_wait_for_large_requests_to_stop(libc, monkeypatch):
-    large = memory._LargeRequests()
-    monkeypatch.setattr(memory, "_large_requests", large)
-    now = [0.0]
-    trims_seen = []
-    large.note(0.0)
-    # The grammar cache changes at every look, the clock moves on by a tenth of the
-    # quiet time a look: no trim until the quiet one, then one a look.
-    looks = 14
-
-    def probe() -> int:
-        trims_seen.append(libc.trims)
-        if len(trims_seen) == looks:
-            scope.cancel()
-        now[0] += memory.QUIET_SECONDS / 10
-        return len(trims_seen)
-
-    def clock() -> float:
-        return now[0]
-
-    async with trio.open_nursery() as nursery:
-        scope = await nursery.start(
-            lambda task_status: memory.trim_in_background(0.001, probe=probe, clock=clock, task_status=task_status)
-        )
+async def test_grammar_changes_wait_for_large_requests_to_stop(libc, large_requests):
+    # The grammar cache changes at every look: no trim until the quiet one, then one a look.
+    trims_seen = await trims_by_look(libc, 14, {1}, grammar_cache_changes=True)
     assert trims_seen == [0] * 10 + [1, 2, 3, 4]
 
 
