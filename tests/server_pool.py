@@ -38,8 +38,8 @@ import pytest
 class ServerSpec:
     """How to start one server: `ovtrio serve` flags (or, with `hypercorn`, the app under
     `hypercorn -k trio` configured only by `env`), extra environment, and files written
-    into the server's folder first. In a flag, `{folder}` becomes the server's folder
-    and `{name}` the path of the file `name`."""
+    into the server's folder first. In a flag or an environment variable, `{folder}`
+    becomes the server's folder and `{name}` the path of the file `name`."""
 
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
@@ -157,7 +157,8 @@ class ServerPool:
         args = tuple(_fill(arg, paths) for arg in spec.args)
         if spec.prepare is not None:
             spec.prepare(folder)
-        self._launched[name] = self._starter(folder, ServerSpec(args, spec.env, {}, spec.hypercorn))
+        env = {key: _fill(value, paths) for key, value in spec.env.items()}
+        self._launched[name] = self._starter(folder, ServerSpec(args, env, {}, spec.hypercorn))
 
     def wait_for(self, name: str, condition: Callable[[], bool], timeout: float = 300) -> None:
         """Wait until `condition()` holds, or the launched server `name` has exited (its

@@ -28,6 +28,13 @@ def build_vlm(folder: Path) -> None:
 vlm_large_server = server_fixture(
     "vlm_large_server", "--model", "{folder}/vlm", "--served-model-name", MODEL, prepare=build_vlm
 )
+# The same model under `hypercorn -k trio ovtrio.app:app`, configured by environment.
+vlm_large_hypercorn_server = server_fixture(
+    "vlm_large_hypercorn_server",
+    env={"OVTRIO_MODEL": "{folder}/vlm", "OVTRIO_SERVED_MODEL_NAME": MODEL},
+    hypercorn=True,
+    prepare=build_vlm,
+)
 
 
 def large_image_url(seed: int, side: int = 640) -> str:
@@ -52,17 +59,25 @@ def post(base_url: str, raw: bytes) -> dict:
     return reply.json()
 
 
-def test_a_large_body_gives_the_model_the_images_a_whole_parse_does(vlm_large_server):
+def lifted_and_parsed_whole_agree(base_url: str) -> None:
     urls = [large_image_url(1), large_image_url(2)]
     raw = json.dumps(chat_body(urls)).encode()
     assert len(raw) > 2 * 1024 * 1024
     # The same JSON with its slashes escaped (as some JSON writers do) is parsed whole:
     # a string with a backslash is never lifted.
     escaped = raw.replace(b"/", b"\\/")
-    lifted, parsed_whole = post(vlm_large_server.base_url, raw), post(vlm_large_server.base_url, escaped)
+    lifted, parsed_whole = post(base_url, raw), post(base_url, escaped)
     assert lifted["usage"]["prompt_tokens"] >= 2 * tiny_vlm.IMAGE_TOKENS
     assert lifted["choices"][0]["message"] == parsed_whole["choices"][0]["message"]
     assert lifted["usage"] == parsed_whole["usage"]
+
+
+def test_a_large_body_gives_the_model_the_images_a_whole_parse_does(vlm_large_server):
+    lifted_and_parsed_whole_agree(vlm_large_server.base_url)
+
+
+def test_hypercorn_reads_large_bodies_as_ovtrio_serve_does(vlm_large_hypercorn_server):
+    lifted_and_parsed_whole_agree(vlm_large_hypercorn_server.base_url)
 
 
 def test_the_data_urls_of_a_large_body_are_read_apart_from_its_json(vlm_large_server):
