@@ -86,3 +86,16 @@ async def test_a_content_length_over_the_limit_is_refused_before_any_buffer():
     assert len(body._data) == 0
     with pytest.raises(RequestEntityTooLarge):
         await body
+
+
+def test_only_bodies_that_will_be_read_count_as_large_requests(monkeypatch):
+    from ovtrio.serving import memory
+
+    monkeypatch.setattr(memory, "_large_requests", memory._LargeRequests())
+    monkeypatch.setattr(memory, "keep_freed_memory", lambda: True)
+    megabytes = 4 * memory.LARGE_REQUEST_BYTES
+    UncopiedBody(megabytes, megabytes // 2)  # refused by its Content-Length
+    UncopiedBody(None, megabytes)  # chunked: its size is not known yet
+    assert not memory._large_requests.pending
+    UncopiedBody(megabytes, 2 * megabytes)
+    assert memory._large_requests.pending

@@ -21,6 +21,7 @@ touched only as the body arrives, and nothing of it is read beyond what arrived.
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Generator
 from typing import Any
 
@@ -31,16 +32,23 @@ from ovtrio.serving import memory
 PREALLOCATED_FROM_BYTES = 256 * 1024
 
 
-def _unfilled_bytearray(size: int) -> bytearray:
-    """A bytearray of `size` bytes left as the allocator gave them (CPython's C API
-    copies nothing into one made from a NULL string)."""
+@functools.cache
+def _bytearray_from_string_and_size() -> Any:
+    """CPython's PyByteArray_FromStringAndSize, which copies nothing into a bytearray
+    made from a NULL string; None elsewhere."""
     try:
         make = ctypes.pythonapi.PyByteArray_FromStringAndSize
-    except AttributeError:  # not CPython
-        return bytearray(size)
+    except AttributeError:
+        return None
     make.restype = ctypes.py_object
     make.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
-    buffer = make(None, size)
+    return make
+
+
+def _unfilled_bytearray(size: int) -> bytearray:
+    """A bytearray of `size` bytes left as the allocator gave them."""
+    make = _bytearray_from_string_and_size()
+    buffer = bytearray(size) if make is None else make(None, size)
     assert isinstance(buffer, bytearray)
     return buffer
 
@@ -50,12 +58,10 @@ class UncopiedBody(TrioBody):
         super().__init__(expected_content_length, max_content_length)
         # Bytes written into a preallocated buffer; None while the buffer grows as Quart's.
         self._filled: int | None = None
-        memory.note_request_size(expected_content_length or 0)
-        if (
-            self._must_raise is None
-            and expected_content_length is not None
-            and expected_content_length >= PREALLOCATED_FROM_BYTES
-        ):
+        if self._must_raise is not None or expected_content_length is None:
+            return  # refused before it is read (413), or of unknown length
+        memory.note_request_size(expected_content_length)
+        if expected_content_length >= PREALLOCATED_FROM_BYTES:
             self._data = _unfilled_bytearray(expected_content_length)
             self._filled = 0
 
