@@ -23,9 +23,8 @@ those faults, and 5-6 ms once the pages were reused (bench/images.py). So:
   free memory the server cannot see (a grammar's compilation, a compiled grammar
   evicted from XGrammar's cache), in their own arenas. Over 150 distinct schemas, RSS
   grew 162 MB without any trim while the cache held 68 MB. While large requests come,
-  that trim waits for theirs: a heap that keeps what it freed takes long to walk, and
-  with the thresholds raised throughout, a trim every second over 150 compilations held
-  `/health` at a p99 of 375 ms (bench/attacks.py).
+  that trim waits for theirs, which returns what the compilations freed as well: a
+  trim walks every arena's heap, and then those hold what the large requests freed.
 - `return_free_memory` once a model is loaded and warmed up (loading frees much).
 - `release_free_memory`: the server's own large releases (stored responses deleted or
   expired) are counted, and each time they add up to `TRIM_AFTER_BYTES`, a trim runs.
