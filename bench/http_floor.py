@@ -31,8 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import trio
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import free_port
+from serving import cpu_seconds, free_port, wait_ready
 
 BARE_APP = """
 from quart_trio import QuartTrio
@@ -47,33 +49,10 @@ async def health():
 
 
 def process_tree_cpu_ns(pid: int) -> int:
-    """CPU time of `pid`, its children and all their threads (schedstat), in ns."""
-    total = 0
-    pids = [pid, *map(int, subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split())]
-    for process in pids:
-        for thread in os.listdir(f"/proc/{process}/task"):
-            try:
-                with open(f"/proc/{process}/task/{thread}/schedstat") as stat:
-                    total += int(stat.read().split()[0])
-            except OSError:
-                pass  # a thread that ended meanwhile
-    return total
-
-
-def wait_listening(port: int, process: subprocess.Popen, path: bytes) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port)) as probe:
-                probe.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                if probe.recv(64).startswith(b"HTTP/1.1 200"):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("server not ready")
+    """CPU time of `pid` and its children (Hypercorn serves from a child), all their
+    threads, in ns."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return round(1e9 * sum(cpu_seconds(process) for process in [pid, *map(int, children)]))
 
 
 def request_bytes(port: int, path: str, body: dict | None = None) -> bytes:
@@ -139,8 +118,8 @@ def main() -> None:
         ),
     ]  # fmt: skip
     try:
-        wait_listening(ours_port, servers[0], b"/health/ready")
-        wait_listening(bare_port, servers[1], b"/health")
+        trio.run(wait_ready, ours_port, servers[0], b"/health/ready")
+        trio.run(wait_ready, bare_port, servers[1], b"/health")
         embedding = {"model": "all-MiniLM-L6-v2", "input": "A man is eating food."}
         cases = {
             "bare Quart-Trio, GET /health": (servers[1].pid, bare_port, request_bytes(bare_port, "/health")),
