@@ -33,7 +33,6 @@ LIFTED_MIN_BYTES = 64 * 1024
 
 # Placeholders carry a per-process secret, so no client can write one itself.
 _PLACEHOLDER = f"data:,lifted-{secrets.token_hex(8)}-"
-_OPENING = b'"data:'
 # Reading one data URL takes the loop 1-4 ms (three scans and a copy of 4 MB, more when
 # other threads share the memory bus). Bodies that arrive together would each read one
 # in the same pass of trio's run loop, which then served no socket for 10-12 ms; one

@@ -171,6 +171,10 @@ class _LargeRequests:
         """Large requests came, and none for QUIET_SECONDS: time to trim."""
         return self.pending and now - self.last >= QUIET_SECONDS
 
+    def returned(self) -> None:
+        """Freed memory is being returned: none of the requests so far count any more."""
+        self.pending = False
+
 
 _large_requests = _LargeRequests()
 
@@ -213,7 +217,7 @@ async def trim_in_background(
             grammars_changed = now != seen
             seen = now
             if _large_requests.quiet(clock()):
-                _large_requests.pending = False
+                _large_requests.returned()
                 configure_allocator()
                 await _trimmer.trim()
             elif grammars_changed and not _large_requests.pending:
