@@ -8,6 +8,7 @@ from typing import Any
 
 from quart_trio import QuartTrio
 
+from ovtrio import seams
 from ovtrio.api import context
 from ovtrio.server.app import create_app, exit_with_error
 from ovtrio.server.hypercorn_patches import drain
@@ -39,4 +40,9 @@ class _LazyApp:
 app = _LazyApp()
 # Hypercorn's worker builds its shutdown trigger right after importing this module, and
 # only a patch applied now makes it drain first (see ovtrio/server/hypercorn_patches/drain.py).
-drain.apply(app.drain)
+seams.record(
+    "drain under the hypercorn command",
+    "hypercorn",
+    drain.apply(app.drain),
+    "a shutdown under the hypercorn command refuses new connections at once and cuts streams",
+)

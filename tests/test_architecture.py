@@ -81,7 +81,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ovtrio.embedding", "ovtrio.scoring", "ovtrio.images", "ovtrio.output"),
     ("ovtrio.scheduler",),  # the engine's one owner; knows nothing of HTTP
     ("ovtrio.model",),  # everything that knows the model
-    ("ovtrio.parsing", "ovtrio.settings", "ovtrio.errors"),  # they import no other ovtrio package
+    ("ovtrio.parsing", "ovtrio.settings", "ovtrio.errors", "ovtrio.seams"),  # they import no other ovtrio package
 )
 LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 

@@ -53,6 +53,17 @@ def _unfilled_bytearray(size: int) -> bytearray:
     return buffer
 
 
+# The fields of Quart-Trio's TrioBody (0.12) that UncopiedBody reads and writes.
+TRIO_BODY_FIELDS = ("_data", "_must_raise", "_has_data", "_complete")
+
+
+def fits_quart_trio() -> bool:
+    """Whether the installed Quart-Trio's body keeps the fields UncopiedBody fills in
+    place; without them the app keeps Quart-Trio's own request class."""
+    body = TrioBody(None, None)
+    return all(hasattr(body, name) for name in TRIO_BODY_FIELDS) and isinstance(body._data, bytearray)
+
+
 class UncopiedBody(TrioBody):
     def __init__(self, expected_content_length: int | None, max_content_length: int | None) -> None:
         super().__init__(expected_content_length, max_content_length)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ovtrio import seams
 from ovtrio.model import grammar_cache
 from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
@@ -227,7 +228,12 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     started = time.perf_counter()
     phases: dict[str, float] = {}
     # Before any pipeline can compile a grammar (its first structured request).
-    grammar_cache.install(settings.grammar_cache_bytes)
+    seams.record(
+        "compiled-grammar cache bound",
+        "openvino-genai",
+        grammar_cache.install(settings.grammar_cache_bytes),
+        "the engine's compiled grammars grow with every distinct schema",
+    )
     try:
         ir_folder: Path | None = None
         if source.kind == "gguf" and settings.model_cache:

@@ -16,6 +16,7 @@ from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
+from ovtrio import seams
 from ovtrio.api import (
     auth,
     context,
@@ -26,6 +27,7 @@ from ovtrio.api import (
     metrics,
     models,
     origins,
+    request_body,
     rerank,
     tokenize,
 )
@@ -34,7 +36,6 @@ from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.messages import errors as messages_errors
 from ovtrio.api.messages import routes as messages
-from ovtrio.api.request_body import UncopiedRequest
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
@@ -72,10 +73,21 @@ def create_app(
     settings = settings or settings_from_env()
     each_model, configured_encoders = served_models(settings)
     configure_logging(settings.log_level)
-    connection_close.apply()
+    seams.record(
+        "connection close",
+        "hypercorn",
+        connection_close.apply(),
+        "finished and idle connections stay open until their client closes them",
+    )
     accept_errors.install()
     app = QuartTrio("ovtrio")
-    app.request_class = UncopiedRequest
+    if seams.record(
+        "uncopied request bodies",
+        "quart-trio",
+        request_body.fits_quart_trio(),
+        "bodies are copied as they grow and when read",
+    ):
+        app.request_class = request_body.UncopiedRequest
     framing.install(app)
     # Streams may run for minutes: no response timeout; request bodies are small.
     app.config["RESPONSE_TIMEOUT"] = None
@@ -119,7 +131,12 @@ def create_app(
     context.attach_socket_limits(
         app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)
     )
-    websocket_message_size.apply(settings.websocket_max_message_bytes)
+    seams.record(
+        "WebSocket message bound",
+        "hypercorn",
+        websocket_message_size.apply(settings.websocket_max_message_bytes),
+        "a message over the limit closes the socket instead of an error event",
+    )
     for module in (
         completions,
         chat,
@@ -148,6 +165,7 @@ def create_app(
             exit_with_error(exc)
         memory.configure_allocator()
         await app.nursery.start(registry.run)
+        log.info("%s", seams.startup_line())
         trimming.append(await app.nursery.start(memory.trim_in_background))
 
     @app.after_serving
