@@ -36,7 +36,7 @@ async def test_a_stop_string_is_decided_and_left_to_the_loop():
     # Decided only: the engine request still runs and the request is still in the table.
     assert not part.handle.cancelled and 7 in active
     messages = [receive.receive_nowait(), receive.receive_nowait()]
-    assert messages == [Delta(0, "", [1, 2], "stop", None), Completed(1, 2)]
+    assert messages == [Delta(0, "", [1, 2], "stop", None, stop="ab"), Completed(1, 2)]
 
 
 async def test_a_consumer_that_left_is_decided_once():

@@ -30,8 +30,8 @@ def pieces(text: str, rng: random.Random) -> list[str]:
     return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
 
 
-def run(events: list, stops: tuple[str, ...] = (), batch: int = 1) -> tuple[list[dict], dict]:
-    writer = MessageWriter("msg_test", "model", 7, stops)
+def run(events: list, batch: int = 1) -> tuple[list[dict], dict]:
+    writer = MessageWriter("msg_test", "model", 7)
     written = writer.opening()
     for at in range(0, len(events), batch):
         written += writer.write(events[at : at + batch])
@@ -63,19 +63,18 @@ def test_thinking_text_and_calls_add_up_to_the_message(seed):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_a_stop_sequence_at_the_end_is_cut_off_and_named(seed):
+def test_the_stop_sequence_that_ended_the_reply_is_named(seed):
     rng = random.Random(seed)
-    text = "The keeper climbed the stairs. THE END"
-    events = [TextDelta(0, p) for p in pieces(text, rng)] + [ChoiceFinished(0, "stop"), Completed(7, 9)]
-    written, message = run(events, stops=("END", " THE END", "zzz"))
+    text = "The keeper climbed the stairs."  # the scheduler has cut " THE END" off
+    ending = [ChoiceFinished(0, "stop", " THE END"), Completed(7, 9)]
+    written, message = run([TextDelta(0, p) for p in pieces(text, rng)] + ending, batch=rng.randint(1, 3))
     assert walk(written) == message
-    assert message["content"] == [{"type": "text", "text": "The keeper climbed the stairs."}]
+    assert message["content"] == [{"type": "text", "text": text}]
     assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", " THE END")
-    # The same text ended by the model itself, or cut by max_tokens, keeps every character.
+    # Text ended by the model itself, or cut by max_tokens, names none and keeps every character.
     for reason, stop_reason in (("length", "max_tokens"), ("stop", "end_turn")):
-        ending = [ChoiceFinished(0, reason), Completed(7, 9)]
-        _, message = run([TextDelta(0, text.replace("END", "FIN"))] + ending, stops=("END",))
-        assert message["content"][0]["text"] == text.replace("END", "FIN")
+        _, message = run([TextDelta(0, text + " THE END"), ChoiceFinished(0, reason), Completed(7, 9)])
+        assert message["content"][0]["text"] == text + " THE END"
         assert (message["stop_reason"], message["stop_sequence"]) == (stop_reason, None)
 
 

@@ -18,38 +18,38 @@ TEXTS = [
 ]
 
 
-def feed_all(matcher: StopMatcher, pieces: list[str]) -> tuple[str, bool]:
+def feed_all(matcher: StopMatcher, pieces: list[str]) -> tuple[str, str | None]:
     out = []
     for piece in pieces:
         text, matched = matcher.feed(piece)
         out.append(text)
-        if matched:
-            return "".join(out), True
+        if matched is not None:
+            return "".join(out), matched
     out.append(matcher.flush())
-    return "".join(out), False
+    return "".join(out), None
 
 
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_string_split_across_pieces_is_caught(include):
     text, matched = feed_all(StopMatcher(["STOP"], include), ["Hello S", "T", "OP and more"])
-    assert matched
+    assert matched == "STOP"
     assert text == ("Hello STOP" if include else "Hello ")
 
 
 def test_stop_matcher_holds_back_only_a_possible_stop_prefix():
     matcher = StopMatcher(["abc"], False)
-    assert matcher.feed("xxab") == ("xx", False)  # "ab" may still become "abc"
-    assert matcher.feed("d") == ("a", False)  # the last len("abc") - 1 characters wait
+    assert matcher.feed("xxab") == ("xx", None)  # "ab" may still become "abc"
+    assert matcher.feed("d") == ("a", None)  # the last len("abc") - 1 characters wait
     assert matcher.flush() == "bd"
 
 
 def test_earliest_of_several_stops_wins():
-    assert feed_all(StopMatcher(["world", "lo"], False), ["hello world"]) == ("hel", True)
+    assert feed_all(StopMatcher(["world", "lo"], False), ["hello world"]) == ("hel", "lo")
 
 
 def test_no_stops_passes_everything_through():
     matcher = StopMatcher([], False)
-    assert matcher.feed("anything") == ("anything", False)
+    assert matcher.feed("anything") == ("anything", None)
     assert matcher.flush() == ""
 
 

@@ -58,7 +58,7 @@ class BlockWriter(Generic[Block, Event]):
                 if self.open is not None and self.open is self._calls.get(event.call):
                     written += self.close()
             elif isinstance(event, ChoiceFinished):
-                written += self.choice_finished(event.reason)
+                written += self.choice_finished(event)
             elif isinstance(event, Completed):
                 written += self.request_completed(event)
             elif isinstance(event, Failed):
@@ -110,8 +110,8 @@ class BlockWriter(Generic[Block, Event]):
         """`block` is complete: it takes its final form; the events saying so."""
         raise NotImplementedError
 
-    def choice_finished(self, reason: str) -> list[Event]:
-        """The choice is over (`reason`: OpenAI's finish_reason)."""
+    def choice_finished(self, finished: ChoiceFinished) -> list[Event]:
+        """The choice is over (`finished.reason`: OpenAI's finish_reason)."""
         return self.close()
 
     def request_completed(self, done: Completed) -> list[Event]:

@@ -109,10 +109,12 @@ class ToolCallDone:
 @dataclass(slots=True)
 class ChoiceFinished:
     """The choice's last event. `reason` is OpenAI's finish_reason: "stop", "length", or
-    "tool_calls" when the choice made calls and was not cut short."""
+    "tool_calls" when the choice made calls and was not cut short; `stop`, the stop
+    string that ended it, if one did."""
 
     choice: int
     reason: str
+    stop: str | None = None
 
 
 OutputEvent = (

@@ -66,20 +66,20 @@ class _ChoiceReader:
             return events
         return events + self._parsed(self._parser.feed(answer), logprobs if piece.token_ids else None)
 
-    def finish(self, reason: str) -> list[OutputEvent]:
+    def finish(self, reason: str, stop: str | None) -> list[OutputEvent]:
         """The end of the choice: what the splitter and parser held back, then its finish."""
         reasoning, answer = self._splitter.finish() if self._splitter else ("", "")
         events: list[OutputEvent] = [ReasoningDelta(self.index, reasoning)] if reasoning else []
         if self._parser is None:
             if answer:
                 events.append(TextDelta(self.index, answer))
-            events.append(ChoiceFinished(self.index, reason))
+            events.append(ChoiceFinished(self.index, reason, stop))
             return events
         events += self._parsed(self._parser.feed(answer), None)
         events += self._parsed(self._parser.finish(), None)
         # A choice cut short by max_tokens says so even if it had started a call.
         made_calls = bool(self._parser.calls)
-        events.append(ChoiceFinished(self.index, "tool_calls" if made_calls and reason == "stop" else reason))
+        events.append(ChoiceFinished(self.index, "tool_calls" if made_calls and reason == "stop" else reason, stop))
         return events
 
     def _parsed(self, parsed: ParsedDelta, logprobs: list[TokenLogprob] | None) -> list[OutputEvent]:
@@ -133,7 +133,7 @@ class OutputStage:
                     piece.logprobs.extend(message.logprobs or ())
                 if message.finish_reason is not None:
                     self._read(pending, events)
-                    events += self._choice(message.index).finish(message.finish_reason)
+                    events += self._choice(message.index).finish(message.finish_reason, message.stop)
             elif isinstance(message, (Completed, Failed)):
                 self._read(pending, events)
                 events.append(message)

@@ -224,8 +224,9 @@ class Delivery:
             sequence.generated += len(ids)
             self.generated_tokens += len(ids)
             text, matched = sequence.stops.feed(text)
-            if matched:
+            if matched is not None:
                 reason = "stop"
+                sequence.stop = matched
                 if len(part.sequences) == 1:
                     decisions.cancels.append(part)  # a stop string ended it: free the engine's work
                     part.done = True
@@ -274,7 +275,12 @@ class Delivery:
         """Send what `sequence` holds; False if its consumer left (the request is to end)."""
         self._holding.discard(sequence)
         delta = Delta(
-            sequence.index, sequence.held_text, sequence.held_ids, sequence.finish_reason, sequence.held_logprobs
+            sequence.index,
+            sequence.held_text,
+            sequence.held_ids,
+            sequence.finish_reason,
+            sequence.held_logprobs,
+            sequence.stop if sequence.finish_reason is not None else None,
         )
         sequence.held_text, sequence.held_ids, sequence.held_logprobs = "", [], None
         return active.send(delta)

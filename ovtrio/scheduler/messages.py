@@ -12,14 +12,17 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class Delta:
     """New output of choice `index`. `finish_reason` is set on the choice's last delta:
-    "stop" (end of sequence, stop string or stop token) or "length" (max_new_tokens).
-    `logprobs` holds one log-probability per id in `token_ids` when they were asked for."""
+    "stop" (end of sequence, stop string or stop token) or "length" (max_new_tokens),
+    and `stop` then names the stop string that ended it, if one did (vLLM's
+    stop_reason). `logprobs` holds one log-probability per id in `token_ids` when they
+    were asked for."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
     logprobs: list[float] | None = None
+    stop: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ class Sequence:
     stops: StopMatcher
     prompt_tokens: int = 0
     finish_reason: str | None = None
+    stop: str | None = None  # the stop string that ended it, when one did
     generated: int = 0
     # When its first and its latest tokens were read off the engine (time.monotonic()).
     first_token_at: float | None = None

@@ -129,14 +129,14 @@ class StopMatcher:
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._pending = ""
 
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Add `text`; return (text safe to emit now, whether a stop string matched).
+    def feed(self, text: str) -> tuple[str, str | None]:
+        """Add `text`; return (text safe to emit now, the stop string that matched or None).
 
         After a match, the emitted text ends just before the stop string (or just after
         it, when stop strings are included) and everything after it is dropped.
         """
         if not self._stops:
-            return text, False
+            return text, None
         buffer = self._pending + text
         best = -1
         best_stop = ""
@@ -146,12 +146,12 @@ class StopMatcher:
                 best, best_stop = at, stop
         if best != -1:
             self._pending = ""
-            return buffer[: best + (len(best_stop) if self._include else 0)], True
+            return buffer[: best + (len(best_stop) if self._include else 0)], best_stop
         if self._hold == 0:
             self._pending = ""
-            return buffer, False
+            return buffer, None
         self._pending = buffer[-self._hold :]
-        return buffer[: -self._hold], False
+        return buffer[: -self._hold], None
 
     def flush(self) -> str:
         """Text still held back when the sequence ends without a match."""

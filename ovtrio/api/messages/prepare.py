@@ -98,8 +98,8 @@ def chat_body(body: MessagesInput) -> ChatCompletionRequest:
             top_p=body.top_p,
             top_k=body.top_k or None,  # 0: no top-k cut
             stop=list(body.stop_sequences) if body.stop_sequences else None,
-            # Which stop sequence ended the reply is read off the text's end (writer.py).
-            include_stop_str_in_output=True,
+            # The scheduler cuts a stop sequence off and names it (writer.py).
+            include_stop_str_in_output=False,
         )
     return ChatCompletionRequest.model_construct(**fields)
 

@@ -25,7 +25,7 @@ async def create_message() -> Any:
     body, model = await accept(MessagesRequest)
     ready = await prepare(model, body)
     one_call = bool(body.tool_choice and body.tool_choice.disable_parallel_tool_use)
-    writer = MessageWriter(new_id("msg_"), model.name, ready.input_tokens, ready.stop_sequences, one_call)
+    writer = MessageWriter(new_id("msg_"), model.name, ready.input_tokens, one_call)
     if body.stream:
         return Response(MessageStream.of(model.scheduler, ready, writer), mimetype="text/event-stream", headers=HEADERS)
     return to_jsonable_python(await unary_message(model.scheduler, ready, writer))

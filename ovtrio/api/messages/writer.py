@@ -10,10 +10,8 @@ the request has ended, so a unary reply and a stream cannot disagree. When a blo
 opens and closes is BlockWriter's rule (ovtrio/api/blocks.py), shared with the Responses
 API's output items.
 
-Stop sequences are asked of the scheduler with the matched text kept
-(include_stop_str_in_output): the writer holds back the end of the open block, as long
-as the longest stop sequence, and when the reply ends with one it is cut off and named
-in `stop_sequence`, as Anthropic reports it.
+A stop sequence that ended the reply is cut off by the scheduler, which names it
+(ChoiceFinished.stop): it becomes `stop_sequence`, as Anthropic reports it.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ from ovtrio.api.messages.objects import (
     ToolUseBlock,
     Usage,
 )
-from ovtrio.output import OutputEvent, ToolCallArguments, ToolCallDone, ToolCallStarted
+from ovtrio.output import ChoiceFinished, OutputEvent, ToolCallArguments, ToolCallDone, ToolCallStarted
 from ovtrio.scheduler import Completed, Failed
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -71,7 +69,6 @@ class MessageWriter(BlockWriter[ContentBlock, MessageEvent]):
         message_id: str,
         model: str,
         input_tokens: int,
-        stop_sequences: tuple[str, ...] = (),
         one_call: bool = False,
     ) -> None:
         """`one_call`: disable_parallel_tool_use; a model that writes more calls anyway
@@ -80,9 +77,6 @@ class MessageWriter(BlockWriter[ContentBlock, MessageEvent]):
         self.message = Message(id=message_id, model=model, usage=Usage(input_tokens=input_tokens, output_tokens=0))
         self.failed: Failed | None = None
         self.ended = False
-        self._stops = sorted(stop_sequences, key=len, reverse=True)
-        self._hold = max((len(s) for s in stop_sequences), default=0)
-        self._held = ""  # the open text or thinking block's text not yet sent
         self._arguments: dict[str, str] = {}  # a tool_use block's id -> its arguments so far
         self._one_call = one_call
 
@@ -120,14 +114,6 @@ class MessageWriter(BlockWriter[ContentBlock, MessageEvent]):
         if isinstance(block, ToolUseBlock):
             self._arguments[block.id] += text
             return [ContentBlockDelta(index=self._index(block), delta=JsonPiece(partial_json=text))]
-        self._held += text
-        keep = min(self._hold, len(self._held))
-        ready, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
-        return self._delta(block, ready)
-
-    def _delta(self, block: ContentBlock, text: str) -> list[MessageEvent]:
-        if not text:
-            return []
         delta: TextPiece | ThinkingPiece
         if isinstance(block, TextBlock):
             block.text += text
@@ -140,29 +126,19 @@ class MessageWriter(BlockWriter[ContentBlock, MessageEvent]):
         return [ContentBlockDelta(index=self._index(block), delta=delta)]
 
     def closed(self, block: ContentBlock, kind: Kind) -> list[MessageEvent]:
-        """Send what the block holds back, and stop it."""
-        events = self._delta(block, self._held)
-        self._held = ""
         if isinstance(block, ToolUseBlock):
             block.input = tool_input(self._arguments[block.id])
-        return events + [ContentBlockStop(index=self._index(block))]
+        return [ContentBlockStop(index=self._index(block))]
 
     # ---- the end -------------------------------------------------------------------------
 
-    def choice_finished(self, reason: str) -> list[MessageEvent]:
-        """The reply is over: a stop sequence at its end is cut off and named."""
-        stop_reason = STOP_REASONS.get(reason, "end_turn")
-        block = self.open
-        if reason == "stop" and isinstance(block, (TextBlock, ThinkingBlock)):
-            whole = (block.text if isinstance(block, TextBlock) else block.thinking) + self._held
-            for stop in self._stops:
-                if whole.endswith(stop):
-                    self._held = self._held[: max(0, len(self._held) - len(stop))]
-                    self.message.stop_sequence = stop
-                    stop_reason = "stop_sequence"
-                    break
-        self.message.stop_reason = stop_reason
-        # A text block that a stop sequence emptied entirely still began and ends.
+    def choice_finished(self, finished: ChoiceFinished) -> list[MessageEvent]:
+        """The reply is over; a stop sequence that ended it is named."""
+        if finished.stop is not None:
+            self.message.stop_reason = "stop_sequence"
+            self.message.stop_sequence = finished.stop
+        else:
+            self.message.stop_reason = STOP_REASONS.get(finished.reason, "end_turn")
         return self.close()
 
     def request_completed(self, done: Completed) -> list[MessageEvent]:

@@ -55,6 +55,7 @@ from ovtrio.api.responses.objects import (
     snapshot,
 )
 from ovtrio.output import (
+    ChoiceFinished,
     Outcome,
     OutputEvent,
     ResultCollector,
@@ -160,9 +161,9 @@ class ChoiceItems(BlockWriter[OutputItem, StreamEvent]):
         )
         return events + [done]
 
-    def choice_finished(self, reason: str) -> list[StreamEvent]:
+    def choice_finished(self, finished: ChoiceFinished) -> list[StreamEvent]:
         """The choice's items end; one that wrote nothing to show answers empty."""
-        self.reason = reason
+        self.reason = finished.reason
         events = self.close()
         if not self._made_message and not any(isinstance(item, FunctionCallItem) for item in self.items):
             events += self.begin("text")
