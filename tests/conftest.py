@@ -306,6 +306,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     then those of the shared server (ready first), then the rest, whose servers load
     meanwhile (in module order otherwise: the sort is stable)."""
     others = (_NEEDS_A_MODEL | set(registered())) - {"server", "embedded_pipeline"}
+    for item in items:
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)
 
     def readiness(item: pytest.Item) -> int:
         needs = set(_needs(item))
@@ -314,6 +317,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if needs & {"server", "embedded_pipeline"} else 0
 
     items.sort(key=readiness)
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    """A test that needs a model loaded: a server, the in-process pipeline, a folder it may
+    start a server or build a model in, a browser or a container. The others (pure logic,
+    the HTTP layer in process) make the fast set, `python -m pytest -m "not slow"`."""
+    if item.get_closest_marker("browser") or item.get_closest_marker("container"):
+        return True
+    return bool(set(_needs(item)) & (_NEEDS_A_MODEL | set(registered())))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
