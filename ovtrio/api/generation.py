@@ -12,7 +12,7 @@ one for chat and completions).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Protocol, Self, TypeVar
@@ -32,6 +32,7 @@ from ovtrio.api.sse import DONE, EventStream, data_frame, joined, sse_response
 from ovtrio.output import Outcome, OutputEvent, OutputStage, ResultCollector
 from ovtrio.parsing.ids import new_id
 from ovtrio.scheduler import (
+    Completed,
     Failed,
     GenerationRequest,
     GenerationScheduler,
@@ -217,19 +218,35 @@ async def event_stream(
     return sse_response(await EventStream(submitted(model.scheduler, generation), frames).open())
 
 
+async def run_to_end(
+    scheduler: GenerationScheduler,
+    generation: GenerationRequest,
+    stage: OutputStage,
+    consume: Callable[[list[OutputEvent]], object],
+) -> Completed:
+    """Run a request to its end, handing each batch of its output events to `consume` as
+    the engine produces them (so a unary reply is built as it goes, as a stream would
+    be). Returns its usage; a request that failed raises its error, after `consume` has
+    seen the Failed."""
+    async with submitted(scheduler, generation) as stream:
+        while messages := await stream.receive_available():
+            events = stage.feed(messages)
+            consume(events)
+            ended = events[-1] if events else None  # Completed or Failed comes last
+            if isinstance(ended, Failed):
+                raise api_error(ended)
+            if isinstance(ended, Completed):
+                return ended
+    raise APIError(500, "the request ended without a result", code="engine_error")
+
+
 async def unary_outcome(
     model: ServingModel, generation: GenerationRequest, stage: OutputStage, choices: int
 ) -> Outcome:
     """Run the request to its end and aggregate its events."""
     collector = ResultCollector(choices)
-    async with submitted(model.scheduler, generation) as stream:
-        while messages := await stream.receive_available():
-            ended = collector.add(stage.feed(messages))
-            if isinstance(ended, Failed):
-                raise api_error(ended)
-            if ended is not None:
-                return ended
-    raise APIError(500, "the request ended without a result", code="engine_error")
+    usage = await run_to_end(model.scheduler, generation, stage, collector.add)
+    return Outcome(collector.choices, usage)
 
 
 def envelope(id_prefix: str, model: ServingModel, body: SamplingFields) -> Envelope:

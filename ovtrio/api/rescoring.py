@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from quart import Response
 
-from ovtrio.api.errors import api_error, invalid
-from ovtrio.api.generation import submitted
+from ovtrio.api.errors import invalid
+from ovtrio.api.generation import run_to_end
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sse import DONE, HEADERS, data_frame, joined
 from ovtrio.model.prompts import PromptBuilder
@@ -24,7 +24,7 @@ from ovtrio.output import (
     TokenLogprob,
     TopLogprob,
 )
-from ovtrio.scheduler import Completed, Failed, GenerationRequest
+from ovtrio.scheduler import GenerationRequest
 from ovtrio.scoring import ScoringUnavailable, SequenceScores
 from ovtrio.serving.service import ServingModel
 
@@ -40,15 +40,8 @@ class EventWriter(Protocol):
 async def generated_events(model: ServingModel, generation: GenerationRequest, stage: OutputStage) -> list[OutputEvent]:
     """Every event of the generation, once it has ended (a failure is the request's error)."""
     events: list[OutputEvent] = []
-    async with submitted(model.scheduler, generation) as stream:
-        while messages := await stream.receive_available():
-            for event in stage.feed(messages):
-                if isinstance(event, Failed):
-                    raise api_error(event)
-                events.append(event)
-                if isinstance(event, Completed):
-                    return events
-    raise api_error(Failed("the request ended without a result", "engine_error"))
+    await run_to_end(model.scheduler, generation, stage, events.extend)
+    return events
 
 
 def generated_entries(events: list[OutputEvent], choices: int) -> list[list[TokenLogprob]]:

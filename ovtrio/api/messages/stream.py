@@ -21,8 +21,8 @@ from contextlib import AbstractAsyncContextManager
 
 import trio
 
-from ovtrio.api.errors import APIError, api_error
-from ovtrio.api.generation import submitted
+from ovtrio.api.errors import api_error
+from ovtrio.api.generation import run_to_end, submitted
 from ovtrio.api.messages.errors import error_event
 from ovtrio.api.messages.objects import Message, Ping
 from ovtrio.api.messages.prepare import PreparedMessage
@@ -36,14 +36,8 @@ PING = typed_frame(Ping())
 
 async def unary_message(scheduler: GenerationScheduler, ready: PreparedMessage, writer: MessageWriter) -> Message:
     """Run the request to its end; the Message its events add up to."""
-    async with submitted(scheduler, ready.generation) as stream:
-        while messages := await stream.receive_available():
-            writer.write(ready.stage.feed(messages))
-            if writer.failed is not None:
-                raise api_error(writer.failed)
-            if writer.ended:
-                return writer.message
-    raise APIError(500, "the request ended without a result", code="engine_error")
+    await run_to_end(scheduler, ready.generation, ready.stage, writer.write)
+    return writer.message
 
 
 async def _produce(

@@ -16,8 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from pydantic_core import to_jsonable_python
 
-from ovtrio.api.errors import APIError, api_error
-from ovtrio.api.generation import submitted, written
+from ovtrio.api.generation import run_to_end, written
 from ovtrio.api.protocol import ChatMessage, FunctionCall, ToolCallRef
 from ovtrio.api.responses.body import Response
 from ovtrio.api.responses.events import ResponseEvents
@@ -47,13 +46,9 @@ async def unary_response(
 ) -> Response:
     """Run the request to its end: the Response its events end with (unsent)."""
     writer = ResponseEvents(ready.envelope, ready.body.n)
-    async with submitted(scheduler, ready.generation) as stream:
-        async for _ in response_events(stream, ready, writer, stores):
-            pass
-    if writer.failure is not None:
-        raise api_error(writer.failure)
-    if writer.final is None:
-        raise APIError(500, "the request ended without a result", code="engine_error")
+    await run_to_end(scheduler, ready.generation, ready.stage, writer.write)
+    assert writer.final is not None and writer.outcome is not None, "a completed request has its Response"
+    await store_response(stores, ready, writer.final, writer.outcome)
     return writer.final
 
 
