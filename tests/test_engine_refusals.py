@@ -79,3 +79,38 @@ async def test_a_scheduler_that_dies_marks_its_model_failed_for_readiness_and_li
             await registry.failed.wait()  # every model failed: /health answers 503
     assert registry.status(service) == "failed"  # /health/ready: 503, "failed"
     assert service.failure == "its scheduler stopped after an internal error (RuntimeError: the loop broke)"
+
+
+async def test_readiness_liveness_and_requests_report_a_model_whose_scheduler_died():
+    """The HTTP side of it, in process: the app's routes over a registry whose one
+    model was serving when its scheduler died (nothing is loaded; the routes only read
+    the registry)."""
+    from ovtrio.api.context import registry_of
+    from ovtrio.server.app import create_app
+
+    app = create_app(Settings())
+    registry = registry_of(app)
+    registry.check()  # resolves the embedded model's path and name, loads nothing
+    service = registry.services[0]
+    service.ready.set()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(registry._watch_failures)
+        with trio.fail_after(5):
+            await nursery.start(service._run_scheduler, BrokenScheduler())
+            await registry.failed.wait()
+    client = app.test_client()
+    ready = await client.get("/health/ready")
+    assert ready.status_code == 503
+    body = await ready.get_json()
+    assert body["status"] == "failed" and "scheduler stopped" in body["reason"]
+    assert (await client.get("/health")).status_code == 503
+    reply = await client.post(
+        "/v1/chat/completions", json={"model": service.model_name, "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert reply.status_code == 503
+    error = (await reply.get_json())["error"]
+    assert error["code"] == "model_unavailable"
+    assert (
+        "is unavailable: its scheduler stopped after an internal error (RuntimeError: the loop broke)"
+        in error["message"]
+    )
