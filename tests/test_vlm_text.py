@@ -178,6 +178,20 @@ def test_a_raw_completions_prompt_keeps_its_tags_but_a_bad_one_is_a_400_not_a_cr
     assert_still_serving(vlm_server)
 
 
+def test_the_engines_refusal_of_a_raw_prompt_names_no_build_path(vlm_server):
+    """A tag with no image to place: the engine's failed check, without the path of the
+    source file it was built from."""
+    reply = httpx.post(
+        f"{vlm_server.v1}/completions",
+        json={"model": MODEL, "prompt": "<ov_genai_image_0> hi", "max_tokens": 4},
+        timeout=120,
+    )
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["error"]["message"]
+    assert "Check '" in message
+    assert ".cpp" not in message and "/" not in message.split("Check '")[-1].split("'", 1)[1]
+
+
 def test_image_tags_in_text_neither_place_nor_duplicate_images(client):
     """One image, and its tag written three times in the text (and the model's own
     `<image>` tag): the prompt counts one image's tokens, not three or four."""

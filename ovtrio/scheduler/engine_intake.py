@@ -21,6 +21,7 @@ lets the event loop run meanwhile with no change here.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import deque
 from typing import Any
@@ -49,7 +50,12 @@ def _first_line(exc: Exception) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
     text = lines[0] if lines else type(exc).__name__
-    return text.split(": ", 1)[-1] if text.startswith("[") else text
+    text = text.split(": ", 1)[-1] if text.startswith("[") else text
+    # A failed check names the engine's source file as built: "Check 'x' failed at /home/...cpp:616:".
+    return _BUILD_PATH.sub(" failed", text)
+
+
+_BUILD_PATH = re.compile(r" failed at \S+:\d+:?")
 
 
 # One add_request call: the prompt (text and image tensors), its settings, its seed offset.
