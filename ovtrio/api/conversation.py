@@ -58,7 +58,7 @@ async def encode_conversation(
     # A vision-language model's engine reads the prompt as text: what the client wrote is
     # made unreadable as image tags (and special tokens) first. Otherwise the prompt's
     # ids keep the client's text as text (model/plain_text.py).
-    as_text = partial(model.prompts.engine_text, parse_special=body.parse_special) if model.vision else None
+    as_text = vision_text(model, body.parse_special)
     prompt = await tokenized(
         chars,
         model.prompts.encode_chat,
@@ -69,6 +69,14 @@ async def encode_conversation(
         parse_special=body.parse_special,
     )
     return replace(prompt, images=tuple(images)), tools
+
+
+def vision_text(model: ServingModel, parse_special: bool | None) -> Callable[[str], str] | None:
+    """For a vision-language model, what its engine is to be given of a client's text
+    (PromptBuilder.engine_text); None for a model that takes token ids."""
+    if model.vision is None:
+        return None
+    return partial(model.prompts.engine_text, parse_special=parse_special)
 
 
 def template_messages(

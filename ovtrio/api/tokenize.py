@@ -16,7 +16,7 @@ from pydantic import Field
 from quart import Blueprint, Response, request
 
 from ovtrio.api.context import ready_model
-from ovtrio.api.conversation import template_messages
+from ovtrio.api.conversation import template_messages, vision_text
 from ovtrio.api.errors import invalid
 from ovtrio.api.generation import parse_body
 from ovtrio.api.protocol import Body, ChatMessage
@@ -59,7 +59,8 @@ async def tokenize() -> Any:
         prompt = await tokenized(
             chars,
             model.prompts.encode_chat,
-            template_messages(body.messages),
+            # As chat reads them: on a vision-language model, as its engine is given them.
+            template_messages(body.messages, as_text=vision_text(model, body.parse_special)),
             template_kwargs=body.chat_template_kwargs,
             add_generation_prompt=body.add_generation_prompt,
             parse_special=body.parse_special,
