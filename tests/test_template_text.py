@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from ovtrio.model.plain_text import WORD_JOINER, PlainText
+from ovtrio.model.plain_text import WORD_JOINER, PlainText, load_plain_text
 from ovtrio.model.template_text import render_with_text
 
 PLAIN = PlainText(re.compile(r"<\|im_start\|>|<\|im_end\|>"), tokenizer=object())
@@ -71,3 +71,22 @@ def test_image_tags_are_broken_for_a_vision_language_model():
     text = PLAIN.neutralised("<ov_genai_image_99999999999999999999> <image> <|im_start|>", image_tags=True)
     assert "<ov_genai_image_" not in text and "<image>" not in text and "<|im_start|>" not in text
     assert text.replace(WORD_JOINER, "") == "<ov_genai_image_99999999999999999999> <image> <|im_start|>"
+
+
+class MarkupTokenizer:
+    """A tokenizer with no IR at hand: its vocabulary, and a decoder that skips id 0 and 2."""
+
+    def get_vocab(self) -> dict[bytes, int]:
+        return {b"<|im_start|>": 0, b"<b>": 1, b"[INST]": 2, b"hello": 3}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "" if skip_special_tokens and ids[0] in (0, 2) else "x"
+
+
+def test_without_an_ir_the_special_tokens_are_those_the_vocabulary_or_the_decoder_says():
+    from_vocabulary = load_plain_text(None, MarkupTokenizer(), ["<|im_end|>"])
+    assert from_vocabulary.tokenizer is None
+    assert from_vocabulary.holds_special("a<|im_end|>") and not from_vocabulary.holds_special("<|im_start|>")
+    from_decoder = load_plain_text(None, MarkupTokenizer(), [])
+    assert from_decoder.holds_special("<|im_start|>") and from_decoder.holds_special("[INST]")
+    assert not from_decoder.holds_special("<b>hello</b>")

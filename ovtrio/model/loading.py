@@ -260,7 +260,7 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     vocabulary = load_vocabulary(source.path, source.kind, tokenizer)
     # The tokenizer's IR: an IR folder's own, or the GGUF file's cache entry.
     tokenizer_folder = source.path if source.kind != "gguf" else ir_folder
-    plain_text = load_plain_text(tokenizer_folder, _special_texts(vocabulary))
+    plain_text = load_plain_text(tokenizer_folder, tokenizer, _special_texts(vocabulary))
     phases["vocabulary"] = time.perf_counter() - vocabulary_started
     return LoadedModel(
         source=source,

@@ -77,21 +77,42 @@ class PlainText:
         return text
 
 
-def load_plain_text(folder: Path | None, vocabulary_specials: list[str]) -> PlainText:
-    """The PlainText of the tokenizer whose IR is in `folder` (an IR model's folder or a
-    GGUF file's model cache entry); without one, the special tokens' texts of the
-    vocabulary (`vocabulary_specials`) and no copy. Blocking: for the loading thread."""
+def load_plain_text(folder: Path | None, tokenizer: Any, vocabulary_specials: list[str]) -> PlainText:
+    """The PlainText of `tokenizer`, whose IR is in `folder` (an IR model's folder or a
+    GGUF file's model cache entry). Without an IR that splits special tokens, no copy,
+    and the special tokens' texts of the vocabulary (`vocabulary_specials`), or else
+    those the tokenizer's vocabulary spells as markup and its decoder skips. Blocking:
+    for the loading thread."""
     xml = folder / TOKENIZER_XML if folder is not None else None
     if xml is not None and xml.is_file():
         try:
-            return _from_ir(xml)
+            plain = _from_ir(xml)
+            if plain is not None:
+                return plain
         except Exception as exc:  # noqa: BLE001 (any failure leaves the fallback, which is safe)
             log.warning("cannot copy the tokenizer without special tokens (%s); their texts are broken instead", exc)
-    texts = sorted({t for t in vocabulary_specials if t}, key=len, reverse=True)
+    texts = sorted({t for t in vocabulary_specials if t} or _skipped_markup(tokenizer), key=len, reverse=True)
     return PlainText(re.compile("|".join(map(re.escape, texts))) if texts else None)
 
 
-def _from_ir(xml: Path) -> PlainText:
+def _skipped_markup(tokenizer: Any) -> set[str]:
+    """The tokens spelled as markup (`<...>`, `[...]`) that the decoder skips as special."""
+    try:
+        vocabulary = tokenizer.get_vocab()
+    except (AttributeError, RuntimeError):
+        return set()
+    found = set()
+    for spelled, token_id in vocabulary.items():
+        raw = spelled if isinstance(spelled, bytes) else str(spelled).encode()
+        if len(raw) > 2 and _MARKUP.fullmatch(raw) and not tokenizer.decode([token_id], skip_special_tokens=True):
+            found.add(raw.decode("utf-8", "replace"))
+    return found
+
+
+_MARKUP = re.compile(rb"[<\[].*[>\]]", re.DOTALL)
+
+
+def _from_ir(xml: Path) -> PlainText | None:
     import numpy as np
     import openvino as ov
     import openvino_genai
@@ -99,8 +120,8 @@ def _from_ir(xml: Path) -> PlainText:
 
     model = ov.Core().read_model(xml)
     split = next((op for op in model.get_ordered_ops() if op.get_type_name() == "SpecialTokensSplit"), None)
-    if split is None:  # a tokenizer that splits no special tokens: it is its own copy
-        return PlainText(None)
+    if split is None:  # special tokens are read elsewhere, or not at all: the fallback
+        return None
     pattern_input = split.input(split.get_input_size() - 1)
     pattern = bytes(pattern_input.get_source_output().get_node().get_data()).decode()
     pattern_input.replace_source_output(ov.op.Constant(np.frombuffer(_NEVER, dtype=np.uint8)).output(0))
