@@ -21,7 +21,9 @@ its text cannot be marked as text: there the special tokens' texts, the engine's
 tag `<ov_genai_image_N>` and the image tags of the model families the engine knows are
 broken with a WORD JOINER (U+2060, invisible) after their first character, so that no
 tokenizer or prompt parser recognises them. A GGUF model converted without the model
-cache (no tokenizer IR to copy) gets the same treatment.
+cache (no tokenizer IR to copy), and a tokenizer whose IR has no SpecialTokensSplit
+(one that reads special tokens inside its SentencePiece operation), get the same
+treatment.
 """
 
 from __future__ import annotations
