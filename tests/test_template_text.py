@@ -90,3 +90,14 @@ def test_without_an_ir_the_special_tokens_are_those_the_vocabulary_or_the_decode
     from_decoder = load_plain_text(None, MarkupTokenizer(), [])
     assert from_decoder.holds_special("<|im_start|>") and from_decoder.holds_special("[INST]")
     assert not from_decoder.holds_special("<b>hello</b>")
+
+
+def test_a_template_that_fails_on_the_placeholders_gets_the_text_broken_instead():
+    def picky(messages, tools):
+        if any("ovtriotext" in m["content"] for m in messages):
+            raise ValueError("the template refused it")
+        return chatml(messages, tools)
+
+    rendered = render_with_text(picky, [{"role": "user", "content": INJECTED}], [], PLAIN)
+    assert rendered.client_spans == ()
+    assert rendered.text.count("<|im_start|>") == 1 and f"<{WORD_JOINER}|im_start|>" in rendered.text

@@ -65,7 +65,10 @@ def render_with_text(
         return TemplateRender(render(messages, tools))
     if plain.tokenizer is not None:
         text = render(messages, tools)
-        spans = _client_spans(render(marked_messages, marked_tools), text, marked, nonce)
+        try:
+            spans = _client_spans(render(marked_messages, marked_tools), text, marked, nonce)
+        except ValueError:  # the template refused the placeholders (a PromptError): not the client's fault
+            spans = None
         if spans is not None:
             return TemplateRender(text, spans)
 
