@@ -79,12 +79,16 @@ class FakePipeline:
         self.add_gate: threading.Event | None = None
         self.adding = threading.Event()  # set when an add with images has begun
         self.add_threads: list[int] = []
+        # Raised by the next adds, one each, whatever the prompt (what the binding may raise).
+        self.add_errors: list[Exception] = []
 
     def get_config(self) -> Any:
         return SimpleNamespace(stop_token_ids={0})
 
     def add_request(self, request_id: int, prompt: Any, *images_and_config: Any) -> FakeHandle:
         *images, config = images_and_config
+        if self.add_errors:
+            raise self.add_errors.pop(0)
         if images:  # a text prompt and its images
             self.add_threads.append(threading.get_ident())
             self.adding.set()

@@ -56,9 +56,9 @@ def ready_model(name: str | None = None) -> ServingModel:
     unknown one, a 503 while it is still loading or when it failed to load."""
     service = model_service(name)
     if service.failed.is_set():
-        raise APIError(
-            503, f"The model '{service.model_name}' failed to load: {service.failure}", code="model_unavailable"
-        )
+        # Ready before it failed: it stopped while serving (ModelService._run_scheduler).
+        what = "is unavailable" if service.ready.is_set() else "failed to load"
+        raise APIError(503, f"The model '{service.model_name}' {what}: {service.failure}", code="model_unavailable")
     serving = service.serving
     if serving is None or not service.ready.is_set():
         raise APIError(503, "The model is still loading; retry shortly.", code="model_loading")

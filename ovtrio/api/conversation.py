@@ -55,22 +55,38 @@ async def encode_conversation(
             ids += model.prompts.image_placeholders(len(images), model.vision.tokens_per_image)
             return ChatPrompt(ids, False, text=text, images=tuple(images)), tools
         return await tokenized(chars, model.prompts.encode_raw_chat, "".join(m.text() for m in messages)), tools
+    # A vision-language model's engine reads the prompt as text: what the client wrote is
+    # made unreadable as image tags (and special tokens) first. Otherwise the prompt's
+    # ids keep the client's text as text (model/plain_text.py).
+    as_text = vision_text(model, body.parse_special)
     prompt = await tokenized(
         chars,
         model.prompts.encode_chat,
-        template_messages(messages, tagged=model.vision is not None),
-        tools=[_template_tool(spec) for spec in tools],
+        template_messages(messages, tagged=model.vision is not None, as_text=as_text),
+        tools=[_template_tool(spec, as_text) for spec in tools],
         template_kwargs=body.template_kwargs(),
         tokens_per_image=model.vision.tokens_per_image if model.vision is not None else None,
+        parse_special=body.parse_special,
     )
     return replace(prompt, images=tuple(images)), tools
 
 
-def template_messages(messages: list[ChatMessage], tagged: bool = False) -> list[dict[str, Any]]:
+def vision_text(model: ServingModel, parse_special: bool | None) -> Callable[[str], str] | None:
+    """For a vision-language model, what its engine is to be given of a client's text
+    (PromptBuilder.engine_text); None for a model that takes token ids."""
+    if model.vision is None:
+        return None
+    return partial(model.prompts.engine_text, parse_special=parse_special)
+
+
+def template_messages(
+    messages: list[ChatMessage], tagged: bool = False, as_text: Callable[[str], str] | None = None
+) -> list[dict[str, Any]]:
     """Messages laid out as a chat template reads them; with `tagged`, each image of the
-    conversation as the engine's tag in the text, numbered in order."""
+    conversation as the engine's tag in the text, numbered in order. `as_text`, when
+    given, is applied to every string the client wrote (not to those tags)."""
     counter = itertools.count()
-    return [_template_message(m, counter if tagged else None) for m in messages]
+    return [_template_message(m, counter if tagged else None, as_text) for m in messages]
 
 
 def _image_refs(
@@ -168,16 +184,38 @@ def _template_role(role: str) -> str:
     return "system" if role == "developer" else role
 
 
-def _template_message(message: ChatMessage, image_numbers: Iterator[int] | None = None) -> dict[str, Any]:
-    content = message.text()
+def _template_message(
+    message: ChatMessage, image_numbers: Iterator[int] | None = None, as_text: Callable[[str], str] | None = None
+) -> dict[str, Any]:
+    text = as_text or (lambda value: value)
+    content = text(message.text())
     if image_numbers is not None and message.image_parts():
         # Text and images in their order: each image as the engine's numbered tag.
         assert isinstance(message.content, list)
         content = "".join(
-            part.text if isinstance(part, TextPart) else IMAGE_TAG.format(next(image_numbers))
+            text(part.text) if isinstance(part, TextPart) else IMAGE_TAG.format(next(image_numbers))
             for part in message.content
         )
     rendered: dict[str, Any] = {"role": _template_role(message.role), "content": content}
+    if as_text is not None:
+        # Everything else the client wrote: tool calls, names, ids.
+        return {**rendered, **_strings_as_text(_other_fields(message), as_text)}
+    return {**rendered, **_other_fields(message)}
+
+
+def _strings_as_text(value: Any, as_text: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return as_text(value)
+    if isinstance(value, dict):
+        return {key: _strings_as_text(item, as_text) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_strings_as_text(item, as_text) for item in value]
+    return value
+
+
+def _other_fields(message: ChatMessage) -> dict[str, Any]:
+    """What a chat template reads of a message besides its role and content."""
+    rendered: dict[str, Any] = {}
     if message.tool_calls:
         rendered["tool_calls"] = [
             {
@@ -196,14 +234,15 @@ def _template_message(message: ChatMessage, image_numbers: Iterator[int] | None 
     return rendered
 
 
-def _template_tool(spec: FunctionSpec) -> dict[str, Any]:
+def _template_tool(spec: FunctionSpec, as_text: Callable[[str], str] | None = None) -> dict[str, Any]:
     function: dict[str, Any] = {
         "name": spec.name,
         "parameters": spec.parameters or {"type": "object", "properties": {}},
     }
     if spec.description:
         function["description"] = spec.description
-    return {"type": "function", "function": function}
+    tool = {"type": "function", "function": function}
+    return _strings_as_text(tool, as_text) if as_text is not None else tool
 
 
 def _maybe_json(text: str) -> Any:

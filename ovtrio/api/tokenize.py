@@ -16,7 +16,7 @@ from pydantic import Field
 from quart import Blueprint, Response, request
 
 from ovtrio.api.context import ready_model
-from ovtrio.api.conversation import template_messages
+from ovtrio.api.conversation import template_messages, vision_text
 from ovtrio.api.errors import invalid
 from ovtrio.api.generation import parse_body
 from ovtrio.api.protocol import Body, ChatMessage
@@ -35,6 +35,10 @@ class TokenizeRequest(Body):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
+    # Special-token text read as control tokens (llama.cpp's name): by default, yes in a
+    # `prompt` (as completions read it), no in `messages` (as chat reads them, unless
+    # the server's --parse-special-in-content says otherwise).
+    parse_special: bool | None = None
 
 
 class DetokenizeRequest(Body):
@@ -55,15 +59,23 @@ async def tokenize() -> Any:
         prompt = await tokenized(
             chars,
             model.prompts.encode_chat,
-            template_messages(body.messages),
+            # As chat reads them: on a vision-language model, as its engine is given them.
+            template_messages(body.messages, as_text=vision_text(model, body.parse_special)),
             template_kwargs=body.chat_template_kwargs,
             add_generation_prompt=body.add_generation_prompt,
+            parse_special=body.parse_special,
         )
         ids = prompt.ids
     else:
         text = body.prompt or ""
         chars = check_prompt_chars(model, [text], "prompt")
-        ids = await tokenized(chars, model.prompts.encode_raw, text, add_special_tokens=body.add_special_tokens)
+        ids = await tokenized(
+            chars,
+            model.prompts.encode_raw,
+            text,
+            add_special_tokens=body.add_special_tokens,
+            parse_special=body.parse_special is not False,
+        )
     reply: dict[str, Any] = {"count": len(ids), "max_model_len": model.sequence_limit.tokens, "tokens": ids}
     if body.return_token_strs:
         pieces = [model.prompts.token_piece(i) for i in ids]

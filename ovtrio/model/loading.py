@@ -21,6 +21,7 @@ from ovtrio.model import grammar_cache
 from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
 from ovtrio.model.engine_file import openable_by_engine
+from ovtrio.model.plain_text import PlainText, load_plain_text
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
 from ovtrio.model.vision import VisionModel, is_vision_folder, measure_image_tokens
@@ -53,6 +54,8 @@ class LoadedModel:
     # The IR the engine serves (the scoring path compiles it too); None when a GGUF file
     # was converted in memory only (--no-model-cache, or an unwritable cache).
     model_xml: Path | None = None
+    # How message text is kept text (plain_text.py).
+    plain_text: PlainText = field(default_factory=lambda: PlainText(None))
 
 
 def engine_error_reason(exc: Exception) -> str:
@@ -261,6 +264,9 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         tokenizer.set_chat_template(template)
     vocabulary_started = time.perf_counter()
     vocabulary = load_vocabulary(source.path, source.kind, tokenizer)
+    # The tokenizer's IR: an IR folder's own, or the GGUF file's cache entry.
+    tokenizer_folder = source.path if source.kind != "gguf" else ir_folder
+    plain_text = load_plain_text(tokenizer_folder, tokenizer, _special_texts(vocabulary))
     phases["vocabulary"] = time.perf_counter() - vocabulary_started
     return LoadedModel(
         source=source,
@@ -273,7 +279,14 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         origin=origin,
         speculation=speculation_for(settings, source),
         model_xml=ir_folder / "openvino_model.xml" if ir_folder is not None else None,
+        plain_text=plain_text,
     )
+
+
+def _special_texts(vocabulary: Vocabulary | None) -> list[str]:
+    if vocabulary is None or not vocabulary.pieces:
+        return []
+    return [vocabulary.pieces[i] for i in vocabulary.special_ids if i < len(vocabulary.pieces)]
 
 
 def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedModel, int]:

@@ -16,6 +16,8 @@ from typing import Any
 
 from ovtrio.errors import FieldError
 from ovtrio.model.pieces import word_pieces
+from ovtrio.model.plain_text import PlainText
+from ovtrio.model.template_text import TemplateRender, render_with_text
 from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.parsing import THINK_OPEN
 
@@ -52,10 +54,18 @@ class PromptBuilder:
         vocab_size: int | None = None,
         vocabulary: Vocabulary | None = None,
         cut_at: int | None = None,
+        plain_text: PlainText | None = None,
+        parse_special_in_content: bool = False,
     ) -> None:
         """`cut_at`: the length at which the tokenizer may cut its output (the model's
-        context length); a text that comes back that long is counted again in pieces."""
+        context length); a text that comes back that long is counted again in pieces.
+        `plain_text`: how message text is kept text (plain_text.py); without it, the
+        tokenizer reads special-token text in messages as it does in a raw prompt.
+        `parse_special_in_content`: the default of every `parse_special` below (the
+        server's setting)."""
         self._tokenizer = tokenizer
+        self._parse_special = parse_special_in_content
+        self._plain_text = plain_text or PlainText(None)
         self._vocab_size = vocab_size
         self._vocabulary = vocabulary
         self._cut_at = cut_at
@@ -107,9 +117,14 @@ class PromptBuilder:
             return token_id in self._vocabulary.special_ids
         return not self._tokenizer.decode([token_id], skip_special_tokens=True)
 
-    def encode_raw(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Any text, as the tokenizer splits it (empty text gives no ids)."""
-        return self._encode(text, add_special_tokens=add_special_tokens)
+    def encode_raw(self, text: str, *, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
+        """Any text, as the tokenizer splits it (empty text gives no ids); without
+        `parse_special`, special-token text in it as text."""
+        if parse_special or not self._plain_text.holds_special(text):
+            return self._encode(text, add_special_tokens=add_special_tokens)
+        if self._plain_text.tokenizer is None:
+            return self._encode(self._plain_text.neutralised(text), add_special_tokens=add_special_tokens)
+        return self._encode(text, add_special_tokens=add_special_tokens, tokenizer=self._plain_text.tokenizer)
 
     def encode_text(self, text: str) -> list[int]:
         """A completions prompt: tokenized with the model's special tokens (e.g. BOS)."""
@@ -117,6 +132,21 @@ class PromptBuilder:
         if not ids:
             raise PromptError("The prompt is empty.", "prompt")
         return ids
+
+    def encode_content(self, text: str, *, parse_special: bool | None = None) -> list[int]:
+        """Text a client wrote in a message, continuing a prompt (an assistant prefill):
+        special-token text in it tokenized as text unless `parse_special`."""
+        return self.encode_raw(text, add_special_tokens=False, parse_special=self._parses_special(parse_special))
+
+    def engine_text(self, text: str, *, parse_special: bool | None = None) -> str:
+        """Text a client wrote, as a vision-language model's engine is to read it (it
+        tokenizes the prompt itself): image tags always broken, special-token text
+        unless `parse_special` (plain_text.py)."""
+        return self._plain_text.neutralised(text, specials=not self._parses_special(parse_special), image_tags=True)
+
+    def _parses_special(self, parse_special: bool | None) -> bool:
+        """A request's parse_special, or the server's setting when it sets none."""
+        return self._parse_special if parse_special is None else parse_special
 
     def encode_raw_chat(self, text: str) -> ChatPrompt:
         """A conversation's text as is, without the chat template (nvext.use_raw_prompt)."""
@@ -133,25 +163,69 @@ class PromptBuilder:
         template_kwargs: dict[str, Any] | None = None,
         add_generation_prompt: bool = True,
         tokens_per_image: int | None = None,
+        parse_special: bool | None = None,
     ) -> ChatPrompt:
         """A conversation (with its tools) rendered by the chat template, which adds
         special tokens. `template_kwargs` are the template's own variables (e.g.
         enable_thinking). With `tokens_per_image` (a vision-language model, whose
         engine takes text), the rendered text is kept, and the ids count each image
-        tag as the tokens its image costs."""
-        try:
-            prompt = self._tokenizer.apply_chat_template(
-                history,
-                add_generation_prompt=add_generation_prompt,
-                tools=tools or None,
-                extra_context=template_kwargs or None,
-            )
-        except Exception as exc:  # noqa: BLE001 (a template error is about the messages sent)
-            raise PromptError(f"The chat template could not render these messages: {exc}", "messages") from None
-        opens_reasoning = prompt.rstrip().endswith(THINK_OPEN)
-        if tokens_per_image is None:
-            return ChatPrompt(self._encode(prompt, add_special_tokens=False), opens_reasoning)
-        return ChatPrompt(self._count_with_images(prompt, tokens_per_image), opens_reasoning, text=prompt)
+        tag as the tokens its image costs (the caller has broken the tags and, unless
+        `parse_special`, the special tokens in the messages' text: engine_text).
+        Otherwise special-token text in the messages and tools is tokenized as text,
+        unless `parse_special` (plain_text.py, template_text.py)."""
+
+        def render(messages: list[dict[str, Any]], shown_tools: list[dict[str, Any]] | None) -> str:
+            try:
+                return str(
+                    self._tokenizer.apply_chat_template(
+                        messages,
+                        add_generation_prompt=add_generation_prompt,
+                        tools=shown_tools or None,
+                        extra_context=template_kwargs or None,
+                    )
+                )
+            except Exception as exc:  # noqa: BLE001 (a template error is about the messages sent)
+                raise PromptError(f"The chat template could not render these messages: {exc}", "messages") from None
+
+        plain = self._plain_text
+        if tokens_per_image is not None or self._parses_special(parse_special):
+            prompt = render(history, tools)
+            opens_reasoning = prompt.rstrip().endswith(THINK_OPEN)
+            if tokens_per_image is None:
+                return ChatPrompt(self._encode(prompt, add_special_tokens=False), opens_reasoning)
+            return ChatPrompt(self._count_with_images(prompt, tokens_per_image), opens_reasoning, text=prompt)
+        rendered = render_with_text(render, history, tools or [], plain)
+        return ChatPrompt(self._encode_rendered(rendered), rendered.text.rstrip().endswith(THINK_OPEN))
+
+    def _encode_rendered(self, rendered: TemplateRender) -> list[int]:
+        """The ids of a rendered conversation: the special tokens the template wrote as
+        their ids, all other text (the template's and the messages') as text, in runs
+        cut only at those special tokens."""
+        plain = self._plain_text
+        if not rendered.client_spans:  # nothing in the messages reads as a special token
+            return self._encode(rendered.text, add_special_tokens=False)
+        assert plain.special is not None and plain.tokenizer is not None
+        ids: list[int] = []
+        run: list[str] = []
+
+        def flush() -> None:
+            if run:
+                ids.extend(self._encode("".join(run), add_special_tokens=False, tokenizer=plain.tokenizer))
+                run.clear()
+
+        for piece, from_client in rendered.pieces():
+            if from_client:
+                run.append(piece)
+                continue
+            at = 0
+            for match in plain.special.finditer(piece):
+                run.append(piece[at : match.start()])
+                flush()
+                ids.extend(self._encode(match[0], add_special_tokens=False))
+                at = match.end()
+            run.append(piece[at:])
+        flush()
+        return ids
 
     def _count_with_images(self, text: str, tokens_per_image: int) -> list[int]:
         """The ids of `text` with each image tag standing for its image's tokens, as
@@ -233,9 +307,12 @@ class PromptBuilder:
                     )
         return list(ids)
 
-    def _encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+    def _encode(self, text: str, *, add_special_tokens: bool, tokenizer: Any = None) -> list[int]:
+        """`text` through the tokenizer (or `tokenizer`, the copy that splits no special
+        tokens)."""
+        tokenizer = tokenizer or self._tokenizer
         if self._cut_at is None or len(text) <= WHOLE_TEXT_CHARS:
-            ids = self._tokenize(text, add_special_tokens)
+            ids = self._tokenize(tokenizer, text, add_special_tokens)
             if self._cut_at is None or len(ids) < self._cut_at:
                 return ids
         # Perhaps cut short by the tokenizer (see ovtrio.model.pieces): tokenize in pieces
@@ -244,14 +321,17 @@ class PromptBuilder:
         # would hold the GIL, and with it the event loop, for tens of milliseconds.
         ids = []
         for i, piece in enumerate(word_pieces(text, max(1, self._cut_at // 4))):
-            ids.extend(self._tokenize(piece, add_special_tokens and i == 0))
+            ids.extend(self._tokenize(tokenizer, piece, add_special_tokens and i == 0))
             # The tokenizer holds the GIL; between pieces the event loop gets it at once
             # (long texts are tokenized in a worker thread, see api/text_limits.py).
             time.sleep(0)
         return ids
 
-    def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
-        encoded = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    @staticmethod
+    def _tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
+        if not text and not add_special_tokens:
+            return []
+        encoded = tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return encoded.input_ids.data[0].tolist()
 
 

@@ -20,6 +20,8 @@ lets the event loop run meanwhile with no change here.
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from collections import deque
 from typing import Any
@@ -41,12 +43,19 @@ from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
 from ovtrio.scheduler.stepping import FirstSteps
 
+log = logging.getLogger("ovtrio.scheduler")
+
 
 def _first_line(exc: Exception) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
     text = lines[0] if lines else type(exc).__name__
-    return text.split(": ", 1)[-1] if text.startswith("[") else text
+    text = text.split(": ", 1)[-1] if text.startswith("[") else text
+    # A failed check names the engine's source file as built: "Check 'x' failed at /home/...cpp:616:".
+    return _BUILD_PATH.sub(" failed", text)
+
+
+_BUILD_PATH = re.compile(r" failed at \S+:\d+:?")
 
 
 # One add_request call: the prompt (text and image tensors), its settings, its seed offset.
@@ -260,13 +269,23 @@ class EngineIntake(RequestIntake):
         """One engine request: `prompt` is a token tensor, or text and image tensors
         (engine_prompt). The engine's refusal of the settings is an UnsupportedParams."""
         self._between_steps("add_request")
-        config = to_generation_config(params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids)
         try:
+            config = to_generation_config(
+                params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids
+            )
             if isinstance(prompt, tuple):
                 return self._pipeline.add_request(next(self._ids), *prompt, config)
             return self._pipeline.add_request(next(self._ids), prompt, config)
-        except RuntimeError as exc:
-            raise UnsupportedParams(_first_line(exc)) from None
+        except Exception as exc:  # noqa: BLE001 (whatever the binding raises fails this request alone)
+            # The engine raises RuntimeError for what its checks refuse, but the binding
+            # lets others through too (IndexError from a std::stoul in the prompt's
+            # parsing, ValueError, OverflowError, TypeError): any of them would otherwise
+            # end the loop, and with it every request and the model.
+            reason = _first_line(exc)
+            if not isinstance(exc, RuntimeError):  # a bare C++ library message, such as "stoul"
+                reason = f"{type(exc).__name__}: {reason}"
+            log.warning("the engine refused a request: %s", reason)
+            raise UnsupportedParams(reason) from None
 
     # ---- long prompts in slices -----------------------------------------------------------
 

@@ -224,6 +224,11 @@ class Scheduler(EngineIntake):
                     log.exception("engine step failed")
                     self.fail_all(f"engine error: {exc}".splitlines()[0], "engine_error", waiting=False)
                     self._read_engine_state()
+        except Exception:
+            # The loop itself failed: the model's service marks the model failed
+            # (serving/service.py); what was in flight learns why, not of a shutdown.
+            self.fail_all("the model stopped serving after an internal error", "engine_error")
+            raise
         finally:
             self._running = False
             self._stepper.close()

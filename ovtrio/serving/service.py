@@ -180,6 +180,21 @@ class ModelService:
             if released:
                 log.info("engine released (%s)", source.name)
 
+    async def _run_scheduler(
+        self, scheduler: GenerationScheduler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the scheduler; if its loop fails (nothing a request sends should make it,
+        engine_intake.py fails that request alone), the model is marked failed: readiness
+        and liveness say so, requests get a 503 that names the failure, and `ovtrio
+        serve` exits once no model is left, for its supervisor to restart it."""
+        try:
+            await scheduler.run(task_status=task_status)
+        except Exception as exc:  # any failure of the loop ends this model
+            log.exception("the scheduler of %s stopped", self.model_name)
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            self.failure = f"its scheduler stopped after an internal error ({reason})"
+            self.failed.set()
+
     async def _serve(self, source: ModelSource) -> None:
         try:
             if self.loading is not None:
@@ -265,7 +280,14 @@ class ModelService:
             name=source.name,
             system_fingerprint=system_fingerprint(source.path, self.settings.device),
             scheduler=scheduler,
-            prompts=PromptBuilder(model.tokenizer, source.vocab_size, model.vocabulary, cut_at=source.context_length),
+            prompts=PromptBuilder(
+                model.tokenizer,
+                source.vocab_size,
+                model.vocabulary,
+                cut_at=source.context_length,
+                plain_text=model.plain_text,
+                parse_special_in_content=self.settings.parse_special_in_content,
+            ),
             sequence_limit=limit,
             caps=caps,
             defaults=server_defaults(source, self.settings),
@@ -286,7 +308,7 @@ class ModelService:
             image_prepared=getattr(observer, "image_prepared", lambda seconds: None),
         )
         async with trio.open_nursery() as nursery:
-            await nursery.start(scheduler.run)
+            await nursery.start(self._run_scheduler, scheduler)
             # What exists now (modules, the model's objects) lives as long as the server:
             # out of the collector's sight, a full collection no longer walks it and
             # pauses the event loop for that long.

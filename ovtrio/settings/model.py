@@ -42,6 +42,12 @@ class ModelSettings(BaseModel):
     chat_template: str | None = Field(
         None, description="file with a Jinja chat template to use instead of the model's own"
     )
+    parse_special_in_content: bool = Field(
+        False,
+        description="read special-token text (such as <|im_start|>) in the messages of chat, Responses and"
+        " Messages requests as the control tokens it names, as a raw prompt does; by default it is text (a"
+        " request's parse_special says otherwise for that request)",
+    )
     tool_parser: Literal["hermes", "qwen", "llama3_json", "mistral", "json_tool_calls", "none"] | None = Field(
         None,
         description="how the model writes tool calls for tool_choice auto (default: guessed from its chat"

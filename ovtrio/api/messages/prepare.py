@@ -84,6 +84,7 @@ def chat_body(body: MessagesInput) -> ChatCompletionRequest:
         or NamedToolChoice.model_construct(type="function", name=body.tool_choice.name if body.tool_choice else None),
         "parallel_tool_calls": False if body.tool_choice and body.tool_choice.disable_parallel_tool_use else None,
         "chat_template_kwargs": {"enable_thinking": body.thinking.on} if body.thinking else None,
+        "parse_special": body.parse_special,
     }
     schema = body.output_format()
     if schema is not None:
@@ -184,8 +185,11 @@ async def encode(model: ServingModel, body: MessagesInput, chat: ChatCompletionR
         checked_schema(spec.parameters, f"tools[{i}].input_schema")
     prompt, _ = await encode_conversation(model, chat, messages)
     if prefill:
-        ids = prompt.ids + model.prompts.encode_raw(prefill, add_special_tokens=False)
-        text = prompt.text + prefill if prompt.text is not None else None
+        # The client's text: special-token text in it is text (encode_content).
+        ids = prompt.ids + model.prompts.encode_content(prefill, parse_special=chat.parse_special)
+        text = None
+        if prompt.text is not None:
+            text = prompt.text + model.prompts.engine_text(prefill, parse_special=chat.parse_special)
         return replace(prompt, ids=ids, text=text)
     return prompt
 

@@ -174,6 +174,8 @@ class MessagesInput(_Strict):
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
     metadata: Metadata | None = None
+    # As chat completions' parse_special (api/protocol/tools.py): an extension.
+    parse_special: bool | None = None
     service_tier: Any = None
     speed: Any = None
     cache_control: Any = None

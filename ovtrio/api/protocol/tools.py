@@ -70,6 +70,9 @@ class ToolAndReasoningFields(Body):
     prompt_field: ClassVar[str]  # the field that holds the conversation
 
     chat_template_kwargs: dict[str, Any] | None = None
+    # Special-token text in the messages read as control tokens (true) or as text
+    # (false); unset: the server's --parse-special-in-content (llama.cpp's name).
+    parse_special: bool | None = None
     reasoning: ReasoningOptions | None = None
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     tools: list[Tool] | None = None
