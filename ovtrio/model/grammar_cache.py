@@ -31,6 +31,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ovtrio import seams
+
 log = logging.getLogger("ovtrio")
 
 # xgrammar::GrammarCompiler::GrammarCompiler(TokenizerInfo const&, int max_threads,
@@ -72,6 +74,10 @@ def compile_threads(asked: int) -> int:
     return max(1, min(asked, (os.cpu_count() or 2) - 1))
 
 
+# The name the seam is listed under at startup (ovtrio/seams.py).
+SEAM = "compiled-grammar cache bound"
+
+
 def install(limit_bytes: int) -> bool:
     """Make every grammar compiler OpenVINO GenAI builds from now on keep at most
     `limit_bytes` of compiled grammars (least recently used dropped first; -1: no limit).
@@ -93,9 +99,9 @@ def install(limit_bytes: int) -> bool:
         _write_pointer(base + slot_offset, _address(hook.callback))
     except Exception as exc:  # noqa: BLE001 - any build we cannot redirect keeps working unbounded
         log.warning("cannot bound the engine's compiled-grammar cache (%s): it grows with every distinct schema", exc)
-        return False
+        return seams.record(SEAM, "openvino-genai", False, "its compiled grammars grow with every distinct schema")
     _hook = hook
-    return True
+    return seams.record(SEAM, "openvino-genai", True, "")
 
 
 def cache_bytes() -> int:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ovtrio import seams
 from ovtrio.model import grammar_cache
 from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
@@ -231,12 +230,7 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     started = time.perf_counter()
     phases: dict[str, float] = {}
     # Before any pipeline can compile a grammar (its first structured request).
-    seams.record(
-        "compiled-grammar cache bound",
-        "openvino-genai",
-        grammar_cache.install(settings.grammar_cache_bytes),
-        "the engine's compiled grammars grow with every distinct schema",
-    )
+    grammar_cache.install(settings.grammar_cache_bytes)
     try:
         ir_folder: Path | None = None
         if source.kind == "gguf" and settings.model_cache:
