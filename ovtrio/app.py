@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
 from quart_trio import QuartTrio
 
 from ovtrio import seams
@@ -30,11 +31,29 @@ class _LazyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self._app is None:
+            _require_trio()
             try:
                 self._app = create_app()
             except SettingsError as exc:
                 exit_with_error(exc)
         await self._app(scope, receive, send)
+
+
+def _require_trio() -> None:
+    """End the process with a one-line reason when a server runs the app on another event
+    loop (plain `hypercorn ovtrio.app:app` picks asyncio): Hypercorn would only log a
+    lifespan warning and go on serving, each request failing inside Quart-Trio with a
+    traceback and never answered. The first call is the lifespan startup, before any
+    connection is accepted."""
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        exit_with_error(
+            RuntimeError(
+                "ovtrio runs on Trio: start it with `hypercorn -k trio ovtrio.app:app` "
+                "(or with `--config python:ovtrio.server.hypercorn_config`, which sets it)"
+            )
+        )
 
 
 app = _LazyApp()

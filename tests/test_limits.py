@@ -387,7 +387,7 @@ def test_input_items_pages(server, three_items):
         return response.json()
 
     def texts(listing: dict) -> list[str]:
-        return [item["content"] for item in listing["data"]]
+        return [item["content"][0]["text"] for item in listing["data"]]
 
     assert texts(page("")) == ["three", "two", "one"]  # OpenAI's default order: desc
     first = page("limit=2&order=asc")

@@ -275,6 +275,52 @@ def test_a_forced_tool_loop(claude):
     assert count(as_error) > count(history)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_sdks_tool_runner_runs_its_tools(claude, stream):
+    """The SDK's tool runner asks for a message thread first (`"thread": {"type":
+    "create"}`); refused with the error it falls back on, it sends the whole conversation
+    without one, runs the tool on each call and sends its result back."""
+    cities: list[str] = []
+
+    @anthropic.beta_tool
+    def get_weather(city: str) -> str:
+        """The current weather of a city."""
+        cities.append(city)
+        return "Sunny, 21 C"
+
+    runner = claude.beta.messages.tool_runner(
+        model=MODEL,
+        max_tokens=160,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[get_weather],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        max_iterations=2,
+        stream=stream,
+        **GREEDY,
+    )
+    replies = [turn.get_final_message() for turn in runner] if stream else list(runner)
+    assert [reply.stop_reason for reply in replies] == ["tool_use", "tool_use"]
+    assert len(cities) == 2
+    # The second turn's prompt holds the first call and its result.
+    assert replies[1].usage.input_tokens > replies[0].usage.input_tokens
+
+
+def test_a_thread_is_refused_as_anthropics_sdks_expect(claude, server):
+    with pytest.raises(anthropic.types.ThreadUnsupportedRequestError) as refused:
+        claude.beta.messages.create(model=MODEL, max_tokens=4, messages=STORY, thread={"type": "create"})
+    assert refused.value.status_code == 400 and refused.value.error_code == "thread_unsupported_request"
+    reply = loopback.post(server.base_url + "/v1/messages", json=message_body(thread={"type": "create"}))
+    assert reply.status_code == 400
+    assert reply.json()["error"]["type"] == "invalid_request_error"
+    assert reply.json()["error"]["details"] == {"error_code": "thread_unsupported_request"}
+    # Asking for no thread is no refusal; and other errors carry no details.
+    assert loopback.post(server.base_url + "/v1/messages", json=message_body(thread=False)).status_code == 200
+    assert (
+        "details"
+        not in loopback.post(server.base_url + "/v1/messages", json=message_body(max_tokens=0)).json()["error"]
+    )
+
+
 def test_auto_tool_choice_may_call_or_answer(claude):
     reply = claude.messages.create(
         model=MODEL,

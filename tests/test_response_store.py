@@ -28,6 +28,33 @@ def test_retrieve_and_input_items(client, server):
     assert [item.type for item in items.data] == ["message"]
 
 
+def test_input_items_are_listed_as_openais_item_resources(client, server):
+    """Whatever spelling the request used (a string, chat-style `text` parts, an
+    assistant turn, a function call and its output), the listing gives OpenAI's items:
+    content as typed parts and a status on every item."""
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in "}, {"type": "text", "text": "Paris"}]},
+        {"role": "assistant", "content": "Let me look."},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"role": "user", "content": "Thanks."},
+    ]
+    first = ask(client, input=history)
+    raw = loopback.get(f"{server.base_url}/v1/responses/{first.id}/input_items?order=asc").json()
+    validate(raw, "ResponseItemList")
+    items = client.responses.input_items.list(first.id, order="asc").data
+    assert [item.type for item in items] == ["message"] * 3 + ["function_call", "function_call_output", "message"]
+    assert all(item.status == "completed" for item in items)
+    system, user, assistant, call, output, thanks = items
+    assert [(part.type, part.text) for part in system.content] == [("input_text", "Be brief.")]
+    assert [(part.type, part.text) for part in user.content] == [("input_text", "Weather in "), ("input_text", "Paris")]
+    assert [(part.type, part.text) for part in assistant.content] == [("output_text", "Let me look.")]
+    assert (call.call_id, call.name, call.arguments) == ("call_1", "get_weather", '{"city": "Paris"}')
+    assert (output.call_id, output.output) == ("call_1", "sunny")
+    assert [(part.type, part.text) for part in thanks.content] == [("input_text", "Thanks.")]
+
+
 def test_previous_response_id_continues_the_conversation(client):
     first = ask(client, input="My name is Ada. Remember it.")
     second = ask(client, input="What is my name?", previous_response_id=first.id)

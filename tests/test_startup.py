@@ -91,6 +91,25 @@ def test_hypercorn_entry_point_refuses_missing_model_in_one_line(tmp_path):
     assert len(refusals) == 1 and str(missing) in refusals[0], output
 
 
+@pytest.mark.parametrize("workers", ["1", "0"])
+def test_hypercorn_without_the_trio_worker_is_refused_in_one_line(workers):
+    """Plain `hypercorn ovtrio.app:app` runs Hypercorn's asyncio worker, on which every
+    request would fail unanswered: the app ends the worker at its lifespan startup with
+    one line saying how to start it. Hypercorn's main process then exits 0 whatever its
+    worker's status (docs/known-issues.md); with `--workers 0` the status is the app's."""
+    result = subprocess.run(
+        [sys.executable, "-m", "hypercorn", "-w", workers, "-b", f"127.0.0.1:{free_port()}", "ovtrio.app:app"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = (result.stdout + result.stderr).strip()
+    assert "Traceback" not in output and "Lifespan" not in output, output
+    assert len(output.splitlines()) == 1 and "hypercorn -k trio ovtrio.app:app" in output, output
+    if workers == "0":
+        assert result.returncode == 2
+
+
 def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
     with held_loading(tmp_path) as loading:
         base = loading.base_url

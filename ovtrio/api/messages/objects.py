@@ -133,6 +133,13 @@ class ErrorDetails:
 
 
 @dataclass(slots=True, kw_only=True)
+class DetailedErrorDetails(ErrorDetails):
+    """An error with Anthropic's `details` object, for the codes it defines one for."""
+
+    details: dict[str, str]
+
+
+@dataclass(slots=True, kw_only=True)
 class ErrorEvent:
     """Anthropic's error object: a response body, and the stream's `error` event."""
 

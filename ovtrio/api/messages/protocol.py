@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ovtrio.api.errors import invalid
+from ovtrio.api.messages.errors import THREAD_UNSUPPORTED
 
 # Top-level fields accepted and ignored: service tiers, speed modes, effort, prompt-cache
 # breakpoints, code-execution containers, where inference runs, cache diagnostics and
@@ -185,6 +186,23 @@ class MessagesInput(_Strict):
     mcp_servers: Any = None
     user_profile_id: Any = None
     workspace_id: Any = None
+
+    # Message threads (the server holding a conversation between turns) are Anthropic's
+    # own service: a request that asks for one is refused before anything else, in the
+    # shape on which Anthropic's SDKs send the whole conversation again without it
+    # (errors.py, THREAD_UNSUPPORTED). `false` asks for none.
+    thread: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_thread(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("thread") not in (None, False):
+            raise invalid(
+                "Message threads are not supported by this server: send the whole conversation without 'thread'.",
+                "thread",
+                THREAD_UNSUPPORTED,
+            )
+        return data
 
     @model_validator(mode="after")
     def _check_input(self) -> MessagesInput:

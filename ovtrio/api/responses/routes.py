@@ -19,6 +19,7 @@ from ovtrio.api.context import response_store
 from ovtrio.api.errors import invalid
 from ovtrio.api.generation import accept, submitted
 from ovtrio.api.responses.events import ResponseEvents
+from ovtrio.api.responses.input_items import listed_item
 from ovtrio.api.responses.prepare import not_found, prepare
 from ovtrio.api.responses.protocol import ResponsesRequest
 from ovtrio.api.responses.running import response_events, unary_response
@@ -72,8 +73,8 @@ async def delete_response(response_id: str) -> Any:
 @blueprint.get("/v3/responses/<response_id>/input_items")
 @blueprint.get("/v1/responses/<response_id>/input_items")
 async def list_input_items(response_id: str) -> Any:
-    """A page of the input items, as OpenAI lists them: `limit` 1-100 (default 20),
-    `order` asc or desc (default desc), after the item `after`."""
+    """A page of the input items, as OpenAI lists them (input_items.py): `limit` 1-100
+    (default 20), `order` asc or desc (default desc), after the item `after`."""
     limit, order, after = _page_arguments()
     items = (await _stored(response_id)).input_items
     ordered = items if order == "asc" else items[::-1]
@@ -85,7 +86,7 @@ async def list_input_items(response_id: str) -> Any:
     page = ordered[:limit]
     return {
         "object": "list",
-        "data": page,
+        "data": [listed_item(item) for item in page],
         "first_id": page[0]["id"] if page else None,
         "last_id": page[-1]["id"] if page else None,
         "has_more": len(ordered) > limit,
