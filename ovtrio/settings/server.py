@@ -111,6 +111,12 @@ class ServerSettings(BaseModel):
     max_inputs_per_request: int = Field(
         2048, ge=1, description="most inputs in one embeddings request, and documents in one rerank request"
     )
+    encoder_max_request_tokens: int = Field(
+        65536,
+        ge=1,
+        description="most tokens one embeddings or rerank request may have computed (its inputs, or its query and"
+        " document pairs, as cut); a request with more gets 400 naming input or documents before any is computed",
+    )
     response_store_size: int = Field(1000, ge=0, description="stored responses kept for retrieval and chaining")
     response_store_ttl: float = Field(3600.0, gt=0, description="seconds a stored response is kept")
     response_store_bytes: int = Field(
