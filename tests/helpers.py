@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,3 +196,22 @@ ENDS_BY_ITSELF: dict[str, Any] = {
     "messages": [{"role": "user", "content": "Is the sky blue? Answer true or false."}],
     "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "boolean"}}},
 }
+
+
+def beside_innocent_streams(server: Any, hostile: Callable[[], None]) -> None:
+    """`hostile()` run while three ordinary chat streams go on: all three must end well."""
+    finished: list[list[str | None]] = []
+    streams = [
+        threading.Thread(
+            target=lambda: finished.append(chat_stream(server.base_url, max_tokens=8, temperature=0).finish_reasons)
+        )
+        for _ in range(3)
+    ]
+    for stream in streams:
+        stream.start()
+    try:
+        hostile()
+    finally:
+        for stream in streams:
+            stream.join(timeout=600)
+    assert len(finished) == 3 and all(reasons in (["length"], ["stop"]) for reasons in finished), finished

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import MODEL, RunningServer
 from encoder_fixtures import embedded_files, reranker_weights, write_reranker
-from helpers import assert_error, chat_stream, post
+from helpers import assert_error, beside_innocent_streams, post
 from numpy_bert import cross_encoder_score, mean_pooled
 from server_pool import server_fixture
 
@@ -384,25 +384,6 @@ def test_the_hypercorn_entry_point_serves_embeddings_too(hypercorn_server: Runni
     response = httpx.post(hypercorn_server.v1 + "/embeddings", json={"input": ["A man is eating food."]}, timeout=600)
     assert response.status_code == 200, response.text
     assert cosine(response.json()["data"][0]["embedding"], reference("A man is eating food.")) > 0.999
-
-
-def beside_innocent_streams(server: RunningServer, hostile: Callable[[], None]) -> None:
-    """`hostile()` run while three ordinary chat streams go on: all three must end well."""
-    finished: list[list[str | None]] = []
-    streams = [
-        threading.Thread(
-            target=lambda: finished.append(chat_stream(server.base_url, max_tokens=8, temperature=0).finish_reasons)
-        )
-        for _ in range(3)
-    ]
-    for stream in streams:
-        stream.start()
-    try:
-        hostile()
-    finally:
-        for stream in streams:
-            stream.join(timeout=600)
-    assert finished == [["length"]] * 3, finished
 
 
 def expected_ranking(query: str, documents: list[str]) -> list[tuple[float, int]]:
