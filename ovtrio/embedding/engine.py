@@ -185,8 +185,21 @@ class Embedder:
             total += count
         return fitted, total
 
-    def check_budget(self, tokens: int, param: str) -> None:
-        _check_budget(tokens, self.max_request_tokens, param)
+    def check_limits(self, counts: Sequence[int], truncate: int | None, names: Sequence[str]) -> None:
+        """Before any input is cut (which takes time too): an InputError naming the first
+        input over the model's limit even once cut to `truncate` (-1: the limit), or naming
+        `input` when the inputs together, each counted at most what it is cut to, have
+        more tokens than the server computes for one request."""
+        cut_to = self.limit if truncate == -1 else truncate
+        for count, param in zip(counts, names):
+            if min(count, cut_to or count) > self.limit:
+                raise InputError(
+                    f"Invalid value for '{param}': it has {min(count, cut_to or count)} tokens, more than this model's"
+                    f" limit of {self.limit}; shorten it, or set truncate_prompt_tokens to cut it.",
+                    param,
+                )
+        most = self.limit if cut_to is None else min(cut_to, self.limit)
+        _check_budget(sum(min(count, most) for count in counts), self.max_request_tokens, "input")
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """One unit vector per text (float32 [texts, dimensions]), `max_batch` at a time."""

@@ -45,9 +45,11 @@ class RerankWork:
 
 @dataclass
 class _Parts:
-    """A job's texts to embed, and the vectors of those computed so far."""
+    """A job's texts (as sent, with their tokens counted), and the vectors of those
+    computed so far."""
 
     texts: list[str]
+    counts: list[int]
     vectors: list[Any]
     done: int = 0
 
@@ -57,7 +59,7 @@ def _embed_batch(embedder: Embedder, jobs: Sequence[Job]) -> None:
     counted (one call of the tokenizer for every new job) and checked against the model's
     and the request's limits on its first turn; a job with an unusable input gets its error
     and the others go on. A job with more texts than the batch took is computed on later
-    turns (worker.py)."""
+    turns (worker.py), its texts cut (truncate_prompt_tokens) as their turn comes."""
     new = [job for job in jobs if job.progress is None]
     converted: list[tuple[Job, list[str]]] = []
     for job in new:
@@ -73,21 +75,28 @@ def _embed_batch(embedder: Embedder, jobs: Sequence[Job]) -> None:
         job_counts = counts[offset : offset + len(job_texts)]
         offset += len(job_texts)
         try:
-            fitted, job.tokens = embedder.fit(job_texts, job_counts, work.truncate, work.names)
-            embedder.check_budget(job.tokens, "input")
+            embedder.check_limits(job_counts, work.truncate, work.names)
         except Exception as exc:  # noqa: BLE001 (InputError: the job's own)
             job.error = exc
             continue
-        job.progress = _Parts(fitted, [])
+        job.progress = _Parts(job_texts, job_counts, [])
     texts: list[str] = []
     spans: list[tuple[Job, int, int]] = []
     for job in jobs:
         parts: _Parts | None = job.progress
         if job.error is not None or parts is None:
             continue
-        take = min(len(parts.texts) - parts.done, embedder.max_batch)  # what the worker counted it for
-        spans.append((job, len(texts), take))
-        texts.extend(parts.texts[parts.done : parts.done + take])
+        work = job.payload
+        end = parts.done + min(len(parts.texts) - parts.done, embedder.max_batch)  # what the worker counted it for
+        try:
+            part = slice(parts.done, end)
+            fitted, tokens = embedder.fit(parts.texts[part], parts.counts[part], work.truncate, work.names[part])
+        except Exception as exc:  # noqa: BLE001 (InputError: the job's own)
+            job.error = exc
+            continue
+        job.tokens += tokens
+        spans.append((job, len(texts), len(fitted)))
+        texts.extend(fitted)
     if not texts:
         return
     vectors = embedder.embed(texts)

@@ -132,7 +132,8 @@ class ServerSettings(BaseModel):
         65536,
         ge=1,
         description="most tokens one embeddings or rerank request may have computed (its inputs, or its query and"
-        " document pairs, as cut); a request with more gets 400 naming input or documents before any is computed",
+        " document pairs, each counted at most what it is cut to); a request with more gets 400 naming input or"
+        " documents before any is computed",
     )
     response_store_size: int = Field(1000, ge=0, description="stored responses kept for retrieval and chaining")
     response_store_ttl: float = Field(3600.0, gt=0, description="seconds a stored response is kept")
