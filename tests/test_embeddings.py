@@ -499,3 +499,26 @@ def test_a_one_input_request_waits_for_a_batch_of_a_large_one_not_all_of_it(enco
     holder.join(timeout=600)
     assert held and held[0].status_code == 200
     assert len(held[0].json()["data"]) == HOLDER_INPUTS
+
+
+def test_a_one_document_rerank_waits_for_a_batch_of_a_large_one_not_all_of_it(encoder_server: RunningServer) -> None:
+    def rerank(documents: list[str]) -> httpx.Response:
+        body = {"model": RERANKER, "query": "what is bread made of", "documents": documents}
+        return httpx.post(encoder_server.v1 + "/rerank", json=body, timeout=600)
+
+    rerank(["warm"])
+    batches = encoder_server.metric("ovtrio_encoder_batch_size_count", model_name=RERANKER)
+    held: list[httpx.Response] = []
+    documents = [f"{DOCUMENTS[index % len(DOCUMENTS)]} {index}" for index in range(MAX_INPUTS)]
+    holder = threading.Thread(target=lambda: held.append(rerank(documents)))
+    holder.start()
+    wait_for(
+        lambda: encoder_server.metric("ovtrio_encoder_batch_size_count", model_name=RERANKER) > batches,
+        "the large request started",
+    )
+    small = rerank(["Flour, water and yeast."])
+    assert small.status_code == 200
+    assert holder.is_alive(), "the one-document request waited for all of the large one"
+    holder.join(timeout=600)
+    assert held and held[0].status_code == 200
+    assert sorted(result["index"] for result in held[0].json()["results"]) == list(range(MAX_INPUTS))
