@@ -120,3 +120,55 @@ async def test_pixels_are_bounded_by_the_setting_and_a_jpeg_counted_at_its_reduc
 def test_images_decoded_at_once_are_bounded_by_the_setting_and_the_cores():
     assert load._decoding(ImageLimits(decodes=1)).total_tokens == 1
     assert load._decoding(ImageLimits(decodes=64)).total_tokens == max(1, load._CORES - 1)
+
+
+@pytest.fixture
+def redirecting_host():
+    """A loopback HTTP server: /one.png an image, /away a redirect to 127.0.0.2's /one.png."""
+    import http.server
+    import threading
+
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(png, "PNG")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/away":
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.2:{self.server.server_address[1]}/one.png")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(png.getvalue())))
+            self.end_headers()
+            self.wfile.write(png.getvalue())
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+
+
+async def test_a_redirect_to_an_address_not_allowed_is_refused(monkeypatch, redirecting_host):
+    from ovtrio.images import fetch
+
+    # 127.0.0.1 stands for a public address here, 127.0.0.2 for a private one.
+    monkeypatch.setattr(fetch, "is_public", lambda address: address == "127.0.0.1")
+    limits = ImageLimits(fetch_urls=True, fetch_timeout=5)
+    loaded = await load_image(f"http://127.0.0.1:{redirecting_host}/one.png", PARAM, limits)
+    assert loaded.pixels.shape == (8, 8, 3)
+    with pytest.raises(ImageError) as caught:
+        await load_image(f"http://127.0.0.1:{redirecting_host}/away", PARAM, limits)
+    assert caught.value.code == "image_url_unreachable"
+    direct = ImageError("", PARAM)
+    try:
+        await load_image(f"http://127.0.0.2:{redirecting_host}/one.png", PARAM, limits)
+    except ImageError as exc:
+        direct = exc
+    assert str(direct) == str(caught.value)  # the same words whatever stopped it
+    allowed = ImageLimits(fetch_urls=True, fetch_timeout=5, fetch_private=True)
+    assert (await load_image(f"http://127.0.0.1:{redirecting_host}/away", PARAM, allowed)).pixels.shape == (8, 8, 3)
