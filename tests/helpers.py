@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,3 +197,33 @@ ENDS_BY_ITSELF: dict[str, Any] = {
     "messages": [{"role": "user", "content": "Is the sky blue? Answer true or false."}],
     "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "boolean"}}},
 }
+
+
+def _innocent_stream(base_url: str, body: dict[str, Any]) -> str | None:
+    """A streamed chat request read to its end: its finish reason (None if it had none)."""
+    reason = None
+    with httpx.stream("POST", base_url + "/v1/chat/completions", json=body, timeout=600) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    reason = choice.get("finish_reason") or reason
+    return reason
+
+
+def beside_innocent_streams(server: Any, hostile: Callable[[], None], **params: Any) -> None:
+    """`hostile()` run while three ordinary chat streams (`params` added to each body) go
+    on: all three must end well."""
+    finished: list[str | None] = []
+    body = chat_body(stream=True, max_tokens=8, temperature=0, **params)
+    streams = [
+        threading.Thread(target=lambda: finished.append(_innocent_stream(server.base_url, body))) for _ in range(3)
+    ]
+    for stream in streams:
+        stream.start()
+    try:
+        hostile()
+    finally:
+        for stream in streams:
+            stream.join(timeout=600)
+    assert len(finished) == 3 and all(reason in ("length", "stop") for reason in finished), finished

@@ -108,3 +108,65 @@ async def test_a_closed_worker_fails_waiting_jobs_and_refuses_new_ones() -> None
     with pytest.raises(EncoderUnavailable):
         await worker.submit(Job("y", 1))
     assert failures == ["model_unavailable"]
+
+
+class PartedModel:
+    """Computes `max_batch` inputs of a job a turn (as the real models do); records each
+    batch as (payload, inputs) pairs; the first batch waits for `gate`."""
+
+    def __init__(self, max_batch: int) -> None:
+        self.max_batch = max_batch
+        self.batches: list[list[tuple[str, int]]] = []
+        self.gate = threading.Event()
+
+    def run(self, model: PartedModel, jobs: Sequence[Job]) -> None:
+        if not self.batches:
+            self.gate.wait(30)
+        batch = []
+        for job in jobs:
+            left = job.size if job.left < 0 else job.left
+            part = min(left, self.max_batch)
+            batch.append((job.payload, part))
+            job.left = left - part
+            if job.left:
+                job.more = True
+            else:
+                job.result = job.size
+        self.batches.append(batch)
+
+
+async def test_a_large_job_goes_a_batch_at_a_time_behind_what_came_meanwhile() -> None:
+    model = PartedModel(max_batch=4)
+    worker: EncoderWorker[PartedModel] = EncoderWorker(model.run, max_batch=4, max_queued=1)
+    finished: list[str] = []
+
+    async def submit(name: str, size: int) -> None:
+        await worker.submit(Job(name, size))
+        finished.append(name)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run, model)
+        nursery.start_soon(submit, "large", 12)
+        await _wait_until(lambda: worker.stats().running == 1)
+        # The large job in the thread holds no place of the queue: one more waits.
+        nursery.start_soon(submit, "small", 1)
+        await _wait_until(lambda: worker.stats().queued == 1)
+        model.gate.set()
+        await _wait_until(lambda: len(finished) == 2)
+        nursery.cancel_scope.cancel()
+    assert finished == ["small", "large"]
+    assert model.batches == [[("large", 4)], [("small", 1)], [("large", 4)], [("large", 4)]]
+
+
+async def test_a_large_job_whose_client_left_stops_after_its_batch() -> None:
+    model = PartedModel(max_batch=4)
+    worker: EncoderWorker[PartedModel] = EncoderWorker(model.run, max_batch=4, max_queued=4)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run, model)
+        with trio.move_on_after(0.2):  # the client leaves while its first batch runs
+            await worker.submit(Job("large", 12))
+        model.gate.set()
+        await _wait_until(lambda: len(model.batches) == 1 and worker.stats().running == 0)
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    assert model.batches == [[("large", 4)]]

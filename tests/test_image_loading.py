@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ovtrio.images import ImageError, ImageLimits, load_image
+from ovtrio.images import ImageError, ImageLimits, load, load_image
 
 PARAM = "messages[0].content[1].image_url"
 
@@ -101,3 +101,74 @@ async def test_the_data_scheme_is_read_in_any_case():
     image = Image.fromarray(np.full((8, 8, 3), 200, dtype=np.uint8))
     url = "DATA" + data_url(image)[len("data") :]
     assert (await load_image(url, PARAM, ImageLimits())).pixels.shape == (8, 8, 3)
+
+
+async def test_pixels_are_bounded_by_the_setting_and_a_jpeg_counted_at_its_reduced_scale():
+    small = Image.new("RGB", (300, 200), (1, 2, 3))
+    with pytest.raises(ImageError) as caught:
+        await load_image(data_url(small), PARAM, ImageLimits(max_pixels=300 * 200 - 1))
+    assert caught.value.code == "image_too_large" and "300x200" in str(caught.value)
+    assert (await load_image(data_url(small), PARAM, ImageLimits(max_pixels=300 * 200))).pixels.shape == (200, 300, 3)
+    # A JPEG over the pixels is decoded at a reduced scale (an eighth at most): counted so.
+    photo = Image.new("RGB", (4000, 3000), (9, 9, 9))
+    loaded = await load_image(data_url(photo, "JPEG"), PARAM, ImageLimits(max_side=500, max_pixels=1_000_000))
+    assert loaded.pixels.shape == (375, 500, 3)
+    with pytest.raises(ImageError):
+        await load_image(data_url(photo, "PNG"), PARAM, ImageLimits(max_side=500, max_pixels=1_000_000))
+
+
+def test_images_decoded_at_once_are_bounded_by_the_setting_and_the_cores():
+    assert load._decoding(ImageLimits(decodes=1)).total_tokens == 1
+    assert load._decoding(ImageLimits(decodes=64)).total_tokens == max(1, load._CORES - 1)
+
+
+@pytest.fixture
+def redirecting_host():
+    """A loopback HTTP server: /one.png an image, /away a redirect to 127.0.0.2's /one.png."""
+    import http.server
+    import threading
+
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(png, "PNG")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/away":
+                self.send_response(302)
+                self.send_header("Location", f"http://127.0.0.2:{self.server.server_address[1]}/one.png")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(png.getvalue())))
+            self.end_headers()
+            self.wfile.write(png.getvalue())
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+
+
+async def test_a_redirect_to_an_address_not_allowed_is_refused(monkeypatch, redirecting_host):
+    from ovtrio.images import fetch
+
+    # 127.0.0.1 stands for a public address here, 127.0.0.2 for a private one.
+    monkeypatch.setattr(fetch, "is_public", lambda address: address == "127.0.0.1")
+    limits = ImageLimits(fetch_urls=True, fetch_timeout=5)
+    loaded = await load_image(f"http://127.0.0.1:{redirecting_host}/one.png", PARAM, limits)
+    assert loaded.pixels.shape == (8, 8, 3)
+    with pytest.raises(ImageError) as caught:
+        await load_image(f"http://127.0.0.1:{redirecting_host}/away", PARAM, limits)
+    assert caught.value.code == "image_url_unreachable"
+    direct = ImageError("", PARAM)
+    try:
+        await load_image(f"http://127.0.0.2:{redirecting_host}/one.png", PARAM, limits)
+    except ImageError as exc:
+        direct = exc
+    assert str(direct) == str(caught.value)  # the same words whatever stopped it
+    allowed = ImageLimits(fetch_urls=True, fetch_timeout=5, fetch_private=True)
+    assert (await load_image(f"http://127.0.0.1:{redirecting_host}/away", PARAM, allowed)).pixels.shape == (8, 8, 3)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import base64
 import functools
+import gzip
 import http.server
 import io
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from PIL import Image
 import loopback
 import tiny_vlm
 from conftest import sample_value
+from helpers import beside_innocent_streams
 from server_pool import server_fixture
 
 MODEL = "vlm"
@@ -46,6 +49,19 @@ vlm_server = server_fixture(
 )
 vlm_fetching_server = server_fixture(
     "vlm_fetching_server",
+    "--model",
+    "{folder}/vlm",
+    "--served-model-name",
+    MODEL,
+    "--image-urls",
+    "--image-fetch-private-addresses",  # the test's image host is on loopback
+    "--image-fetch-timeout",
+    "2",
+    prepare=build_vlm,
+)
+# The same without leave to fetch from private addresses: the default of --image-urls.
+vlm_fetching_public_server = server_fixture(
+    "vlm_fetching_public_server",
     "--model",
     "{folder}/vlm",
     "--served-model-name",
@@ -297,6 +313,40 @@ def test_an_image_over_the_byte_limit_is_refused(client):
     assert body["code"] == "image_too_large" and body["param"] == "messages[0].content[1].image_url"
 
 
+def peak_rss_mb(server) -> float:
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
+
+
+@functools.cache
+def canvases() -> list[tuple[str, str]]:
+    """Images of 9400x9400 pixels, small as files: a 3.4 KB lossless WebP, and PNGs."""
+    flat = Image.new("RGB", (9400, 9400), (40, 90, 200))
+    webp = io.BytesIO()
+    flat.save(webp, "WEBP", lossless=True)
+    return [
+        ("webp", data_url(webp.getvalue(), "image/webp")),
+        ("png", data_url(encoded(flat), "image/png")),
+        ("png-grey", data_url(encoded(Image.new("L", (9400, 9400), 7)), "image/png")),
+    ]
+
+
+def test_an_image_of_too_many_pixels_is_refused_before_it_is_decoded(client, vlm_server):
+    before = peak_rss_mb(vlm_server)
+    bodies = []
+
+    def hostile() -> None:
+        for _, url in canvases():
+            bodies.append(bad_request(client, url))
+
+    beside_innocent_streams(vlm_server, hostile, model=MODEL)
+    for body in bodies:
+        assert body["code"] == "image_too_large" and body["param"] == "messages[0].content[1].image_url"
+        assert "9400x9400" in body["message"] and "--max-image-pixels" in body["message"]
+    # Decoding any one of them took a process to a peak of 0.8-1.5 GB.
+    assert peak_rss_mb(vlm_server) - before < 200
+
+
 def test_more_images_than_the_limit_are_refused(client):
     url = image_url(1)
     content = [{"type": "image_url", "image_url": {"url": url}} for _ in range(4)]
@@ -345,12 +395,37 @@ def test_a_vlm_takes_completions_prompts_as_text_and_refuses_token_ids(client):
 # ---- image URLs, on a server that fetches them -------------------------------------------
 
 
+class CompressingHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves the folder; /gzip/NAME and /deflate/NAME send NAME compressed so, and
+    /bomb.png a gzip body of 64 MB of zeros (64 kB sent)."""
+
+    def do_GET(self) -> None:
+        encoding, _, name = self.path.lstrip("/").partition("/")
+        if self.path == "/bomb.png":
+            encoding, body = "gzip", BOMB
+        elif encoding in ("gzip", "deflate"):
+            raw = (Path(self.directory) / name).read_bytes()
+            body = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+        else:
+            super().do_GET()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.send_header("Content-Encoding", encoding)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+BOMB = gzip.compress(bytes(64 * 1024 * 1024), compresslevel=9)
+
+
 @pytest.fixture(scope="module")
 def image_host(tmp_path_factory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("images")
     (root / "one.png").write_bytes(encoded(Image.fromarray(pixels(1))))
     (root / "text.png").write_bytes(b"not an image")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler = functools.partial(CompressingHandler, directory=str(root))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -369,6 +444,73 @@ def test_a_fetching_server_reads_http_image_urls(vlm_fetching_server, image_host
         ("file:///etc/hostname", "invalid_image_url"),
     ):
         assert bad_request(client, url)["code"] == code
+
+
+def test_compressed_image_bodies_are_read_and_bounded(vlm_fetching_server, image_host):
+    client = OpenAI(base_url=vlm_fetching_server.v1, api_key="unused", max_retries=0)
+    plain = ask(client, user_with_image(f"{image_host}/one.png"))
+    assert ask(client, user_with_image(f"{image_host}/gzip/one.png")) == plain
+    assert ask(client, user_with_image(f"{image_host}/deflate/one.png")) == plain
+    bodies = []
+    beside_innocent_streams(
+        vlm_fetching_server, lambda: bodies.append(bad_request(client, f"{image_host}/bomb.png")), model=MODEL
+    )
+    assert bodies[0]["code"] == "image_too_large"
+
+
+def test_compressed_bodies_are_decompressed_off_the_event_loop(vlm_fetching_server, image_host):
+    client = OpenAI(base_url=vlm_fetching_server.v1, api_key="unused", max_retries=0)
+    latencies: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            started = time.perf_counter()
+            loopback.get(vlm_fetching_server.base_url + "/health", timeout=30)
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.005)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    bombs = [threading.Thread(target=bad_request, args=(client, f"{image_host}/bomb.png")) for _ in range(8)]
+    try:
+        for bomb in bombs:
+            bomb.start()
+        for bomb in bombs:
+            bomb.join(timeout=120)
+    finally:
+        done.set()
+        prober.join()
+    # Each bomb inflated on the event loop held it for tens of milliseconds.
+    assert max(latencies) < 0.25, sorted(latencies)[-5:]
+
+
+def test_a_server_fetches_from_public_addresses_only_by_default(vlm_fetching_public_server, image_host):
+    client = OpenAI(base_url=vlm_fetching_public_server.v1, api_key="unused", max_retries=0)
+    port = image_host.rsplit(":", 1)[1]
+    refused = [
+        f"{image_host}/one.png",  # an image is there
+        f"http://localhost:{port}/one.png",
+        f"http://[::1]:{port}/one.png",
+        f"http://127.0.0.2:{port}/one.png",
+        f"{image_host}/missing.png",  # nothing is there
+        "http://127.0.0.1:9/refused.png",  # no one listens
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.0.0.1/a.png",
+        "http://192.168.0.1/a.png",
+        "http://0.0.0.0:9/a.png",
+    ]
+    bodies = []
+    beside_innocent_streams(
+        vlm_fetching_public_server, lambda: bodies.extend(bad_request(client, url) for url in refused), model=MODEL
+    )
+    # One answer for all: the reply does not tell what is at an address.
+    assert {(body["code"], body["message"], body["param"]) for body in bodies} == {
+        (bodies[0]["code"], bodies[0]["message"], "messages[0].content[1].image_url")
+    }
+    assert bodies[0]["code"] == "image_url_unreachable"
+    credentials = bad_request(client, "http://user:secret@example.com/a.png")
+    assert credentials["code"] == "invalid_image_url" and "user name or password" in credentials["message"]
 
 
 def test_the_responses_websocket_takes_input_images(client):

@@ -153,3 +153,23 @@ def test_bodies_arriving_together_are_read_one_at_a_time(monkeypatch):
         parsed = json.loads(results[name].json)
         results[name].restore(parsed)
         assert parsed == json.loads(raw)
+
+
+def test_restore_says_whether_every_string_was_in_a_field_that_may_hold_one():
+    from pydantic import BaseModel
+
+    from ovtrio.api.protocol.chat_messages import ImagePart, ImageURL
+
+    class Body(BaseModel):
+        parts: list[ImagePart]
+        metadata: dict[str, str] = {}
+
+    in_image = lifted(json.dumps({"parts": [{"type": "image_url", "image_url": {"url": LONG}}]}).encode())
+    body = Body.model_validate_json(in_image.json)
+    assert in_image.restore(body) and body.parts[0].image_url == ImageURL(url=LONG)
+    as_string = lifted(json.dumps({"parts": [{"type": "image_url", "image_url": LONG}]}).encode())
+    body = Body.model_validate_json(as_string.json)
+    assert as_string.restore(body) and body.parts[0].image_url == LONG
+    in_metadata = lifted(json.dumps({"parts": [], "metadata": {"k": LONG}}).encode())
+    body = Body.model_validate_json(in_metadata.json)
+    assert not in_metadata.restore(body)

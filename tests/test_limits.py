@@ -15,7 +15,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 import loopback
-from helpers import assert_error, post
+from helpers import assert_error, beside_innocent_streams, post
 from server_pool import server_fixture
 from test_responses_socket import receive_json, ws_url
 
@@ -298,6 +298,40 @@ BAD_METADATA = [
 def test_metadata_is_checked_as_openai_does(server, path, metadata, param):
     body = {CHAT: chat_body, COMPLETIONS: completion_body, RESPONSES: response_body}[path](metadata=metadata)
     assert_error(post(server.base_url, path, body), 400, param=param)
+
+
+def data_string(characters: int) -> str:
+    return ("data:text/plain;base64," + "QUJD" * characters)[:characters]
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, RESPONSES])
+@pytest.mark.parametrize("characters", [600, 1_200_000], ids=["small-body", "body-over-1-MiB"])
+def test_a_data_string_in_metadata_is_checked_in_a_body_of_any_size(server, path, characters):
+    """Data URLs are lifted out of bodies over 1 MiB before parsing; one that is not an
+    image's is checked as any string is."""
+    body = {CHAT: chat_body, COMPLETIONS: completion_body, RESPONSES: response_body}[path](
+        metadata={"k": data_string(characters)}
+    )
+    assert (len(json.dumps(body)) > 1024 * 1024) == (characters > 1024 * 1024)
+    replies = []
+    beside_innocent_streams(server, lambda: replies.append(post(server.base_url, path, body)))
+    assert_error(replies[0], 400, param="metadata.k")
+    # A data string in a text field is text: the body is served as a whole parse serves it.
+    text = {CHAT: chat_body, COMPLETIONS: completion_body, RESPONSES: response_body}[path](data_string(characters))
+    response = post(server.base_url, path, text)
+    assert response.status_code in (200, 400), response.text
+    if response.status_code == 400:  # more than the context holds, counted as text
+        assert response.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_the_websocket_checks_a_data_string_in_metadata_in_a_large_frame(server):
+    async with open_websocket_url(ws_url(server), max_message_size=8 * 1024 * 1024) as ws:
+        for characters in (600, 1_200_000):
+            request = response_body(metadata={"k": data_string(characters)})
+            await ws.send_message(json.dumps({"type": "response.create", **request}))
+            with trio.fail_after(60):
+                error = await receive_json(ws)
+            assert error["type"] == "error" and error["param"] == "metadata.k", error
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, RESPONSES])

@@ -90,16 +90,20 @@ async def parse_body(model_type: type[Body]) -> Body:
     assert isinstance(raw, (bytes, bytearray))  # as_text=False (a bytearray: request_body.py)
     try:
         lifted = await lift_data_urls(raw)
-        if len(lifted.json) <= LARGE_BODY_BYTES:
-            body = model_type.model_validate_json(lifted.json)
-        else:
-            async with _LARGE_BODY_PARSE:
-                await trio.lowlevel.checkpoint()
-                body = model_type.model_validate_json(lifted.json)
+        body = await _validated(model_type, lifted.json)
+        if not lifted.restore(body):  # a lifted string outside an image's field: every check, on the whole
+            body = await _validated(model_type, raw)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
-    lifted.restore(body)
     return body
+
+
+async def _validated(model_type: type[Body], json: bytes | bytearray | str) -> Body:
+    if len(json) <= LARGE_BODY_BYTES:
+        return model_type.model_validate_json(json)
+    async with _LARGE_BODY_PARSE:
+        await trio.lowlevel.checkpoint()
+        return model_type.model_validate_json(json)
 
 
 async def accept(model_type: type[Routed]) -> tuple[Routed, ServingModel]:

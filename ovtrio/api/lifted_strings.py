@@ -15,6 +15,11 @@ opens a string), it holds no backslash, so the next quote closes it, and it is A
 Anything else stays in the JSON and is parsed as before. (A raw control character in a
 lifted string, which JSON forbids, is not looked for, since that would cost more than
 the parse saved; in an image's URL it is not base64, a 400 naming the part.)
+
+A lifted string skips the checks its field makes (a placeholder is short), so only the
+fields that hold images' data URLs may keep one: a model names them in `LIFTED_FIELDS`.
+When a string lands anywhere else (a `metadata` value, a text), `restore` says so and the
+caller parses the whole body as it came, with every check.
 """
 
 from __future__ import annotations
@@ -48,10 +53,15 @@ class LiftedBody:
     json: bytes | bytearray | str
     strings: dict[str, str] = field(default_factory=dict)
 
-    def restore(self, body: object) -> None:
-        """Put the lifted strings back into the parsed body, in place of their placeholders."""
-        if self.strings:
-            _restore(body, self.strings)
+    def restore(self, body: object) -> bool:
+        """Put the lifted strings back into the parsed body, in place of their placeholders;
+        whether every one of them was in a field that may hold one (a model's
+        `LIFTED_FIELDS`). When not, the body must be parsed again from the whole JSON."""
+        if not self.strings:
+            return True
+        misplaced: list[str] = []
+        _restore(body, self.strings, misplaced)
+        return not misplaced
 
 
 async def lift_data_urls(raw: bytes | bytearray | str) -> LiftedBody:
@@ -110,27 +120,33 @@ def _escaped(raw: bytes | bytearray | str, quote: int) -> bool:
     return run % 2 == 1
 
 
-def _restore(node: Any, strings: dict[str, str]) -> Any:
+def _restore(node: Any, strings: dict[str, str], misplaced: list[str], field_ok: bool = False) -> Any:
     """`node` with every placeholder string in it replaced, walking models, lists, tuples
-    and dicts (in place where it can)."""
+    and dicts (in place where it can); a placeholder found outside a model's
+    LIFTED_FIELDS (`field_ok`: the node is such a field's value) is added to `misplaced`."""
     if isinstance(node, str):
-        return strings.get(node, node) if node.startswith(_PLACEHOLDER) else node
+        if not node.startswith(_PLACEHOLDER) or node not in strings:
+            return node
+        if not field_ok:
+            misplaced.append(node)
+        return strings[node]
     if isinstance(node, BaseModel):
+        fields: frozenset[str] = getattr(node, "LIFTED_FIELDS", frozenset())
         values = node.__dict__
         for name, value in values.items():
-            values[name] = _restore(value, strings)
+            values[name] = _restore(value, strings, misplaced, name in fields)
         extra = node.__pydantic_extra__
         for name, value in (extra or {}).items():
-            extra[name] = _restore(value, strings)  # type: ignore[index]
+            extra[name] = _restore(value, strings, misplaced)  # type: ignore[index]
         return node
     if isinstance(node, list):
         for index, value in enumerate(node):
-            node[index] = _restore(value, strings)
+            node[index] = _restore(value, strings, misplaced)
         return node
     if isinstance(node, tuple):
-        return tuple(_restore(value, strings) for value in node)
+        return tuple(_restore(value, strings, misplaced) for value in node)
     if isinstance(node, dict):
         for key, value in node.items():
-            node[key] = _restore(value, strings)
+            node[key] = _restore(value, strings, misplaced)
         return node
     return node

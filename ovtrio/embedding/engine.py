@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ovtrio.embedding.kinds import max_input_tokens, normalizes, pooling_of
+from ovtrio.embedding.pairs import safe_groups
 from ovtrio.errors import FieldError
 from ovtrio.model.loading import engine_error_reason
 from ovtrio.model.source import ModelLoadError
@@ -47,6 +48,17 @@ class EncoderOptions:
     properties: dict[str, Any]
     max_batch: int
     max_documents: int  # most documents in one rerank request
+    max_request_tokens: int = 65536  # most tokens one request may have computed
+
+
+def _check_budget(tokens: int, limit: int, param: str) -> None:
+    """An InputError when one request's `tokens` are more than the server computes for one."""
+    if tokens > limit:
+        raise InputError(
+            f"Invalid value for '{param}': it has {tokens} tokens in all, more than this server computes for one"
+            f" request ({limit}); send it in smaller requests.",
+            param,
+        )
 
 
 class _Tokens:
@@ -124,6 +136,7 @@ class Embedder:
         self.limit = max_input_tokens(folder)
         self.pooling = pooling_of(folder)
         self.max_batch = options.max_batch
+        self.max_request_tokens = options.max_request_tokens
         config = openvino_genai.TextEmbeddingPipeline.Config()
         config.pooling_type = getattr(openvino_genai.TextEmbeddingPipeline.PoolingType, self.pooling)
         config.normalize = normalizes(folder)
@@ -172,6 +185,22 @@ class Embedder:
             total += count
         return fitted, total
 
+    def check_limits(self, counts: Sequence[int], truncate: int | None, names: Sequence[str]) -> None:
+        """Before any input is cut (which takes time too): an InputError naming the first
+        input over the model's limit even once cut to `truncate` (-1: the limit), or naming
+        `input` when the inputs together, each counted at most what it is cut to, have
+        more tokens than the server computes for one request."""
+        cut_to = self.limit if truncate == -1 else truncate
+        for count, param in zip(counts, names):
+            if min(count, cut_to or count) > self.limit:
+                raise InputError(
+                    f"Invalid value for '{param}': it has {min(count, cut_to or count)} tokens, more than this model's"
+                    f" limit of {self.limit}; shorten it, or set truncate_prompt_tokens to cut it.",
+                    param,
+                )
+        most = self.limit if cut_to is None else min(cut_to, self.limit)
+        _check_budget(sum(min(count, most) for count in counts), self.max_request_tokens, "input")
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """One unit vector per text (float32 [texts, dimensions]), `max_batch` at a time."""
         parts = [
@@ -185,7 +214,8 @@ class Reranker:
     """A TextRerankPipeline: scores documents against a query with a cross-encoder.
 
     Each pair is cut to the model's limit by the pipeline (Config.max_length), as
-    rerank APIs do with long documents."""
+    rerank APIs do with long documents. The documents of a request go to the pipeline
+    in groups that keep clear of a memory corruption in its tokenizer (pairs.py)."""
 
     kind = "rerank"
 
@@ -194,6 +224,8 @@ class Reranker:
 
         started = time.perf_counter()
         self.limit = max_input_tokens(folder)
+        self.max_batch = options.max_batch
+        self.max_request_tokens = options.max_request_tokens
         config = openvino_genai.TextRerankPipeline.Config()
         config.top_n = options.max_documents
         config.max_length = self.limit
@@ -205,12 +237,63 @@ class Reranker:
             raise _engine_error("rerank model", folder, options, exc) from None
         self.load_seconds = time.perf_counter() - started
 
-    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[tuple[int, float]], int]:
-        """(index, score) of every document, best first, and the tokens of the pairs."""
+    def plan(self, query: str, documents: Sequence[str]) -> RerankPlan:
+        """The request's documents in the calls that score them, its tokens counted and
+        checked against the request's limit (an InputError naming `documents` beyond it)."""
+        query_tokens, *document_tokens = self.tokens.counts([query, *documents])
         # A pair is [CLS] query [SEP] document [SEP]: one special token fewer than the two
         # texts alone have.
-        query_tokens, *document_tokens = self.tokens.counts([query, *documents])
+        pair_special = self.tokens.special + self.tokens.special // 2
         tokens = sum(min(self.limit, query_tokens + count - self.tokens.special // 2) for count in document_tokens)
-        scores = [(int(index), float(score)) for index, score in self.pipeline.rerank(query, list(documents))]
-        scores.sort(key=lambda pair: (-pair[1], pair[0]))
-        return scores, tokens
+        _check_budget(tokens, self.max_request_tokens, "documents")
+        content = [count - self.tokens.special for count in document_tokens]
+        calls: list[list[list[int]]] = []  # per part (a batch of documents), its calls
+        for start in range(0, len(documents), self.max_batch):
+            part = content[start : start + self.max_batch]
+            groups = safe_groups(query_tokens - self.tokens.special, part, self.limit - pair_special)
+            calls.append([[start + index for index in group] for group in groups])
+        return RerankPlan(self, query, list(documents), calls, tokens)
+
+    def score(self, query: str, documents: Sequence[str]) -> list[float]:
+        """The score of each of `documents`, in their order, in one call of the pipeline
+        (pairs.py says which calls are safe)."""
+        scores = [0.0] * len(documents)
+        for index, score in self.pipeline.rerank(query, list(documents)):
+            scores[int(index)] = float(score)
+        return scores
+
+    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[tuple[int, float]], int]:
+        """(index, score) of every document, best first, and the tokens of the pairs."""
+        plan = self.plan(query, documents)
+        while plan.left:
+            plan.score_next()
+        return plan.ranked(), plan.tokens
+
+
+class RerankPlan:
+    """One request's documents, scored a part (a batch of documents) per `score_next()`."""
+
+    def __init__(
+        self, reranker: Reranker, query: str, documents: list[str], calls: list[list[list[int]]], tokens: int
+    ) -> None:
+        self._reranker = reranker
+        self._query = query
+        self._documents = documents
+        self._calls = calls
+        self._next = 0
+        self._scores: dict[int, float] = {}
+        self.tokens = tokens
+
+    @property
+    def left(self) -> int:
+        return len(self._documents) - len(self._scores)
+
+    def score_next(self) -> None:
+        for group in self._calls[self._next]:
+            scores = self._reranker.score(self._query, [self._documents[index] for index in group])
+            self._scores.update(zip(group, scores))
+        self._next += 1
+
+    def ranked(self) -> list[tuple[int, float]]:
+        """(index, score) of every document, best first (the lower index first on a tie)."""
+        return sorted(self._scores.items(), key=lambda pair: (-pair[1], pair[0]))

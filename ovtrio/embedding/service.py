@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import trio
 
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME, embedded_embedder_folder
@@ -42,42 +43,89 @@ class RerankWork:
     documents: Sequence[str]
 
 
+@dataclass
+class _Parts:
+    """A job's texts (as sent, with their tokens counted), and the vectors of those
+    computed so far."""
+
+    texts: list[str]
+    counts: list[int]
+    vectors: list[Any]
+    done: int = 0
+
+
 def _embed_batch(embedder: Embedder, jobs: Sequence[Job]) -> None:
-    """Every job's inputs in one list for the pipeline, counted in one call of the
-    tokenizer; a job with an unusable input gets its error and the others go on."""
+    """Up to a batch of texts of the jobs, in one list for the pipeline. A job's texts are
+    counted (one call of the tokenizer for every new job) and checked against the model's
+    and the request's limits on its first turn; a job with an unusable input gets its error
+    and the others go on. A job with more texts than the batch took is computed on later
+    turns (worker.py), its texts cut (truncate_prompt_tokens) as their turn comes."""
+    new = [job for job in jobs if job.progress is None]
     converted: list[tuple[Job, list[str]]] = []
-    for job in jobs:
+    for job in new:
         work: EmbeddingWork = job.payload
         try:
             converted.append((job, embedder.texts_of(work.inputs, work.names)))
         except Exception as exc:  # noqa: BLE001 (InputError, or the tokenizer refusing the ids: the job's own)
             job.error = exc
     counts = embedder.counts([text for _, texts in converted for text in texts])
-    texts: list[str] = []
-    spans: list[tuple[Job, int, int]] = []
     offset = 0
     for job, job_texts in converted:
         work = job.payload
         job_counts = counts[offset : offset + len(job_texts)]
         offset += len(job_texts)
         try:
-            fitted, job.tokens = embedder.fit(job_texts, job_counts, work.truncate, work.names)
+            embedder.check_limits(job_counts, work.truncate, work.names)
         except Exception as exc:  # noqa: BLE001 (InputError: the job's own)
             job.error = exc
             continue
+        job.progress = _Parts(job_texts, job_counts, [])
+    texts: list[str] = []
+    spans: list[tuple[Job, int, int]] = []
+    for job in jobs:
+        parts: _Parts | None = job.progress
+        if job.error is not None or parts is None:
+            continue
+        work = job.payload
+        end = parts.done + min(len(parts.texts) - parts.done, embedder.max_batch)  # what the worker counted it for
+        try:
+            part = slice(parts.done, end)
+            fitted, tokens = embedder.fit(parts.texts[part], parts.counts[part], work.truncate, work.names[part])
+        except Exception as exc:  # noqa: BLE001 (InputError: the job's own)
+            job.error = exc
+            continue
+        job.tokens += tokens
         spans.append((job, len(texts), len(fitted)))
         texts.extend(fitted)
     if not texts:
         return
     vectors = embedder.embed(texts)
     for job, start, count in spans:
-        job.result = vectors[start : start + count]
+        parts = job.progress
+        parts.vectors.append(vectors[start : start + count])
+        parts.done += count
+        job.left = len(parts.texts) - parts.done
+        if job.left:
+            job.more = True
+        else:
+            job.result = np.concatenate(parts.vectors)
 
 
 def _rerank_batch(reranker: Reranker, jobs: Sequence[Job]) -> None:
+    """A batch of a job's documents: measured (and checked against the request's limit)
+    on its first turn, scored a batch of documents a turn."""
     for job in jobs:
         work: RerankWork = job.payload
-        job.result, job.tokens = reranker.rerank(work.query, work.documents)
+        if job.progress is None:
+            job.progress = reranker.plan(work.query, work.documents)
+            job.tokens = job.progress.tokens
+        plan = job.progress
+        plan.score_next()
+        job.left = plan.left
+        if plan.left:
+            job.more = True
+        else:
+            job.result = plan.ranked()
 
 
 class EncoderService:
@@ -137,6 +185,7 @@ class EncoderService:
             properties=hints,
             max_batch=settings.encoder_max_batch,
             max_documents=settings.max_inputs_per_request,
+            max_request_tokens=settings.encoder_max_request_tokens,
         )
         model_class = Embedder if self.kind == "embedding" else Reranker
         return model_class(folder, options)

@@ -12,6 +12,11 @@ Admission follows the generation scheduler's rules (scheduler/admission.py): at 
 retry hint is the recent queue time. A job whose client left before its batch started
 is dropped from the batch: it costs nothing.
 
+A job of more inputs than a batch holds is computed a batch at a time: after each part,
+it goes back to the end of the queue, so a request that comes meanwhile waits for one
+part, not for the whole of a large request, and a large request whose client left stops
+at the end of its current part.
+
 Clients that send one text at a time send their next request once their reply comes:
 when a batch ends, its clients are still reading their replies, and a worker that took
 only what had arrived by then ran small batches, and this wait makes them larger (see
@@ -49,7 +54,8 @@ class EncoderUnavailable(Exception):
 @dataclass(eq=False)
 class Job:
     """One request's work: `payload` for the model, `size` inputs; the thread sets
-    `result` or `error`, and `tokens`."""
+    `result` or `error`, and `tokens`. A job computed in parts keeps its own state in
+    `progress`, `left` inputs still to compute, and sets `more` while some are."""
 
     payload: Any
     size: int
@@ -57,6 +63,9 @@ class Job:
     error: BaseException | None = None
     tokens: int = 0
     abandoned: bool = False
+    progress: Any = None
+    more: bool = False
+    left: int = -1
     queued_at: float = field(default_factory=time.monotonic)
     done: trio.Event = field(default_factory=trio.Event)
 
@@ -105,7 +114,7 @@ class EncoderWorker(Generic[Model]):
         self._last_seconds = 0.0
 
     def stats(self) -> WorkerStats:
-        return WorkerStats(queued=len(self._queue), running=self._running, rejected=self._rejected)
+        return WorkerStats(queued=self._waiting_jobs(), running=self._running, rejected=self._rejected)
 
     async def submit(self, job: Job) -> Job:
         """Queue `job` and wait for it to be computed. Raises Overloaded when the queue
@@ -113,11 +122,12 @@ class EncoderWorker(Generic[Model]):
         left), the job is dropped if its batch has not started."""
         if self._closed is not None:
             raise self._closed
-        if len(self._queue) >= self._max_queued:
+        waiting = self._waiting_jobs()
+        if waiting >= self._max_queued:
             self._rejected += 1
             self._observer.rejected()
             raise Overloaded(
-                f"The server has {len(self._queue)} requests waiting for this model; retry later.",
+                f"The server has {waiting} requests waiting for this model; retry later.",
                 self._retry.seconds(),
             )
         self._queue.append(job)
@@ -148,15 +158,25 @@ class EncoderWorker(Generic[Model]):
             if job.abandoned:
                 self._queue.popleft()
                 continue
-            if batch and (not self._batch_jobs or inputs + job.size > self._max_batch):
+            part = self.part_of(job)
+            if batch and (not self._batch_jobs or inputs + part > self._max_batch):
                 break
             self._queue.popleft()
             batch.append(job)
-            inputs += job.size
+            inputs += part
         return batch
 
+    def _waiting_jobs(self) -> int:
+        """Jobs queued that have not started: those back in the queue for their next part
+        hold no place of `max_queued`, as a job in the thread does not."""
+        return sum(1 for job in self._queue if job.left < 0)
+
+    def part_of(self, job: Job) -> int:
+        """The inputs of `job` its next batch takes: all it has left, up to a batch."""
+        return min(job.size if job.left < 0 else job.left, self._max_batch)
+
     def _waiting_inputs(self) -> int:
-        return sum(job.size for job in self._queue if not job.abandoned)
+        return sum(self.part_of(job) for job in self._queue if not job.abandoned)
 
     async def _gather(self) -> None:
         """Wait a little for the clients of the last batch to come back (see above)."""
@@ -182,18 +202,30 @@ class EncoderWorker(Generic[Model]):
             for job in batch:
                 self._retry.observe(now - job.queued_at)
             self._running = len(batch)
-            self._last_inputs = sum(job.size for job in batch)
-            self._observer.batch(self._last_inputs)
+            parts = [self.part_of(job) for job in batch]
+            self._last_inputs = sum(parts)
             started = time.monotonic()
             try:
                 await trio.to_thread.run_sync(self._compute, model, batch, limiter=self._thread)
             finally:
                 self._last_seconds = time.monotonic() - started
                 self._running = 0
+                # The batch as computed: a job refused on its first turn (an input over a
+                # limit) had none of its inputs computed.
+                computed = sum(part for part, job in zip(parts, batch) if job.error is None)
+                if computed:
+                    self._observer.batch(computed)
                 for job in batch:
+                    if job.more and job.error is None and not job.abandoned:
+                        if self._closed is None:
+                            self._queue.append(job)  # its next part waits behind what came meanwhile
+                            continue
+                        job.error = self._closed
                     job.done.set()
 
     def _compute(self, model: Model, batch: Sequence[Job]) -> None:
+        for job in batch:
+            job.more = False
         try:
             self._run_batch(model, batch)
         except Exception as exc:  # noqa: BLE001 (the engine failed: every job of the batch gets it)

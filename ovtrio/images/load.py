@@ -2,15 +2,23 @@
 
 - `data:` URLs (base64): png, jpeg, webp and gif (its first frame), as OpenAI takes them.
 - `http(s):` URLs only when the server allows fetching (`--image-urls`): fetched with a
-  timeout, a size cap read as the bytes arrive, and no redirect to another scheme. Off
-  by default: a server that fetches any URL it is sent can be made to reach addresses
-  only it can (cloud metadata, internal services).
+  timeout, a size cap read as the bytes arrive, no redirect to another scheme, and only
+  from public addresses unless allowed (fetch.py). Off by default: a server that fetches
+  any URL it is sent can be made to reach addresses only it can (cloud metadata,
+  internal services).
 - Any other scheme (`file:` among them) is refused.
 
 Decoding runs in a worker thread (Pillow releases the GIL while it decodes), so a large
 image never holds the event loop. Images whose longer side exceeds the limit are
 resized down (aspect kept), not refused; palette, greyscale, CMYK and images with an
 alpha channel are converted to RGB (alpha over white, as a viewer shows it).
+
+What decoding costs in memory is set by the pixels, not the bytes: a 3.4 KB lossless
+WebP of 9400x9400 pixels took a decoding process to a 1.5 GB peak. So the size an image
+declares in its header is read first (Pillow reads it without decoding), and an image
+that would decode to more than `max_pixels` (a JPEG counted at the reduced scale it is
+decoded at) is refused before any of it is decoded; and at most `decodes` images are
+decoded at once, so the memory decoding takes is bounded by the two settings.
 
 Every failure is an ImageError naming the request field at fault, for a 400.
 """
@@ -29,17 +37,27 @@ import pybase64
 import trio
 
 from ovtrio.errors import FieldError
+from ovtrio.images.fetch import FetchRefused, TooLarge, fetch
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<base64>;base64)?,", re.I)
 
 
-# Images decoded at once, in worker threads: one fewer than the CPU's cores (at least
-# one), so that decoding leaves a core to the event loop and the engine. On the 2-core
-# Xeon, /health p99 during a burst of 8 requests of 4 images each was 45 ms with two
-# decoding threads and 30 ms with one (docs/benchmarks.md#images).
+# Images decoded at once, in worker threads: at most `ImageLimits.decodes` (memory, see
+# above) and at most one fewer than the CPU's cores (at least one), so that decoding
+# leaves a core to the event loop and the engine. On the 2-core Xeon, /health p99 during
+# a burst of 8 requests of 4 images each was 45 ms with two decoding threads and 30 ms
+# with one (docs/benchmarks.md#images). One limiter for the process: every model's
+# images share it.
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-_DECODING = trio.CapacityLimiter(max(1, _CORES - 1))
+_DECODING = trio.CapacityLimiter(1)
+
+
+def _decoding(limits: ImageLimits) -> trio.CapacityLimiter:
+    wanted = max(1, min(limits.decodes, _CORES - 1))
+    if _DECODING.total_tokens != wanted:
+        _DECODING.total_tokens = wanted
+    return _DECODING
 
 
 class ImageError(FieldError):
@@ -54,8 +72,11 @@ class ImageLimits:
     max_images: int = 4  # per request
     max_bytes: int = 10 * 1024 * 1024  # per image, encoded
     max_side: int = 2048  # longer side in pixels; larger images are resized down
+    max_pixels: int = 16 * 1024 * 1024  # most pixels an image may decode to; more are refused before decoding
+    decodes: int = 2  # images decoded at once (at most one fewer than the cores)
     fetch_urls: bool = False  # http(s) URLs
     fetch_timeout: float = 10.0  # seconds, per image
+    fetch_private: bool = False  # fetch from loopback, private and link-local addresses too
     # The model's own preprocessing sizes (vision.py), when its preprocessor names them:
     # images are brought down to them here, off the event loop, so the engine's resize
     # (inside add_request, which holds the GIL) has next to nothing left to do.
@@ -74,7 +95,7 @@ async def load_image(url: str, param: str, limits: ImageLimits) -> LoadedImage:
     started = time.perf_counter()
     scheme = _scheme(url)
     if scheme == "data":
-        pixels = await trio.to_thread.run_sync(_decode_data_url, url, param, limits, limiter=_DECODING)
+        pixels = await trio.to_thread.run_sync(_decode_data_url, url, param, limits, limiter=_decoding(limits))
         return LoadedImage(pixels, time.perf_counter() - started)
     if scheme in ("http", "https"):
         if not limits.fetch_urls:
@@ -92,7 +113,7 @@ async def load_image(url: str, param: str, limits: ImageLimits) -> LoadedImage:
             param,
             "invalid_image_url",
         )
-    pixels = await trio.to_thread.run_sync(_decode, data, param, limits, limiter=_DECODING)
+    pixels = await trio.to_thread.run_sync(_decode, data, param, limits, limiter=_decoding(limits))
     return LoadedImage(pixels, time.perf_counter() - started)
 
 
@@ -146,55 +167,19 @@ def _too_large(param: str, limits: ImageLimits) -> ImageError:
 
 
 async def _fetch(url: str, param: str, limits: ImageLimits) -> bytes:
-    import httpx
-
-    async def redirect_check(response: httpx.Response) -> None:
-        target = response.next_request if response.is_redirect else None
-        if target is not None and target.url.scheme not in ("http", "https"):
-            raise ImageError(
-                f"Invalid value for '{param}': the image URL redirects to a {target.url.scheme} URL.",
-                param,
-                "invalid_image_url",
-            )
-
     try:
-        with trio.fail_after(limits.fetch_timeout):
-            async with (
-                httpx.AsyncClient(
-                    follow_redirects=True,
-                    max_redirects=3,
-                    timeout=limits.fetch_timeout,
-                    event_hooks={"response": [redirect_check]},
-                ) as client,
-                client.stream("GET", url) as response,
-            ):
-                if response.status_code != 200:
-                    raise ImageError(
-                        f"Invalid value for '{param}': fetching the image URL gave HTTP {response.status_code}.",
-                        param,
-                        "image_url_unreachable",
-                    )
-                declared = response.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
-                    raise _too_large(param, limits)
-                chunks = bytearray()
-                async for chunk in response.aiter_bytes():
-                    chunks += chunk
-                    if len(chunks) > limits.max_bytes:
-                        raise _too_large(param, limits)
-                return bytes(chunks)
-    except trio.TooSlowError:
+        return await fetch(url, limits.max_bytes, limits.fetch_timeout, limits.fetch_private)
+    except TooLarge:
+        raise _too_large(param, limits) from None
+    except FetchRefused:
         raise ImageError(
-            f"Invalid value for '{param}': the image URL did not answer within {limits.fetch_timeout:g} s.",
+            f"Invalid value for '{param}': the image URL could not be fetched (this server fetches images from"
+            " public http(s) addresses that answer with one, within its time and size limits).",
             param,
             "image_url_unreachable",
         ) from None
-    except httpx.HTTPError as exc:
-        raise ImageError(
-            f"Invalid value for '{param}': the image URL could not be fetched ({type(exc).__name__}).",
-            param,
-            "image_url_unreachable",
-        ) from None
+    except FieldError as exc:
+        raise ImageError(f"Invalid value for '{param}': {exc}", param, exc.code) from None
 
 
 def _decode(data: bytes, param: str, limits: ImageLimits) -> Any:
@@ -207,17 +192,18 @@ def _decode(data: bytes, param: str, limits: ImageLimits) -> Any:
     try:
         with Image.open(io.BytesIO(data), formats=FORMATS) as image:
             image.seek(0)  # a GIF's first frame
-            # Bound the decode itself: a tiny file can declare a huge canvas.
-            limit = Image.MAX_IMAGE_PIXELS  # Pillow's; None would mean no bound
-            if limit is not None and image.width * image.height > limit:
+            if max(image.size) > max_side:
+                image.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale
+            # Bound the decode itself, by the size the header declares (what `size` is
+            # until load; after draft, the reduced one): a tiny file can declare a huge
+            # canvas.
+            if image.width * image.height > limits.max_pixels:
                 raise ImageError(
-                    f"Invalid value for '{param}': the image is {image.width}x{image.height} pixels, more than"
-                    " can be decoded safely.",
+                    f"Invalid value for '{param}': the image is {image.width}x{image.height} pixels, more than this"
+                    f" server decodes ({limits.max_pixels} pixels, --max-image-pixels).",
                     param,
                     "image_too_large",
                 )
-            if max(image.size) > max_side:
-                image.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale
             image.load()
             rgb = _to_rgb(ImageOps.exif_transpose(image) or image)
     except ImageError:

@@ -71,12 +71,29 @@ class ServerSettings(BaseModel):
         description="vision-language models: images whose longer side has more pixels are resized down to it"
         " (aspect kept), not refused",
     )
+    max_image_pixels: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="vision-language models: most pixels an image may decode to (a JPEG counted at the reduced"
+        " scale it is decoded at), read from its header before decoding; larger images get 400",
+    )
+    image_decodes: int = Field(
+        2,
+        ge=1,
+        description="vision-language models: images decoded at once (at most one fewer than the cores); with"
+        " max_image_pixels, bounds the memory decoding takes",
+    )
     image_urls: bool = Field(
         False,
         description="vision-language models: fetch http(s) image URLs (off: data: URLs only; a server that fetches"
         " the URLs it is sent can be made to reach addresses only it can reach)",
     )
     image_fetch_timeout: float = Field(10.0, gt=0, description="seconds to fetch one image URL (with --image-urls)")
+    image_fetch_private_addresses: bool = Field(
+        False,
+        description="with --image-urls, fetch from loopback, private and link-local addresses too (localhost, 10.x,"
+        " 192.168.x, 169.254.x, ...; off: only public addresses, checked after the name is resolved)",
+    )
     embeddings: bool = Field(
         True,
         description="serve the embedded all-MiniLM-L6-v2 at /v1/embeddings when no other embedding model is"
@@ -110,6 +127,13 @@ class ServerSettings(BaseModel):
     )
     max_inputs_per_request: int = Field(
         2048, ge=1, description="most inputs in one embeddings request, and documents in one rerank request"
+    )
+    encoder_max_request_tokens: int = Field(
+        65536,
+        ge=1,
+        description="most tokens one embeddings or rerank request may have computed (its inputs, or its query and"
+        " document pairs, each counted at most what it is cut to); a request with more gets 400 naming input or"
+        " documents before any is computed",
     )
     response_store_size: int = Field(1000, ge=0, description="stored responses kept for retrieval and chaining")
     response_store_ttl: float = Field(3600.0, gt=0, description="seconds a stored response is kept")

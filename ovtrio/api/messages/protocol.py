@@ -9,7 +9,7 @@ blocks) are accepted and ignored.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -54,6 +54,8 @@ class TextBlock(_Block):
 
 
 class ImageSource(_Strict):
+    LIFTED_FIELDS: ClassVar[frozenset[str]] = frozenset({"url"})  # a data URL may be lifted (lifted_strings.py)
+
     type: Literal["base64", "url"]
     media_type: str | None = None  # base64
     data: str | None = None  # base64

@@ -3,7 +3,7 @@ the history."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -16,6 +16,8 @@ class TextPart(Body):
 
 
 class ImageURL(Body):
+    LIFTED_FIELDS: ClassVar[frozenset[str]] = frozenset({"url"})  # a data URL may be lifted (lifted_strings.py)
+
     url: str
     detail: Literal["auto", "low", "high"] | None = None  # accepted; the model's preprocessor decides
 
@@ -23,6 +25,8 @@ class ImageURL(Body):
 class ImagePart(Body):
     """An image in a message: a data: URL (base64), or an http(s) URL where the server
     fetches them (ovtrio/images)."""
+
+    LIFTED_FIELDS: ClassVar[frozenset[str]] = frozenset({"image_url"})
 
     type: Literal["image_url"]
     image_url: ImageURL | str

@@ -22,6 +22,8 @@ from ovtrio.api.protocol import (
 
 
 class InputPart(Body):
+    LIFTED_FIELDS: ClassVar[frozenset[str]] = frozenset({"image_url"})  # a data URL may be lifted (lifted_strings.py)
+
     type: Literal["input_text", "output_text", "text", "input_image", "input_file", "refusal"]
     text: str | None = None
     image_url: str | None = None

@@ -219,11 +219,13 @@ async def _read_frame(frame: str | bytes, max_bytes: int) -> APIError | tuple[An
     stream_id = message.pop("stream_id", None)
     message.pop("stream", None)
     message.pop("background", None)
+    # The strings go back before validation (of Python objects here, as cheap with them as
+    # without): each is checked as its field checks any string.
+    lifted.restore(message)
     try:
         body = ResponsesRequest.model_validate({**message, "stream": True})
     except (ValidationError, APIError) as error:
         return api_error(error)
-    lifted.restore(body)
     return stream_id, body
 
 
