@@ -7,6 +7,7 @@ failed, which readiness and liveness report. Pure logic against the fake pipelin
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -81,13 +82,18 @@ async def test_a_scheduler_that_dies_marks_its_model_failed_for_readiness_and_li
     assert service.failure == "its scheduler stopped after an internal error (RuntimeError: the loop broke)"
 
 
-async def test_readiness_liveness_and_requests_report_a_model_whose_scheduler_died():
+async def test_readiness_liveness_and_requests_report_a_model_whose_scheduler_died(monkeypatch):
     """The HTTP side of it, in process: the app's routes over a registry whose one
     model was serving when its scheduler died (nothing is loaded; the routes only read
     the registry)."""
     from ovtrio.api.context import registry_of
     from ovtrio.server.app import create_app
 
+    # The app sets up the server's log on the "ovtrio" logger (its own handler, no
+    # propagation); put it back afterwards, so later tests still capture its records.
+    logger = logging.getLogger("ovtrio")
+    for name in ("handlers", "propagate", "level"):
+        monkeypatch.setattr(logger, name, list(logger.handlers) if name == "handlers" else getattr(logger, name))
     app = create_app(Settings())
     registry = registry_of(app)
     registry.check()  # resolves the embedded model's path and name, loads nothing
