@@ -213,6 +213,8 @@ async def prepare(model: ServingModel, body: MessagesRequest) -> PreparedMessage
     generation = generation_request(
         model, chat, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts
     )
+    # Its output constraint compiled now: a stream answers 200 before it is submitted.
+    generation = await model.scheduler.checked(generation)
     return PreparedMessage(body, generation, stage, len(prompt.ids), tuple(body.stop_sequences or ()))
 
 
