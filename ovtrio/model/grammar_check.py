@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import pickle
 import subprocess
 import sys
@@ -41,7 +42,7 @@ WORKER = Path(__file__).with_name("grammar_worker.py")
 
 @dataclass(frozen=True)
 class GrammarLimits:
-    """What one constraint may cost to compile: `seconds` of the worker's time, `memory`
+    """What one constraint may cost to compile: `seconds` of CPU time, `memory`
     bytes of address space beyond what the worker holds when ready, `text` characters of
     grammar (EBNF) and `compiled` bytes of compiled grammar (XGrammar's own estimate,
     what the engine then keeps in its grammar cache)."""
@@ -59,8 +60,28 @@ class ConstraintRefused(Exception):
 # Results kept: at most this many, and this many characters of grammar in all.
 CACHE_ENTRIES = 1024
 CACHE_CHARACTERS = 64 << 20
+# The worker compiles with every VOCAB_SAMPLE-th token of the vocabulary, and its limits
+# of time and compiled size are cut by as much. Why: the engine compiles each grammar
+# again (it takes no compiled grammar from outside), and the cost of a compile grows
+# with the vocabulary (XGrammar computes a token mask for each state of the grammar); on
+# the full vocabulary every new constraint would cost twice. Whether a grammar builds,
+# and the grammar itself, do not depend on the vocabulary: they are the engine's
+# exactly. Its cost on the sample stands for its cost on the whole.
+VOCAB_SAMPLE = 4
 # Time for the worker to start and read the vocabulary.
 START_SECONDS = 60.0
+# How often a compile's CPU time is read, and how much longer than its CPU-time limit it
+# may take on the clock.
+POLL_SECONDS = 0.05
+WALL_FACTOR = 10
+
+
+def sampled(tokens: list[bytes], eos_token_id: int) -> tuple[list[bytes], int]:
+    """Every VOCAB_SAMPLE-th token (and the end-of-sequence one), for the worker."""
+    sample = tokens[::VOCAB_SAMPLE]
+    if eos_token_id % VOCAB_SAMPLE == 0:
+        return sample, eos_token_id // VOCAB_SAMPLE
+    return [*sample, tokens[eos_token_id]], len(sample)
 
 
 def grammar_vocabulary(tokenizer: Any, vocabulary: Any) -> tuple[list[bytes], int]:
@@ -144,17 +165,13 @@ class GrammarChecker:
         self.compiles += 1
         seconds = self.limits.seconds
         try:
-            with trio.move_on_after(seconds) as scope:
-                assert process.stdin is not None
-                answer = None
-                await process.stdin.send_all(json.dumps(request).encode() + b"\n")
-                answer = await self._line()
+            answer, over = await self._answer(process, request, seconds / VOCAB_SAMPLE)
         except trio.BrokenResourceError:  # it had ended
-            answer = None
+            answer, over = None, False
         except BaseException:
             self._stop()  # mid-compile: the next request starts a new worker
             raise
-        if scope.cancelled_caught:
+        if over:
             self._stop()
             return False, f"it takes more than {seconds:g} s to compile"
         if answer is None:
@@ -164,16 +181,38 @@ class GrammarChecker:
             return True, answer["grammar"]
         return False, _first_line(answer.get("error", ""))
 
+    async def _answer(
+        self, process: trio.Process, request: dict[str, Any], seconds: float
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Send `request` and await the answer: (answer, False), or (None, True) once the
+        compile has used `seconds` of the worker's CPU time (or WALL_FACTOR times as much
+        time on the clock). CPU time, not the clock: on a busy machine the worker gets
+        little of it (it runs at a lower priority than the server), and a schema that
+        compiles in time on an idle one is not to be refused because of the load."""
+        assert process.stdin is not None
+        await process.stdin.send_all(json.dumps(request).encode() + b"\n")
+        started = _cpu_seconds(process.pid)
+        deadline = trio.current_time() + seconds * WALL_FACTOR
+        while True:
+            with trio.move_on_after(POLL_SECONDS):
+                return await self._line(), False
+            if _cpu_seconds(process.pid) - started > seconds or trio.current_time() > deadline:
+                return None, True
+
     async def _started(self) -> trio.Process:
+        """The worker, started (again) if it is not running."""
         if self._process is not None:
-            return self._process
+            if self._process.poll() is None:
+                return self._process
+            self._stop()  # it ended between two compiles (killed from outside)
         for killed in self._killed:  # reaped, not left as zombies
             await killed.wait()
         self._killed.clear()
         if self._vocab is None:
-            self._vocab = await trio.to_thread.run_sync(lambda: pickle.dumps(self._vocabulary()))
+            self._vocab = await trio.to_thread.run_sync(lambda: pickle.dumps(sampled(*self._vocabulary())))
         limits = self.limits
-        command = [sys.executable, str(WORKER), str(limits.memory), str(limits.text), str(limits.compiled)]
+        compiled = limits.compiled // VOCAB_SAMPLE
+        command = [sys.executable, str(WORKER), str(limits.memory), str(limits.text), str(compiled)]
         self._process = process = await trio.lowlevel.open_process(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
@@ -205,6 +244,16 @@ class GrammarChecker:
             self._killed.append(self._process)
             self._process = None
             self.restarts += 1
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) the process has used; 0 once it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _first_line(message: str) -> str:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pickle
 import resource
 import sys
@@ -129,6 +130,9 @@ def _address_space() -> int:
 
 def main() -> None:
     memory, max_text, max_compiled = (int(arg) for arg in sys.argv[1:4])
+    # Below the server: compiles are background work, and the event loop and the
+    # engine's steps come first (the time limit is on this process's CPU time).
+    os.nice(10)
     source = sys.stdin.buffer
     vocab, eos_token_id = pickle.loads(source.read(int(source.readline())))
     compiler = Compiler(load_bindings(), vocab, eos_token_id, max_text, max_compiled)
