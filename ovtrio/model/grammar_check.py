@@ -50,7 +50,7 @@ class GrammarLimits:
     seconds: float = 2.0
     memory: int = 1 << 30
     text: int = 1 << 20
-    compiled: int = 64 << 20
+    compiled: int = 256 << 20
 
 
 class ConstraintRefused(Exception):
@@ -60,13 +60,14 @@ class ConstraintRefused(Exception):
 # Results kept: at most this many, and this many characters of grammar in all.
 CACHE_ENTRIES = 1024
 CACHE_CHARACTERS = 64 << 20
-# The worker compiles with every VOCAB_SAMPLE-th token of the vocabulary, and its limits
-# of time and compiled size are cut by as much. Why: the engine compiles each grammar
+# The worker compiles with every VOCAB_SAMPLE-th token of the vocabulary, and its time
+# limit is cut by as much (not its size limit: a grammar of a large enum is as large on
+# any vocabulary). Why: the engine compiles each grammar
 # again (it takes no compiled grammar from outside), and the cost of a compile grows
 # with the vocabulary (XGrammar computes a token mask for each state of the grammar); on
 # the full vocabulary every new constraint would cost twice. Whether a grammar builds,
 # and the grammar itself, do not depend on the vocabulary: they are the engine's
-# exactly. Its cost on the sample stands for its cost on the whole.
+# exactly. Its time on the sample stands for its time on the whole.
 VOCAB_SAMPLE = 4
 # Time for the worker to start and read the vocabulary.
 START_SECONDS = 60.0
@@ -211,8 +212,7 @@ class GrammarChecker:
         if self._vocab is None:
             self._vocab = await trio.to_thread.run_sync(lambda: pickle.dumps(sampled(*self._vocabulary())))
         limits = self.limits
-        compiled = limits.compiled // VOCAB_SAMPLE
-        command = [sys.executable, str(WORKER), str(limits.memory), str(limits.text), str(compiled)]
+        command = [sys.executable, str(WORKER), str(limits.memory), str(limits.text), str(limits.compiled)]
         self._process = process = await trio.lowlevel.open_process(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
