@@ -1,7 +1,8 @@
 """New-schemas benchmark: does the server stay responsive while clients keep sending
 output constraints it has never seen?
 
-    python bench/new_schemas.py [--seconds 20] [--rate 4] [--server-arg FLAG ...]
+    python bench/new_schemas.py [--seconds 20] [--rate 4] [--phases baseline schemas settings]
+        [--server-arg FLAG ...]
 
 Each new constraint is compiled before admission, in a worker process
 (ovtrio/model/grammar_check.py), and every engine step releases the GIL, a request's
@@ -203,9 +204,7 @@ async def main_async(args: argparse.Namespace) -> None:
             await wait_ready(port, process)
         model = await served_model_id(port)
         await stream_chat(port, model, "Hello!", 2)  # the first request compiles kernels
-        baseline = await run_phase(port, model, args.seconds, "baseline", args.rate)
-        schemas = await run_phase(port, model, args.seconds, "schemas", args.rate)
-        settings = await run_phase(port, model, args.seconds, "settings", args.rate)
+        phases = {kind: await run_phase(port, model, args.seconds, kind, args.rate) for kind in args.phases}
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -218,9 +217,9 @@ async def main_async(args: argparse.Namespace) -> None:
         f"{'phase':>12} {'health p50':>10} {'p99':>9} {'max':>9} {'probes':>6} {'gap p99':>10}"
         f" {'req p50':>10} {'p99':>9}  statuses"
     )
-    print(row("baseline", baseline))
-    print(row("new schemas", schemas))
-    print(row("new settings", settings))
+    names = {"baseline": "baseline", "schemas": "new schemas", "settings": "new settings"}
+    for kind, phase in phases.items():
+        print(row(names[kind], phase))
 
 
 def main() -> None:
@@ -228,6 +227,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=4.0, help="new schemas a second")
     parser.add_argument("--log", default="/tmp/ovtrio-new-schemas.log")
+    parser.add_argument(
+        "--phases", nargs="+", choices=["baseline", "schemas", "settings"], default=["baseline", "schemas", "settings"]
+    )
     parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
     trio.run(main_async, parser.parse_args())
 

@@ -202,7 +202,7 @@ async def prepare(model: ServingModel, body: MessagesRequest) -> PreparedMessage
     tools = chat.tool_specs() if chat.effective_tool_choice() != "none" else []
     stage, markers = chat_stage(model, chat, prompt, tools)
     try:
-        constraint = output_constraint(
+        constraint = await output_constraint(
             chat, lambda fmt: from_response_format(fmt, "output_config.format"), model.caps.schema_bytes
         )
     except ConstraintError as exc:
