@@ -17,16 +17,20 @@ import jsonschema
 import pytest
 
 from helpers import MODEL, chat_body, loopback, post
+from server_pool import server_fixture
 from sse import check_chat_choices, stream_post
 
-# What XGrammar refuses, or what takes it seconds and hundreds of megabytes to compile.
+# What XGrammar refuses, or builds into a grammar of megabytes.
 HOSTILE = {
     "empty enum": {"enum": []},
     "integer range of 1e30": {"type": "integer", "minimum": -1e30, "maximum": 1e30},
     "lookbehind": {"type": "string", "pattern": "(?<=a)b"},
-    "huge maxLength": {"type": "string", "maxLength": 1000000000},
     "nested repetition": {"type": "string", "pattern": "^((a{100}){100}){100}$"},
 }
+# Seconds to compile on a 2-core Xeon (tens of times the limit below, on any CPU).
+SLOW = {"type": "string", "maxLength": 1000000000}
+
+limited_server = server_fixture("limited_server", "--grammar-compile-seconds", "0.1")
 
 
 def chat_format(schema: dict[str, Any]) -> dict[str, Any]:
@@ -108,9 +112,21 @@ class InnocentStreams:
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_a_constraint_that_does_not_compile_is_a_400_naming_its_field_beside_three_streams(server, name):
+    refused_beside_streams(server, HOSTILE[name])
+
+
+def test_a_constraint_that_compiles_past_the_time_limit_is_a_400_beside_three_streams(limited_server):
+    refused_beside_streams(limited_server, SLOW)
+    # What compiles within the limit is served on the same server.
+    reply = post(limited_server.base_url, *chat(chat_format({"type": "boolean"})))
+    assert reply.status_code == 200, reply.text
+    assert json.loads(reply.json()["choices"][0]["message"]["content"]) in (True, False)
+
+
+def refused_beside_streams(server, schema: dict[str, Any]) -> None:
     streams = InnocentStreams(server.base_url)
     time.sleep(0.3)  # the streams are running
-    for path, body, param in hostile_requests(HOSTILE[name]):
+    for path, body, param in hostile_requests(schema):
         for stream in (False, True):
             reply = post(server.base_url, path, {**body, "stream": stream})
             assert reply.status_code == 400, (path, param, reply.text)
