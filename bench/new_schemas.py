@@ -1,7 +1,7 @@
 """New-schemas benchmark: does the server stay responsive while clients keep sending
 output constraints it has never seen?
 
-    python bench/new_schemas.py [--seconds 20] [--rate 4] [--phases baseline schemas settings]
+    python bench/new_schemas.py [--seconds 20] [--rate 4] [--phases baseline schemas prefills settings]
         [--server-arg FLAG ...]
 
 Each new constraint is compiled before admission, in a worker process
@@ -16,7 +16,9 @@ started here with the embedded model:
   of about 800 bytes that no request had before (distinct property names);
 - new settings: 8 streams with long prompts (about 1,500 tokens, never the same, so
   nothing comes from the prefix cache) and sampling settings no request had before
-  (max_tokens, temperature, top_k), each restarting when it ends, with the same probes.
+  (max_tokens, temperature, top_k), each restarting when it ends, with the same probes;
+  `--phases ... prefills` runs the same with the same settings throughout, to tell the
+  long prompts' cost from the new settings'.
 
 Printed: /health p50/p99/max per phase, the background streams' gap between chunks
 (p99), and the schema requests' status counts and latency. The goals: /health p99 at
@@ -138,17 +140,21 @@ async def schema_requests(port: int, model: str, rate: float, phase: Phase, stop
                 await stop.wait()
 
 
-async def settings_stream(port: int, model: str, index: int, phase: Phase, stop: trio.Event) -> None:
-    rng = random.Random(index)
+async def settings_stream(
+    port: int, model: str, index: int, phase: Phase, stop: trio.Event, fresh: bool = True
+) -> None:
+    """A stream of long-prompt requests, each with sampling settings no request had
+    before (`fresh`), or all with the same settings."""
+    rng = random.Random(index if fresh else 0)
     n = index
     while not stop.is_set():
         words = " ".join(f"w{n}x{i}" for i in range(700))  # about 1,500 tokens, new each time
         body = {
             "model": model,
             "messages": [{"role": "user", "content": f"Summarize: {words}"}],
-            "max_tokens": rng.randint(16, 48),
-            "temperature": round(rng.uniform(0.2, 1.5), 3),
-            "top_k": rng.randint(2, 80),
+            "max_tokens": rng.randint(16, 48) if fresh else 32,
+            "temperature": round(rng.uniform(0.2, 1.5), 3) if fresh else 0.7,
+            "top_k": rng.randint(2, 80) if fresh else 40,
             "ignore_eos": True,
             "stream": True,
         }
@@ -161,9 +167,9 @@ async def run_phase(port: int, model: str, seconds: float, kind: str, rate: floa
     phase = Phase()
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        if kind == "settings":
+        if kind in ("settings", "prefills"):
             for i in range(SETTINGS_STREAMS):
-                nursery.start_soon(settings_stream, port, model, i, phase, stop)
+                nursery.start_soon(settings_stream, port, model, i, phase, stop, kind == "settings")
         else:
             for i in range(BACKGROUND_STREAMS):
                 nursery.start_soon(background, port, model, i, phase, stop)
@@ -217,7 +223,7 @@ async def main_async(args: argparse.Namespace) -> None:
         f"{'phase':>12} {'health p50':>10} {'p99':>9} {'max':>9} {'probes':>6} {'gap p99':>10}"
         f" {'req p50':>10} {'p99':>9}  statuses"
     )
-    names = {"baseline": "baseline", "schemas": "new schemas", "settings": "new settings"}
+    names = {"baseline": "baseline", "schemas": "new schemas", "prefills": "same settings", "settings": "new settings"}
     for kind, phase in phases.items():
         print(row(names[kind], phase))
 
@@ -228,7 +234,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=4.0, help="new schemas a second")
     parser.add_argument("--log", default="/tmp/ovtrio-new-schemas.log")
     parser.add_argument(
-        "--phases", nargs="+", choices=["baseline", "schemas", "settings"], default=["baseline", "schemas", "settings"]
+        "--phases",
+        nargs="+",
+        choices=["baseline", "schemas", "prefills", "settings"],
+        default=["baseline", "schemas", "settings"],
     )
     parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
     trio.run(main_async, parser.parse_args())
