@@ -12,8 +12,8 @@ chat template's head), one request at a time:
    engine (`vllm:request_queue_time_seconds`), the rest being the first step; outside
    the scheduler, HTTP, the JSON body, the chat template and tokenizing, then
    detokenizing and writing the first SSE chunk. Also the first request of settings
-   never stepped before, which steps through the binding (ovtrio/scheduler/stepping.py,
-   FirstSteps), against the same request once more;
+   never stepped before (its sampler state is built in its first step, GIL-free like
+   every other: ovtrio/scheduler/stepping.py), against the same request once more;
 2. llama-server (when bench/build_llama_server.py has built it): the client's TTFT, and
    its own `timings`: how many prompt tokens it evaluated (the rest came from its slots'
    cache) and in how long;
@@ -57,7 +57,7 @@ TOKENS = 32
 PAUSE = 0.2  # seconds between parts
 BLOCK_TOKENS = 32  # the engine's KV block on CPU: its prefix cache keeps whole blocks
 PROMPT = prompts(1)[0]  # what bench/peer.py sends at concurrency 1
-# Sampling settings the first-step check sends: each subset is settings never stepped before.
+# Sampling settings never stepped before: each subset builds another sampler state.
 NEW_SETTINGS = (("presence_penalty", 0.1), ("frequency_penalty", 0.1), ("repetition_penalty", 1.05), ("logprobs", True))
 
 Row = dict[str, float]
@@ -399,7 +399,7 @@ def report(gguf: Path, rows: dict[str, list[Row]], rounds: int) -> None:
         new, again = rows["new settings"], rows["settings seen"]
         extra = statistics.median(a["client"] - b["client"] for a, b in zip(new, again))
         print(
-            f"settings never stepped before (the binding's step): client's TTFT {m('new settings', 'client'):.1f},"
+            f"settings never stepped before: client's TTFT {m('new settings', 'client'):.1f},"
             f" the same request again {m('settings seen', 'client'):.1f} (difference, median of pairs: {extra:+.1f})"
         )
 

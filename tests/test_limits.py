@@ -213,6 +213,9 @@ grammar_server = server_fixture(
     str(BIG_SCHEMA_BYTES),
     "--grammar-cache-bytes",
     str(GRAMMAR_CACHE_BYTES),
+    # These enums take more than the default 2 s to compile on a small machine.
+    "--grammar-compile-seconds",
+    "60",
     "--response-store-bytes",
     "100000",
 )

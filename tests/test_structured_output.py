@@ -26,7 +26,10 @@ ORDER = {
     "properties": {
         "customer": {
             "type": "object",
-            "properties": {"id": {"type": "integer"}, "tier": {"type": "string", "enum": ["gold", "silver", "bronze"]}},
+            "properties": {
+                "id": {"type": "integer", "minimum": 0, "maximum": 9999},
+                "tier": {"type": "string", "enum": ["gold", "silver", "bronze"]},
+            },
             "required": ["id", "tier"],
             "additionalProperties": False,
         },
@@ -36,7 +39,8 @@ ORDER = {
             "maxItems": 1,  # one nested object is the point; a second only costs tokens
             "items": {
                 "type": "object",
-                "properties": {"sku": {"type": "string", "maxLength": 8}, "price": {"type": "number"}},
+                # Bounded, as every value here, so that the grammar ends within max_tokens.
+                "properties": {"sku": {"type": "string", "maxLength": 8}, "price": {"type": "integer", "maximum": 999}},
                 "required": ["sku", "price"],
                 "additionalProperties": False,
             },
@@ -82,6 +86,32 @@ def assert_valid(text: str, schema: dict) -> None:
     jsonschema.validate(json.loads(text), schema)
 
 
+def free_whitespace(text: str) -> list[int]:
+    """Where `text` has whitespace outside its JSON strings other than the one space after
+    each ':' and ',' (XGrammar's separators without free whitespace)."""
+    found = []
+    inside = escaped = False
+    for at, char in enumerate(text):
+        if inside:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                inside = False
+        elif char == '"':
+            inside = True
+        elif char.isspace() and not (char == " " and at > 0 and text[at - 1] in ":,"):
+            found.append(at)
+    return found
+
+
+def test_free_whitespace_is_found_outside_strings_only():
+    assert free_whitespace('{"a b": [1, 2], "c": "x\\" y"}') == []
+    assert free_whitespace('{\n "a": 1}') == [1, 2]
+    assert free_whitespace('{"a":  1}') == [6]
+
+
 @pytest.mark.parametrize("sampling", SAMPLING)
 @pytest.mark.parametrize("name", SCHEMAS)
 def test_unary_and_streamed_output_match_the_schema_and_each_other(server, name, sampling):
@@ -92,9 +122,38 @@ def test_unary_and_streamed_output_match_the_schema_and_each_other(server, name,
     # The grammar ends the object, and the object ends the output, well within max_tokens.
     assert choice["finish_reason"] == "stop", choice
     assert_valid(choice["message"]["content"], SCHEMAS[name])
+    assert free_whitespace(choice["message"]["content"]) == []
     streamed = check_chat_choices(stream_post(server.base_url, "/v3/chat/completions", {**body, "stream": True}), 1)
     assert streamed.texts[0] == choice["message"]["content"]
     assert streamed.finish_reasons == ["stop"]
+
+
+# Every value bounded: written compactly, the whole object is about 20 tokens.
+TIGHT = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tier": {"enum": ["gold", "silver", "bronze"]},
+    },
+    "required": ["ok", "n", "tier"],
+    "additionalProperties": False,
+}
+
+
+def test_sampled_output_has_no_free_whitespace_and_ends_within_a_tight_budget(server):
+    """The grammar allows no whitespace beyond one space after ':' and ',' (as vLLM's
+    option to disable free whitespace), so a bounded schema ends within its budget
+    whatever the sample: with free whitespace, a sampled reply could spend the budget on
+    blank lines and end cut off inside the object."""
+    for seed in range(8):
+        body = chat_body("Reply as JSON.", max_tokens=40, temperature=1.5, seed=seed)
+        body["response_format"] = schema_format("tight", TIGHT)
+        choice = post(server.base_url, "/v3/chat/completions", body).json()["choices"][0]
+        content = choice["message"]["content"]
+        assert choice["finish_reason"] == "stop", (seed, content)
+        assert_valid(content, TIGHT)
+        assert free_whitespace(content) == [], (seed, content)
 
 
 @pytest.mark.parametrize("prompt", ["What is 2+2? Reply as JSON.", "Describe a cat as JSON.", "Hi"])

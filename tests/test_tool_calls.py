@@ -42,7 +42,9 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 def tool_body(tool_choice, **extra) -> dict:
-    return chat_body(messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_tokens=100, **extra)
+    # Room for the most calls a forced "required" choice may make (formats.MAX_PARALLEL_CALLS),
+    # each written compactly: the array then closes within the budget.
+    return chat_body(messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_tokens=200, **extra)
 
 
 def assert_valid_calls(calls: list[dict], only: str | None = None) -> None:

@@ -12,6 +12,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+import trio
+
 from ovtrio.api.compact_json import compact_json
 from ovtrio.api.errors import invalid
 from ovtrio.api.formats import FunctionTool, forced_call_constraint
@@ -118,16 +120,25 @@ def forced(body: ToolAndReasoningFields) -> bool:
     return body.effective_tool_choice() in ("required", "function")
 
 
-def output_constraint(
+async def output_constraint(
     body: ToolAndReasoningFields, read_format: FormatReader, max_schema_bytes: int | None = None
 ) -> OutputConstraint | None:
     """What constrained decoding holds the reply to: the forced tool call, or the
     requested output format (read by the endpoint's own rules). Each tool's parameters
     and the output format are first held to `max_schema_bytes` of JSON: the engine
     compiles a schema into a grammar hundreds of times its size, and checking it takes
-    time proportional to it (see docs/benchmarks.md#structured-output-grammars)."""
+    time proportional to it (see docs/benchmarks.md#structured-output-grammars). A
+    schema is read in a worker thread: its check against JSON Schema's meta-schema takes
+    milliseconds even for a few hundred bytes, which the event loop would stand still
+    for (every new schema; the scheduler then compiles it in a process of its own)."""
     if max_schema_bytes is not None:
         check_schema_sizes(body, max_schema_bytes)
+    if not forced(body) and body.output_format() is None:
+        return None
+    return await trio.to_thread.run_sync(partial(_output_constraint, body, read_format))
+
+
+def _output_constraint(body: ToolAndReasoningFields, read_format: FormatReader) -> OutputConstraint | None:
     if not forced(body):
         return read_format(body.output_format())
     tools = [FunctionTool(t.name, t.description, t.parameters) for t in body.tool_specs()]

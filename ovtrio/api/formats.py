@@ -2,12 +2,13 @@
 OutputConstraint: chat's `response_format`, the Responses API's `text.format`, and the
 JSON array a forced `tool_choice` holds the model to.
 
-The engine compiles a constraint inside its first step, and a constraint it cannot
-compile fails that whole step, every request in it (and a `$ref` it cannot follow ends
-the whole process). So everything is checked here first: the schema against JSON
-Schema's meta-schema, and every `$ref` followed within the document as XGrammar will
-follow it (see _unfollowed_ref). Raw regex and EBNF grammars are not offered to clients
-for the same reason: nothing short of compiling them can check them.
+Here a schema is checked against JSON Schema's meta-schema, and every `$ref` followed
+within the document as XGrammar will follow it (see _unfollowed_ref): clear messages
+for what is plainly wrong. Whether it compiles is then learnt by compiling it, before
+the request is admitted (the scheduler does: model/grammar_check.py), which refuses
+what XGrammar cannot build or builds too slowly or too large, naming the field the
+constraint came from (OutputConstraint.param). Raw regex and EBNF grammars are not
+offered to clients.
 
 Every endpoint reads its formats here, so they share the same rules and messages;
 scheduler/params.py turns the result into the engine's configuration.
@@ -16,7 +17,7 @@ scheduler/params.py turns the result into the engine's configuration.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ovtrio.errors import FieldError
@@ -168,6 +169,11 @@ def _structural_tags(spec: dict[str, Any], param: str) -> OutputConstraint:
 def from_response_format(value: Any, param: str = "response_format") -> OutputConstraint | None:
     """Chat completions' `response_format`: text, json_object, json_schema, or XGrammar
     structural tags ({"type": "structural_tag", "structures": [...], "triggers": [...]})."""
+    constraint = _format(value, param)
+    return None if constraint is None else replace(constraint, param=param)
+
+
+def _format(value: Any, param: str) -> OutputConstraint | None:
     if value is None:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
@@ -191,20 +197,30 @@ def from_text_format(value: Any, param: str = "text.format") -> OutputConstraint
     """The Responses API's `text.format`: like response_format, with the json_schema
     fields (name, schema, strict) flattened into the format object."""
     if isinstance(value, dict) and value.get("type") == "json_schema":
-        return _json_schema_format(value, param)
+        return replace(_json_schema_format(value, param), param=param)
     return from_response_format(value, param)
 
 
 def forced_call_constraint(
     tools: list[FunctionTool], *, only: str | None = None, parallel: bool = True, param: str = "tools"
 ) -> OutputConstraint:
-    """The constraint for calling `only` (a named tool_choice), or any of `tools`."""
+    """The constraint for calling `only` (a named tool_choice), or any of `tools`.
+
+    Each tool's parameters become the `arguments` of a call object inside the array of
+    calls; parameters with references (`$defs` and `$ref`, as every nested pydantic
+    model has) are moved under the wrapper's own `$defs` and their references rewritten
+    to point there (hoisted), since `#/$defs/X` means the wrapper's root once nested."""
     variants = []
+    hoisted: dict[str, Any] = {}
     for i, tool in enumerate(tools):
         if only is not None and tool.name != only:
             continue
         parameters = tool.parameters or {"type": "object", "properties": {}}
         arguments = json.loads(checked_schema(parameters, f"{param}[{i}].function.parameters"))
+        if _refs(arguments, set()):
+            where = f"tool{i}"
+            hoisted[where] = _rebased(arguments, f"#/$defs/{where}")
+            arguments = {"$ref": f"#/$defs/{where}"}
         variants.append(
             {
                 "type": "object",
@@ -217,8 +233,28 @@ def forced_call_constraint(
         raise ConstraintError("tool_choice names no tool that was sent.", "tool_choice")
     most = 1 if only is not None or not parallel else MAX_PARALLEL_CALLS
     call = variants[0] if len(variants) == 1 else {"anyOf": variants}
-    schema = {"type": "array", "items": call, "minItems": 1, "maxItems": most}
-    return OutputConstraint(json_schema=json.dumps(schema))
+    schema: dict[str, Any] = {"type": "array", "items": call, "minItems": 1, "maxItems": most}
+    if hoisted:
+        schema["$defs"] = hoisted
+    return OutputConstraint(json_schema=json.dumps(schema), param=param)
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """`schema` with each of its `$ref`s (all within it: checked_schema) pointing at the
+    same place once the schema itself is at `base`."""
+    if isinstance(schema, list):
+        return [_rebased(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rebased = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str):
+            rebased[key] = base + value[1:]
+        elif key in _VALUE_KEYWORDS:
+            rebased[key] = value
+        else:
+            rebased[key] = _rebased(value, base)
+    return rebased
 
 
 def from_responses_format(value: Any) -> OutputConstraint | None:

@@ -4,8 +4,12 @@ The loop (scheduler.py) calls `_admit()` and `_advance_prefills()` between steps
 oldest queued requests go in while the running sequences leave room for them
 (admission.py says how much room), each as its engine requests (one per prompt and
 sibling, or one beam search per prompt), and a request with a long prompt first as
-growing prefixes of it, one slice a step (prefill.py). Each engine request added is
-registered with the first-step check (stepping.py) before the next step runs.
+growing prefixes of it, one slice a step (prefill.py).
+
+Before any of that, at submission, a request's output constraint is compiled
+(`checked`, model/grammar_check.py): one that does not compile is the client's 400,
+one that does reaches the engine as the grammar compiled, so that nothing the request
+brings can make an engine step throw (engine_step.py says why that matters).
 
 `add_request()` is only safe between steps (scheduler.py's docstring says why): every
 call here checks that no step is in flight (`_between_steps`). A vision-language model's
@@ -24,16 +28,20 @@ import logging
 import re
 import time
 from collections import deque
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import trio
 
+from ovtrio.model.grammar_check import ConstraintRefused, GrammarChecker, GrammarLimits, grammar_vocabulary
 from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.intake import RequestIntake
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import (
     GenerationRequest,
+    OutputConstraint,
     SamplingParams,
     UnsupportedParams,
     engine_prompt,
@@ -41,7 +49,6 @@ from ovtrio.scheduler.params import (
 )
 from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
-from ovtrio.scheduler.stepping import FirstSteps
 
 log = logging.getLogger("ovtrio.scheduler")
 
@@ -68,6 +75,19 @@ def seed_offsets(params: SamplingParams) -> range:
     return range(1) if params.beam_search else range(params.n)
 
 
+def grammar_request(constraint: OutputConstraint, stop_token_ids: list[int]) -> dict[str, Any]:
+    """What the grammar checker compiles for `constraint`, as the engine will: its
+    schema or its tags, and the stop ids the engine's matcher is given."""
+    if constraint.json_schema is not None:
+        return {"kind": "json_schema", "schema": constraint.json_schema, "stop_token_ids": stop_token_ids}
+    return {
+        "kind": "structural_tag",
+        "tags": [{"begin": tag.begin, "schema": tag.schema, "end": tag.end} for tag in constraint.tags],
+        "triggers": list(constraint.triggers),
+        "stop_token_ids": stop_token_ids,
+    }
+
+
 class EngineIntake(RequestIntake):
     """The requests of a continuous-batching engine: RequestIntake's bookkeeping, and
     how queued requests become engine requests."""
@@ -83,6 +103,7 @@ class EngineIntake(RequestIntake):
         prefill_slice_tokens: int,
         step_tokens: int,
         kv_block_tokens: int,
+        grammar_limits: GrammarLimits,
     ) -> None:
         super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
         self._pipeline = pipeline
@@ -97,8 +118,8 @@ class EngineIntake(RequestIntake):
         self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
         # Engine sequences of the requests in the engine (ActiveRequest.weight).
         self._running_sequences = 0
-        # Engine requests whose first step has not run yet, when it may throw.
-        self._first_steps = FirstSteps()
+        # Compiles output constraints before admission (a worker process).
+        self._grammars = GrammarChecker(partial(grammar_vocabulary, tokenizer, vocabulary), grammar_limits)
         # Requests with a text prompt (a vision-language model's) admitted in this pass,
         # with their time in the queue: added by `_add_image_requests`, off the loop.
         self._image_admissions: list[tuple[Admission, float]] = []
@@ -109,6 +130,26 @@ class EngineIntake(RequestIntake):
     def _between_steps(self, call: str) -> None:
         """Check that no engine step is in flight: `call` is only safe between steps."""
         raise NotImplementedError
+
+    # ---- output constraints, before admission -------------------------------------------
+
+    async def checked(self, request: GenerationRequest) -> GenerationRequest:
+        """`request` with its output constraint compiled to the grammar the engine is
+        given; UnsupportedParams, naming the field it came from, if it does not compile
+        within the limits."""
+        constraint = request.params.constraint
+        if constraint is None or constraint.grammar is not None:
+            return request
+        stop = sorted(set(request.params.stop_token_ids) | self._model_stop_token_ids)
+        try:
+            grammar = await self._grammars.grammar(grammar_request(constraint, stop))
+        except ConstraintRefused as exc:
+            raise UnsupportedParams(
+                f"the output format in '{constraint.param}' cannot be used for constrained decoding: {exc}.",
+                constraint.param,
+            ) from None
+        params = replace(request.params, constraint=replace(constraint, grammar=grammar))
+        return replace(request, params=params)
 
     # ---- room in the engine ---------------------------------------------------------------
 
@@ -255,7 +296,7 @@ class EngineIntake(RequestIntake):
         for offset in seed_offsets(params):
             sequences = new_sequences(params.n if beam else 1)
             handle = self._add_request(prompt, params, offset)
-            active.parts.append(self._first_steps.added(EngineRequest(handle, sequences, beam_search=beam), params))
+            active.parts.append(EngineRequest(handle, sequences, beam_search=beam))
 
     def _add_request(self, prompt: Any, params: SamplingParams, seed_offset: int) -> Any:
         if self._made:  # made in a worker thread by `_add_image_requests`
@@ -302,7 +343,7 @@ class EngineIntake(RequestIntake):
         params = prefill.params
         assert params is not None, "a sliced prefill is registered with its slices' settings"
         handle = self._add_request(prompt_tensor(prefix), params, 0)
-        prefill.running = self._first_steps.added(EngineRequest(handle, []), params)
+        prefill.running = EngineRequest(handle, [])
         active.parts.append(prefill.running)
         return True
 

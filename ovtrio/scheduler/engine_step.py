@@ -53,18 +53,15 @@ assertions that draft and main model agree):
   rethrown by `future.get()`;
 - prompt-lookup candidates and freeing finished requests: assertions only.
 
-What a request brings is thus built in its first step. ovtrio's API checks a schema
-before it reaches the engine (api/formats.py), and the loop arranges that the first
-step of an engine request whose settings, or whose constraint, were never stepped
-before in this process goes through the binding's step (stepping.py, FirstSteps): a
-fault there fails that batch, the process lives on, and later requests of the same
-settings go GIL-free. What remains to end the process from a GIL-free step: running
-out of memory growing the KV cache or in the forward pass, device faults, and the
-engine's internal assertions, in any step; and a fault at a first step that the
-settings compared (stepping.first_step_key) do not tell apart from ones stepped before.
-A process supervisor restarts the server then. Only a C++ shim that catches the
-exception would close that (no compiler is assumed here), or the binding's release of
-the GIL (below).
+What a request brings is thus built in its first step, and made unable to throw there
+before the request is admitted (stepping.py says how): its sampling settings pass the
+engine's own validation, and its output constraint is compiled first by the same
+XGrammar, within limits of time and size, the engine then given the grammar that
+compiled (model/grammar_check.py). What remains to end the process from a GIL-free
+step: running out of memory growing the KV cache, in the forward pass or compiling a
+grammar, device faults, and the engine's internal assertions. A process supervisor
+restarts the server then. Only a C++ shim that catches the exception would close that
+(no compiler is assumed here), or the binding's release of the GIL (below).
 
 What retires this module: a `py::call_guard<py::gil_scoped_release>()` on `step` (and
 on `add_request` and the handle's `read`) in openvino.genai's

@@ -120,7 +120,8 @@ class RequestIntake:
     async def submit(self, request: GenerationRequest) -> AsyncIterator[RequestStream]:
         """Queue `request`; the stream is valid inside the async with-block.
 
-        Raises Overloaded at once if the queue is full (check_capacity). Entering waits
+        Raises Overloaded at once if the queue is full (check_capacity), and
+        UnsupportedParams for what the engine cannot run (`checked`). Entering waits
         until the loop has taken the request to the engine, so that anything the engine
         refuses (UnsupportedParams) is raised here, before a handler answers 200.
         Leaving the block (normally, by an error, or by cancellation when the client
@@ -128,12 +129,14 @@ class RequestIntake:
         of the queue, so no request outlives its handler. Raises NotAccepting once the
         scheduler drains or stops.
         """
-        if not self._running:
-            raise NotAccepting("the scheduler is not running")
-        if not self._accepting:
-            raise NotAccepting("the scheduler is draining")
+        self._check_accepting()
         self._refuse_unsupported(request)
         self.check_capacity()
+        checked = await self.checked(request)
+        if checked is not request:  # it took a while: ask again
+            self._check_accepting()
+            self.check_capacity()
+            request = checked
         request_id = next(self._ids)
         # Unbounded, so the loop never waits for a consumer; a consumer that lags has
         # its request paused at slow_reader_buffer messages instead (admission.py).
@@ -158,6 +161,18 @@ class RequestIntake:
                 yield RequestStream(request_id, receive, partial(self._received, active))
         finally:
             self._abort(request_id)
+
+    def _check_accepting(self) -> None:
+        if not self._running:
+            raise NotAccepting("the scheduler is not running")
+        if not self._accepting:
+            raise NotAccepting("the scheduler is draining")
+
+    async def checked(self, request: GenerationRequest) -> GenerationRequest:
+        """The request as its engine is to run it, or UnsupportedParams for what the
+        engine cannot run (the continuous-batching scheduler compiles its output
+        constraint: engine_intake.py). Called before the request is queued."""
+        return request
 
     @asynccontextmanager
     async def reserve(self, places: int) -> AsyncIterator[None]:

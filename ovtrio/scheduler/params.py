@@ -10,7 +10,7 @@ before any request is made.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,11 +29,18 @@ class TaggedRegion:
 class OutputConstraint:
     """A shape the output must have, enforced by the engine's constrained decoding
     (XGrammar): a JSON schema, or structural tags (free text in which regions that
-    start with a trigger must match a schema)."""
+    start with a trigger must match a schema).
+
+    `grammar` is what the engine is given: the constraint compiled before admission
+    (model/grammar_check.py) to XGrammar's EBNF, JSON without free whitespace. `param`
+    names the request field it came from, for the client's 400 when it does not
+    compile."""
 
     json_schema: str | None = None  # JSON text
     tags: tuple[TaggedRegion, ...] = ()
     triggers: tuple[str, ...] = ()
+    grammar: str | None = None
+    param: str = field(default="response_format", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +229,12 @@ def to_generation_config(
 
 
 def to_engine_config(constraint: OutputConstraint) -> Any:
-    """The engine's StructuredOutputConfig for `constraint`."""
+    """The engine's StructuredOutputConfig for `constraint`: its compiled grammar, or
+    (before it is compiled: check_params) the schema or tags themselves."""
     import openvino_genai
 
+    if constraint.grammar is not None:
+        return openvino_genai.StructuredOutputConfig(grammar=constraint.grammar)
     if constraint.json_schema is not None:
         return openvino_genai.StructuredOutputConfig(json_schema=constraint.json_schema)
     tags = openvino_genai.StructuralTagsConfig(

@@ -7,8 +7,7 @@ the event loop for that long: /health, new connections and every
 stream's writes wait for the step. So the loop task hands each step to a worker thread
 (step_thread.py) and awaits it, and the step releases the GIL (engine_step.py), so the
 event loop keeps serving while the engine computes. With a step that holds the GIL (the
-binding's, when the GIL-free route is off or fails its checks, and for the first step of
-a request whose settings were never stepped before, see stepping.py), the thread changes
+binding's, when the GIL-free route is off or fails its checks), the thread changes
 nothing: the loop pauses during each step, as it did when it stepped inline.
 
 The order, with a GIL-free step: the loop adds the requests submitted meanwhile and
@@ -93,6 +92,7 @@ from typing import Any
 
 import trio
 
+from ovtrio.model.grammar_check import GrammarLimits
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.engine_intake import EngineIntake
 from ovtrio.scheduler.engine_step import EngineStep
@@ -130,6 +130,7 @@ class Scheduler(EngineIntake):
         step_tokens: int = 256,
         kv_block_tokens: int = 32,
         step_runs: bool = True,
+        grammar_limits: GrammarLimits = GrammarLimits(),
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step. `stream_interval`
@@ -154,14 +155,14 @@ class Scheduler(EngineIntake):
             prefill_slice_tokens,
             step_tokens,
             kv_block_tokens,
+            grammar_limits,
         )
         self._step_runs = step_runs
         import openvino_genai
 
         self._running_status = openvino_genai.GenerationStatus.RUNNING
-        # The binding's step: the fallback, and the step while a first step may throw.
-        self._binding_step = EngineStep(pipeline.step, releases_gil=False, description="the binding's step()")
-        self._stepper: StepThread[StepState] = StepThread(step or self._binding_step)
+        binding = EngineStep(pipeline.step, releases_gil=False, description="the binding's step()")
+        self._stepper: StepThread[StepState] = StepThread(step or binding)
         self._steps = 0
         self._step_seconds = 0.0
         # Engine state read by the loop between steps (see the module docstring).
@@ -232,6 +233,7 @@ class Scheduler(EngineIntake):
         finally:
             self._running = False
             self._stepper.close()
+            self._grammars.close()
             self.fail_all("server is shutting down", SHUTTING_DOWN)
 
     async def _wait_for_work(self) -> None:
@@ -246,7 +248,6 @@ class Scheduler(EngineIntake):
         `pending` (the last run's outputs) beside it."""
         stepping = choose_stepping(
             gil_free=self._stepper.releases_gil,
-            first_step_due=self._first_steps.due,
             # Runs go on by themselves only while the loop has nothing to do between
             # steps: no slices to add, no paused request to watch.
             runs=self._step_runs and not self._prefilling and not self._paused(),
@@ -255,7 +256,7 @@ class Scheduler(EngineIntake):
             # It holds the GIL until it ends: the deltas go out first, and the step starts
             # once the event loop has nothing left to run. The loop reads after it.
             self._deliver(pending)
-            self._stepper.start(when_idle=True, step=self._binding_step)
+            self._stepper.start(when_idle=True)
             return
         # GIL-free: the step starts at once, its worker reads the handles planned now,
         # and the last run's outputs are delivered while it runs.
@@ -286,7 +287,6 @@ class Scheduler(EngineIntake):
                 self._step_seconds += result.seconds
             state = result.value
             if state is None:  # a step through the binding: the loop reads
-                self._first_steps.stepped(self._running_status)
                 fresh = self._read_between_steps()
                 self._read_engine_state()
             else:

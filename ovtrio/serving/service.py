@@ -28,6 +28,7 @@ from ovtrio.images import ImageLimits
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
 from ovtrio.model.backend import Capabilities, capabilities_for, engine_backend
 from ovtrio.model.chat_format import thinks, tool_parser_for
+from ovtrio.model.grammar_check import GrammarLimits
 from ovtrio.model.limits import (
     RequestCaps,
     SequenceLimit,
@@ -275,6 +276,7 @@ class ModelService:
                 prefill_slice_tokens=slice_tokens,
                 step_tokens=self.settings.max_num_batched_tokens,
                 kv_block_tokens=block_tokens(model.device),
+                grammar_limits=GrammarLimits(seconds=self.settings.grammar_compile_seconds),
             )
         self.serving = ServingModel(
             name=source.name,

@@ -159,6 +159,12 @@ class ServerSettings(BaseModel):
         description="bytes of compiled grammars (structured output) each model's engine keeps for reuse, by"
         " XGrammar's estimate; least recently used dropped first",
     )
+    grammar_compile_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="CPU seconds one output constraint (JSON schema, forced tool call) may take to compile,"
+        " checked before the request is admitted; one that takes longer gets 400 naming the parameter",
+    )
     response_store_path: str | None = Field(
         None, description="SQLite file that keeps stored responses across restarts (default: memory only)"
     )

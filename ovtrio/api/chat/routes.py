@@ -33,7 +33,7 @@ async def create_chat_completion() -> Any:
     raw = bool(body.nvext and body.nvext.use_raw_prompt)
     prompt, tools = await encode_conversation(model, body, body.messages, raw)
     stage, markers = chat_stage(model, body, prompt, tools)
-    constraint = output_constraint(body, from_response_format, model.caps.schema_bytes)
+    constraint = await output_constraint(body, from_response_format, model.caps.schema_bytes)
     texts = await text_prompts(model, prompt)
     generation = generation_request(
         model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts

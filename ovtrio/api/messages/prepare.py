@@ -206,7 +206,7 @@ async def prepare(model: ServingModel, body: MessagesRequest) -> PreparedMessage
     tools = chat.tool_specs() if chat.effective_tool_choice() != "none" else []
     stage, markers = chat_stage(model, chat, prompt, tools)
     try:
-        constraint = output_constraint(
+        constraint = await output_constraint(
             chat, lambda fmt: from_response_format(fmt, "output_config.format"), model.caps.schema_bytes
         )
     except ConstraintError as exc:
@@ -217,6 +217,8 @@ async def prepare(model: ServingModel, body: MessagesRequest) -> PreparedMessage
     generation = generation_request(
         model, chat, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts
     )
+    # Its output constraint compiled now: a stream answers 200 before it is submitted.
+    generation = await model.scheduler.checked(generation)
     return PreparedMessage(body, generation, stage, len(prompt.ids), tuple(body.stop_sequences or ()))
 
 

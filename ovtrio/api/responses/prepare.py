@@ -60,7 +60,7 @@ async def prepare(model: ServingModel, body: ResponsesRequest, *stores: Response
         model, body, body.chat_messages(previous), image_params=lambda message, part: "previous_response_id"
     )
     stage, markers = chat_stage(model, body, prompt, tools)
-    constraint = output_constraint(body, from_responses_format, model.caps.schema_bytes)
+    constraint = await output_constraint(body, from_responses_format, model.caps.schema_bytes)
     texts = await text_prompts(model, prompt)
     generation = generation_request(
         model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts

@@ -1,0 +1,190 @@
+"""Output constraints are compiled before admission (ovtrio/model/grammar_check.py): one
+XGrammar cannot build, or builds too slowly or too large, is the sender's 400 naming
+the field it came from, on every route, while three unrelated streams run on to their
+end. Before, such a schema reached the engine, whose step threw: every request in that
+step failed with a 500 carrying the engine's build paths. And a forced tool call whose
+parameters hold `$defs`/`$ref` (every nested pydantic model) is served, its arguments
+valid against those parameters. All against a real server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import jsonschema
+import pytest
+
+from helpers import MODEL, chat_body, loopback, post
+from server_pool import server_fixture
+from sse import check_chat_choices, stream_post
+
+# What XGrammar refuses, or builds into a grammar of megabytes.
+HOSTILE = {
+    "empty enum": {"enum": []},
+    "integer range of 1e30": {"type": "integer", "minimum": -1e30, "maximum": 1e30},
+    "lookbehind": {"type": "string", "pattern": "(?<=a)b"},
+    "nested repetition": {"type": "string", "pattern": "^((a{100}){100}){100}$"},
+}
+# Seconds to compile on a 2-core Xeon (tens of times the limit below, on any CPU).
+SLOW = {"type": "string", "maxLength": 1000000000}
+
+limited_server = server_fixture("limited_server", "--grammar-compile-seconds", "0.1")
+
+
+def chat_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+def responses_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}
+
+
+def messages_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"output_config": {"format": {"type": "json_schema", "schema": schema}}}
+
+
+def chat_tool(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": "record", "parameters": parameters}}
+
+
+def responses_tool(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "name": "record", "parameters": parameters}
+
+
+def messages_tool(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"name": "record", "input_schema": parameters}
+
+
+def chat(extra: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "/v1/chat/completions", chat_body("Give me a record.", **{"max_tokens": 40, **extra})
+
+
+def responses(extra: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "/v1/responses", {"model": MODEL, "input": "Give me a record.", "max_output_tokens": 40, **extra}
+
+
+def messages(extra: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    body = {"model": MODEL, "max_tokens": 40, "messages": [{"role": "user", "content": "Give me a record."}]}
+    return "/v1/messages", {**body, **extra}
+
+
+def hostile_requests(schema: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
+    """(path, body, the field a 400 names) for `schema` on every route that takes one."""
+    wrapped = {"type": "object", "properties": {"x": schema}, "required": ["x"]}
+    return [
+        (*chat(chat_format(schema)), "response_format"),
+        (*responses(responses_format(schema)), "text.format"),
+        (*messages(messages_format(schema)), "output_config.format"),
+        (*chat({"tools": [chat_tool(wrapped)], "tool_choice": "required"}), "tools"),
+        (*chat({"tools": [chat_tool(wrapped)], "tool_choice": {"type": "function", "function": {"name": "record"}}}),)
+        + ("tools",),
+        (*responses({"tools": [responses_tool(wrapped)], "tool_choice": "required"}), "tools"),
+        (*messages({"tools": [messages_tool(wrapped)], "tool_choice": {"type": "any"}}), "tools"),
+    ]
+
+
+class InnocentStreams:
+    """Three unrelated streams, each to its max_tokens."""
+
+    def __init__(self, base_url: str) -> None:
+        self.results: list[Any] = [None] * 3
+        body = chat_body("Tell me a story", max_tokens=200, ignore_eos=True, temperature=0, stream=True)
+
+        def run(i: int) -> None:
+            try:
+                self.results[i] = stream_post(base_url, "/v1/chat/completions", body, timeout=300)
+            except Exception as exc:  # noqa: BLE001 - checked by check()
+                self.results[i] = exc
+
+        self.threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for thread in self.threads:
+            thread.start()
+
+    def check(self) -> None:
+        for thread in self.threads:
+            thread.join(300)
+        for chunks in self.results:
+            assert not isinstance(chunks, Exception), chunks
+            assert check_chat_choices(chunks, 1).finish_reasons == ["length"]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_constraint_that_does_not_compile_is_a_400_naming_its_field_beside_three_streams(server, name):
+    refused_beside_streams(server, HOSTILE[name])
+
+
+def test_a_constraint_that_compiles_past_the_time_limit_is_a_400_beside_three_streams(limited_server):
+    refused_beside_streams(limited_server, SLOW)
+    # What compiles within the limit is served on the same server.
+    reply = post(limited_server.base_url, *chat(chat_format({"type": "boolean"})))
+    assert reply.status_code == 200, reply.text
+    assert json.loads(reply.json()["choices"][0]["message"]["content"]) in (True, False)
+
+
+def refused_beside_streams(server, schema: dict[str, Any]) -> None:
+    streams = InnocentStreams(server.base_url)
+    time.sleep(0.3)  # the streams are running
+    for path, body, param in hostile_requests(schema):
+        for stream in (False, True):
+            reply = post(server.base_url, path, {**body, "stream": stream})
+            assert reply.status_code == 400, (path, param, reply.text)
+            error = reply.json()["error"]
+            if path != "/v1/messages":  # Anthropic's error shape has no param
+                assert error["param"] == param, (path, error)
+            assert "cannot be used for constrained decoding" in error["message"], error
+            assert ".cc" not in error["message"] and "/project" not in error["message"], error
+    streams.check()
+    assert loopback.get(server.base_url + "/health/ready").status_code == 200
+
+
+# A nested pydantic model's schema, as openai.pydantic_function_tool emits it: the
+# nested model in `$defs`, referenced by `$ref`.
+ITEMS = {
+    "$defs": {
+        "Item": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 8}, "count": {"type": "integer", "maximum": 9}},
+            "required": ["name", "count"],
+            "additionalProperties": False,
+        }
+    },
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}, "minItems": 1, "maxItems": 2}},
+    "required": ["items"],
+    "additionalProperties": False,
+}
+
+
+FORCED_WITH_REFS = {
+    "chat required": chat({"tools": [chat_tool(ITEMS)], "tool_choice": "required", "max_tokens": 120}),
+    "chat named": chat(
+        {
+            "tools": [chat_tool(ITEMS)],
+            "tool_choice": {"type": "function", "function": {"name": "record"}},
+            "max_tokens": 120,
+        }
+    ),
+    "responses required": responses(
+        {"tools": [responses_tool(ITEMS)], "tool_choice": "required", "max_output_tokens": 120}
+    ),
+    "messages any": messages({"tools": [messages_tool(ITEMS)], "tool_choice": {"type": "any"}, "max_tokens": 120}),
+}
+
+
+def forced_arguments(path: str, reply: dict[str, Any]) -> Any:
+    if path == "/v1/chat/completions":
+        return json.loads(reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+    if path == "/v1/responses":
+        return json.loads(next(item for item in reply["output"] if item["type"] == "function_call")["arguments"])
+    return next(block for block in reply["content"] if block["type"] == "tool_use")["input"]
+
+
+@pytest.mark.parametrize("case", FORCED_WITH_REFS)
+def test_a_forced_call_whose_parameters_use_defs_serves_valid_arguments(server, case):
+    path, body = FORCED_WITH_REFS[case]
+    for temperature in (0, 1.0):
+        reply = post(server.base_url, path, {**body, "temperature": temperature})
+        assert reply.status_code == 200, reply.text
+        jsonschema.validate(forced_arguments(path, reply.json()), ITEMS)
