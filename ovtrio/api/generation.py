@@ -5,7 +5,7 @@ A handler takes its validated body and the ready model (`accept`, which also ref
 request with a 429 when the scheduler is full, before anything is tokenized), builds its
 prompt, then `generation_request` checks the request's size and the sampling settings
 against the model's limits: all before the client is answered 200. The request then runs in the scheduler, and its
-messages pass through an OutputStage into a writer: `unary_outcome` aggregates them for
+outputs pass through an OutputStage into a writer: `unary_outcome` aggregates them for
 one JSON body, `event_stream` streams them as server-sent events (`respond` picks
 one for chat and completions).
 """
@@ -200,8 +200,8 @@ async def written(stream: RequestStream, stage: OutputStage, writer: Writer[Writ
     """The writer's bodies for one request, in batches as the engine produces them."""
     if opening := writer.opening():
         yield opening
-    while messages := await stream.receive_available():
-        if bodies := writer.write(stage.feed(messages)):
+    while outputs := await stream.receive_available():
+        if bodies := writer.write(stage.feed(outputs)):
             yield bodies
 
 
@@ -233,8 +233,8 @@ async def run_to_end(
     be). Returns its usage; a request that failed raises its error, after `consume` has
     seen the Failed."""
     async with submitted(scheduler, generation) as stream:
-        while messages := await stream.receive_available():
-            events = stage.feed(messages)
+        while outputs := await stream.receive_available():
+            events = stage.feed(outputs)
             consume(events)
             ended = events[-1] if events else None  # Completed or Failed comes last
             if isinstance(ended, Failed):

@@ -1,4 +1,4 @@
-"""Where output becomes typed events: between the scheduler's per-request messages and
+"""Where output becomes typed events: between the scheduler's per-request outputs and
 the API's writers.
 
 The scheduler hands each request text deltas per choice (already detokenized and cut at

@@ -1,4 +1,4 @@
-"""OutputStage: one request's scheduler messages in, typed output events out."""
+"""OutputStage: one request's scheduler outputs in, typed output events out."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ovtrio.output.events import (
     ToolCallStarted,
 )
 from ovtrio.parsing import ParsedDelta, ReasoningSplitter, ToolCallParser
-from ovtrio.scheduler import Completed, Delta, Failed, Message
+from ovtrio.scheduler import Completed, Delta, Failed, RequestOutput
 
 TokenBytes = Callable[[int], bytes]
 
@@ -99,7 +99,7 @@ class _ChoiceReader:
 
 
 class OutputStage:
-    """Turns the messages of one request into output events, choice by choice.
+    """Turns the scheduler outputs of one request into output events, choice by choice.
 
     `reasoning` and `tool_parser` make a fresh splitter and parser for each choice (None:
     the text is all content). `logprobs` gives the bytes each token adds to the text
@@ -120,23 +120,23 @@ class OutputStage:
         self._token_bytes = logprobs
         self._choices: dict[int, _ChoiceReader] = {}
 
-    def feed(self, messages: list[Message]) -> list[OutputEvent]:
-        """The events of messages received together, in order."""
+    def feed(self, outputs: list[RequestOutput]) -> list[OutputEvent]:
+        """The events of outputs received together, in order."""
         events: list[OutputEvent] = []
         pending: dict[int, _Piece] = {}
-        for message in messages:
-            if isinstance(message, Delta):
-                if message.text or message.token_ids:
-                    piece = pending.setdefault(message.index, _Piece())
-                    piece.text.append(message.text)
-                    piece.token_ids.extend(message.token_ids)
-                    piece.logprobs.extend(message.logprobs or ())
-                if message.finish_reason is not None:
+        for output in outputs:
+            if isinstance(output, Delta):
+                if output.text or output.token_ids:
+                    piece = pending.setdefault(output.index, _Piece())
+                    piece.text.append(output.text)
+                    piece.token_ids.extend(output.token_ids)
+                    piece.logprobs.extend(output.logprobs or ())
+                if output.finish_reason is not None:
                     self._read(pending, events)
-                    events += self._choice(message.index).finish(message.finish_reason, message.stop)
-            elif isinstance(message, (Completed, Failed)):
+                    events += self._choice(output.index).finish(output.finish_reason, output.stop)
+            elif isinstance(output, (Completed, Failed)):
                 self._read(pending, events)
-                events.append(message)
+                events.append(output)
         self._read(pending, events)
         return events
 

@@ -1,5 +1,5 @@
 """The engine side: requests in as token ids and SamplingParams (params.py, the one place
-they become GenerationConfig), typed messages out (messages.py), text decoded and cut at
+they become GenerationConfig), typed outputs out (outputs.py), text decoded and cut at
 stop strings on the way (text_output.py). The loop is scheduler.py, how it adds requests to
 the engine engine_intake.py, how it steps the engine stepping.py (engine_step.py and
 step_thread.py), what it keeps for each request requests.py, what a step's reads hold
@@ -12,8 +12,8 @@ in intake.py. Knows nothing of HTTP or of metrics formats."""
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting
 from ovtrio.scheduler.interface import GenerationScheduler, SchedulerStats, waiting_requests
-from ovtrio.scheduler.messages import Completed, Delta, Failed, Message
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
+from ovtrio.scheduler.outputs import Completed, Delta, Failed, RequestOutput
 from ovtrio.scheduler.params import (
     GenerationRequest,
     OutputConstraint,
@@ -37,7 +37,7 @@ __all__ = [
     "GenerationRequest",
     "TextPrompt",
     "GenerationScheduler",
-    "Message",
+    "RequestOutput",
     "NoObserver",
     "NotAccepting",
     "OutputConstraint",

@@ -8,7 +8,7 @@ a burst costs the server nothing but the refusal and the requests it took on fin
 a bounded time. Without a bound every request of a burst joins the engine's own queue
 and all of them wait, none refused (see docs/benchmarks.md#a-burst-of-2000-requests).
 
-Slow readers: a request whose consumer leaves `slow_reader_buffer` messages unread is
+Slow readers: a request whose consumer leaves `slow_reader_buffer` outputs unread is
 paused (its handle is not read, so its tokens wait in the engine as ids, and nothing is
 built for it); once the consumer has read half of them it resumes with nothing lost. A
 request paused for `slow_reader_timeout` seconds is cancelled in the engine.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 class AdmissionLimits:
     max_running_sequences: int = 256
     max_queued_requests: int = 512
-    slow_reader_buffer: int = 128  # undelivered messages that pause a request
+    slow_reader_buffer: int = 128  # undelivered outputs that pause a request
     slow_reader_timeout: float = 30.0  # seconds paused before it is cancelled
 
 

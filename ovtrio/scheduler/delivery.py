@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ovtrio.scheduler.messages import Completed, Delta, Failed
 from ovtrio.scheduler.observer import RequestObserver
+from ovtrio.scheduler.outputs import Completed, Delta, Failed
 from ovtrio.scheduler.params import SamplingParams
 from ovtrio.scheduler.reads import EngineReads, PlannedRead, StepOutput, joined, read_engine
 from ovtrio.scheduler.requests import ActiveRequest, EngineRequest, Sequence

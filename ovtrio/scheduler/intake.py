@@ -29,8 +29,8 @@ import trio
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded, RetryHint
 from ovtrio.scheduler.delivery import Decisions, Delivery
-from ovtrio.scheduler.messages import Failed, Message
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
+from ovtrio.scheduler.outputs import Failed, RequestOutput
 from ovtrio.scheduler.params import GenerationRequest
 from ovtrio.scheduler.requests import ActiveRequest, Admission, RequestStream
 
@@ -139,8 +139,8 @@ class RequestIntake:
             request = checked
         request_id = next(self._ids)
         # Unbounded, so the loop never waits for a consumer; a consumer that lags has
-        # its request paused at slow_reader_buffer messages instead (admission.py).
-        send, receive = trio.open_memory_channel[Message](math.inf)
+        # its request paused at slow_reader_buffer outputs instead (admission.py).
+        send, receive = trio.open_memory_channel[RequestOutput](math.inf)
         active = ActiveRequest(
             request_id=request_id,
             channel=send,
@@ -185,7 +185,7 @@ class RequestIntake:
             raise NotAccepting("the scheduler is draining")
         self.check_capacity()
         request_id = next(self._ids)
-        send, receive = trio.open_memory_channel[Message](0)
+        send, receive = trio.open_memory_channel[RequestOutput](0)
         receive.close()  # nothing is ever sent: a reservation has no output
         active = ActiveRequest(
             request_id=request_id,
@@ -299,8 +299,7 @@ class RequestIntake:
     def _cancel_slow_reader(self, active: ActiveRequest, now: float) -> None:
         assert active.paused_at is not None
         log.warning(
-            "request %d cancelled: its client read nothing for %.0f s (%d messages waiting for it,"
-            " %d tokens generated)",
+            "request %d cancelled: its client read nothing for %.0f s (%d outputs waiting for it, %d tokens generated)",
             active.request_id,
             now - active.paused_at,
             active.undelivered(),

@@ -1,4 +1,4 @@
-"""What the scheduler keeps for each request, from submission to its last message, and
+"""What the scheduler keeps for each request, from submission to its last output, and
 the consumer's end of it (RequestStream).
 
 An ovtrio request (ActiveRequest) becomes one or more engine requests (EngineRequest:
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ovtrio.scheduler.messages import Message
+from ovtrio.scheduler.outputs import RequestOutput
 from ovtrio.scheduler.params import GenerationRequest, UnsupportedParams
 from ovtrio.scheduler.speculation import SpeculationTally
 from ovtrio.scheduler.text_output import Detokenizer, StopMatcher
@@ -63,11 +63,11 @@ class ActiveRequest:
     """An ovtrio request from submission until its channel closes."""
 
     request_id: int
-    channel: trio.MemorySendChannel[Message]
+    channel: trio.MemorySendChannel[RequestOutput]
     prompt_tokens: int
     logprobs: bool
     weight: int = 1  # engine sequences it runs (GenerationRequest.sequences), or places reserved
-    # Undelivered messages at which the request pauses (see admission.py).
+    # Undelivered outputs at which the request pauses (see admission.py).
     pause_at: int = 128
     parts: list[EngineRequest] = field(default_factory=list)
     sequences: list[Sequence] = field(default_factory=list)
@@ -77,11 +77,11 @@ class ActiveRequest:
     # (Delivery.read_outputs) until it catches up.
     paused_at: float | None = None
 
-    def send(self, message: Message) -> bool:
-        """Queue `message` for the consumer; False if it has left. Pauses the request
-        when its consumer has left `pause_at` messages unread."""
+    def send(self, output: RequestOutput) -> bool:
+        """Queue `output` for the consumer; False if it has left. Pauses the request
+        when its consumer has left `pause_at` outputs unread."""
         try:
-            self.channel.send_nowait(message)
+            self.channel.send_nowait(output)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         if self.paused_at is None and self.undelivered() >= self.pause_at:
@@ -89,7 +89,7 @@ class ActiveRequest:
         return True
 
     def undelivered(self) -> int:
-        """Messages sent that the consumer has not received yet."""
+        """Outputs sent that the consumer has not received yet."""
         return self.channel.statistics().current_buffer_used
 
     def close(self) -> None:
@@ -129,9 +129,9 @@ class Admission:
 
 
 class RequestStream:
-    """The consumer's end of one request: messages in arrival order.
+    """The consumer's end of one request: its outputs in arrival order.
 
-    `receive_available()` waits for at least one message and returns all that are
+    `receive_available()` waits for at least one output and returns all that are
     queued, so a consumer that fell behind catches up in one go instead of writing one
     chunk per engine step.
     """
@@ -139,7 +139,7 @@ class RequestStream:
     def __init__(
         self,
         request_id: int,
-        receive: trio.MemoryReceiveChannel[Message],
+        receive: trio.MemoryReceiveChannel[RequestOutput],
         received: Callable[[], None] = lambda: None,
     ) -> None:
         """`received` is called after each batch is taken (the scheduler resumes a
@@ -148,15 +148,15 @@ class RequestStream:
         self._receive = receive
         self._received = received
 
-    async def receive_available(self) -> list[Message]:
-        """Wait for the next messages; [] once the request is over (channel closed)."""
+    async def receive_available(self) -> list[RequestOutput]:
+        """Wait for the next outputs; [] once the request is over (channel closed)."""
         try:
-            messages = [await self._receive.receive()]
+            outputs = [await self._receive.receive()]
         except trio.EndOfChannel:
             return []
         while True:
             try:
-                messages.append(self._receive.receive_nowait())
+                outputs.append(self._receive.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 self._received()
-                return messages
+                return outputs

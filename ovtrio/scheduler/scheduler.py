@@ -67,7 +67,7 @@ steps of its own run.
   strings) does the same; the chat template is rendered from a string set once at load.
 
 The scheduler knows nothing of HTTP: requests come in as token ids plus
-SamplingParams, and go out as typed messages (messages.py) on a per-request channel.
+SamplingParams, and go out as typed outputs (outputs.py) on a per-request channel.
 This module has the loop and its stats; adding queued requests to the engine is in
 engine_intake.py, the ways of stepping in stepping.py; submission, draining and the
 slow-reader timeout, which the stateful backend shares, are in intake.py, the limits it

@@ -33,8 +33,8 @@ from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.intake import SHUTTING_DOWN, RequestIntake
 from ovtrio.scheduler.interface import SchedulerStats
-from ovtrio.scheduler.messages import Failed
 from ovtrio.scheduler.observer import RequestObserver
+from ovtrio.scheduler.outputs import Failed
 from ovtrio.scheduler.params import (
     GenerationRequest,
     UnsupportedParams,

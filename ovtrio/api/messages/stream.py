@@ -47,8 +47,8 @@ async def _produce(
     async with send:
         try:
             async with submitted(scheduler, ready.generation) as stream:
-                while messages := await stream.receive_available():
-                    if bodies := writer.write(ready.stage.feed(messages)):
+                while outputs := await stream.receive_available():
+                    if bodies := writer.write(ready.stage.feed(outputs)):
                         await send.send(b"".join(map(typed_frame, bodies)))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return  # the client is gone; leaving the submission cancelled the engine request

@@ -1,4 +1,4 @@
-"""Typed messages the scheduler sends on each request's channel.
+"""Typed outputs the scheduler sends on each request's channel (RequestOutput).
 
 A request's channel carries any number of `Delta`s, then exactly one `Completed` or
 `Failed`, then closes. (Scored prompts come from the scoring path, ovtrio/scoring.)
@@ -43,4 +43,4 @@ class Failed:
     code: str
 
 
-Message = Delta | Completed | Failed
+RequestOutput = Delta | Completed | Failed
