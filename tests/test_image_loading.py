@@ -172,3 +172,36 @@ async def test_a_redirect_to_an_address_not_allowed_is_refused(monkeypatch, redi
     assert str(direct) == str(caught.value)  # the same words whatever stopped it
     allowed = ImageLimits(fetch_urls=True, fetch_timeout=5, fetch_private=True)
     assert (await load_image(f"http://127.0.0.1:{redirecting_host}/away", PARAM, allowed)).pixels.shape == (8, 8, 3)
+
+
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [
+        ("8.8.8.8", True),
+        ("2606:4700:4700::1111", True),
+        ("64:ff9b::808:808", True),  # NAT64 of a public IPv4 address
+        ("2002:808:808::1", True),  # 6to4 of a public IPv4 address
+        ("10.0.0.1", False),
+        ("::1", False),
+        ("fe80::1%eth0", False),
+        ("::ffff:127.0.0.1", False),  # IPv4-mapped
+        ("::127.0.0.1", False),  # IPv4-compatible
+        ("::ffff:0:7f00:1", False),  # IPv4-translated
+        ("64:ff9b::a00:1", False),  # NAT64 of 10.0.0.1
+        ("64:ff9b:1::a00:1", False),  # local-use NAT64
+        ("2002:7f00:1::1", False),  # 6to4 of 127.0.0.1
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False),  # Teredo, its client in a reserved range
+    ],
+)
+def test_an_ipv6_address_that_stands_for_an_ipv4_one_is_as_public_as_that_address(address, public):
+    from ovtrio.images.fetch import is_public
+
+    assert is_public(address) is public
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://exa mple.com:99999999/x.png"])
+async def test_a_url_that_does_not_parse_is_refused_as_any_other_fetch(url):
+    limits = ImageLimits(fetch_urls=True, fetch_timeout=5)
+    with pytest.raises(ImageError) as caught:
+        await load_image(url, PARAM, limits)
+    assert caught.value.code in ("image_url_unreachable", "invalid_image_url")

@@ -38,11 +38,40 @@ class TooLarge(Exception):
     """The body (or what it decompresses to) is over the byte limit."""
 
 
+# IPv6 prefixes whose last 32 bits are an IPv4 address that the packet reaches: IPv4-
+# compatible (::/96, deprecated), IPv4-translated (::ffff:0:0:0/96), and NAT64 (the
+# well-known 64:ff9b::/96 and the local-use 64:ff9b:1::/48), which on an IPv6-only
+# network reach whatever the IPv4 address is, private ones included.
+_EMBEDDING_IPV4 = tuple(
+    ipaddress.IPv6Network(prefix) for prefix in ("::/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48")
+)
+
+
+def _reached_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address stands for (mapped, compatible, translated,
+    NAT64, 6to4, Teredo's client and server); none for a plain IPv6 address."""
+    if ip.ipv4_mapped is not None:
+        return [ip.ipv4_mapped]
+    if ip.sixtofour is not None:
+        return [ip.sixtofour]
+    if ip.teredo is not None:
+        return list(ip.teredo)
+    if any(ip in network for network in _EMBEDDING_IPV4) and ip not in (
+        ipaddress.IPv6Address("::"),
+        ipaddress.IPv6Address("::1"),
+    ):
+        return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+    return []
+
+
 def is_public(address: str) -> bool:
-    """Whether an IP address is globally routable (an IPv4-mapped IPv6 address as its IPv4)."""
+    """Whether an IP address is globally routable: an IPv6 address that stands for an
+    IPv4 one (mapped, NAT64, 6to4, ...) only if that IPv4 address is too."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = _reached_ipv4(ip)
+        if embedded:
+            return all(is_public(str(each)) for each in embedded)
     return ip.is_global and not ip.is_multicast
 
 
@@ -106,7 +135,10 @@ async def fetch(url: str, max_bytes: int, seconds: float, allow_private: bool) -
     reply), TooLarge, or FieldError for a URL with credentials."""
     import httpx
 
-    parsed = httpx.URL(url)
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        raise FetchRefused("url") from None
     if parsed.userinfo:
         raise FieldError("image URLs with a user name or password are not fetched.", None, "invalid_image_url")
 
@@ -148,7 +180,7 @@ async def fetch(url: str, max_bytes: int, seconds: float, allow_private: bool) -
                         raise TooLarge()
     except trio.TooSlowError:
         raise FetchRefused("timeout") from None
-    except httpx.HTTPError:
+    except (httpx.HTTPError, httpx.InvalidURL):
         raise FetchRefused("http") from None
     if encoding == "identity":
         return bytes(chunks)
