@@ -34,10 +34,16 @@ from typing import Any
 
 import trio
 
-from ovtrio.model.grammar_check import ConstraintRefused, GrammarChecker, GrammarLimits, grammar_vocabulary
+from ovtrio.model.grammar_check import (
+    CheckerClosed,
+    ConstraintRefused,
+    GrammarChecker,
+    GrammarLimits,
+    grammar_vocabulary,
+)
 from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.admission import AdmissionLimits
-from ovtrio.scheduler.intake import RequestIntake
+from ovtrio.scheduler.intake import NotAccepting, RequestIntake
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import (
     GenerationRequest,
@@ -148,6 +154,8 @@ class EngineIntake(RequestIntake):
                 f"the output format in '{constraint.param}' cannot be used for constrained decoding: {exc}.",
                 constraint.param,
             ) from None
+        except CheckerClosed:  # the loop has ended (the server is stopping)
+            raise NotAccepting("the scheduler is not running") from None
         params = replace(request.params, constraint=replace(constraint, grammar=grammar))
         return replace(request, params=params)
 
