@@ -139,7 +139,7 @@ class EngineIntake(RequestIntake):
 
     # ---- output constraints, before admission -------------------------------------------
 
-    async def checked(self, request: GenerationRequest) -> GenerationRequest:
+    async def _checked(self, request: GenerationRequest) -> GenerationRequest:
         """`request` with its output constraint compiled to the grammar the engine is
         given; UnsupportedParams, naming the field it came from, if it does not compile
         within the limits."""
@@ -165,7 +165,8 @@ class EngineIntake(RequestIntake):
         return max(0, self._limits.max_running_sequences - self._running_sequences)
 
     def _describe_load(self) -> str:
-        return f"{self._running_sequences} sequences are running and {len(self._queued)} requests are waiting"
+        waiting = len(self._queued) + self._checking
+        return f"{self._running_sequences} sequences are running and {waiting} requests are waiting"
 
     def _left_engine(self, active: ActiveRequest, outcome: str | None) -> None:
         # Its sequences make room for the queued requests at the next admission.
