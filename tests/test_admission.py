@@ -14,7 +14,7 @@ import trio
 
 from fake_engine import received, request, start_scheduler
 from ovtrio.model.limits import request_caps, work_limits
-from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, OutputConstraint, Overloaded
+from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, NotAccepting, OutputConstraint, Overloaded
 from ovtrio.settings.server import Settings
 
 
@@ -230,3 +230,11 @@ async def test_requests_waiting_for_their_constraint_check_count_toward_the_queu
     checker.done.set()  # both are served
     await wait_until(lambda: len(results) == 2)
     assert results["first"][-1] == results["second"][-1] == Completed(prompt_tokens=1, completion_tokens=3)
+
+
+async def test_a_constraint_check_after_the_checker_closed_is_told_the_server_is_stopping(nursery):
+    engine = await start_scheduler(nursery)
+    scheduler = engine.scheduler
+    scheduler._grammars.close()  # as the loop's end closes it
+    with pytest.raises(NotAccepting):
+        await scheduler.checked(request(1, constraint=OutputConstraint(json_schema='{"type": "boolean"}')))
