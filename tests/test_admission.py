@@ -14,7 +14,7 @@ import trio
 
 from fake_engine import received, request, start_scheduler
 from ovtrio.model.limits import request_caps, work_limits
-from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, Overloaded
+from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, NotAccepting, OutputConstraint, Overloaded
 from ovtrio.settings.server import Settings
 
 
@@ -188,3 +188,53 @@ async def test_scoring_takes_running_places_in_the_same_queue(nursery, gil_free)
     release.set()
     await wait_until(lambda: events == ["long", "scoring admitted", "scoring done", "after"])
     assert scheduler.stats().running_sequences == 0
+
+
+class SlowChecker:
+    """Stands in for the grammar checker: each constraint is compiled when `done` is set."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.waiting = 0
+
+    async def grammar(self, request: dict[str, Any]) -> str:
+        self.waiting += 1
+        await self.done.wait()
+        return 'root ::= "true"'
+
+    def close(self) -> None:
+        pass
+
+
+async def test_requests_waiting_for_their_constraint_check_count_toward_the_queue(nursery):
+    engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1))
+    scheduler = engine.scheduler
+    scheduler._grammars = checker = SlowChecker()
+    results: dict[str, list[Any]] = {}
+
+    async def run(name: str) -> None:
+        constrained = request(3, constraint=OutputConstraint(json_schema=f'{{"title": "{name}"}}'))
+        results[name] = await received(scheduler, constrained)
+
+    nursery.start_soon(run, "first")
+    nursery.start_soon(run, "second")
+    await wait_until(lambda: checker.waiting == 2)
+    # One place in the engine, one in the queue: both taken by requests being checked.
+    with pytest.raises(Overloaded, match="2 requests are waiting"):
+        scheduler.check_capacity()
+    with trio.fail_after(5), pytest.raises(Overloaded):
+        async with scheduler.submit(request(1, constraint=OutputConstraint(json_schema='{"title": "third"}'))):
+            pass
+    assert checker.waiting == 2  # refused before its check
+
+    checker.done.set()  # both are served
+    await wait_until(lambda: len(results) == 2)
+    assert results["first"][-1] == results["second"][-1] == Completed(prompt_tokens=1, completion_tokens=3)
+
+
+async def test_a_constraint_check_after_the_checker_closed_is_told_the_server_is_stopping(nursery):
+    engine = await start_scheduler(nursery)
+    scheduler = engine.scheduler
+    scheduler._grammars.close()  # as the loop's end closes it
+    with pytest.raises(NotAccepting):
+        await scheduler.checked(request(1, constraint=OutputConstraint(json_schema='{"type": "boolean"}')))

@@ -2,19 +2,27 @@
 XGrammar: what compiles comes back as the EBNF the engine is given, without free
 whitespace; what does not, or runs past the limits, is refused with XGrammar's reason
 and no build paths; a worker killed past its limits or from outside is started again,
-and every result is kept."""
+and every result the constraint decides is kept, none that the machine does.
+
+Where a race or a misbehaving worker is the point, a stand-in worker (a few lines of
+Python run in the real worker's place) sleeps, dies or speaks out of turn on cue."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import trio
 
 from fake_engine import VOCABULARY
-from ovtrio.model.grammar_check import ConstraintRefused, GrammarChecker, GrammarLimits
+from ovtrio.model import grammar_check
+from ovtrio.model.grammar_check import CheckerClosed, ConstraintRefused, GrammarChecker, GrammarLimits
 
 
 def schema_request(schema: object) -> dict:
@@ -68,12 +76,18 @@ async def test_a_grammar_over_the_size_bound_is_refused():
         grammars.close()
 
 
-async def test_a_compile_past_its_time_is_killed_and_the_next_gets_a_new_worker():
+async def test_a_compile_past_its_time_is_killed_and_the_next_gets_a_new_worker(monkeypatch):
+    # Only its CPU time decides, however little of it the load leaves the worker.
+    monkeypatch.setattr(grammar_check, "WALL_FACTOR", 10_000)
     grammars = checker(seconds=0.01)
     try:
+        slow = schema_request({"type": "string", "pattern": "^((a{100}){100}){100}$"})  # 2.5 s of CPU time
         with pytest.raises(ConstraintRefused, match="takes more than"):
-            await grammars.grammar(schema_request({"type": "string", "pattern": "^((a{100}){100}){10}$"}))
+            await grammars.grammar(slow)
         assert grammars.restarts == 1
+        with pytest.raises(ConstraintRefused, match="takes more than"):  # kept: its cost is its own
+            await grammars.grammar(slow)
+        assert grammars.compiles == 1
         grammars.limits = GrammarLimits()
         assert await grammars.grammar(schema_request({"type": "boolean"}))
     finally:
@@ -88,5 +102,149 @@ async def test_a_worker_killed_from_outside_is_started_again():
         os.kill(grammars._process.pid, signal.SIGKILL)
         await trio.sleep(0.2)
         assert await grammars.grammar(schema_request({"type": "integer"}))
+    finally:
+        grammars.close()
+
+
+@pytest.fixture
+def spawned(monkeypatch) -> list[trio.Process]:
+    """The workers the checker starts, in order."""
+    started: list[trio.Process] = []
+    open_process = trio.lowlevel.open_process
+
+    async def spawn(*args, **kwargs) -> trio.Process:
+        process = await open_process(*args, **kwargs)
+        started.append(process)
+        return process
+
+    monkeypatch.setattr(trio.lowlevel, "open_process", spawn)
+    return started
+
+
+def stand_in(monkeypatch, tmp_path: Path, ready: str = '{"ready": true}', first: str = "") -> None:
+    """Run a stand-in worker in the real one's place: it reads the vocabulary, says
+    `ready`, then answers each request with a grammar, its id echoed; the first request
+    any stand-in gets runs `first` before (Python: sleep, exit, ...)."""
+    marker = tmp_path / "first-request-seen"
+    script = tmp_path / "stand_in_worker.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, os, sys, time
+            source = sys.stdin.buffer
+            source.read(int(source.readline()))
+            print({ready!r}, flush=True)
+            for line in source:
+                request = json.loads(line)
+                if not os.path.exists({str(marker)!r}):
+                    open({str(marker)!r}, "w").close()
+                    {first or "pass"}
+                print(json.dumps({{"grammar": "root ::= " + request["schema"], "id": request.get("id")}}), flush=True)
+            """
+        )
+    )
+    monkeypatch.setattr(grammar_check, "WORKER", script)
+
+
+async def test_a_request_cancelled_while_the_worker_starts_leaves_no_answer_out_of_step(spawned):
+    grammars = checker()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(grammars.grammar, schema_request({"type": "boolean"}))
+            with trio.fail_after(30):
+                while not spawned:
+                    await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()  # its client left before the worker was ready
+        # Each request gets its own grammar, not the ready line or the one before's.
+        assert "true" in await grammars.grammar(schema_request({"type": "boolean"}))
+        assert "basic_integer" in await grammars.grammar(schema_request({"type": "integer"}))
+        assert spawned[0].returncode is not None  # killed, and reaped
+    finally:
+        grammars.close()
+
+
+@pytest.mark.parametrize(
+    "ready, first, refused",
+    [
+        ('{"ready": true}', "time.sleep(2)", "too busy to compile it"),
+        ('{"ready": true}', "sys.exit(1)", "the grammar compiler ended"),
+        ('{"ready": true}', 'print("{}", flush=True)', "the grammar compiler ended"),
+        ("not JSON", "", "cannot be checked on this server"),
+    ],
+    ids=["starved", "died", "out-of-step", "bad-ready-line"],
+)
+async def test_what_the_machine_does_to_the_worker_is_refused_once_and_not_kept(
+    monkeypatch, tmp_path, spawned, ready, first, refused
+):
+    stand_in(monkeypatch, tmp_path, ready, first)
+    grammars = checker(seconds=0.04)  # 0.1 s on the clock: the sleep is past it
+    try:
+        with pytest.raises(ConstraintRefused, match=refused):
+            await grammars.grammar(schema_request({"type": "boolean"}))
+        if ready != "not JSON":
+            grammars.limits = GrammarLimits()  # time enough, however loaded the machine
+            assert await grammars.grammar(schema_request({"type": "boolean"})) == 'root ::= {"type": "boolean"}'
+            assert len(spawned) == 2  # a new worker for the same constraint, compiled this time
+    finally:
+        grammars.close()
+
+
+async def test_a_compile_whose_client_left_runs_to_its_end_and_is_kept(monkeypatch, tmp_path, spawned):
+    stand_in(monkeypatch, tmp_path, first="time.sleep(0.5)")
+    grammars = checker()
+    try:
+        with trio.move_on_after(10) as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(grammars.grammar, schema_request({"type": "boolean"}))
+                while grammars.compiles == 0:
+                    await trio.sleep(0.001)
+                nursery.cancel_scope.cancel()  # its client left mid-compile
+        assert not scope.cancelled_caught
+        with trio.fail_after(0.2):  # kept: no compile, no new worker
+            assert await grammars.grammar(schema_request({"type": "boolean"})) == 'root ::= {"type": "boolean"}'
+        assert (grammars.compiles, grammars.restarts, len(spawned)) == (1, 0, 1)
+    finally:
+        grammars.close()
+
+
+async def test_after_close_every_request_waiting_or_new_is_told_the_server_is_stopping(monkeypatch, tmp_path, spawned):
+    stand_in(monkeypatch, tmp_path, first="time.sleep(1)")
+    grammars = checker()
+    outcomes: list[Exception] = []
+
+    async def ask(schema: object) -> None:
+        try:
+            await grammars.grammar(schema_request(schema))
+        except Exception as exc:  # noqa: BLE001 - any, to be compared below
+            outcomes.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask, {"type": "boolean"})  # awaits its answer
+        while grammars.compiles == 0:
+            await trio.sleep(0.001)
+        nursery.start_soon(ask, {"type": "integer"})  # waits for the first
+        await trio.sleep(0.05)
+        grammars.close()
+    await ask({"type": "string"})
+    assert [type(exc) for exc in outcomes] == [CheckerClosed] * 3, outcomes
+    assert len(spawned) == 1  # none started after close
+
+
+async def test_without_xgrammar_every_constraint_is_refused_at_once_with_how_to_install_it(
+    monkeypatch, tmp_path, spawned, caplog
+):
+    # A distribution of another version first on the worker's path: as without one.
+    metadata = tmp_path / "xgrammar-0.0.1.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: xgrammar\nVersion: 0.0.1\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    grammars = checker()
+    try:
+        with caplog.at_level(logging.WARNING, logger="ovtrio"):
+            for schema in ({"type": "boolean"}, {"type": "integer"}, {"type": "boolean"}):
+                with pytest.raises(ConstraintRefused, match=r"pip install --no-deps xgrammar==0\.1\.31"):
+                    await grammars.grammar(schema_request(schema))
+        assert len(spawned) == 1
+        assert len([r for r in caplog.records if "xgrammar" in r.getMessage()]) == 1
     finally:
         grammars.close()

@@ -47,9 +47,12 @@ VOCAB_RAW = 0  # xgrammar.VocabType.RAW: token strings are the tokens' own bytes
 
 def load_bindings() -> Any:
     """XGrammar's compiled module, without its Python package's imports (torch)."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    found = version("xgrammar")
+    try:
+        found = version("xgrammar")
+    except PackageNotFoundError:
+        raise ImportError("xgrammar is not installed") from None
     if found != XGRAMMAR_VERSION:
         raise ImportError(f"xgrammar {found} is installed; the engine compiles with {XGRAMMAR_VERSION}")
     spec = importlib.util.find_spec("xgrammar")
@@ -135,11 +138,17 @@ def main() -> None:
     os.nice(10)
     source = sys.stdin.buffer
     vocab, eos_token_id = pickle.loads(source.read(int(source.readline())))
-    compiler = Compiler(load_bindings(), vocab, eos_token_id, max_text, max_compiled)
+    out = sys.stdout
+    try:
+        bindings = load_bindings()
+    except ImportError as exc:  # the parent refuses every constraint from now on, at once
+        out.write(json.dumps({"unavailable": str(exc)}) + "\n")
+        out.flush()
+        return
+    compiler = Compiler(bindings, vocab, eos_token_id, max_text, max_compiled)
     if memory > 0:
         limit = _address_space() + memory
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    out = sys.stdout
     out.write('{"ready": true}\n')
     out.flush()
     for line in source:
@@ -150,6 +159,8 @@ def main() -> None:
             answer = {"error": "it needs more memory to compile than this server allows", "size": True}
         except Exception as exc:  # noqa: BLE001 - XGrammar's refusals are RuntimeErrors and its own types
             answer = {"error": str(exc)}
+        # Echoed, so that the parent knows the answer for the request it sent.
+        answer["id"] = request.get("id")
         out.write(json.dumps(answer) + "\n")
         out.flush()
 

@@ -34,10 +34,16 @@ from typing import Any
 
 import trio
 
-from ovtrio.model.grammar_check import ConstraintRefused, GrammarChecker, GrammarLimits, grammar_vocabulary
+from ovtrio.model.grammar_check import (
+    CheckerClosed,
+    ConstraintRefused,
+    GrammarChecker,
+    GrammarLimits,
+    grammar_vocabulary,
+)
 from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.admission import AdmissionLimits
-from ovtrio.scheduler.intake import RequestIntake
+from ovtrio.scheduler.intake import NotAccepting, RequestIntake
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import (
     GenerationRequest,
@@ -133,7 +139,7 @@ class EngineIntake(RequestIntake):
 
     # ---- output constraints, before admission -------------------------------------------
 
-    async def checked(self, request: GenerationRequest) -> GenerationRequest:
+    async def _checked(self, request: GenerationRequest) -> GenerationRequest:
         """`request` with its output constraint compiled to the grammar the engine is
         given; UnsupportedParams, naming the field it came from, if it does not compile
         within the limits."""
@@ -148,6 +154,8 @@ class EngineIntake(RequestIntake):
                 f"the output format in '{constraint.param}' cannot be used for constrained decoding: {exc}.",
                 constraint.param,
             ) from None
+        except CheckerClosed:  # the loop has ended (the server is stopping)
+            raise NotAccepting("the scheduler is not running") from None
         params = replace(request.params, constraint=replace(constraint, grammar=grammar))
         return replace(request, params=params)
 
@@ -157,7 +165,8 @@ class EngineIntake(RequestIntake):
         return max(0, self._limits.max_running_sequences - self._running_sequences)
 
     def _describe_load(self) -> str:
-        return f"{self._running_sequences} sequences are running and {len(self._queued)} requests are waiting"
+        waiting = len(self._queued) + self._checking
+        return f"{self._running_sequences} sequences are running and {waiting} requests are waiting"
 
     def _left_engine(self, active: ActiveRequest, outcome: str | None) -> None:
         # Its sequences make room for the queued requests at the next admission.

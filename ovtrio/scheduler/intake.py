@@ -64,6 +64,10 @@ class RequestIntake:
         # Requests in the engine, and those waiting for room there (in arrival order).
         self._active: dict[int, ActiveRequest] = {}
         self._queued: dict[int, Admission] = {}
+        # Requests waiting for their output constraint to be checked (`checked`): they
+        # wait as queued ones do, and count as such toward the queue's bound, so a flood
+        # of new constraints is refused as any other is, not left to wait without end.
+        self._checking = 0
         self._observer = observer or NoObserver()
         self._retry_hint = RetryHint()
         self._rejected = 0
@@ -109,7 +113,7 @@ class RequestIntake:
         """Raise Overloaded if a request submitted now would be refused: the queue is
         full beyond what the engine can take at its next step. Handlers call it before
         they tokenize; submit() checks again."""
-        if len(self._queued) >= self._limits.max_queued_requests + self._room_in_engine():
+        if len(self._queued) + self._checking >= self._limits.max_queued_requests + self._room_in_engine():
             self._rejected += 1
             raise Overloaded(
                 f"The server is overloaded: {self._describe_load()}. Please retry after a short wait.",
@@ -170,8 +174,19 @@ class RequestIntake:
 
     async def checked(self, request: GenerationRequest) -> GenerationRequest:
         """The request as its engine is to run it, or UnsupportedParams for what the
-        engine cannot run (the continuous-batching scheduler compiles its output
-        constraint: engine_intake.py). Called before the request is queued."""
+        engine cannot run (`_checked`). Called before the request is queued; while it
+        waits it counts toward the queue's bound (Overloaded beyond it, as for submit),
+        and NotAccepting once the scheduler stops."""
+        self.check_capacity()
+        self._checking += 1
+        try:
+            return await self._checked(request)
+        finally:
+            self._checking -= 1
+
+    async def _checked(self, request: GenerationRequest) -> GenerationRequest:
+        """What `checked` does for this scheduler's engine (the continuous-batching
+        scheduler compiles the output constraint: engine_intake.py)."""
         return request
 
     @asynccontextmanager

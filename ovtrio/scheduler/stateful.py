@@ -80,7 +80,7 @@ class StatefulScheduler(RequestIntake):
         return 0 if self._active or self._generating else 1
 
     def _describe_load(self) -> str:
-        return f"a request is running and {len(self._queued)} are waiting"
+        return f"a request is running and {len(self._queued) + self._checking} are waiting"
 
     def _refuse_unsupported(self, request: GenerationRequest) -> None:
         if len(request.prompts) != 1 or request.params.n != 1 or request.params.beam_search:
