@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from fake_engine import received, request, start_scheduler
+from ovtrio.model.grammar_check import CheckerBusy
 from ovtrio.model.limits import request_caps, work_limits
 from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, NotAccepting, OutputConstraint, Overloaded
 from ovtrio.settings.server import Settings
@@ -238,3 +239,19 @@ async def test_a_constraint_check_after_the_checker_closed_is_told_the_server_is
     scheduler._grammars.close()  # as the loop's end closes it
     with pytest.raises(NotAccepting):
         await scheduler.checked(request(1, constraint=OutputConstraint(json_schema='{"type": "boolean"}')))
+
+
+class BusyChecker(SlowChecker):
+    """Stands in for a grammar checker the machine kept from compiling (CheckerBusy)."""
+
+    async def grammar(self, request: dict[str, Any]) -> str:
+        raise CheckerBusy("the server was too busy to compile it within 5 s; it may be sent again")
+
+
+async def test_a_constraint_the_machine_kept_from_being_checked_is_an_overload_to_retry(nursery):
+    engine = await start_scheduler(nursery)
+    scheduler = engine.scheduler
+    scheduler._grammars = BusyChecker()
+    with pytest.raises(Overloaded, match="could not check the output format") as refused:
+        await scheduler.checked(request(1, constraint=OutputConstraint(json_schema='{"type": "boolean"}')))
+    assert refused.value.retry_after >= 1

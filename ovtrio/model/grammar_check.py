@@ -73,6 +73,12 @@ class ConstraintRefused(Exception):
     """The constraint does not compile within the limits; the message says why."""
 
 
+class CheckerBusy(ConstraintRefused):
+    """The constraint could not be checked now, for a cause that is the machine's, not
+    the constraint's (the worker starved of time, killed, or unable to start): the same
+    constraint may be sent again (the client's 429, not a 400)."""
+
+
 class CheckerClosed(Exception):
     """The checker was closed (the server is stopping): nothing more is checked."""
 
@@ -170,6 +176,8 @@ class GrammarChecker:
                         if keep:
                             self._keep(key, result)
                     found = result
+                    if not keep and not result[0]:
+                        raise CheckerBusy(result[1])
         compiled, text = found
         if not compiled:
             raise ConstraintRefused(text)
@@ -281,7 +289,7 @@ class GrammarChecker:
             process = await trio.lowlevel.open_process(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         except OSError as exc:
             log.warning("output constraints cannot be checked: %s", exc)
-            raise ConstraintRefused(f"output constraints cannot be checked on this server ({exc})") from None
+            raise CheckerBusy(f"output constraints cannot be checked on this server now ({exc})") from None
         self._buffer.clear()
         try:
             with trio.fail_after(START_SECONDS):
@@ -297,7 +305,7 @@ class GrammarChecker:
             if not isinstance(exc, (trio.TooSlowError, trio.BrokenResourceError, ValueError)):
                 raise
             log.warning("output constraints cannot be checked: the grammar compiler did not start (%s)", exc)
-            raise ConstraintRefused("output constraints cannot be checked on this server now") from None
+            raise CheckerBusy("output constraints cannot be checked on this server now") from None
         if ready != {"ready": True}:
             process.kill()
             self._killed.append(process)
@@ -309,7 +317,7 @@ class GrammarChecker:
                 log.warning("output constraints are refused: %s", self._unavailable)
                 raise ConstraintRefused(self._unavailable)
             log.warning("output constraints cannot be checked: the grammar compiler did not start")
-            raise ConstraintRefused("output constraints cannot be checked on this server now")
+            raise CheckerBusy("output constraints cannot be checked on this server now")
         if self._closed:  # while it started
             process.kill()
             self._killed.append(process)

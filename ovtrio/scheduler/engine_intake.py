@@ -35,6 +35,7 @@ from typing import Any
 import trio
 
 from ovtrio.model.grammar_check import (
+    CheckerBusy,
     CheckerClosed,
     ConstraintRefused,
     GrammarChecker,
@@ -42,7 +43,7 @@ from ovtrio.model.grammar_check import (
     grammar_vocabulary,
 )
 from ovtrio.model.tensors import prompt_tensor
-from ovtrio.scheduler.admission import AdmissionLimits
+from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.intake import NotAccepting, RequestIntake
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import (
@@ -149,6 +150,12 @@ class EngineIntake(RequestIntake):
         stop = sorted(set(request.params.stop_token_ids) | self._model_stop_token_ids)
         try:
             grammar = await self._grammars.grammar(grammar_request(constraint, stop))
+        except CheckerBusy as exc:  # the machine's doing, not the constraint's: retry
+            raise Overloaded(
+                f"The server could not check the output format in '{constraint.param}' now: {exc}."
+                " Please retry after a short wait.",
+                max(1, self._retry_hint.seconds()),
+            ) from None
         except ConstraintRefused as exc:
             raise UnsupportedParams(
                 f"the output format in '{constraint.param}' cannot be used for constrained decoding: {exc}.",
