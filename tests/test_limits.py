@@ -327,14 +327,26 @@ def test_a_data_string_in_metadata_is_checked_in_a_body_of_any_size(server, path
         assert response.json()["error"]["code"] == "context_length_exceeded"
 
 
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, RESPONSES])
+def test_a_data_string_as_a_metadata_key_is_checked_in_a_body_over_1_mib(server, path):
+    key = data_string(1_200_000)
+    body = {CHAT: chat_body, COMPLETIONS: completion_body, RESPONSES: response_body}[path](metadata={key: "v"})
+    assert len(json.dumps(body)) > 1024 * 1024
+    assert_error(post(server.base_url, path, body), 400, param="metadata." + key[:64])
+
+
 async def test_the_websocket_checks_a_data_string_in_metadata_in_a_large_frame(server):
     async with open_websocket_url(ws_url(server), max_message_size=8 * 1024 * 1024) as ws:
         for characters in (600, 1_200_000):
-            request = response_body(metadata={"k": data_string(characters)})
-            await ws.send_message(json.dumps({"type": "response.create", **request}))
-            with trio.fail_after(60):
-                error = await receive_json(ws)
-            assert error["type"] == "error" and error["param"] == "metadata.k", error
+            for metadata, param in (
+                ({"k": data_string(characters)}, "metadata.k"),
+                ({data_string(characters): "v"}, "metadata." + data_string(characters)[:64]),
+            ):
+                request = response_body(metadata=metadata)
+                await ws.send_message(json.dumps({"type": "response.create", **request}))
+                with trio.fail_after(60):
+                    error = await receive_json(ws)
+                assert error["type"] == "error" and error["param"] == param, error
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, RESPONSES])
