@@ -123,6 +123,13 @@ def test_tool_call_arguments_and_tool_results_count_as_text_in_usage(client, in_
     assert in_result - base == len(in_json_ids)
 
 
+def test_a_key_in_tool_call_arguments_counts_as_text_in_usage(client, in_json_ids):
+    # The template shows the parsed arguments through `tojson`: keys are client text too.
+    base = chat_prompt_tokens(client, tool_turn('{"Hello": "Hello"}', BASE))
+    in_key = chat_prompt_tokens(client, tool_turn('{"Hello' + IN_JSON + '": "Hello"}', BASE))
+    assert in_key - base == len(in_json_ids)
+
+
 def responses_input_tokens(client, instructions: str, text: str, output: str) -> int:
     reply = client.responses.create(
         model=MODEL,

@@ -173,3 +173,16 @@ def test_restore_says_whether_every_string_was_in_a_field_that_may_hold_one():
     in_metadata = lifted(json.dumps({"parts": [], "metadata": {"k": LONG}}).encode())
     body = Body.model_validate_json(in_metadata.json)
     assert not in_metadata.restore(body)
+    as_key = lifted(json.dumps({"parts": [], "metadata": {LONG: "v"}}).encode())
+    body = Body.model_validate_json(as_key.json)
+    assert not as_key.restore(body)
+
+
+def test_a_lifted_key_is_put_back_in_a_plain_document():
+    # The WebSocket restores its frame's parsed JSON before validating it.
+    document = {"metadata": {"a": "1", LONG: "2", "z": [{LONG: LONG}]}}
+    frame = lifted(json.dumps(document).encode())
+    parsed = json.loads(frame.json)
+    assert LONG not in json.dumps(parsed)
+    frame.restore(parsed)
+    assert parsed == document and list(parsed["metadata"]) == ["a", LONG, "z"]

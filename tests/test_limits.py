@@ -10,6 +10,7 @@ import json
 import re
 import time
 
+import httpx
 import pytest
 import trio
 from trio_websocket import open_websocket_url
@@ -18,6 +19,7 @@ import loopback
 from helpers import assert_error, beside_innocent_streams, post
 from server_pool import server_fixture
 from test_responses_socket import receive_json, ws_url
+from vocab import embedded_vocabulary
 
 MODEL = "SmolLM2-135M-Instruct"
 CONTEXT = 8192
@@ -327,14 +329,26 @@ def test_a_data_string_in_metadata_is_checked_in_a_body_of_any_size(server, path
         assert response.json()["error"]["code"] == "context_length_exceeded"
 
 
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, RESPONSES])
+def test_a_data_string_as_a_metadata_key_is_checked_in_a_body_over_1_mib(server, path):
+    key = data_string(1_200_000)
+    body = {CHAT: chat_body, COMPLETIONS: completion_body, RESPONSES: response_body}[path](metadata={key: "v"})
+    assert len(json.dumps(body)) > 1024 * 1024
+    assert_error(post(server.base_url, path, body), 400, param="metadata." + key[:64])
+
+
 async def test_the_websocket_checks_a_data_string_in_metadata_in_a_large_frame(server):
     async with open_websocket_url(ws_url(server), max_message_size=8 * 1024 * 1024) as ws:
         for characters in (600, 1_200_000):
-            request = response_body(metadata={"k": data_string(characters)})
-            await ws.send_message(json.dumps({"type": "response.create", **request}))
-            with trio.fail_after(60):
-                error = await receive_json(ws)
-            assert error["type"] == "error" and error["param"] == "metadata.k", error
+            for metadata, param in (
+                ({"k": data_string(characters)}, "metadata.k"),
+                ({data_string(characters): "v"}, "metadata." + data_string(characters)[:64]),
+            ):
+                request = response_body(metadata=metadata)
+                await ws.send_message(json.dumps({"type": "response.create", **request}))
+                with trio.fail_after(60):
+                    error = await receive_json(ws)
+                assert error["type"] == "error" and error["param"] == param, error
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS, RESPONSES])
@@ -383,6 +397,28 @@ def test_integer_fields_are_bounded(server, path, field, value):
 )
 def test_nested_integer_fields_are_bounded(server, extra, param):
     assert_error(post(server.base_url, COMPLETIONS, completion_body(**extra)), 400, param=param)
+
+
+OUTSIDE_VOCABULARY = {
+    "min-tokens": {"min_tokens": 2},
+    "json-schema": {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
+    },
+}
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+@pytest.mark.parametrize("extra", OUTSIDE_VOCABULARY.values(), ids=OUTSIDE_VOCABULARY.keys())
+def test_a_stop_token_id_outside_the_vocabulary_is_refused_beside_three_streams(server, path, extra):
+    """The engine writes each stop id's logit (min_tokens) and its bit in a grammar's
+    token mask, in a step that cannot raise: an id past the vocabulary never gets there."""
+    stop = embedded_vocabulary().size + 5
+    body = {CHAT: chat_body, COMPLETIONS: completion_body}[path](stop_token_ids=[stop], **extra)
+    replies = []
+    beside_innocent_streams(server, lambda: replies.append(post(server.base_url, path, body)))
+    error = assert_error(replies[0], 400, param="stop_token_ids[0]")
+    assert str(stop) in error["message"]
+    assert httpx.get(f"{server.base_url}/health/ready").status_code == 200
 
 
 def test_nan_is_not_a_number_any_field_takes(server):

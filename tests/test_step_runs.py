@@ -47,10 +47,6 @@ def count_runs(scheduler: Any) -> list[int]:
 
 async def test_a_lone_request_is_stepped_in_one_run(nursery):
     engine = await start_scheduler(nursery, gil_free=True)
-    # The first request of these settings has its first step through the binding's
-    # step (stepping.py): one of them runs first, so that the one counted is stepped
-    # as every later one is.
-    await received(engine.scheduler, request(1))
     runs = count_runs(engine.scheduler)
     messages = await received(engine.scheduler, request(20))
     assert "".join(m.text for m in messages if isinstance(m, Delta)) == "a" * 20

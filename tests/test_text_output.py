@@ -124,3 +124,15 @@ def test_kept_special_tokens_stay_in_the_text(tokenizer, vocabulary):
     detokenizer = VocabularyDetokenizer(vocabulary.token_bytes, vocabulary.special_ids, True, keep=start)
     detokenizer.append(ids)
     assert detokenizer.take() == "<|im_start|>call"  # kept tag in, end-of-sequence still out
+
+
+def test_token_ids_are_checked_against_the_tokenizer_when_the_model_states_no_vocabulary_size(tokenizer, vocabulary):
+    """A config.json without `vocab_size`: the tokenizer's vocabulary bounds the ids."""
+    from ovtrio.model.prompts import PromptBuilder, PromptError
+
+    prompts = PromptBuilder(tokenizer, vocab_size=None)
+    size = len(vocabulary.token_bytes)
+    assert prompts.checked_ids([0, size - 1], "prompt") == [0, size - 1]
+    with pytest.raises(PromptError) as refused:
+        prompts.checked_ids([1, size + 5], "stop_token_ids")
+    assert refused.value.param == "stop_token_ids[1]"

@@ -102,6 +102,17 @@ CHAT_CASES = {
         },
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
     ],
+    "tool-call-argument-key": [
+        {"role": "user", "content": "What is the weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": f'{{"{HOSTILE}": 1}}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ],
 }
 
 

@@ -20,6 +20,7 @@ from ovtrio.api.formats import FunctionTool, forced_call_constraint
 from ovtrio.api.protocol import ChatMessage, FunctionSpec, NamedToolChoice, TextPart, ToolAndReasoningFields
 from ovtrio.api.text_limits import check_prompt_chars, message_texts, tokenized
 from ovtrio.model.prompts import ChatPrompt
+from ovtrio.model.template_text import map_strings
 from ovtrio.model.vision import IMAGE_TAG
 from ovtrio.output import OutputStage
 from ovtrio.parsing import ForcedCallsParser, ReasoningSplitter
@@ -210,18 +211,8 @@ def _template_message(
     rendered: dict[str, Any] = {"role": _template_role(message.role), "content": content}
     if as_text is not None:
         # Everything else the client wrote: tool calls, names, ids.
-        return {**rendered, **_strings_as_text(_other_fields(message), as_text)}
+        return {**rendered, **map_strings(_other_fields(message), as_text)}
     return {**rendered, **_other_fields(message)}
-
-
-def _strings_as_text(value: Any, as_text: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return as_text(value)
-    if isinstance(value, dict):
-        return {key: _strings_as_text(item, as_text) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_strings_as_text(item, as_text) for item in value]
-    return value
 
 
 def _other_fields(message: ChatMessage) -> dict[str, Any]:
@@ -253,7 +244,7 @@ def _template_tool(spec: FunctionSpec, as_text: Callable[[str], str] | None = No
     if spec.description:
         function["description"] = spec.description
     tool = {"type": "function", "function": function}
-    return _strings_as_text(tool, as_text) if as_text is not None else tool
+    return map_strings(tool, as_text) if as_text is not None else tool
 
 
 def _maybe_json(text: str) -> Any:

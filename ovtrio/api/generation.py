@@ -165,6 +165,9 @@ def generation_request(
     check_constraint(model.capabilities, body, constraint)
     check_prompt_length(model.capabilities, body, prompts)
     longest = max(len(p) for p in prompts)
+    # The engine indexes the logits and the grammar's token mask with each stop id, in a
+    # step that cannot raise: an id outside the vocabulary is refused here.
+    model.prompts.checked_ids(list(body.stop_token_ids or ()), "stop_token_ids")
     # A prompt beyond the context is refused as such first (context_length_exceeded).
     params = sampling_params(body, longest, model.sequence_limit, model.defaults, constraint)
     total = sum(len(p) for p in prompts)

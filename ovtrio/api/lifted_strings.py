@@ -18,7 +18,7 @@ the parse saved; in an image's URL it is not base64, a 400 naming the part.)
 
 A lifted string skips the checks its field makes (a placeholder is short), so only the
 fields that hold images' data URLs may keep one: a model names them in `LIFTED_FIELDS`.
-When a string lands anywhere else (a `metadata` value, a text), `restore` says so and the
+When a string lands anywhere else (a `metadata` key or value, a text), `restore` says so and the
 caller parses the whole body as it came, with every check.
 """
 
@@ -136,8 +136,8 @@ def _restore(node: Any, strings: dict[str, str], misplaced: list[str], field_ok:
         for name, value in values.items():
             values[name] = _restore(value, strings, misplaced, name in fields)
         extra = node.__pydantic_extra__
-        for name, value in (extra or {}).items():
-            extra[name] = _restore(value, strings, misplaced)  # type: ignore[index]
+        if extra:
+            _restore_dict(extra, strings, misplaced)
         return node
     if isinstance(node, list):
         for index, value in enumerate(node):
@@ -146,7 +146,18 @@ def _restore(node: Any, strings: dict[str, str], misplaced: list[str], field_ok:
     if isinstance(node, tuple):
         return tuple(_restore(value, strings, misplaced) for value in node)
     if isinstance(node, dict):
-        for key, value in node.items():
-            node[key] = _restore(value, strings, misplaced)
-        return node
+        _restore_dict(node, strings, misplaced)
     return node
+
+
+def _restore_dict(node: dict[Any, Any], strings: dict[str, str], misplaced: list[str]) -> None:
+    """`node`'s keys and values restored in place, in their order. A key is never an
+    image's field: a lifted one is misplaced, since as a placeholder it skipped the
+    checks its dict makes of keys (a `metadata` key's length)."""
+    items = list(node.items())
+    node.clear()
+    for key, value in items:
+        if isinstance(key, str) and key in strings:
+            misplaced.append(key)
+            key = strings[key]
+        node[key] = _restore(value, strings, misplaced)

@@ -29,7 +29,7 @@ import numpy as np
 from ovtrio.embedding.kinds import max_input_tokens, normalizes, pooling_of
 from ovtrio.embedding.pairs import safe_groups
 from ovtrio.errors import FieldError
-from ovtrio.model.loading import engine_error_reason
+from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.source import ModelLoadError
 
 log = logging.getLogger("ovtrio")
@@ -121,7 +121,7 @@ class _Tokens:
 
 
 def _engine_error(what: str, folder: Path, options: EncoderOptions, exc: Exception) -> ModelLoadError:
-    return ModelLoadError(f"cannot load {what} {folder} on {options.device}: {engine_error_reason(exc)}")
+    return ModelLoadError(f"cannot load {what} {folder} on {options.device}: {client_reason(exc)}")
 
 
 class Embedder:

@@ -19,6 +19,7 @@ from typing import Any
 from ovtrio.model import grammar_cache
 from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
+from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.engine_file import openable_by_engine
 from ovtrio.model.plain_text import PlainText, load_plain_text
 from ovtrio.model.source import ModelLoadError, ModelSource
@@ -55,20 +56,6 @@ class LoadedModel:
     model_xml: Path | None = None
     # How message text is kept text (plain_text.py).
     plain_text: PlainText = field(default_factory=lambda: PlainText(None))
-
-
-def engine_error_reason(exc: Exception) -> str:
-    """The line of an engine exception that says what went wrong.
-
-    The engine's messages nest "Exception from src/...cpp:N:" lines (one per layer)
-    around the reason, sometimes behind a "Check '...' failed at ...:" line.
-    """
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    reasons = [line for line in lines if not line.startswith("Exception from ")]
-    if not reasons:
-        return type(exc).__name__
-    last = reasons[-1]
-    return last if not last.startswith("Check '") or len(reasons) == 1 else f"{last} ({reasons[-2]})"
 
 
 def engine_properties(settings: Settings) -> dict[str, Any]:
@@ -147,7 +134,7 @@ def _from_prebuilt(
     try:
         tokenizer, pipeline = _build(folder, settings, phases)
     except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
-        log.warning("prebuilt model cache entry %s is unusable (%s)", folder, engine_error_reason(exc))
+        log.warning("prebuilt model cache entry %s is unusable (%s)", folder, client_reason(exc))
         return None
     return tokenizer, pipeline, f"cached in {folder}", folder
 
@@ -181,7 +168,7 @@ def _build_with_cache(
             tokenizer, pipeline = _build(folder, settings, phases)
             return tokenizer, pipeline, f"cached in {folder}", folder
         except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
-            log.warning("model cache entry %s is unusable (%s); rebuilding it", folder, engine_error_reason(exc))
+            log.warning("model cache entry %s is unusable (%s); rebuilding it", folder, client_reason(exc))
             replacing = True
     try:
         with cache.building(key, source.path, identity, replacing) as path:
@@ -219,7 +206,7 @@ def convert_into_cache(source: ModelSource, settings: Settings) -> str:
     try:
         _tokenizer, _pipeline, origin, _folder = _build_with_cache(source, quick, {})
     except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
-        raise ModelLoadError(f"cannot convert model {source.path}: {engine_error_reason(exc)}") from None
+        raise ModelLoadError(f"cannot convert model {source.path}: {client_reason(exc)}") from None
     if "not cached" in origin:
         raise ModelLoadError(f"cannot keep the converted model {source.path} in the model cache (see the warning)")
     return origin
@@ -248,7 +235,7 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         hints = engine_properties(settings)
         with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""
         raise ModelLoadError(
-            f"cannot load model {source.path} on {settings.device}{with_hints}: {engine_error_reason(exc)}"
+            f"cannot load model {source.path} on {settings.device}{with_hints}: {client_reason(exc)}"
         ) from None
     if settings.chat_template:
         try:
@@ -292,9 +279,7 @@ def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedMod
     try:
         kv_capacity = warm_up_stateful(model) if engine_backend(settings) == "stateful" else warm_up(model)
     except RuntimeError as exc:  # the compiled model cannot run on this device: one line, as a load failure
-        raise ModelLoadError(
-            f"cannot run model {source.path} on {settings.device}: {engine_error_reason(exc)}"
-        ) from None
+        raise ModelLoadError(f"cannot run model {source.path} on {settings.device}: {client_reason(exc)}") from None
     model.phases["warm-up"] = time.perf_counter() - started
     if source.vision:
         model.vision = _measure_images(model, engine_backend(settings) == "stateful")

@@ -66,10 +66,13 @@ class PromptBuilder:
         self._tokenizer = tokenizer
         self._parse_special = parse_special_in_content
         self._plain_text = plain_text or PlainText(None)
-        self._vocab_size = vocab_size
+        tokens = _tokenizer_vocabulary(tokenizer)
+        # Without the model's own size (a config.json that omits it), the tokenizer's:
+        # every id a client sends is checked, since the engine indexes its tables with it.
+        self._vocab_size = vocab_size if vocab_size is not None else _vocab_size(tokens)
         self._vocabulary = vocabulary
         self._cut_at = cut_at
-        self.longest_token_chars = _longest_token_chars(tokenizer)
+        self.longest_token_chars = _longest_token_chars(tokens)
 
     def encode_completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """A string, a list of strings, a list of token ids, or a list of those lists."""
@@ -335,12 +338,22 @@ class PromptBuilder:
         return encoded.input_ids.data[0].tolist()
 
 
-def _longest_token_chars(tokenizer: Any) -> int:
-    """Characters of the vocabulary's longest token as written in the vocabulary (a
-    byte-level vocabulary writes each byte as one character, so this bounds the
-    characters of text one token stands for); 64 when the tokenizer lists no vocabulary."""
+def _tokenizer_vocabulary(tokenizer: Any) -> dict[str, int] | None:
+    """The tokenizer's vocabulary (each token as written, with its id), if it lists one."""
     try:
         vocabulary = tokenizer.get_vocab()
     except (AttributeError, RuntimeError):
-        vocabulary = None
+        return None
+    return vocabulary if isinstance(vocabulary, dict) else None
+
+
+def _vocab_size(vocabulary: dict[str, int] | None) -> int | None:
+    """How many ids the tokenizer's vocabulary spans (its largest id, plus one)."""
+    return max(vocabulary.values(), default=-1) + 1 if vocabulary else None
+
+
+def _longest_token_chars(vocabulary: dict[str, int] | None) -> int:
+    """Characters of the vocabulary's longest token as written in the vocabulary (a
+    byte-level vocabulary writes each byte as one character, so this bounds the
+    characters of text one token stands for); 64 when the tokenizer lists no vocabulary."""
     return max((len(token) for token in vocabulary), default=64) if vocabulary else 64

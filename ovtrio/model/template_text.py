@@ -60,7 +60,7 @@ def render_with_text(
         marked.append(text)
         return f"ovtriotext{nonce}n{len(marked) - 1}e"
 
-    marked_messages, marked_tools = _map_strings(messages, mark), _map_strings(tools, mark)
+    marked_messages, marked_tools = map_strings(messages, mark), map_strings(tools, mark)
     if not marked:
         return TemplateRender(render(messages, tools))
     if plain.tokenizer is not None:
@@ -75,7 +75,7 @@ def render_with_text(
     def broken(text: str) -> str:
         return plain.neutralised(text) if plain.holds_special(text) else text
 
-    return TemplateRender(render(_map_strings(messages, broken), _map_strings(tools, broken)))
+    return TemplateRender(render(map_strings(messages, broken), map_strings(tools, broken)))
 
 
 def _client_spans(marked: str, text: str, originals: list[str], nonce: str) -> tuple[tuple[int, int], ...] | None:
@@ -104,13 +104,14 @@ def _forms(text: str) -> list[str]:
     return list(dict.fromkeys(forms))
 
 
-def _map_strings(value: Any, change: Callable[[str], str]) -> Any:
-    """`value` (JSON-like: dicts, lists, strings) with `change` applied to every string
-    that is not a key."""
+def map_strings(value: Any, change: Callable[[str], str]) -> Any:
+    """`value` (JSON-like: dicts, lists, strings) with `change` applied to every string,
+    keys included: a template shows keys too (tool-call arguments through `tojson`, a
+    tool's parameter names), so a key is client text like any value."""
     if isinstance(value, str):
         return change(value)
     if isinstance(value, dict):
-        return {key: _map_strings(item, change) for key, item in value.items()}
+        return {map_strings(key, change): map_strings(item, change) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_map_strings(item, change) for item in value]
+        return [map_strings(item, change) for item in value]
     return value

@@ -25,7 +25,6 @@ lets the event loop run meanwhile with no change here.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import deque
 from dataclasses import replace
@@ -34,6 +33,7 @@ from typing import Any
 
 import trio
 
+from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.grammar_check import (
     CheckerBusy,
     CheckerClosed,
@@ -58,18 +58,6 @@ from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
 
 log = logging.getLogger("ovtrio.scheduler")
-
-
-def _first_line(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    # Engine messages start with a "[time] /build/path/file.cc:line:" prefix.
-    text = lines[0] if lines else type(exc).__name__
-    text = text.split(": ", 1)[-1] if text.startswith("[") else text
-    # A failed check names the engine's source file as built: "Check 'x' failed at /home/...cpp:616:".
-    return _BUILD_PATH.sub(" failed", text)
-
-
-_BUILD_PATH = re.compile(r" failed at \S+:\d+:?")
 
 
 # One add_request call: the prompt (text and image tensors), its settings, its seed offset.
@@ -338,7 +326,7 @@ class EngineIntake(RequestIntake):
             # lets others through too (IndexError from a std::stoul in the prompt's
             # parsing, ValueError, OverflowError, TypeError): any of them would otherwise
             # end the loop, and with it every request and the model.
-            reason = _first_line(exc)
+            reason = client_reason(exc)
             if not isinstance(exc, RuntimeError):  # a bare C++ library message, such as "stoul"
                 reason = f"{type(exc).__name__}: {reason}"
             log.warning("the engine refused a request: %s", reason)

@@ -92,6 +92,7 @@ from typing import Any
 
 import trio
 
+from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.grammar_check import GrammarLimits
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.engine_intake import EngineIntake
@@ -223,7 +224,7 @@ class Scheduler(EngineIntake):
                     pending = await self._collect_run(working)  # 5
                 except Exception as exc:  # an engine fault: fail this batch, keep serving
                     log.exception("engine step failed")
-                    self.fail_all(f"engine error: {exc}".splitlines()[0], "engine_error", waiting=False)
+                    self.fail_all(f"engine error: {client_reason(exc)}", "engine_error", waiting=False)
                     self._read_engine_state()
         except Exception:
             # The loop itself failed: the model's service marks the model failed

@@ -26,6 +26,9 @@ impossible before the request is admitted, not caught by holding the event loop:
   valid settings assert only on token ids outside the vocabulary (penalties), and
   prompt ids are checked against it (model/prompts.py) while generated ones come from
   the model;
+- stop token ids are checked against the vocabulary too (api/generation.py, with
+  model/prompts.py's check), since the engine indexes with them unchecked: the logits
+  that min_tokens holds back, and the bits of a grammar's token mask;
 - the output constraint is compiled before admission by the same XGrammar, held to
   limits of time and size, and the engine is given the very grammar that compiled
   (model/grammar_check.py); one that does not compile is the client's 400;

@@ -28,6 +28,7 @@ from ovtrio.images import ImageLimits
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
 from ovtrio.model.backend import Capabilities, capabilities_for, engine_backend
 from ovtrio.model.chat_format import thinks, tool_parser_for
+from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.grammar_check import GrammarLimits
 from ovtrio.model.limits import (
     RequestCaps,
@@ -192,7 +193,7 @@ class ModelService:
             await scheduler.run(task_status=task_status)
         except Exception as exc:  # any failure of the loop ends this model
             log.exception("the scheduler of %s stopped", self.model_name)
-            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            reason = f"{type(exc).__name__}: {client_reason(exc)}"
             self.failure = f"its scheduler stopped after an internal error ({reason})"
             self.failed.set()
 
