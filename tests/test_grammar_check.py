@@ -177,12 +177,17 @@ async def test_what_the_machine_does_to_the_worker_is_a_busy_refusal_and_not_kep
     monkeypatch, tmp_path, spawned, ready, first, refused
 ):
     stand_in(monkeypatch, tmp_path, ready, first)
-    grammars = checker(seconds=0.04)  # 0.1 s on the clock: the sleep is past it
+    # A second of CPU time, far more than a sleep uses (CPU time is counted in ticks of
+    # 10 ms, which a loaded machine may charge), and 0.1 s on the clock: the sleep is past it.
+    wall_factor = grammar_check.WALL_FACTOR
+    monkeypatch.setattr(grammar_check, "WALL_FACTOR", 0.1)
+    grammars = checker(seconds=4.0)
     try:
         # CheckerBusy: the machine's doing, answered as an overload (429), not a 400.
         with pytest.raises(CheckerBusy, match=refused):
             await grammars.grammar(schema_request({"type": "boolean"}))
         if ready != "not JSON":
+            monkeypatch.setattr(grammar_check, "WALL_FACTOR", wall_factor)
             grammars.limits = GrammarLimits()  # time enough, however loaded the machine
             assert await grammars.grammar(schema_request({"type": "boolean"})) == 'root ::= {"type": "boolean"}'
             assert len(spawned) == 2  # a new worker for the same constraint, compiled this time
