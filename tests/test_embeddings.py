@@ -256,19 +256,23 @@ def test_a_full_queue_gives_429_and_a_client_that_left_costs_nothing(encoder_ser
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
-        time.sleep(0.05)  # it leaves while the holder's batch runs
+        # It leaves at once: a large request is computed a batch at a time with waiting
+        # requests between its batches, so this one's turn comes after one of the
+        # holder's batches, and a client that leaves within that costs nothing.
     time.sleep(1.0)
-    # The queue holds QUEUED requests: those fill it (the leaver's place frees as it is
-    # dropped, or stays until its turn: either way one more beyond QUEUED is refused).
-    # They come at once: the holder's batches leave room between them for what waits.
+    # The queue holds QUEUED requests; more than that come at once, and those beyond
+    # are refused. The queue drains between two of the holder's batches (its waiting
+    # requests share one batch), so some come as it drains: several more than QUEUED
+    # come, so that some are refused however the arrivals and the batches interleave.
+    arriving = QUEUED + 6
     waiting: list[httpx.Response] = []
-    together = threading.Barrier(QUEUED + 1)
+    together = threading.Barrier(arriving)
 
     def send() -> None:
         together.wait()
         waiting.append(embed(encoder_server, input=["queued"]))
 
-    threads = [threading.Thread(target=send) for _ in range(QUEUED + 1)]
+    threads = [threading.Thread(target=send) for _ in range(arriving)]
     for thread in threads:
         thread.start()
     for thread in threads:
