@@ -341,13 +341,7 @@ DOCUMENTS = [
 @pytest.mark.parametrize("path", ["/v1/rerank", "/v3/rerank", "/rerank"])
 def test_rerank_returns_the_scores_numpy_computes_sorted_and_cut(encoder_server: RunningServer, path: str) -> None:
     query = "what is bread made of"
-    weights = reranker_weights()
-    _, config, tokenizer = embedded_files()
-    expected = []
-    for index, document in enumerate(DOCUMENTS):
-        encoding = tokenizer.encode(query, document)
-        expected.append((cross_encoder_score(weights, config, encoding.ids, encoding.type_ids), index))
-    expected.sort(reverse=True)
+    expected = expected_ranking(query, DOCUMENTS)
     documents: list[Any] = [DOCUMENTS[0], *({"text": text} for text in DOCUMENTS[1:])]
     response = post(
         encoder_server.base_url, path, {"model": RERANKER, "query": query, "documents": documents, "top_n": 3}
