@@ -13,7 +13,8 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -234,6 +235,20 @@ def _holder(server: RunningServer, results: list[httpx.Response]) -> threading.T
     return thread
 
 
+@contextmanager
+def _leaving_client(server: RunningServer, body: bytes) -> Iterator[None]:
+    """A raw connection that has sent `body` to /v1/embeddings, and closes (its client
+    leaves, unanswered) when the block ends."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as leaver:
+        leaver.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        yield
+
+
 def _batches(server: RunningServer) -> float:
     return server.metric("ovtrio_encoder_batch_size_count", model_name=EMBEDDER)
 
@@ -249,16 +264,11 @@ def test_a_full_queue_gives_429_and_a_client_that_left_costs_nothing(encoder_ser
 
     # A client that sends 7 inputs and leaves while they wait.
     body = json.dumps({"model": EMBEDDER, "input": ["left"] * 7}).encode()
-    host, port = encoder_server.base_url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port))) as leaver:
-        leaver.sendall(
-            b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+    with _leaving_client(encoder_server, body):
         # It leaves at once: a large request is computed a batch at a time with waiting
         # requests between its batches, so this one's turn comes after one of the
         # holder's batches, and a client that leaves within that costs nothing.
+        pass
     time.sleep(1.0)
     # The queue holds QUEUED requests; more than that come at once, and those beyond
     # are refused. The queue drains between two of the holder's batches (its waiting
@@ -466,13 +476,7 @@ def test_a_large_request_stops_between_its_batches_when_its_client_leaves(encode
     computed = _computed(encoder_server)
     long_text = "the quick brown fox jumps over the lazy dog " * 11
     body = json.dumps({"model": EMBEDDER, "input": [long_text] * HOLDER_INPUTS}).encode()
-    host, port = encoder_server.base_url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port))) as leaver:
-        leaver.sendall(
-            b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
+    with _leaving_client(encoder_server, body):
         wait_for(lambda: _batches(encoder_server) > batches, "the large request started")
     # Its client left during its first batches: what is computed next stops within one.
     time.sleep(3)
