@@ -16,8 +16,9 @@ import trio.lowlevel
 
 from messages_stream import walk
 from ovtrio.api.messages.prepare import PreparedMessage
-from ovtrio.api.messages.stream import PING_INTERVAL, MessageStream
+from ovtrio.api.messages.stream import PING_INTERVAL, message_stream
 from ovtrio.api.messages.writer import MessageWriter
+from ovtrio.api.sse import EventStream
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import Completed, Delta, Overloaded
 
@@ -55,9 +56,9 @@ class FakeScheduler:
 REPLY = [[Delta(0, "Hello", [1]), Delta(0, " there", [2])], [Delta(0, "!", [3], "stop"), Completed(5, 3)]]
 
 
-def stream_of(scheduler: FakeScheduler) -> MessageStream:
+def stream_of(scheduler: FakeScheduler) -> EventStream:
     ready = PreparedMessage(None, SimpleNamespace(params=SimpleNamespace(constraint=None)), OutputStage(), 5, ())  # type: ignore[arg-type]
-    return MessageStream.of(scheduler, ready, MessageWriter("msg_test", "model", 5))  # type: ignore[arg-type]
+    return message_stream(scheduler, ready, MessageWriter("msg_test", "model", 5))  # type: ignore[arg-type]
 
 
 def events_of(frames: list[bytes]) -> list[dict[str, Any]]:

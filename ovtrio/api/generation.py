@@ -12,7 +12,7 @@ one for chat and completions).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Protocol, Self, TypeVar
@@ -217,7 +217,7 @@ async def event_stream(
     """The writer's chat or completion chunks as data-only server-sent events (the
     Responses API's named events are streamed by ovtrio/api/responses/running.py)."""
 
-    async def frames(stream: RequestStream) -> AsyncIterator[bytes]:
+    async def frames(stream: RequestStream) -> AsyncGenerator[bytes, None]:
         async for bodies in written(stream, stage, writer):
             yield joined(data_frame, bodies)
         yield DONE

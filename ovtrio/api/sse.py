@@ -1,16 +1,19 @@
-"""Server-sent events: where written bodies become bytes on a stream.
+"""Server-sent events: where written bodies become bytes on a stream, and the one driver
+every streamed endpoint answers with (EventStream).
 
 Chat and completion chunks go out as data-only events ending with `data: [DONE]`;
 Responses events as named events (`event: response.created`), also ending with
-`data: [DONE]`. EventStream is the response body of either.
+`data: [DONE]`; Anthropic Messages events as named events with no `[DONE]`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager, aclosing
+from dataclasses import dataclass
 from typing import Any
 
+import trio
 from pydantic_core import to_json
 from quart import Response
 
@@ -31,45 +34,136 @@ def named_frame(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {compact_json(event)}\n\n".encode()
 
 
-Frames = Callable[[RequestStream], AsyncIterator[bytes]]
+Frames = Callable[[RequestStream], AsyncGenerator[bytes, None]]
+Submission = AbstractAsyncContextManager[RequestStream]
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerAtOnce:
+    """How a stream that answers 200 before its request is submitted keeps the client
+    informed: `opening` goes out at once, `ping` whenever nothing else has for
+    `interval` seconds (while the request waits in the queue, or runs with nothing to
+    say), and an exception raised after the 200 (the engine refusing the request as it
+    is added included) becomes the frame `failure` makes of it, which ends the stream."""
+
+    opening: bytes
+    ping: bytes
+    interval: float
+    failure: Callable[[Exception], bytes]
 
 
 class EventStream:
-    """The SSE body of one streamed request.
+    """The SSE body of one streamed request, whichever endpoint it answers.
 
-    The request is submitted by `open()`, inside the handler, so that anything the
-    engine refuses is still an ordinary HTTP error rather than a failure after the 200.
-    Quart closes the body (`aclose`) however the response ends, including when the
-    client disconnects and the sending task is cancelled; closing leaves the
-    submission, and the scheduler cancels the engine request.
+    By default the request is submitted by `open()`, inside the handler, so that anything
+    the engine refuses is still an ordinary HTTP error rather than a failure after the
+    200; an exception raised after that ends the body with it (the connection closes).
+    With `at_once` (AnswerAtOnce), the stream answers first and submits when the first
+    event has gone out.
+
+    The frames are made by a task of the body's own nursery and handed over one at a
+    time (a channel without a buffer, so a client that does not read holds its request
+    back as it would reading the frames itself), which is what lets the body send pings
+    while it waits for them. The nursery is opened by the first `__anext__` and left by
+    `aclose`: Quart iterates and closes the body in one task, however the response ends,
+    including when the client disconnects and the sending task is cancelled. Closing
+    cancels the task and leaves the submission, and the scheduler cancels the engine
+    request.
     """
 
-    def __init__(self, submission: AbstractAsyncContextManager[RequestStream], frames: Frames) -> None:
+    def __init__(self, submission: Submission, frames: Frames, at_once: AnswerAtOnce | None = None) -> None:
         self._submission = submission
         self._frames = frames
-        self._events: AsyncIterator[bytes] | None = None
+        self._at_once = at_once
+        self._stream: RequestStream | None = None  # the submission, when open() entered it
+        self._answered = False  # the opening of a stream that answers at once has gone out
+        self._nursery_context: AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._receive: trio.MemoryReceiveChannel[bytes | Exception] | None = None
         self._closed = False
 
     async def open(self) -> EventStream:
-        """Submit the request; returns once the engine has it (or raises its refusal)."""
-        self._events = self._frames(await self._submission.__aenter__())
+        """Submit the request, unless the stream answers at once; returns once the engine
+        has it (or raises its refusal)."""
+        if self._at_once is None:
+            self._stream = await self._submission.__aenter__()
         return self
 
     def __aiter__(self) -> EventStream:
         return self
 
     async def __anext__(self) -> bytes:
-        assert self._events is not None, "EventStream.open() first"
-        return await self._events.__anext__()
+        assert self._stream is not None or self._at_once is not None, "EventStream.open() first"
+        if self._closed:
+            raise StopAsyncIteration
+        if self._receive is None:
+            if self._at_once is not None and not self._answered:
+                self._answered = True
+                return self._at_once.opening
+            await self._start()
+        assert self._receive is not None
+        if self._at_once is None:
+            return self._received(await self._received_or_end())
+        with trio.move_on_after(self._at_once.interval):
+            return self._received(await self._received_or_end())
+        return self._at_once.ping
+
+    async def _received_or_end(self) -> bytes | Exception:
+        assert self._receive is not None
+        try:
+            return await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+    def _received(self, frame: bytes | Exception) -> bytes:
+        if isinstance(frame, Exception):
+            if self._at_once is None:
+                raise frame
+            return self._at_once.failure(frame)
+        return frame
+
+    async def _start(self) -> None:
+        send, self._receive = trio.open_memory_channel[bytes | Exception](0)
+        self._nursery_context = trio.open_nursery()
+        self._nursery = await self._nursery_context.__aenter__()
+        self._nursery.start_soon(self._produce, send)
+
+    async def _produce(self, send: trio.MemorySendChannel[bytes | Exception]) -> None:
+        """The request's frames into `send`, then the exception that ended them if any;
+        never raises."""
+        async with send:
+            try:
+                if self._stream is not None:
+                    await self._forward(self._stream, send)
+                else:
+                    async with self._submission as stream:
+                        await self._forward(stream, send)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # the body is closed: the client is gone
+            except Exception as error:  # noqa: BLE001 (the body raises it, or makes it a frame)
+                try:
+                    await send.send(error)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+    async def _forward(self, stream: RequestStream, send: trio.MemorySendChannel[bytes | Exception]) -> None:
+        async with aclosing(self._frames(stream)) as frames:
+            async for frame in frames:
+                await send.send(frame)
 
     async def aclose(self) -> None:
-        if self._closed or self._events is None:
+        if self._closed:
             return
         self._closed = True
         try:
-            await self._events.aclose()  # type: ignore[attr-defined]
+            if self._nursery is not None and self._nursery_context is not None:
+                self._nursery.cancel_scope.cancel()
+                await self._nursery_context.__aexit__(None, None, None)
+            if self._receive is not None:
+                self._receive.close()
         finally:
-            await self._submission.__aexit__(None, None, None)
+            if self._stream is not None:
+                await self._submission.__aexit__(None, None, None)
 
 
 def sse_response(body: EventStream) -> Response:

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic_core import to_jsonable_python
-from quart import Blueprint, Response
+from quart import Blueprint
 
 from ovtrio.api.context import ready_model
 from ovtrio.api.generation import accept, parse_body
 from ovtrio.api.messages.prepare import count_tokens, prepare
 from ovtrio.api.messages.protocol import MessagesInput, MessagesRequest
-from ovtrio.api.messages.stream import MessageStream, unary_message
+from ovtrio.api.messages.stream import message_stream, unary_message
 from ovtrio.api.messages.writer import MessageWriter
-from ovtrio.api.sse import HEADERS
+from ovtrio.api.sse import sse_response
 from ovtrio.parsing.ids import new_id
 
 blueprint = Blueprint("messages", __name__)
@@ -27,7 +27,7 @@ async def create_message() -> Any:
     one_call = bool(body.tool_choice and body.tool_choice.disable_parallel_tool_use)
     writer = MessageWriter(new_id("msg_"), model.name, ready.input_tokens, one_call)
     if body.stream:
-        return Response(MessageStream.of(model.scheduler, ready, writer), mimetype="text/event-stream", headers=HEADERS)
+        return sse_response(message_stream(model.scheduler, ready, writer))
     return to_jsonable_python(await unary_message(model.scheduler, ready, writer))
 
 

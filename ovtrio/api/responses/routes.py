@@ -9,7 +9,7 @@ with (running.py).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -40,7 +40,7 @@ async def create_response() -> Any:
     if not body.stream:
         return to_jsonable_python(await unary_response(model.scheduler, ready, stores))
 
-    async def frames(stream: RequestStream) -> AsyncIterator[bytes]:
+    async def frames(stream: RequestStream) -> AsyncGenerator[bytes, None]:
         writer = ResponseEvents(ready.envelope)
         async for events in response_events(stream, ready, writer, stores):
             yield b"".join(map(typed_frame, events))
