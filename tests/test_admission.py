@@ -210,7 +210,7 @@ class SlowChecker:
 async def test_requests_waiting_for_their_constraint_check_count_toward_the_queue(nursery):
     engine = await start_scheduler(nursery, AdmissionLimits(max_running_sequences=1, max_queued_requests=1))
     scheduler = engine.scheduler
-    scheduler._grammars = checker = SlowChecker()
+    scheduler._admission._grammars = checker = SlowChecker()
     results: dict[str, list[Any]] = {}
 
     async def run(name: str) -> None:
@@ -236,7 +236,7 @@ async def test_requests_waiting_for_their_constraint_check_count_toward_the_queu
 async def test_a_constraint_check_after_the_checker_closed_is_told_the_server_is_stopping(nursery):
     engine = await start_scheduler(nursery)
     scheduler = engine.scheduler
-    scheduler._grammars.close()  # as the loop's end closes it
+    scheduler._admission._grammars.close()  # as the loop's end closes it
     with pytest.raises(NotAccepting):
         await scheduler.checked(request(1, constraint=OutputConstraint(json_schema='{"type": "boolean"}')))
 
@@ -251,7 +251,7 @@ class BusyChecker(SlowChecker):
 async def test_a_constraint_the_machine_kept_from_being_checked_is_an_overload_to_retry(nursery):
     engine = await start_scheduler(nursery)
     scheduler = engine.scheduler
-    scheduler._grammars = BusyChecker()
+    scheduler._admission._grammars = BusyChecker()
     with pytest.raises(Overloaded, match="could not check the output format") as refused:
         await scheduler.checked(request(1, constraint=OutputConstraint(json_schema='{"type": "boolean"}')))
     assert refused.value.retry_after >= 1

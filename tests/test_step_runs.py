@@ -101,7 +101,7 @@ async def test_the_loops_engine_calls_check_that_no_step_is_in_flight(nursery):
         while not gate.reached.is_set():
             await trio.sleep(0.001)
         calls = {
-            "add_request": lambda: scheduler._add_request(None, None, 0),
+            "add_request": lambda: scheduler._admission._add_request(None, None, 0),
             "reading the handles": scheduler._read_between_steps,
             "reading the engine's state": scheduler._read_engine_state,
         }

@@ -56,7 +56,7 @@ def ready_model(name: str | None = None) -> ServingModel:
     unknown one, a 503 while it is still loading or when it failed to load."""
     service = model_service(name)
     if service.failed.is_set():
-        # Ready before it failed: it stopped while serving (ModelService._run_scheduler).
+        # Ready before it failed: its scheduler's loop stopped while serving (serving/service.py).
         what = "is unavailable" if service.ready.is_set() else "failed to load"
         raise APIError(503, f"The model '{service.model_name}' {what}: {service.failure}", code="model_unavailable")
     serving = service.serving

@@ -1,13 +1,16 @@
 """The engine side: requests in as token ids and SamplingParams (params.py, the one place
 they become GenerationConfig), typed outputs out (outputs.py), text decoded and cut at
-stop strings on the way (text_output.py). The loop is scheduler.py, how it adds requests to
-the engine engine_intake.py, how it steps the engine stepping.py (engine_step.py and
-step_thread.py), what it keeps for each request requests.py, what a step's reads hold
-reads.py, and its output side delivery.py; what it reports of each request's
-life goes to a RequestObserver (observer.py). stateful.py is the other backend's loop,
-one request at a time on the stateful LLMPipeline, behind the same interface
-(interface.py); both keep the requests they take on (submission, draining, slow readers)
-in intake.py. Knows nothing of HTTP or of metrics formats."""
+stop strings on the way (text_output.py). Each backend's scheduler is a loop with
+collaborators: the requests it takes on (submission, draining, slow readers) are kept
+by a RequestIntake (intake.py), which asks the scheduler what its engine has room for
+(EngineSide). scheduler.py is the continuous-batching loop; it takes queued requests
+into the engine through an EngineAdmission (engine_admission.py) and steps the engine
+the ways of stepping.py (engine_step.py and step_thread.py); what it keeps for each
+request is in requests.py, what a step's reads hold in reads.py, and its output side in
+delivery.py. stateful.py is the other backend's loop, one request at a time on the
+stateful LLMPipeline, behind the same interface (interface.py). What a scheduler
+reports of each request's life goes to a RequestObserver (observer.py). Knows nothing
+of HTTP or of metrics formats."""
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting

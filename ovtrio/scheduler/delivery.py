@@ -8,7 +8,7 @@ what the worker of a run read between two of its steps (reads.py's `read_engine(
 the `read_plan()` taken when the run began); `deliver()` with a GIL-free step while the
 next step runs (it calls the tokenizer only, which is safe during a step). Neither
 cancels nor ends a request itself: what they decide comes back as Decisions, which the
-loop carries out (Scheduler._apply). scheduler.py's docstring lists every engine call
+loop carries out (RequestIntake.apply). scheduler.py's docstring lists every engine call
 and why it is safe where it is made.
 
 It also reports each choice's token timings and its end to the scheduler's
@@ -41,7 +41,7 @@ from ovtrio.scheduler.text_output import (
 @dataclass(slots=True)
 class Decisions:
     """What reading and delivering decided for the engine, for the loop to carry out
-    (Scheduler._apply): engine requests to cancel (a stop string ended their only
+    (RequestIntake.apply): engine requests to cancel (a stop string ended their only
     choice), and requests to end, each with the outcome its unfinished choices are
     reported with ("abort": completed or its consumer left, "error": the engine failed
     it). Delivery itself neither cancels nor ends anything."""

@@ -1,24 +1,24 @@
 """Taking queued requests into the continuous-batching engine, between two steps.
 
-The loop (scheduler.py) calls `_admit()` and `_advance_prefills()` between steps: the
+The loop (scheduler.py) calls `admit()` and `advance_prefills()` between steps: the
 oldest queued requests go in while the running sequences leave room for them
 (admission.py says how much room), each as its engine requests (one per prompt and
 sibling, or one beam search per prompt), and a request with a long prompt first as
 growing prefixes of it, one slice a step (prefill.py).
 
 Before any of that, at submission, a request's output constraint is compiled
-(`checked`, model/grammar_check.py): one that does not compile is the client's 400,
+(`prepared`, model/grammar_check.py): one that does not compile is the client's 400,
 one that does reaches the engine as the grammar compiled, so that nothing the request
 brings can make an engine step throw (engine_step.py says why that matters).
 
 `add_request()` is only safe between steps (scheduler.py's docstring says why): every
-call here checks that no step is in flight (`_between_steps`). A vision-language model's
+call here checks that no step is in flight (`between_steps`). A vision-language model's
 engine preprocesses and encodes a request's images inside `add_request()`, and the
-binding holds the GIL throughout (a Python thread stood still for all 21 ms of an
-`add_request` with four 1024-pixel images of the test model): the images arrive already
+binding holds the GIL throughout (a Python thread stands still for the whole call,
+measured in bench/image_adds.py): the images arrive already
 brought down to the model's size (images/load.py), so what is left is the vision
 encoder's own time. The loop makes those calls in a worker thread
-(`_add_image_requests`), still between steps, so that a binding that releases the GIL
+(`add_image_requests`), still between steps, so that a binding that releases the GIL
 lets the event loop run meanwhile with no change here.
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -43,9 +44,8 @@ from ovtrio.model.grammar_check import (
     grammar_vocabulary,
 )
 from ovtrio.model.tensors import prompt_tensor
-from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
+from ovtrio.scheduler.admission import Overloaded
 from ovtrio.scheduler.intake import NotAccepting, RequestIntake
-from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import (
     GenerationRequest,
     OutputConstraint,
@@ -83,25 +83,30 @@ def grammar_request(constraint: OutputConstraint, stop_token_ids: list[int]) -> 
     }
 
 
-class EngineIntake(RequestIntake):
-    """The requests of a continuous-batching engine: RequestIntake's bookkeeping, and
-    how queued requests become engine requests."""
+class EngineAdmission:
+    """How the queued requests of an intake (intake.py) become requests of a
+    continuous-batching engine, and what that engine has room for: the scheduler's loop
+    calls `admit` and `advance_prefills` between steps, and answers the intake's
+    questions of room, load and preparation (EngineSide) from here."""
 
     def __init__(
         self,
         pipeline: Any,
+        intake: RequestIntake,
+        between_steps: Callable[[str], None],
         tokenizer: Any,
         vocabulary: Any,
-        stream_interval: int,
-        limits: AdmissionLimits,
-        observer: RequestObserver | None,
         prefill_slice_tokens: int,
         step_tokens: int,
         kv_block_tokens: int,
         grammar_limits: GrammarLimits,
     ) -> None:
-        super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
+        """`between_steps(call)` asserts that no engine step is in flight: `call` is
+        only safe between steps."""
         self._pipeline = pipeline
+        self._intake = intake
+        self._between_steps = between_steps
+        self._limits = intake.limits
         self._prefill_slice_tokens = prefill_slice_tokens
         self._step_tokens = step_tokens
         self._kv_block_tokens = kv_block_tokens
@@ -112,23 +117,33 @@ class EngineIntake(RequestIntake):
         self._prefilling: dict[int, SlicedPrefill] = {}
         self._model_stop_token_ids = frozenset(pipeline.get_config().stop_token_ids)
         # Engine sequences of the requests in the engine (ActiveRequest.weight).
-        self._running_sequences = 0
+        self.running_sequences = 0
         # Compiles output constraints before admission (a worker process).
         self._grammars = GrammarChecker(partial(grammar_vocabulary, tokenizer, vocabulary), grammar_limits)
         # Requests with a text prompt (a vision-language model's) admitted in this pass,
-        # with their time in the queue: added by `_add_image_requests`, off the loop.
+        # with their time in the queue: added by `add_image_requests`, off the loop.
         self._image_admissions: list[tuple[Admission, float]] = []
         # The engine requests (or the engine's refusal) that the worker thread made for
         # one of them, taken in order by `_add_request`.
         self._made: deque[Any] = deque()
 
-    def _between_steps(self, call: str) -> None:
-        """Check that no engine step is in flight: `call` is only safe between steps."""
-        raise NotImplementedError
+    @property
+    def prefilling(self) -> bool:
+        """Whether a long prompt is being prefilled in slices (the loop adds each slice)."""
+        return bool(self._prefilling)
+
+    @property
+    def has_image_requests(self) -> bool:
+        """Whether `admit` took requests whose engine calls `add_image_requests` makes."""
+        return bool(self._image_admissions)
+
+    def close(self) -> None:
+        """Stop the grammar checker (the loop has ended)."""
+        self._grammars.close()
 
     # ---- output constraints, before admission -------------------------------------------
 
-    async def _checked(self, request: GenerationRequest) -> GenerationRequest:
+    async def prepared(self, request: GenerationRequest) -> GenerationRequest:
         """`request` with its output constraint compiled to the grammar the engine is
         given; UnsupportedParams, naming the field it came from, if it does not compile
         within the limits."""
@@ -142,7 +157,7 @@ class EngineIntake(RequestIntake):
             raise Overloaded(
                 f"The server could not check the output format in '{constraint.param}' now: {exc}."
                 " Please retry after a short wait.",
-                max(1, self._retry_hint.seconds()),
+                max(1, self._intake.retry_hint.seconds()),
             ) from None
         except ConstraintRefused as exc:
             raise UnsupportedParams(
@@ -156,16 +171,16 @@ class EngineIntake(RequestIntake):
 
     # ---- room in the engine ---------------------------------------------------------------
 
-    def _room_in_engine(self) -> int:
-        return max(0, self._limits.max_running_sequences - self._running_sequences)
+    def room(self) -> int:
+        return max(0, self._limits.max_running_sequences - self.running_sequences)
 
-    def _describe_load(self) -> str:
-        waiting = len(self._queued) + self._checking
-        return f"{self._running_sequences} sequences are running and {waiting} requests are waiting"
+    def load(self) -> str:
+        waiting = self._intake.waiting
+        return f"{self.running_sequences} sequences are running and {waiting} requests are waiting"
 
-    def _left_engine(self, active: ActiveRequest, outcome: str | None) -> None:
+    def left(self, active: ActiveRequest, outcome: str | None) -> None:
         # Its sequences make room for the queued requests at the next admission.
-        self._running_sequences -= active.weight
+        self.running_sequences -= active.weight
         prefill = self._prefilling.pop(active.request_id, None)
         if prefill is not None:
             # Ended while its prompt was prefilled (failed, or its consumer left), before
@@ -173,31 +188,31 @@ class EngineIntake(RequestIntake):
             # waiting and finds the reason in its channel (or in admission.error).
             if outcome is not None:
                 for _ in range(prefill.choices):
-                    self._observer.ended(outcome)
+                    self._intake.observer.ended(outcome)
             prefill.admission.added.set()
 
     # ---- admission ------------------------------------------------------------------------
 
-    def _admit(self) -> bool:
+    def admit(self) -> bool:
         """Add waiting requests, oldest first, while the running sequences leave room
         (between steps only); True if the engine got any. A request larger than the
         whole limit runs when nothing else does. A request with a long prompt is only
-        registered here: `_advance_prefills` adds its first slice, after the requests
+        registered here: `advance_prefills` adds its first slice, after the requests
         admitted with it (prefill.py)."""
         added = False
         now = time.monotonic()
-        while self._queued:
-            request_id, admission = next(iter(self._queued.items()))
+        while self._intake.queued:
+            request_id, admission = next(iter(self._intake.queued.items()))
             active = admission.active
             limit = self._limits.max_running_sequences
-            if self._running_sequences and self._running_sequences + active.weight > limit:
+            if self.running_sequences and self.running_sequences + active.weight > limit:
                 break
             # Register the output state before the engine can produce anything for it.
-            del self._queued[request_id]
-            self._active[request_id] = active
-            self._running_sequences += active.weight
+            del self._intake.queued[request_id]
+            self._intake.active[request_id] = active
+            self.running_sequences += active.weight
             waited = now - active.submitted_at
-            self._retry_hint.observe(waited)
+            self._intake.retry_hint.observe(waited)
             if admission.request is None:  # a reservation: its holder does the work
                 admission.added.set()
                 continue
@@ -209,8 +224,8 @@ class EngineIntake(RequestIntake):
                 added = True
         return added
 
-    async def _add_image_requests(self) -> None:
-        """Add the requests with images that `_admit` took, their engine calls made in a
+    async def add_image_requests(self) -> None:
+        """Add the requests with images that `admit` took, their engine calls made in a
         worker thread (between steps: the loop starts no step until this returns), then
         registered here as `_add_admitted` registers any request."""
         admissions, self._image_admissions = self._image_admissions, []
@@ -218,7 +233,7 @@ class EngineIntake(RequestIntake):
             for admission, waited in admissions:
                 calls = self._engine_calls(admission.generation)
                 self._made.extend(await trio.to_thread.run_sync(self._make_engine_requests, calls))
-                if admission.active.request_id in self._active:
+                if admission.active.request_id in self._intake.active:
                     self._add_admitted(admission, waited)
                 for made in self._made:  # its consumer left meanwhile: nobody reads them
                     if not isinstance(made, Exception):
@@ -266,7 +281,7 @@ class EngineIntake(RequestIntake):
         self._prefilling[admission.active.request_id] = prefill
         # It is in the engine from its first slice on: its wait for room ends here.
         for _ in range(prefill.choices):
-            self._observer.queued(waited)
+            self._intake.observer.queued(waited)
         return True
 
     def _add_admitted(self, admission: Admission, waited: float | None) -> None:
@@ -279,12 +294,12 @@ class EngineIntake(RequestIntake):
                 self._add_engine_requests(active, prompt_ids, request.params)
         except UnsupportedParams as exc:
             admission.error = exc
-            self._abort(active.request_id, None)
+            self._intake.abort(active.request_id, None)
         else:
-            self._prompt_tokens += active.prompt_tokens
+            self._intake.prompt_tokens += active.prompt_tokens
             if waited is not None:
                 for _ in active.sequences:
-                    self._observer.queued(waited)
+                    self._intake.observer.queued(waited)
         admission.added.set()
 
     def _add_engine_requests(self, active: ActiveRequest, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -292,7 +307,9 @@ class EngineIntake(RequestIntake):
         prompt = None if self._made else prompt_tensor(prompt_ids)
 
         def new_sequences(count: int) -> list[Sequence]:
-            made = [self._delivery.new_sequence(len(active.sequences) + i, prompt_ids, params) for i in range(count)]
+            made = [
+                self._intake.delivery.new_sequence(len(active.sequences) + i, prompt_ids, params) for i in range(count)
+            ]
             active.sequences.extend(made)
             return made
 
@@ -303,7 +320,7 @@ class EngineIntake(RequestIntake):
             active.parts.append(EngineRequest(handle, sequences, beam_search=beam))
 
     def _add_request(self, prompt: Any, params: SamplingParams, seed_offset: int) -> Any:
-        if self._made:  # made in a worker thread by `_add_image_requests`
+        if self._made:  # made in a worker thread by `add_image_requests`
             made = self._made.popleft()
             if isinstance(made, UnsupportedParams):
                 raise made
@@ -319,8 +336,8 @@ class EngineIntake(RequestIntake):
                 params, seed_offset=seed_offset, model_stop_token_ids=self._model_stop_token_ids
             )
             if isinstance(prompt, tuple):
-                return self._pipeline.add_request(next(self._ids), *prompt, config)
-            return self._pipeline.add_request(next(self._ids), prompt, config)
+                return self._pipeline.add_request(self._intake.next_id(), *prompt, config)
+            return self._pipeline.add_request(self._intake.next_id(), prompt, config)
         except Exception as exc:  # noqa: BLE001 (whatever the binding raises fails this request alone)
             # The engine raises RuntimeError for what its checks refuse, but the binding
             # lets others through too (IndexError from a std::stoul in the prompt's
@@ -339,7 +356,7 @@ class EngineIntake(RequestIntake):
         sized to fit in one step beside the sequences decoding; False if none is left. It
         is one of the request's parts with no choices of its own (delivery.py reads
         nothing from it, and fails the request if the engine drops it)."""
-        decoding = self._running_sequences - active.weight
+        decoding = self.running_sequences - active.weight
         size = slice_size(self._prefill_slice_tokens, self._step_tokens, self._kv_block_tokens, decoding)
         prefix = prefill.next_prefix(size)
         if prefix is None:
@@ -351,7 +368,7 @@ class EngineIntake(RequestIntake):
         active.parts.append(prefill.running)
         return True
 
-    def _advance_prefills(self, arrivals: bool) -> bool:
+    def advance_prefills(self, arrivals: bool) -> bool:
         """For each request prefilled in slices that has no prefix running (just
         admitted, or the engine finished its last one; between steps): add the next
         prefix, or the request itself once none is left. With `arrivals` (requests were
@@ -361,7 +378,7 @@ class EngineIntake(RequestIntake):
         if the engine got anything."""
         advanced = False
         for request_id, prefill in list(self._prefilling.items()):
-            active = self._active[request_id]
+            active = self._intake.active[request_id]
             running = prefill.running
             if running is not None:
                 self._between_steps("a handle's get_status")
@@ -379,7 +396,7 @@ class EngineIntake(RequestIntake):
                 sliced = self._add_prefix(active, prefill)
             except UnsupportedParams as exc:  # the engine refused the slice's request
                 prefill.admission.error = exc
-                self._abort(request_id, None)
+                self._intake.abort(request_id, None)
                 continue
             if not sliced:
                 del self._prefilling[request_id]

@@ -1,14 +1,10 @@
 """The continuous-batching loop: one trio task owns the engine; steps run in a thread.
 
-Why a worker thread: an engine step takes tens of milliseconds on the embedded 135M
-model and seconds for a prefill chunk of a 1B-class model on a small CPU (see
-docs/benchmarks.md#stepping-and-the-event-loop). Stepped on the trio thread, it stops
-the event loop for that long: /health, new connections and every
-stream's writes wait for the step. So the loop task hands each step to a worker thread
-(step_thread.py) and awaits it, and the step releases the GIL (engine_step.py), so the
-event loop keeps serving while the engine computes. With a step that holds the GIL (the
-binding's, when the GIL-free route is off or fails its checks), the thread changes
-nothing: the loop pauses during each step, as it did when it stepped inline.
+The loop task hands each step to a worker thread and awaits it (step_thread.py says
+why a thread, and why runs of steps), and the step releases the GIL (engine_step.py),
+so the event loop keeps serving while the engine computes. With a step that holds the
+GIL (the binding's, when the GIL-free route is off or fails its checks), the thread
+changes nothing: the loop pauses during each step, as it did when it stepped inline.
 
 The order, with a GIL-free step: the loop adds the requests submitted meanwhile and
 starts a run of steps (step_thread.py). After each step the worker thread itself reads
@@ -17,11 +13,9 @@ starts the next step at once; the loop gets step N's outputs while step N+1 runs
 detokenizes them and sends each request its delta, and the handlers format and write
 their chunks. A request that arrives, a consumer that catches up, a request that ends
 (room for queued ones) or a slice of a long prompt ends the run after the step in
-flight, and the loop does its work between steps as before. Why runs: handing every step
-back to the loop costs two thread wake-ups between steps, time in which the engine
-sits idle (see docs/benchmarks.md#stepping-and-the-event-loop). With a step that
-holds the GIL, each run is one step: the
-deltas go out first, and the step starts when the event loop has nothing left to run
+flight, and the loop does its work between steps as before. With a step that holds the
+GIL, each run is one step: the deltas go out first, and the step starts when the event
+loop has nothing left to run
 (every consumer has written its chunk, every request that arrived meanwhile has been
 read; step_thread.py), since it pauses the loop until it ends. Either way the hand-off
 is explicit: the loop task starts the run and awaits each step.
@@ -31,15 +25,16 @@ worker thread of a run between two of its steps, except where this list says oth
 
 - `step()`: in the worker thread, one at a time; the GIL-free step (engine_step.py) or
   the binding's, chosen before each run (stepping.py).
-- `add_request()`: between steps, by the loop (engine_intake.py) (`submit()` queues the request and waits
-  until it is added, which is when the running sequences leave room for it, see
-  admission.py, and for a long prompt once its slices are prefilled, see prefill.py).
+- `add_request()`: between steps, by the loop (engine_admission.py) (`submit()` queues the
+  request and waits until it is added, which is when the running sequences leave room
+  for it, see admission.py, and for a long prompt once its slices are prefilled, see
+  prefill.py).
   Not safe during a step: with prefix caching on, it restores the prompt's cached KV
   blocks into the scheduler's block tables outside any lock the step takes (the
   engine's mutex there only orders concurrent add_request calls), racing the step's own
   block allocation.
 - `has_non_finished_requests()`, `get_metrics()`: between steps, by the worker after
-  each step of a run (Scheduler._after_step) or by the loop when no run is in flight;
+  each step of a run (`_after_step`) or by the loop when no run is in flight;
   both read state the step writes without a lock. `stats()` returns the values read
   after the last step, so a /metrics scrape never touches the engine.
 - a handle's `can_read()`, `read()`, `get_status()`: between steps, by the worker after
@@ -52,28 +47,30 @@ worker thread of a run between two of its steps, except where this list says oth
   (Delivery.outputs_from), so the worker touches no state of the loop's.
 - a handle's `cancel()`, and dropping a handle (which stops its request): at any time,
   from any task (a client leaving: ActiveRequest.close, requests.py), and by the loop
-  (Scheduler._apply: the stop strings and ends Delivery decided, while the next step of
+  (RequestIntake.apply: the stop strings and ends Delivery decided, while the next step of
   a run may be in flight; a slow reader's timeout, between steps). They set the
   request's status under its mutex; the step acts on it at its end and frees the KV
   blocks (the loop runs one more, empty, step when nothing else is left).
-
-The loop checks the rule where it makes the calls that need it: `add_request()`, its own
-handle reads and engine-state reads, and the slow-reader cancels assert that no step is
-in flight (`_between_steps`); the worker's reads happen, by construction, between the
-steps of its own run.
 - the tokenizer (`encode`, `decode`, `apply_chat_template`): at any time, from handlers
   and from the loop's detokenizer (Delivery.deliver). The tokenizer takes a separate
   inference request from its own pool for each call, and the engine's use of it (stop
   strings) does the same; the chat template is rendered from a string set once at load.
 
+The loop checks the rule where it makes the calls that need it: `add_request()`, its own
+handle reads and engine-state reads, and the slow-reader cancels assert that no step is
+in flight (`_between_steps`, which the EngineAdmission is given); the worker's reads
+happen, by construction, between the steps of its own run.
+
 The scheduler knows nothing of HTTP: requests come in as token ids plus
 SamplingParams, and go out as typed outputs (outputs.py) on a per-request channel.
-This module has the loop and its stats; adding queued requests to the engine is in
-engine_intake.py, the ways of stepping in stepping.py; submission, draining and the
-slow-reader timeout, which the stateful backend shares, are in intake.py, the limits it
-admits by and what it tells observers in admission.py, what is kept for each request in
-requests.py, long prompts prefilled in slices in prefill.py, what a step's reads hold in
-reads.py, and the output side (text, stop strings, deltas) in delivery.py.
+This module has the loop and its stats. Its collaborators: the RequestIntake
+(intake.py: submission, draining and the slow-reader timeout, which the stateful
+backend shares; the scheduler answers its questions as its EngineSide), and the
+EngineAdmission (engine_admission.py: adding queued requests to the engine, long
+prompts in slices, prefill.py). The ways of stepping are in stepping.py, the limits
+requests are admitted by and what observers are told in admission.py, what is kept for
+each request in requests.py, what a step's reads hold in reads.py, and the output side
+(text, stop strings, deltas) in delivery.py.
 
 Shutdown comes in two moves, so that the server can let running requests finish: `drain()`
 stops admission (submit raises NotAccepting) while the loop keeps stepping what it has,
@@ -85,7 +82,7 @@ latter by itself.
 from __future__ import annotations
 
 import logging
-import math
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -95,12 +92,14 @@ import trio
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.grammar_check import GrammarLimits
 from ovtrio.scheduler.admission import AdmissionLimits
-from ovtrio.scheduler.engine_intake import EngineIntake
+from ovtrio.scheduler.engine_admission import EngineAdmission
 from ovtrio.scheduler.engine_step import EngineStep
-from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting  # noqa: F401 (NotAccepting: still importable here)
+from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting, RequestIntake  # noqa: F401 (NotAccepting: still importable here)
 from ovtrio.scheduler.interface import SchedulerStats, waiting_requests
 from ovtrio.scheduler.observer import RequestObserver
+from ovtrio.scheduler.params import GenerationRequest
 from ovtrio.scheduler.reads import EngineReads, PlannedRead, StepOutput, read_engine
+from ovtrio.scheduler.requests import ActiveRequest, RequestStream
 from ovtrio.scheduler.step_thread import AfterStep, StepThread
 from ovtrio.scheduler.stepping import Stepping, choose_stepping
 
@@ -109,7 +108,7 @@ log = logging.getLogger("ovtrio.scheduler")
 
 @dataclass(frozen=True, slots=True)
 class StepState:
-    """What a run's worker read after a step (Scheduler._after_step): the handles'
+    """What a run's worker read after a step (`_after_step` below): the handles'
     outputs, has_non_finished_requests() and get_metrics()."""
 
     reads: EngineReads
@@ -117,7 +116,11 @@ class StepState:
     metrics: Any
 
 
-class Scheduler(EngineIntake):
+class Scheduler:
+    """The continuous-batching scheduler: its loop (run) steps the engine; the requests
+    it takes on are kept by a RequestIntake, to which it is the EngineSide, and taken
+    into the engine by an EngineAdmission."""
+
     def __init__(
         self,
         pipeline: Any,
@@ -135,8 +138,8 @@ class Scheduler(EngineIntake):
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step. `stream_interval`
-        is the number of steps between deltas (0: chosen by load, see
-        Delivery._stream_interval). `step` is how to step the engine (engine_step.choose_step); by default the
+        is the number of steps between deltas (0: chosen by load, see delivery.py).
+        `step` is how to step the engine (engine_step.choose_step); by default the
         binding's `pipeline.step()`. `limits`: how much work it takes on (admission.py).
         `observer` hears each request's timings and end (observer.py).
         `prefill_slice_tokens`: prompts longer than this are prefilled in slices of at
@@ -146,24 +149,25 @@ class Scheduler(EngineIntake):
         `step_runs`: with a GIL-free step, the worker steps on by itself while the loop
         has nothing to do between steps (see above); False hands every step back to the
         loop (bench/scheduler_overhead.py compares the two)."""
-        super().__init__(
-            pipeline,
-            tokenizer,
-            vocabulary,
-            stream_interval,
-            limits,
-            observer,
-            prefill_slice_tokens,
-            step_tokens,
-            kv_block_tokens,
-            grammar_limits,
-        )
+        self._pipeline = pipeline
         self._step_runs = step_runs
         import openvino_genai
 
         self._running_status = openvino_genai.GenerationStatus.RUNNING
         binding = EngineStep(pipeline.step, releases_gil=False, description="the binding's step()")
         self._stepper: StepThread[StepState] = StepThread(step or binding)
+        self._intake = RequestIntake(self, tokenizer, vocabulary, stream_interval, limits, observer)
+        self._admission = EngineAdmission(
+            pipeline,
+            self._intake,
+            self._between_steps,
+            tokenizer,
+            vocabulary,
+            prefill_slice_tokens,
+            step_tokens,
+            kv_block_tokens,
+            grammar_limits,
+        )
         self._steps = 0
         self._step_seconds = 0.0
         # Engine state read by the loop between steps (see the module docstring).
@@ -172,6 +176,55 @@ class Scheduler(EngineIntake):
 
     def _between_steps(self, call: str) -> None:
         assert not self._stepper.running, f"{call} while an engine step is in flight"
+
+    # ---- what the API layer and the service use (interface.py) ---------------------------
+
+    def check_capacity(self) -> None:
+        self._intake.check_capacity()
+
+    async def checked(self, request: GenerationRequest) -> GenerationRequest:
+        return await self._intake.checked(request)
+
+    def submit(self, request: GenerationRequest) -> AbstractAsyncContextManager[RequestStream]:
+        return self._intake.submit(request)
+
+    def reserve(self, places: int) -> AbstractAsyncContextManager[None]:
+        return self._intake.reserve(places)
+
+    def drain(self) -> None:
+        self._intake.drain()
+
+    @property
+    def in_flight(self) -> int:
+        return self._intake.in_flight
+
+    async def idle(self) -> None:
+        await self._intake.idle()
+
+    def fail_all(self, message: str, code: str = SHUTTING_DOWN, *, waiting: bool = True) -> int:
+        return self._intake.fail_all(message, code, waiting=waiting)
+
+    # ---- what the intake asks of its engine (EngineSide) ----------------------------------
+
+    def room(self) -> int:
+        return self._admission.room()
+
+    def load(self) -> str:
+        return self._admission.load()
+
+    def refuse_unsupported(self, request: GenerationRequest) -> None:
+        """Every request goes on: the engine refuses what it cannot run as it is added."""
+
+    async def prepared(self, request: GenerationRequest) -> GenerationRequest:
+        return await self._admission.prepared(request)
+
+    def left(self, active: ActiveRequest, outcome: str | None) -> None:
+        self._admission.left(active, outcome)
+
+    def wanted(self) -> None:
+        # A request arrived or a consumer caught up: the run in flight ends after its
+        # step, so the loop admits or resumes it between steps.
+        self._stepper.hand_back()
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -197,7 +250,7 @@ class Scheduler(EngineIntake):
            the batch and the loop goes on.
         """
         self._read_engine_state()
-        self._running = True
+        self._intake.running = True
         task_status.started()
         # True so the first idle pass runs one empty step: the engine may hold requests
         # that finished before the loop started (the service's warm-up generation).
@@ -206,10 +259,10 @@ class Scheduler(EngineIntake):
         try:
             while True:
                 pending += self._resume_or_expire_paused()  # 1
-                admitted = self._admit()  # 2
-                if self._image_admissions:
-                    await self._add_image_requests()
-                advanced = self._advance_prefills(arrivals=admitted)
+                admitted = self._admission.admit()  # 2
+                if self._admission.has_image_requests:
+                    await self._admission.add_image_requests()
+                advanced = self._admission.advance_prefills(arrivals=admitted)
                 working = admitted or advanced or self._engine_unfinished
                 if not working:  # 3
                     self._deliver(pending)
@@ -224,25 +277,23 @@ class Scheduler(EngineIntake):
                     pending = await self._collect_run(working)  # 5
                 except Exception as exc:  # an engine fault: fail this batch, keep serving
                     log.exception("engine step failed")
-                    self.fail_all(f"engine error: {client_reason(exc)}", "engine_error", waiting=False)
+                    self._intake.fail_all(f"engine error: {client_reason(exc)}", "engine_error", waiting=False)
                     self._read_engine_state()
         except Exception:
             # The loop itself failed: the model's service marks the model failed
             # (serving/service.py); what was in flight learns why, not of a shutdown.
-            self.fail_all("the model stopped serving after an internal error", "engine_error")
+            self._intake.fail_all("the model stopped serving after an internal error", "engine_error")
             raise
         finally:
-            self._running = False
+            self._intake.running = False
             self._stepper.close()
-            self._grammars.close()
-            self.fail_all("server is shutting down", SHUTTING_DOWN)
+            self._admission.close()
+            self._intake.fail_all("server is shutting down", SHUTTING_DOWN)
 
     async def _wait_for_work(self) -> None:
         """Sleep until a request arrives or a consumer catches up, or until the next
         paused request's slow-reader timeout."""
-        with trio.move_on_at(self._next_pause_deadline()):
-            await self._work.wait()
-        self._work = trio.Event()
+        await self._intake.wait_for_work(self._intake.next_pause_deadline())
 
     def _start_run(self, pending: list[StepOutput]) -> None:
         """Start the next run of steps, the way stepping.py chooses, and deliver
@@ -251,7 +302,7 @@ class Scheduler(EngineIntake):
             gil_free=self._stepper.releases_gil,
             # Runs go on by themselves only while the loop has nothing to do between
             # steps: no slices to add, no paused request to watch.
-            runs=self._step_runs and not self._prefilling and not self._paused(),
+            runs=self._step_runs and not self._admission.prefilling and not self._intake.paused(),
         )
         if stepping is Stepping.WHEN_IDLE:
             # It holds the GIL until it ends: the deltas go out first, and the step starts
@@ -261,7 +312,7 @@ class Scheduler(EngineIntake):
             return
         # GIL-free: the step starts at once, its worker reads the handles planned now,
         # and the last run's outputs are delivered while it runs.
-        plan = self._delivery.read_plan()
+        plan = self._intake.delivery.read_plan()
         self._stepper.start(after_step=partial(self._after_step, plan, stepping is Stepping.RUNS))
         self._deliver(pending)
 
@@ -292,12 +343,12 @@ class Scheduler(EngineIntake):
                 self._read_engine_state()
             else:
                 self._engine_unfinished, self._engine_metrics = state.unfinished, state.metrics
-                fresh, decisions = self._delivery.outputs_from(state.reads)
-                self._apply(decisions)
+                fresh, decisions = self._intake.delivery.outputs_from(state.reads)
+                self._intake.apply(decisions)
             if result.last:
                 return fresh
             self._deliver(fresh)
-            if self._paused():
+            if self._intake.paused():
                 self._stepper.hand_back()  # a consumer lags: stop reading its request
 
     # ---- what the loop does between and beside steps ---------------------------------------
@@ -305,12 +356,12 @@ class Scheduler(EngineIntake):
     def _read_between_steps(self) -> list[StepOutput]:
         """Read every handle but the paused requests' (no step in flight)."""
         self._between_steps("reading the handles")
-        fresh, decisions = self._delivery.read_outputs()
-        self._apply(decisions)
+        fresh, decisions = self._intake.delivery.read_outputs()
+        self._intake.apply(decisions)
         return fresh
 
     def _deliver(self, outputs: list[StepOutput]) -> None:
-        self._apply(self._delivery.deliver(outputs, self._steps))
+        self._intake.apply(self._intake.delivery.deliver(outputs, self._steps))
 
     def _resume_or_expire_paused(self) -> list[StepOutput]:
         """Resume the paused requests whose consumers have caught up, and cancel those
@@ -319,18 +370,10 @@ class Scheduler(EngineIntake):
         self._between_steps("resuming or cancelling slow readers")
         resumed = False
         now = trio.current_time()
-        for active in list(self._active.values()):
-            if self._resume_or_expire(active, now):
+        for active in list(self._intake.active.values()):
+            if self._intake.resume_or_expire(active, now):
                 resumed = True
         return self._read_between_steps() if resumed else []
-
-    def _next_pause_deadline(self) -> float:
-        return min((self._pause_deadline(a) for a in self._active.values()), default=math.inf)
-
-    def _engine_wanted(self) -> None:
-        # A request arrived or a consumer caught up: the run in flight ends after its
-        # step, so the loop admits or resumes it between steps.
-        self._stepper.hand_back()
 
     def _engine_state(self) -> tuple[bool, Any]:
         """Whether the engine has unfinished requests, and its metrics (between steps)."""
@@ -350,22 +393,22 @@ class Scheduler(EngineIntake):
             metrics = self._pipeline.get_metrics()  # before run() started: no step can run
         engine_requests = int(metrics.requests)
         engine_scheduled = int(metrics.scheduled_requests)
-        queued_engine_requests = sum(admission.engine_requests for admission in self._queued.values())
+        queued_engine_requests = sum(admission.engine_requests for admission in self._intake.queued.values())
         return SchedulerStats(
-            running=len(self._active),
-            queued=len(self._queued),
-            running_sequences=self._running_sequences,
-            paused=self._paused(),
-            rejected=self._rejected,
-            slow_readers_cancelled=self._slow_readers_cancelled,
+            running=len(self._intake.active),
+            queued=len(self._intake.queued),
+            running_sequences=self._admission.running_sequences,
+            paused=self._intake.paused(),
+            rejected=self._intake.rejected,
+            slow_readers_cancelled=self._intake.slow_readers_cancelled,
             engine_requests=engine_requests,
             engine_scheduled=engine_scheduled,
             waiting=waiting_requests(queued_engine_requests, engine_requests, engine_scheduled),
             kv_cache_usage=float(metrics.cache_usage),
             steps=self._steps,
             step_seconds=self._step_seconds,
-            prompt_tokens=self._prompt_tokens,
-            generated_tokens=self._delivery.generated_tokens,
+            prompt_tokens=self._intake.prompt_tokens,
+            generated_tokens=self._intake.delivery.generated_tokens,
             steps_started=self._stepper.entered,
             step_in_flight=self._stepper.inside_step,
             step_releases_gil=self._stepper.releases_gil,

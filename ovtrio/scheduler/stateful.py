@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any
 
@@ -41,15 +42,15 @@ from ovtrio.scheduler.params import (
     engine_prompt,
     to_generation_config,
 )
-from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest
+from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, RequestStream
 from ovtrio.scheduler.streamer import DEFAULT_LIMIT, GeneratedTokens, make_streamer
 
 log = logging.getLogger("ovtrio.scheduler")
 
 
-class StatefulScheduler(RequestIntake):
-    # The streamer passes token ids only: no log-probabilities to send on.
-    _scores_tokens = False
+class StatefulScheduler:
+    """The one-at-a-time scheduler: its loop (run) serves one request at a time; the
+    requests it takes on are kept by a RequestIntake, to which it is the EngineSide."""
 
     def __init__(
         self,
@@ -65,7 +66,10 @@ class StatefulScheduler(RequestIntake):
         ignored (one request runs). `buffered_tokens`: ids the streamer keeps for a
         consumer that does not read before the generation waits (streamer.py). The
         rest as for Scheduler."""
-        super().__init__(tokenizer, vocabulary, stream_interval, limits, observer)
+        # The streamer passes token ids only: no log-probabilities to send on.
+        self._intake = RequestIntake(
+            self, tokenizer, vocabulary, stream_interval, limits, observer, scores_tokens=False
+        )
         self._pipeline = pipeline
         self._model_stop_token_ids = frozenset(pipeline.get_generation_config().stop_token_ids)
         self._buffered_tokens = buffered_tokens
@@ -74,39 +78,68 @@ class StatefulScheduler(RequestIntake):
         self._reads = 0
         self._generate_seconds = 0.0
 
-    # ---- what the pipeline takes -------------------------------------------------------
+    # ---- what the API layer and the service use (interface.py) ---------------------------
 
-    def _room_in_engine(self) -> int:
-        return 0 if self._active or self._generating else 1
+    def check_capacity(self) -> None:
+        self._intake.check_capacity()
 
-    def _describe_load(self) -> str:
-        return f"a request is running and {len(self._queued) + self._checking} are waiting"
+    async def checked(self, request: GenerationRequest) -> GenerationRequest:
+        return await self._intake.checked(request)
 
-    def _refuse_unsupported(self, request: GenerationRequest) -> None:
+    def submit(self, request: GenerationRequest) -> AbstractAsyncContextManager[RequestStream]:
+        return self._intake.submit(request)
+
+    def drain(self) -> None:
+        self._intake.drain()
+
+    @property
+    def in_flight(self) -> int:
+        return self._intake.in_flight
+
+    async def idle(self) -> None:
+        await self._intake.idle()
+
+    def fail_all(self, message: str, code: str = SHUTTING_DOWN, *, waiting: bool = True) -> int:
+        return self._intake.fail_all(message, code, waiting=waiting)
+
+    # ---- what the intake asks of the pipeline (EngineSide) -------------------------------
+
+    def room(self) -> int:
+        return 0 if self._intake.active or self._generating else 1
+
+    def load(self) -> str:
+        return f"a request is running and {self._intake.waiting} are waiting"
+
+    def refuse_unsupported(self, request: GenerationRequest) -> None:
         if len(request.prompts) != 1 or request.params.n != 1 or request.params.beam_search:
             raise UnsupportedParams("the stateful backend makes one choice of one prompt per request")
 
-    def _left_engine(self, active: ActiveRequest, outcome: str | None) -> None:
-        self._work.set()  # the loop may be waiting for this request's tokens
+    async def prepared(self, request: GenerationRequest) -> GenerationRequest:
+        return request
+
+    def left(self, active: ActiveRequest, outcome: str | None) -> None:
+        self._intake.wake()  # the loop may be waiting for this request's tokens
+
+    def wanted(self) -> None:
+        """The loop wakes for new work by itself: the pipeline has no run to hand back."""
 
     # ---- the loop -----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the queued requests one at a time, oldest first; sleep while there are none."""
-        self._running = True
+        self._intake.running = True
         task_status.started()
         try:
             while True:
-                if not self._queued:
-                    self._work = trio.Event()
-                    await self._work.wait()
+                if not self._intake.queued:
+                    await self._intake.wait_for_work()
                     continue
-                request_id, admission = next(iter(self._queued.items()))
-                del self._queued[request_id]
+                request_id, admission = next(iter(self._intake.queued.items()))
+                del self._intake.queued[request_id]
                 await self._serve(admission)
         finally:
-            self._running = False
-            self.fail_all("server is shutting down", SHUTTING_DOWN)
+            self._intake.running = False
+            self._intake.fail_all("server is shutting down", SHUTTING_DOWN)
 
     async def _serve(self, admission: Admission) -> None:
         """Run one request: generate in a worker thread, deliver as tokens arrive."""
@@ -122,14 +155,14 @@ class StatefulScheduler(RequestIntake):
             admission.added.set()
             return
         tokens = GeneratedTokens(partial(self._wake_soon, trio.lowlevel.current_trio_token()), self._buffered_tokens)
-        sequence = self._delivery.new_sequence(0, prompt_ids, params)
+        sequence = self._intake.delivery.new_sequence(0, prompt_ids, params)
         active.sequences.append(sequence)
         active.parts.append(EngineRequest(tokens, [sequence]))
-        self._active[active.request_id] = active
+        self._intake.active[active.request_id] = active
         waited = time.monotonic() - active.submitted_at
-        self._retry_hint.observe(waited)
-        self._observer.queued(waited)
-        self._prompt_tokens += active.prompt_tokens
+        self._intake.retry_hint.observe(waited)
+        self._intake.observer.queued(waited)
+        self._intake.prompt_tokens += active.prompt_tokens
         admission.added.set()
 
         if request.texts is not None:  # a VLMPipeline: text and images
@@ -153,77 +186,73 @@ class StatefulScheduler(RequestIntake):
                 self._generating = False
                 self._generate_seconds += time.perf_counter() - started
                 done.set()
-                self._work.set()
+                self._intake.wake()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(generate)
             try:
                 while not done.is_set():
-                    with trio.move_on_at(self._pause_deadline(active)):
-                        await self._work.wait()
-                    self._work = trio.Event()
+                    await self._intake.wait_for_work(self._intake.pause_deadline(active))
                     self._deliver(active)
             finally:
                 tokens.cancel()  # no-op once generate() has returned
         result = outcome[0] if outcome else None
-        if active.request_id not in self._active:
+        if active.request_id not in self._intake.active:
             return  # ended meanwhile: consumer left, stop string, timeout or fail_all
         if isinstance(result, Exception):
             log.error("generation failed: %s", str(result).splitlines()[0] if str(result) else type(result).__name__)
             active.send(Failed(f"engine error: {result}".splitlines()[0], "engine_error"))
-            self._abort(active.request_id, "error")
+            self._intake.abort(active.request_id, "error")
             return
         tokens.finish(_finish_reason(result, tokens.written, params.max_new_tokens))
         # The last tokens and the finish reason; a paused consumer gets them once it
         # catches up, or its request ends at the slow-reader timeout.
         self._deliver(active)
-        while active.request_id in self._active and active.paused_at is not None:
-            with trio.move_on_at(self._pause_deadline(active)):
-                await self._work.wait()
-            self._work = trio.Event()
+        while active.request_id in self._intake.active and active.paused_at is not None:
+            await self._intake.wait_for_work(self._intake.pause_deadline(active))
             self._deliver(active)
-        if active.request_id in self._active:  # not expected: the finish reason ends it
+        if active.request_id in self._intake.active:  # not expected: the finish reason ends it
             active.send(Failed("the generation ended without a finish reason", "engine_error"))
-            self._abort(active.request_id, "error")
+            self._intake.abort(active.request_id, "error")
 
     def _wake_soon(self, token: trio.lowlevel.TrioToken) -> None:
         """From the generating thread: wake the loop (never waits)."""
         try:
-            token.run_sync_soon(lambda: self._work.set())
+            token.run_sync_soon(self._intake.wake)
         except trio.RunFinishedError:
             pass
 
     def _deliver(self, active: ActiveRequest) -> None:
-        if active.request_id not in self._active:
+        if active.request_id not in self._intake.active:
             return
-        self._resume_or_expire(active, trio.current_time())
-        outputs, decisions = self._delivery.read_outputs()
-        self._apply(decisions)
+        self._intake.resume_or_expire(active, trio.current_time())
+        outputs, decisions = self._intake.delivery.read_outputs()
+        self._intake.apply(decisions)
         if outputs:
             self._reads += 1
-            self._apply(self._delivery.deliver(outputs, self._reads))
+            self._intake.apply(self._intake.delivery.deliver(outputs, self._reads))
 
     # ---- observation --------------------------------------------------------------------
 
     def stats(self) -> SchedulerStats:
         """Counters. An engine "step" here is one generated token (one inference each);
         step_seconds is the time spent inside generate(). No paged KV cache: usage 0."""
-        running = len(self._active)
+        running = len(self._intake.active)
         return SchedulerStats(
             running=running,
-            queued=len(self._queued),
+            queued=len(self._intake.queued),
             running_sequences=running,
-            paused=self._paused(),
-            rejected=self._rejected,
-            slow_readers_cancelled=self._slow_readers_cancelled,
+            paused=self._intake.paused(),
+            rejected=self._intake.rejected,
+            slow_readers_cancelled=self._intake.slow_readers_cancelled,
             engine_requests=int(self._generating),
             engine_scheduled=int(self._generating),
-            waiting=len(self._queued),
+            waiting=len(self._intake.queued),
             kv_cache_usage=0.0,
-            steps=self._delivery.generated_tokens,
+            steps=self._intake.delivery.generated_tokens,
             step_seconds=self._generate_seconds,
-            prompt_tokens=self._prompt_tokens,
-            generated_tokens=self._delivery.generated_tokens,
+            prompt_tokens=self._intake.prompt_tokens,
+            generated_tokens=self._intake.delivery.generated_tokens,
             steps_started=self._generations,
             step_in_flight=self._generating,
             step_releases_gil=True,

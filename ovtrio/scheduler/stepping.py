@@ -2,13 +2,13 @@
 
 Four ways, each in one place:
 
-- RUNS (Scheduler._start_run): the GIL-free step (engine_step.py), in runs: the worker
-  thread steps on by itself while the loop has nothing to do between steps, and reads
-  the handles after each step (Scheduler._after_step).
-- ONE_STEP (Scheduler._start_run): the GIL-free step, one step per hand-off, its handles
-  read by the worker: while long prompts are sliced or a consumer lags (the loop has
-  work between steps), or with step runs turned off.
-- WHEN_IDLE (Scheduler._start_run, step_thread.py): the binding's `step()`, which holds
+- RUNS (scheduler.py): the GIL-free step (engine_step.py), in runs: the worker thread
+  steps on by itself while the loop has nothing to do between steps, and reads the
+  handles after each step.
+- ONE_STEP (scheduler.py): the GIL-free step, one step per hand-off, its handles read by
+  the worker: while long prompts are sliced or a consumer lags (the loop has work
+  between steps), or with step runs turned off.
+- WHEN_IDLE (scheduler.py, step_thread.py): the binding's `step()`, which holds
   the GIL, one step started once the event loop is idle; the loop reads the handles.
   Only when the GIL-free step is off or fails its checks.
 - the stateful backend (stateful.py): `generate()` in a worker thread, one request at

@@ -186,7 +186,7 @@ class ModelService:
         self, scheduler: GenerationScheduler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Run the scheduler; if its loop fails (nothing a request sends should make it,
-        engine_intake.py fails that request alone), the model is marked failed: readiness
+        engine_admission.py fails that request alone), the model is marked failed: readiness
         and liveness say so, requests get a 503 that names the failure, and `ovtrio
         serve` exits once no model is left, for its supervisor to restart it."""
         try:
