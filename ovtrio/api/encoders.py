@@ -15,9 +15,9 @@ from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.embedding.service import EmbeddingWork, EncoderService, RerankWork
 from ovtrio.embedding.worker import EncoderUnavailable, Job
 
-# Replies bigger than this many numbers are serialized in a worker thread: at 15 µs for
-# 384 numbers (see json_reply), a few hundred vectors would hold up the event loop for
-# milliseconds; this many take about half of one.
+# Replies bigger than this many numbers are serialized in a worker thread: a few hundred
+# vectors would hold up the event loop for milliseconds, and this many take about half of
+# one (measured in docs/benchmarks.md#the-embedding-model).
 _JSON_IN_THREAD = 16 * 1024
 
 
@@ -56,10 +56,10 @@ async def json_reply(build: Callable[[], dict[str, Any]], numbers: int) -> Respo
     loop when it holds more than a few thousand numbers.
 
     numpy arrays in the body are written by orjson as they are, each float32 as the
-    shortest decimal that reads back as the same float32: a 384-number vector takes
-    15 µs and 4.5 KB, where `json.dumps(vector.tolist())` took 344 µs and 8.2 KB (the
-    digits of the float64 each value widens to), on the event loop, a third as much as
-    the rest of a single-text request's HTTP path (see docs/benchmarks.md#embeddings)."""
+    shortest decimal that reads back as the same float32: a small fraction of the time
+    and about half the bytes of `json.dumps(vector.tolist())`, which writes the digits
+    of the float64 each value widens to, on the event loop (measured in
+    docs/benchmarks.md#embeddings)."""
 
     def text() -> bytes:
         return orjson.dumps(build(), option=orjson.OPT_SERIALIZE_NUMPY)

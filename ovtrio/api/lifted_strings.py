@@ -1,13 +1,13 @@
 """Base64 data URLs lifted out of a large request body before it is parsed.
 
-Parsing holds the GIL, so a thread would not help: pydantic's JSON reader takes about
-20 ms for a chat body with four 4 MB data URLs (1024-pixel PNGs) on a 2-core Xeon, and
-the event loop stands still meanwhile. A data URL needs none of that parsing: it is one
-long ASCII string with no escapes. So before such a body is parsed, each data URL
-(found with bytes.find, which scans at memory speed: about 1 ms for the 17 MB, and
-read as a str in about 0.5 ms for each 4 MB, with the event loop served between two) is
-replaced by a short placeholder, the small remainder is parsed, and the placeholders in
-the parsed body are replaced by the strings.
+Parsing holds the GIL, so a thread would not help: pydantic's JSON reader spends
+milliseconds on a chat body with a few megabytes of data URLs, and the event loop stands
+still meanwhile (measured in docs/benchmarks.md#request-bodies). A data URL needs none
+of that parsing: it is one long ASCII string with no escapes. So before such a body is
+parsed, each data URL (found with bytes.find, which scans at memory speed, and read as
+a str, with the event loop served between two) is replaced by a short placeholder, the
+small remainder is parsed, and the placeholders in the parsed body are replaced by the
+strings.
 
 A string is lifted only when it is certainly one whole JSON string: it starts at a
 quote, not escaped, followed by `data:` (in valid JSON a quote followed by a letter
@@ -38,10 +38,10 @@ LIFTED_MIN_BYTES = 64 * 1024
 
 # Placeholders carry a per-process secret, so no client can write one itself.
 _PLACEHOLDER = f"data:,lifted-{secrets.token_hex(8)}-"
-# Reading one data URL takes the loop 1-4 ms (three scans and a copy of 4 MB, more when
+# Reading one data URL takes the loop three scans and a copy of megabytes (longer when
 # other threads share the memory bus). Bodies that arrive together would each read one
-# in the same pass of trio's run loop, which then served no socket for 10-12 ms; one
-# body at a time, a pass reads one.
+# in the same pass of trio's run loop, which then serves no socket until all are read;
+# one body at a time, a pass reads one (docs/benchmarks.md#request-bodies).
 _ONE_BODY_AT_A_TIME = trio.Lock()
 _BACKSLASH = 0x5C
 
@@ -103,7 +103,7 @@ async def lift_data_urls(raw: bytes | bytearray | str) -> LiftedBody:
 
 
 def _ascii(text: memoryview | str) -> str | None:
-    """The text as a str if it is ASCII (about 0.5 ms for 4 MB of bytes; a str knows)."""
+    """The text as a str if it is ASCII (a str knows; bytes are checked as they are decoded)."""
     if isinstance(text, str):
         return text if text.isascii() else None
     try:

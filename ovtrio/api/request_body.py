@@ -4,8 +4,9 @@ Quart keeps a body's chunks in a bytearray that grows as they arrive, and awaiti
 body returns `bytes(bytearray)`. Both cost the event loop a copy of the whole body:
 
 - Awaiting: here it returns the bytearray itself; the readers (pydantic's JSON reader,
-  bytes.find, .decode) take it as they take bytes. For a 17 MB body of images the copy
-  took 17 ms on a 2-core Xeon guest, where every fresh page faults on first touch.
+  bytes.find, .decode) take it as they take bytes. For a body of images the copy is
+  milliseconds of the event loop's time, more on a virtual machine, where every fresh
+  page faults on first touch (measured in docs/benchmarks.md#request-bodies).
 - Growing: a bytearray grows by an eighth at a time, and each time it cannot grow in
   place its whole content is copied, about eight copies of the body in all. A body
   whose Content-Length is at least PREALLOCATED_FROM_BYTES gets its whole buffer when
@@ -13,8 +14,8 @@ body returns `bytes(bytearray)`. Both cost the event loop a copy of the whole bo
 
 The buffer is only as large as the Content-Length, which Quart has already checked
 against the server's body limit (a larger one is refused with 413 before it is read).
-It is allocated without being filled (`bytearray(n)` writes n zeros at once: 11 ms for
-17 MB in pages not yet faulted in, in one step of the event loop), so its pages are
+It is allocated without being filled (`bytearray(n)` writes n zeros at once, faulting
+every page in, in one step of the event loop), so its pages are
 touched only as the body arrives, and nothing of it is read beyond what arrived.
 """
 

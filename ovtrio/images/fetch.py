@@ -12,8 +12,8 @@ reach what only the server can reach.
   redirect to another scheme) gets the same message: the reply never tells the client
   what answers at an address.
 - The body is read as sent, bounded by the byte limit; a gzip or deflate body is
-  decompressed in a worker thread (decompressing on the event loop stalled it 0.4-0.5 s
-  a body), bounded by the same limit.
+  decompressed in a worker thread (decompressing a large body on the event loop stalls
+  it for that long), bounded by the same limit.
 """
 
 from __future__ import annotations

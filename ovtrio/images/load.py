@@ -45,9 +45,9 @@ _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=
 
 # Images decoded at once, in worker threads: at most `ImageLimits.decodes` (memory, see
 # above) and at most one fewer than the CPU's cores (at least one), so that decoding
-# leaves a core to the event loop and the engine. On the 2-core Xeon, /health p99 during
-# a burst of 8 requests of 4 images each was 45 ms with two decoding threads and 30 ms
-# with one (docs/benchmarks.md#images). One limiter for the process: every model's
+# leaves a core to the event loop and the engine: on two cores, /health's p99 during a
+# burst of requests with images is lower with one decoding thread than with two
+# (measured in docs/benchmarks.md#images). One limiter for the process: every model's
 # images share it.
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 _DECODING = trio.CapacityLimiter(1)

@@ -14,10 +14,9 @@ brings can make an engine step throw (engine_step.py says why that matters).
 `add_request()` is only safe between steps (scheduler.py's docstring says why): every
 call here checks that no step is in flight (`between_steps`). A vision-language model's
 engine preprocesses and encodes a request's images inside `add_request()`, and the
-binding holds the GIL throughout (a Python thread stands still for the whole call,
-measured in bench/image_adds.py): the images arrive already
-brought down to the model's size (images/load.py), so what is left is the vision
-encoder's own time. The loop makes those calls in a worker thread
+binding holds the GIL throughout (a Python thread stands still for the whole call:
+docs/benchmarks.md#images): the images arrive already brought down to the model's size
+(images/load.py), so what is left is the vision encoder's own time. The loop makes those calls in a worker thread
 (`add_image_requests`), still between steps, so that a binding that releases the GIL
 lets the event loop run meanwhile with no change here.
 """

@@ -3,12 +3,12 @@
 Why this exists: openvino.genai's Python binding declares
 `.def("step", &ContinuousBatchingPipeline::step)` with no
 `py::call_guard<py::gil_scoped_release>()`, so `pipeline.step()` holds the GIL for the
-whole step: tens of milliseconds on a 135M model, seconds for a prefill chunk of a
-1B-class model on a small CPU. Every other Python thread, and so the whole event loop,
-stops for that long. The C++ method itself needs no GIL. It is exported from
-`libopenvino_genai.so.*` (`ov::genai::ContinuousBatchingPipeline::step()`), and ctypes
-releases the GIL around every foreign call; called with the address of the pipeline's
-C++ object, it runs the same step (same greedy tokens) while Python keeps running.
+whole step, CPU work of milliseconds to seconds (step_thread.py says why steps run in a
+thread): every other Python thread, and so the whole event loop, stops for that long.
+The C++ method itself needs no GIL. It is exported from `libopenvino_genai.so.*`
+(`ov::genai::ContinuousBatchingPipeline::step()`), and ctypes releases the GIL around
+every foreign call; called with the address of the pipeline's C++ object, it runs the
+same step (same greedy tokens) while Python keeps running.
 
 The address is the pybind11 instance's value pointer, the first word after the PyObject
 header (pybind11's "simple layout", which a class bound with one C++ type and no

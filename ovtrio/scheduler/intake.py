@@ -318,7 +318,7 @@ class RequestIntake:
     # ---- slow readers -------------------------------------------------------------------
 
     def _received(self, active: ActiveRequest) -> None:
-        """A consumer took its messages: wake the loop if that resumes its request."""
+        """A consumer took its outputs: wake the loop if that resumes its request."""
         if active.paused_at is not None and self._caught_up(active):
             self.wake()
 

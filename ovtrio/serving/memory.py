@@ -3,10 +3,10 @@
 glibc's allocator keeps freed memory for reuse instead of returning it: after big
 objects are dropped the process still holds their pages, and its RSS stays where the
 peak left it. Returning them at once has its own cost: a page mapped again faults in on
-first touch, which on a virtual machine's guest costs about 1 ms a megabyte (a 2-core
-Xeon KVM guest). A request with four 1024-pixel images (a 17 MB body, copied into its
-buffer, then its data URLs read as strings) spent 24-29 ms of the event loop's time in
-those faults, and 5-6 ms once the pages were reused (bench/images.py). So:
+first touch, which is dear on a virtual machine's guest. A request with images (a body
+of megabytes, copied into its buffer, then its data URLs read as strings) spent several
+times more of the event loop's time in those faults than once the pages were reused
+(measured in docs/benchmarks.md#images). So:
 
 - `configure_allocator`, once at start, fixes glibc's two thresholds (mallopt). A block
   of `MMAP_THRESHOLD_BYTES` or more gets a mapping of its own, unmapped when it is
@@ -21,18 +21,20 @@ those faults, and 5-6 ms once the pages were reused (bench/images.py). So:
   free and puts the thresholds back.
 - `trim_in_background` also trims when the engine's grammar cache changed: its threads
   free memory the server cannot see (a grammar's compilation, a compiled grammar
-  evicted from XGrammar's cache), in their own arenas. Over 150 distinct schemas, RSS
-  grew 162 MB without any trim while the cache held 68 MB. While large requests come,
-  that trim waits for theirs, which returns what the compilations freed as well: a
-  trim walks every arena's heap, and then those hold what the large requests freed.
+  evicted from XGrammar's cache), in their own arenas: without a trim, RSS grew by
+  far more than the cache held over many distinct schemas (the grammar cache attack,
+  docs/benchmarks.md#attacks-huge-inputs-cache-growth-closed-sockets). While large
+  requests come, that trim waits for theirs, which returns what the compilations freed
+  as well: a trim walks every arena's heap, and then those hold what the large requests
+  freed.
 - `return_free_memory` once a model is loaded and warmed up (loading frees much).
 - `release_free_memory`: the server's own large releases (stored responses deleted or
   expired) are counted, and each time they add up to `TRIM_AFTER_BYTES`, a trim runs.
 
 Every trim is malloc_trim in a worker thread (ctypes drops the GIL). None is periodic:
 it locks each arena while it walks that arena's heap, and every allocation the event
-loop makes meanwhile waits. With one every 2 s, `/health` p99 while images decoded was
-48 ms, against 28 ms without (bench/images.py).
+loop makes meanwhile waits: one every few seconds raised `/health`'s p99 while images
+decoded (measured in docs/benchmarks.md#images).
 
 Elsewhere than glibc, all of this does nothing.
 """

@@ -143,7 +143,7 @@ class ResponseStore:
     def _db_put(self, entry: StoredResponse) -> None:
         assert self._db is not None
         # Written here, not on the event loop: the JSON of a response whose input held
-        # images is megabytes (json.dumps takes about 18 ms for each 4 MB, holding the GIL).
+        # images is megabytes, which json.dumps takes milliseconds to write, holding the GIL.
         row = (entry.response["id"], entry.stored_at, json.dumps(asdict(entry)))
         self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?)", row)
         self._db_expire()
