@@ -57,25 +57,28 @@ class EventStream:
 
     By default the request is submitted by `open()`, inside the handler, so that anything
     the engine refuses is still an ordinary HTTP error rather than a failure after the
-    200; an exception raised after that ends the body with it (the connection closes).
-    With `at_once` (AnswerAtOnce), the stream answers first and submits when the first
-    event has gone out.
+    200; Quart pulls each frame as it sends the last, and an exception raised after the
+    200 ends the body with it (the connection closes).
 
-    The frames are made by a task of the body's own nursery and handed over one at a
-    time (a channel without a buffer, so a client that does not read holds its request
-    back as it would reading the frames itself), which is what lets the body send pings
-    while it waits for them. The nursery is opened by the first `__anext__` and left by
-    `aclose`: Quart iterates and closes the body in one task, however the response ends,
-    including when the client disconnects and the sending task is cancelled. Closing
-    cancels the task and leaves the submission, and the scheduler cancels the engine
-    request.
+    With `at_once` (AnswerAtOnce), the stream answers first and submits when its opening
+    has gone out. Its frames are then made by a task of the body's own nursery and
+    handed over one at a time (a channel without a buffer, so a client that does not
+    read holds its request back as it would pulling the frames itself), which is what
+    lets the body send pings while it waits for them; a stream that sends no pings
+    spares each frame that task switch. The nursery is opened by the first frame after
+    the opening and left by `aclose`: Quart iterates and closes the body in one task.
+
+    Quart closes the body (`aclose`) however the response ends, including when the
+    client disconnects and the sending task is cancelled; closing leaves the submission,
+    and the scheduler cancels the engine request.
     """
 
     def __init__(self, submission: Submission, frames: Frames, at_once: AnswerAtOnce | None = None) -> None:
         self._submission = submission
         self._frames = frames
         self._at_once = at_once
-        self._stream: RequestStream | None = None  # the submission, when open() entered it
+        self._entered = False  # the submission, entered and not yet left
+        self._events: AsyncGenerator[bytes, None] | None = None  # pulled by Quart (no pings)
         self._answered = False  # the opening of a stream that answers at once has gone out
         self._nursery_context: AbstractAsyncContextManager[trio.Nursery] | None = None
         self._nursery: trio.Nursery | None = None
@@ -86,41 +89,36 @@ class EventStream:
         """Submit the request, unless the stream answers at once; returns once the engine
         has it (or raises its refusal)."""
         if self._at_once is None:
-            self._stream = await self._submission.__aenter__()
+            self._events = self._frames(await self._submission.__aenter__())
+            self._entered = True
         return self
 
     def __aiter__(self) -> EventStream:
         return self
 
     async def __anext__(self) -> bytes:
-        assert self._stream is not None or self._at_once is not None, "EventStream.open() first"
         if self._closed:
             raise StopAsyncIteration
-        if self._receive is None:
-            if self._at_once is not None and not self._answered:
-                self._answered = True
-                return self._at_once.opening
-            await self._start()
-        assert self._receive is not None
         if self._at_once is None:
-            return self._received(await self._received_or_end())
+            assert self._events is not None, "EventStream.open() first"
+            return await self._events.__anext__()
+        if not self._answered:
+            self._answered = True
+            return self._at_once.opening
+        if self._receive is None:
+            await self._start()
         with trio.move_on_after(self._at_once.interval):
-            return self._received(await self._received_or_end())
+            return await self._handed_over(self._at_once)
         return self._at_once.ping
 
-    async def _received_or_end(self) -> bytes | Exception:
+    async def _handed_over(self, at_once: AnswerAtOnce) -> bytes:
+        """The next frame the task made: its failure made a frame, its end the body's."""
         assert self._receive is not None
         try:
-            return await self._receive.receive()
+            frame = await self._receive.receive()
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
-
-    def _received(self, frame: bytes | Exception) -> bytes:
-        if isinstance(frame, Exception):
-            if self._at_once is None:
-                raise frame
-            return self._at_once.failure(frame)
-        return frame
+        return at_once.failure(frame) if isinstance(frame, Exception) else frame
 
     async def _start(self) -> None:
         send, self._receive = trio.open_memory_channel[bytes | Exception](0)
@@ -129,40 +127,35 @@ class EventStream:
         self._nursery.start_soon(self._produce, send)
 
     async def _produce(self, send: trio.MemorySendChannel[bytes | Exception]) -> None:
-        """The request's frames into `send`, then the exception that ended them if any;
-        never raises."""
+        """Submit, then the request's frames into `send`, then the exception that ended
+        them if any; never raises."""
         async with send:
             try:
-                if self._stream is not None:
-                    await self._forward(self._stream, send)
-                else:
-                    async with self._submission as stream:
-                        await self._forward(stream, send)
+                async with self._submission as stream, aclosing(self._frames(stream)) as frames:
+                    async for frame in frames:
+                        await send.send(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return  # the body is closed: the client is gone
-            except Exception as error:  # noqa: BLE001 (the body raises it, or makes it a frame)
+            except Exception as error:  # noqa: BLE001 (whatever fails, the client hears of it as a frame)
                 try:
                     await send.send(error)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
-
-    async def _forward(self, stream: RequestStream, send: trio.MemorySendChannel[bytes | Exception]) -> None:
-        async with aclosing(self._frames(stream)) as frames:
-            async for frame in frames:
-                await send.send(frame)
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
+            if self._events is not None:
+                await self._events.aclose()
             if self._nursery is not None and self._nursery_context is not None:
                 self._nursery.cancel_scope.cancel()
                 await self._nursery_context.__aexit__(None, None, None)
             if self._receive is not None:
                 self._receive.close()
         finally:
-            if self._stream is not None:
+            if self._entered:
                 await self._submission.__aexit__(None, None, None)
 
 
