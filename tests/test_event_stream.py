@@ -1,0 +1,90 @@
+"""The streaming driver every streamed endpoint answers with (ovtrio/api/sse.py), on its
+own over a small submission (no engine, no HTTP): by default it submits before the
+handler answers, so a refusal is still an HTTP error; an exception after that ends the
+body with it; closing the body leaves the submission (which is what cancels an engine
+request). The Messages stream, which answers at once, is tested in
+test_messages_stream_body.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+
+from ovtrio.api.sse import EventStream
+from ovtrio.scheduler import Overloaded
+
+
+class Submission:
+    """One request's submission: refused with `refusal`, or a stream of `batches`; says
+    whether it was entered and left."""
+
+    def __init__(self, batches: list[str], refusal: Exception | None = None) -> None:
+        self.batches = batches
+        self.refusal = refusal
+        self.entered = self.left = False
+
+    @asynccontextmanager
+    async def __call__(self) -> Any:
+        try:
+            await trio.lowlevel.checkpoint()
+            if self.refusal is not None:
+                raise self.refusal
+            self.entered = True
+            yield self
+        finally:
+            self.left = True
+
+    async def receive_available(self) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        return [self.batches.pop(0)] if self.batches else []
+
+
+async def frames(stream: Any) -> AsyncGenerator[bytes, None]:
+    while batch := await stream.receive_available():
+        if batch == ["fail"]:
+            raise RuntimeError("the writer failed")
+        yield f"data: {batch[0]}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+async def test_the_request_is_submitted_before_the_answer():
+    submission = Submission(["a", "b"])
+    body = EventStream(submission(), frames)
+    assert not submission.entered
+    await body.open()
+    assert submission.entered and not submission.left
+    assert [frame async for frame in body] == [b"data: a\n\n", b"data: b\n\n", b"data: [DONE]\n\n"]
+    await body.aclose()
+    assert submission.left
+
+
+async def test_a_refusal_is_raised_by_open_before_any_answer():
+    submission = Submission([], refusal=Overloaded("the server is full", 2))
+    with pytest.raises(Overloaded):
+        await EventStream(submission(), frames).open()
+    assert submission.left
+
+
+async def test_a_failure_after_the_answer_ends_the_body_with_it():
+    submission = Submission(["a", "fail", "b"])
+    body = await EventStream(submission(), frames).open()
+    assert await body.__anext__() == b"data: a\n\n"
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        await body.__anext__()
+    await body.aclose()
+    assert submission.left
+
+
+async def test_closing_the_body_early_leaves_the_submission():
+    submission = Submission(["a", "b"])
+    body = await EventStream(submission(), frames).open()
+    await body.__anext__()
+    await body.aclose()
+    assert submission.left
+    with pytest.raises(StopAsyncIteration):
+        await body.__anext__()
