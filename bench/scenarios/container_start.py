@@ -1,8 +1,9 @@
-"""Container start benchmark: the image from `podman run` to /health/ready, warm (the
-model cache built into the image) and cold (without it: the conversion into the
-volume), beside `ovtrio serve` on this machine with a warm model cache, as reference.
+"""Container start: the image from `podman run` to /health/ready, warm and cold.
 
-    python bench/container_start.py [--image localhost/ovtrio:0.1.0] [--runs 3]
+Warm: the model cache built into the image; cold: without it (the conversion into the
+volume); beside `ovtrio serve` on this machine with a warm model cache, as reference.
+
+    python -m bench container_start [--image localhost/ovtrio:0.1.0] [--runs 3]
 
 Build the image first (scripts/build-image). Each run starts, one at a time: the image
 warm, the image cold (a new empty volume), and the host's server on a cache converted
@@ -24,9 +25,9 @@ import time
 import tomllib
 from pathlib import Path
 
-from serving import free_port, ready_by_http
+from bench.driver.results import ROOT, Outcome
+from bench.driver.server import free_port, ready_by_http, stop
 
-ROOT = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
 PODMAN_RUN = [
     "podman",
@@ -98,15 +99,15 @@ def host_start(cache: Path) -> float:
         ready_by_http(port, lambda: process.poll() is None)
         return time.monotonic() - started
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        stop(process)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", default=f"localhost/ovtrio:{VERSION}")
     parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> Outcome:
     size = subprocess.run(
         ["podman", "image", "inspect", "--format", "{{.Size}}", args.image], check=True, capture_output=True, text=True
     ).stdout.strip()
@@ -135,7 +136,12 @@ def main() -> None:
         f"start to ready (median of {args.runs}): container warm {warm:.1f} s, container cold {cold:.1f} s,"
         f" host (warm cache) {host:.1f} s; cold/warm {cold / warm:.2f}x, warm container/host {warm / host:.2f}x"
     )
-
-
-if __name__ == "__main__":
-    main()
+    summary = {
+        "image MB": int(size) / 1e6,
+        "container warm s": warm,
+        "container cold s": cold,
+        "host, warm cache s": host,
+        "cold / warm": cold / warm,
+        "warm container / host": warm / host,
+    }
+    return Outcome(summary, figures)

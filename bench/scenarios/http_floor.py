@@ -1,6 +1,6 @@
 """What the HTTP stack itself costs a request: ovtrio beside a bare Quart-Trio app.
 
-    python bench/http_floor.py [--requests 500] [--rounds 3]
+    python -m bench http_floor [--requests 500] [--rounds 3]
 
 One keep-alive client (a raw socket, its request bytes built beforehand) sends requests
 one after the other to:
@@ -33,8 +33,9 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import cpu_seconds, free_port, wait_ready
+from bench.driver import server as servers
+from bench.driver.results import Outcome
+from bench.driver.server import cpu_seconds, free_port, wait_ready
 
 BARE_APP = """
 from quart_trio import QuartTrio
@@ -98,34 +99,31 @@ def measure(pid: int, port: int, request: bytes, count: int) -> tuple[float, flo
         return count / elapsed, (process_tree_cpu_ns(pid) - cpu) / count / 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=500, help="requests per round and case (under 1000)")
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> Outcome:
     folder = Path(tempfile.mkdtemp(prefix="bench-bare-"))
     (folder / "bare_app.py").write_text(BARE_APP)
     ours_port, bare_port = free_port(), free_port()
-    servers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "ovtrio", "serve", "--port", str(ours_port), "--log-level", "warning",
-             "--encoder-preload"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ),
+    started = [
+        servers.start(["--log-level", "warning", "--encoder-preload"], port=ours_port).process,
         subprocess.Popen(
             [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", f"127.0.0.1:{bare_port}", "bare_app:app"],
             cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
     ]  # fmt: skip
     try:
-        trio.run(wait_ready, ours_port, servers[0], b"/health/ready")
-        trio.run(wait_ready, bare_port, servers[1], b"/health")
+        trio.run(wait_ready, ours_port, started[0], b"/health/ready")
+        trio.run(wait_ready, bare_port, started[1], b"/health")
         embedding = {"model": "all-MiniLM-L6-v2", "input": "A man is eating food."}
         cases = {
-            "bare Quart-Trio, GET /health": (servers[1].pid, bare_port, request_bytes(bare_port, "/health")),
-            "ovtrio, GET /health": (servers[0].pid, ours_port, request_bytes(ours_port, "/health")),
+            "bare Quart-Trio, GET /health": (started[1].pid, bare_port, request_bytes(bare_port, "/health")),
+            "ovtrio, GET /health": (started[0].pid, ours_port, request_bytes(ours_port, "/health")),
             "ovtrio, POST /v1/embeddings (1 text)": (
-                servers[0].pid, ours_port, request_bytes(ours_port, "/v1/embeddings", embedding),
+                started[0].pid, ours_port, request_bytes(ours_port, "/v1/embeddings", embedding),
             ),
         }  # fmt: skip
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
@@ -133,9 +131,8 @@ def main() -> None:
             for name, (pid, port, request) in cases.items():
                 results[name].append(measure(pid, port, request, args.requests))
     finally:
-        for server in servers:
-            server.terminate()
-            server.wait(30)
+        for server in started:
+            servers.stop(server, 30)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(
         f"one keep-alive client, {args.requests} requests a round, medians of {args.rounds};"
@@ -149,7 +146,9 @@ def main() -> None:
         print(f"{name:<40} {rate:>7.0f} {cpu_us:>16.0f} us")
     ratio = medians["ovtrio, GET /health"] / medians["bare Quart-Trio, GET /health"]
     print(f"ovtrio's /health CPU over the bare app's: {ratio:.2f}")
-
-
-if __name__ == "__main__":
-    main()
+    summary: dict[str, float] = {}
+    for name, values in results.items():
+        summary[f"{name}: req/s"] = statistics.median(v[0] for v in values)
+        summary[f"{name}: server CPU us/request"] = medians[name]
+    summary["ovtrio /health CPU / bare app's"] = ratio
+    return Outcome(summary, results)

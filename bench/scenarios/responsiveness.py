@@ -1,6 +1,6 @@
-"""Responsiveness benchmark: does the server answer while the engine computes?
+"""Responsiveness: does the server answer while long prompts prefill?
 
-    python bench/responsiveness.py [--model PATH.gguf] [--prefills 4] [--modes engine binding no-slices gil-free]
+    python -m bench responsiveness [--model PATH.gguf] [--prefills 4] [--modes engine binding no-slices gil-free]
 
 One scenario, up to four times in one run: the raw engine (no HTTP, the limit), the
 server stepping the engine through the binding's `step()` (`--no-gil-free-step`: the GIL
@@ -23,8 +23,8 @@ TTFT: one step that prefills a chunk plus one decode step (medians).
 
 Run it on the embedded model and on the 1B-class fixture:
 
-    python bench/make_tiny_llama.py /tmp/tiny-llama-1.1b.gguf
-    python bench/responsiveness.py --model /tmp/tiny-llama-1.1b.gguf --prefills 2
+    python -m bench.make_tiny_llama /tmp/tiny-llama-1.1b.gguf
+    python -m bench responsiveness --model /tmp/tiny-llama-1.1b.gguf --prefills 2
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,8 +40,11 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import TOPICS, free_port, metric, percentile, wait_ready
+from bench.driver import server as servers
+from bench.driver.requests import TOPICS
+from bench.driver.results import Outcome
+from bench.driver.server import http_request, metric, wait_ready
+from bench.driver.stats import percentile
 
 STREAMS = 8
 LONG_PROMPT_TOKENS = 2000
@@ -181,26 +183,6 @@ def raw_engine(model: str, prefills: int, decode_tokens: int, batched_tokens: in
 # ---- server ------------------------------------------------------------------------------
 
 
-async def http_request(port: int, request: bytes) -> bytes:
-    """One request on its own connection; the reply, read up to its Content-Length (the
-    server may keep the connection open after it)."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(request)
-        reply = b""
-        while b"\r\n\r\n" not in reply and (data := await stream.receive_some(65536)):
-            reply += data
-        head, _, body = reply.partition(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        while len(body) < length and (data := await stream.receive_some(65536)):
-            body += data
-    return head + b"\r\n\r\n" + body
-
-
 def post(path: str, body: dict) -> bytes:
     data = json.dumps(body).encode()
     return (
@@ -318,31 +300,15 @@ async def scenario(port: int, prefills: int, decode_tokens: int) -> Figures:
 async def server_run(
     model: str, mode: str, prefills: int, decode_tokens: int, batched_tokens: int, extra: list[str]
 ) -> Figures:
-    port = free_port()
     flags = {"binding": ["--no-gil-free-step"], "no-slices": ["--long-prefill-token-threshold", "0"]}.get(mode, [])
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"ovtrio-responsiveness-{mode}.log", "w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ovtrio",
-            "serve",
-            "--port",
-            str(port),
-            "--model",
-            model,
-            "--served-model-name",
-            SERVED_NAME,
-            "--max-num-batched-tokens",
-            str(batched_tokens),
-            "--log-level",
-            "info",
-            *extra,
-            *flags,
-        ],  # the mode's own flags win
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    # The mode's own flags win.
+    server = servers.start(
+        ["--model", model, "--served-model-name", SERVED_NAME, "--max-num-batched-tokens", str(batched_tokens),
+         "--log-level", "info", *extra, *flags],
+        log=log,
+    )  # fmt: skip
+    port, process = server.port, server.process
     try:
         with trio.fail_after(300):
             await wait_ready(port, process)
@@ -352,13 +318,11 @@ async def server_run(
         await first_token_after(port, chat_body("Hello!", 2))  # first request compiles kernels
         return await scenario(port, prefills, decode_tokens)
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        servers.stop(process)
         log.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF file or OpenVINO IR folder (default: the embedded model)")
     parser.add_argument("--prefills", type=int, default=4, help="2,000-token prompts in the measured window")
     parser.add_argument(
@@ -369,15 +333,15 @@ def main() -> None:
     )
     parser.add_argument("--decode-tokens", type=int, default=1024, help="max_tokens of each decoding stream")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256, help="the server's and engine's setting")
-    parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument(
         "--server-arg",
         action="append",
         default=[],
         help="extra `ovtrio serve` flag (repeat), e.g. --server-arg=--long-prefill-token-threshold=128",
     )
-    args = parser.parse_args()
 
+
+def run(args: argparse.Namespace) -> Outcome:
     from ovtrio.model import embedded_model_path
 
     model = args.model or str(embedded_model_path())
@@ -442,9 +406,12 @@ def main() -> None:
         "(stream tok/s: tokens the 8 streams received per second in the window; long prompt: median time from"
         " sending a 2,000-token prompt to its one token)"
     )
-    if args.json:
-        args.json.write_text(json.dumps({mode: vars(f) for mode, f in results.items()}, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    summary: dict[str, float] = {}
+    for mode, f in results.items():
+        if f.health_ms:
+            summary[f"{mode}: /health p99 ms"] = percentile(f.health_ms, 99)
+            summary[f"{mode}: /health max ms"] = max(f.health_ms)
+        summary[f"{mode}: short TTFT p99 ms"] = percentile(f.short_ttft_ms, 99)
+        summary[f"{mode}: stream tok/s"] = f.stream_tok_s
+        summary[f"{mode}: long prompt s"] = statistics.median(f.long_prompt_s)
+    return Outcome(summary, {mode: vars(f) for mode, f in results.items()})

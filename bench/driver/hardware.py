@@ -1,16 +1,14 @@
-"""What bounds one stream's decode on this machine: the CPU's instruction sets, the memory
-read bandwidth, and the bytes of weights a model reads per generated token.
+"""The machine a result was measured on, and what bounds one stream's decode on it: the
+CPU's instruction sets, the memory read bandwidth, and the bytes of weights a model reads
+per generated token.
 
 Every decoded token reads all the weights once (a 1B-class model is far bigger than the
 caches), so `bandwidth / bytes per token` is the most tokens per second any server can
-reach for a single stream; bench/peer.py prints both servers' figures against it.
-
-    python bench/hardware.py [model.gguf ...]
+reach for a single stream; the peer scenario prints both servers' figures against it.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import threading
 import time
@@ -36,6 +34,36 @@ def cpu_isa() -> list[str]:
             flags = set(line.split(":", 1)[1].split())
             return [flag for flag in ISA_FLAGS if flag in flags]
     return []
+
+
+def cpu_field(name: str) -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.split(":", 1)[0].strip() == name:
+            return line.split(":", 1)[1].strip()
+    return "?"
+
+
+def machine_label() -> str:
+    """What tells this machine from the others results come from: the CPU's name, its
+    family and model (one name covers several generations: "AMD EPYC" is Zen 4 and Zen 5
+    here) and the cores. The report keeps the latest result per scenario per label."""
+    return f"{cpu_name()} (family {cpu_field('cpu family')} model {cpu_field('model')}), {os.cpu_count()} cores"
+
+
+def fingerprint() -> dict[str, object]:
+    """The machine as a result records it."""
+    memory = next(
+        (line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")),
+        "0",
+    )
+    return {
+        "label": machine_label(),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "isa": cpu_isa(),
+        "memory_gb": round(int(memory) / 2**20, 1),
+        "kernel": os.uname().release,
+    }
 
 
 def describe_cpu() -> str:
@@ -92,20 +120,3 @@ def weight_bytes_per_token(gguf_path: Path) -> int:
 
 def ceiling_tok_s(gguf_path: Path, bandwidth_gb_s: float) -> float:
     return bandwidth_gb_s * 1e9 / weight_bytes_per_token(gguf_path)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="*", help="GGUF files ('embedded': the embedded model's)")
-    args = parser.parse_args()
-    print(f"cpu: {describe_cpu()}")
-    bandwidth = read_bandwidth_gb_s()
-    print(f"read bandwidth: {bandwidth:.1f} GB/s ({os.cpu_count()} threads)")
-    for model in map(gguf_path, args.models):
-        per_token = weight_bytes_per_token(model)
-        ceiling = bandwidth * 1e9 / per_token
-        print(f"{model.name}: {per_token / 1e6:.0f} MB of weights per token -> ceiling {ceiling:.0f} tok/s")
-
-
-if __name__ == "__main__":
-    main()

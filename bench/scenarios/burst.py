@@ -1,6 +1,6 @@
-"""Burst benchmark: many small requests at once against the admission limits.
+"""A burst of many small requests at once against the admission limits.
 
-    python bench/burst.py [--requests 2000] [--tokens 16] [--url http://127.0.0.1:8000]
+    python -m bench burst [--requests 2000] [--tokens 16] [--url http://127.0.0.1:8000]
 
 Starts `ovtrio serve` (default settings, plus any --server-arg) unless --url names a
 running server, then, in one run:
@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 
 import trio
 
-from serving import free_port
+from bench.driver.results import Outcome
+from bench.driver.server import metric_value, rss_mb, serving
+from bench.driver.stats import percentile
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -37,13 +37,6 @@ class Reply:
     status: int  # 0: the connection failed
     seconds: float
     error: str = ""
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))]
 
 
 def completion_request(host: str, model: str, tokens: int, index: int) -> bytes:
@@ -82,11 +75,7 @@ async def send(host: str, port: int, request: bytes) -> Reply:
 
 
 async def metric(host: str, port: int, name: str) -> float:
-    reply = await send_get(host, port, "/metrics")
-    for line in reply.decode().splitlines():
-        if line.startswith((name + " ", name + "{")):  # labelled model_name="..." or not
-            return float(line.rsplit(" ", 1)[1])
-    return float("nan")
+    return metric_value((await send_get(host, port, "/metrics")).decode(), name)
 
 
 async def send_get(host: str, port: int, path: str) -> bytes:
@@ -99,29 +88,7 @@ async def send_get(host: str, port: int, path: str) -> bytes:
     return reply
 
 
-def rss_mb(pid: int | None) -> float:
-    if pid is None:
-        return float("nan")
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-async def wait_ready(host: str, port: int, process: subprocess.Popen | None) -> None:
-    while True:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            if (await send_get(host, port, "/health/ready")).startswith(b"HTTP/1.1 200"):
-                return
-        except OSError:
-            pass
-        await trio.sleep(0.1)
-
-
-async def run(args: argparse.Namespace, host: str, port: int, pid: int | None) -> None:
+async def burst(args: argparse.Namespace, host: str, port: int, pid: int | None) -> Outcome:
     make = lambda i: completion_request(host, args.model, args.tokens, i)  # noqa: E731
     for i in range(3):  # warm up
         await send(host, port, make(i))
@@ -132,7 +99,7 @@ async def run(args: argparse.Namespace, host: str, port: int, pid: int | None) -
         assert reply.status == 200, reply
         unloaded.append(reply.seconds)
 
-    rss_before = rss_mb(pid)
+    rss_before = rss_mb(pid) if pid else float("nan")
     rejected_before = await metric(host, port, "ovtrio_requests_rejected_total")
     replies: list[Reply] = []
 
@@ -144,7 +111,7 @@ async def run(args: argparse.Namespace, host: str, port: int, pid: int | None) -
         for i in range(args.requests):
             nursery.start_soon(one, i)
     wall = time.perf_counter() - started
-    rss_after = rss_mb(pid)
+    rss_after = rss_mb(pid) if pid else float("nan")
     rejected = await metric(host, port, "ovtrio_requests_rejected_total") - rejected_before
 
     statuses = Counter(r.status for r in replies)
@@ -173,35 +140,40 @@ async def run(args: argparse.Namespace, host: str, port: int, pid: int | None) -
         f" server counted {rejected:.0f} rejections"
     )
     print(f"  server RSS {rss_before:.0f} MB before, {rss_after:.0f} MB after")
+    summary = {
+        "unloaded p50 ms": p50 * 1000,
+        "unloaded p99 ms": p99 * 1000,
+        "200": statuses.get(200, 0),
+        "429": statuses.get(429, 0),
+        "connection errors": statuses.get(0, 0),
+        "admitted p50 ms": a50 * 1000,
+        "admitted p99 ms": a99 * 1000,
+        "admitted p99 / unloaded p99": a99 / p99,
+        "429 p99 ms": percentile(refused, 99) * 1000,
+        "RSS before MB": rss_before,
+        "RSS after MB": rss_after,
+    }
+    samples = {
+        "unloaded_s": unloaded,
+        "burst": [[r.status, r.seconds, r.error] for r in replies],
+        "burst_wall_s": wall,
+        "rejected_counted": rejected,
+    }
+    return Outcome(summary, samples)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--unloaded", type=int, default=20, help="requests of the unloaded run")
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--url", help="a running server (default: start `ovtrio serve`)")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
-    args = parser.parse_args()
 
+
+def run(args: argparse.Namespace) -> Outcome:
     if args.url:
         host, port = args.url.removeprefix("http://").rstrip("/").split(":")
-        trio.run(run, args, host, int(port), None)
-        return
-    host, port = "127.0.0.1", free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning", *args.server_arg],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        trio.run(wait_ready, host, port, process)
-        trio.run(run, args, host, port, process.pid)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-if __name__ == "__main__":
-    main()
+        return trio.run(burst, args, host, int(port), None)
+    with serving(["--log-level", "warning", *args.server_arg]) as server:
+        return trio.run(burst, args, "127.0.0.1", server.port, server.pid)

@@ -1,13 +1,14 @@
-"""The scheduler's own cost, without HTTP: the raw engine against ovtrio's scheduler
-driving the same engine, in one process run.
+"""The scheduler's own cost, without HTTP: the raw engine against the scheduler driving it.
 
-    python bench/scheduler_overhead.py [--concurrency 1 4 16] [--turns 5]
+The raw engine against ovtrio's scheduler driving the same engine, in one process run.
+
+    python -m bench scheduler_overhead [--concurrency 1 4 16] [--turns 5]
 
 At each concurrency C, in interleaved turns (this machine's speed drifts by up to 15%,
 so the figures are medians of the turns):
 
 1. the raw engine: ContinuousBatchingPipeline.generate() on C chat prompts at once,
-   64 new tokens, ignore_eos, greedy (bench/serving.py's prompts and settings);
+   64 new tokens, ignore_eos, greedy (the serving scenario's prompts and settings);
 2. the scheduler as the server runs it (GIL-free steps, runs of steps: its worker thread
    steps on by itself while the loop has nothing to do between steps), C consumers that
    each submit two such requests back to back and drain their channels;
@@ -17,7 +18,7 @@ so the figures are medians of the turns):
 Reported: output tok/s of each and its ratio to the engine's, the share of the
 scheduler's wall time inside the engine's step, the mean time between two steps, and
 the CPU time of the loop's thread (the event loop) per token. The figures isolate what
-the scheduler adds between and beside the steps; bench/serving.py measures the whole
+the scheduler adds between and beside the steps; the serving scenario measures the whole
 server, HTTP included.
 """
 
@@ -32,19 +33,20 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import RawEngine, prompts
+from bench.driver.engine import RawEngine
+from bench.driver.requests import prompts
+from bench.driver.results import Outcome
 
 TOKENS = 64
 ROUNDS = 2
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--turns", type=int, default=5)
-    args = parser.parse_args()
 
+
+def run(args: argparse.Namespace) -> Outcome:
     from ovtrio.model.loading import load_model
     from ovtrio.model.source import resolve_model
     from ovtrio.scheduler import GenerationRequest, SamplingParams, Scheduler
@@ -52,7 +54,7 @@ def main() -> None:
     from ovtrio.settings.server import Settings
 
     # The server's own pipeline (from the model cache, with its settings), measured alone
-    # by bench/serving.py's RawEngine and driven by the scheduler, in turns.
+    # by the driver's RawEngine and driven by the scheduler, in turns.
     settings = Settings()
     model = load_model(resolve_model(settings), settings)
     pipeline, tokenizer = model.pipeline, model.tokenizer
@@ -100,7 +102,7 @@ def main() -> None:
             await trio.sleep(0.01)
         await trio.sleep(0.05)
 
-    async def run() -> dict[int, dict[str, dict[str, float]]]:
+    async def measure() -> dict[int, dict[str, dict[str, float]]]:
         figures: dict[int, dict[str, dict[str, float]]] = {}
         async with trio.open_nursery() as nursery:
             schedulers = {
@@ -128,7 +130,7 @@ def main() -> None:
                 print(f"  concurrency {concurrency}: done", file=sys.stderr, flush=True)
         return figures
 
-    figures = trio.run(run)
+    figures = trio.run(measure)
     print(
         f"ovtrio scheduler overhead (no HTTP): {Path(str(model.source.path)).name}, CPU, {os.cpu_count()} cores,"
         f" {TOKENS} output tokens, ignore_eos, greedy, {ROUNDS} requests per consumer"
@@ -149,12 +151,15 @@ def main() -> None:
         "(runs: the worker steps on by itself between hand-offs, as the server does; one step: every step"
         " handed back to the loop; gap/step: wall time outside the engine's step per step)"
     )
+    summary: dict[str, float] = {}
+    for concurrency, by_name in figures.items():
+        engine = by_name["engine"]["tok_s"]
+        for name in ("runs", "one step"):
+            summary[f"{name}: scheduler/engine, {concurrency} streams"] = by_name[name]["tok_s"] / engine
+            summary[f"{name}: gap per step ms, {concurrency} streams"] = by_name[name]["gap_ms"]
+    return Outcome(summary, figures)
 
 
 async def _serve(scheduler, scope: trio.CancelScope, task_status=trio.TASK_STATUS_IGNORED) -> None:
     with scope:
         await scheduler.run(task_status=task_status)
-
-
-if __name__ == "__main__":
-    main()

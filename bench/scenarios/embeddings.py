@@ -1,6 +1,6 @@
-"""Embeddings benchmark: vectors a second through HTTP against TextEmbeddingPipeline alone.
+"""Embeddings: vectors a second through HTTP against TextEmbeddingPipeline alone.
 
-    python bench/embeddings.py [--seconds 5] [--rounds 3] [--precision auto] [--server-args '...']
+    python -m bench embeddings [--seconds 5] [--rounds 3] [--precision auto] [--server-args '...']
 
 In one run, on the embedded all-MiniLM-L6-v2 (converted into the model cache as the
 server does):
@@ -30,8 +30,6 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,10 +37,10 @@ from pathlib import Path
 import httpx
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from responsiveness import http_request
-from serving import cpu_seconds, free_port, percentile, wait_ready
+from bench.driver import server as servers
+from bench.driver.results import Outcome
+from bench.driver.server import cpu_seconds, http_request
+from bench.driver.stats import percentile
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while rivers run past old towns and people read books about"
@@ -229,29 +227,13 @@ async def server_rates(
 ) -> tuple[dict[str, Figures], dict[int, list[float]], list[float]]:
     """The HTTP figures and the pipeline's, measured in turns (`rounds` times each): on a
     shared machine the load drifts, and turns expose both to it alike."""
-    port = free_port()
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / "ovtrio-embeddings-bench.log", "w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ovtrio",
-            "serve",
-            "--port",
-            str(port),
-            "--encoder-preload",
-            "--encoder-inference-precision",
-            precision,
-            "--log-level",
-            "warning",
-            *server_args,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    flags = ["--encoder-preload", "--encoder-inference-precision", precision, "--log-level", "warning", *server_args]
+    server = servers.start(flags, log=log)
+    port, process = server.port, server.process
     try:
         with trio.fail_after(300):
-            await wait_ready(port, process)
+            await servers.wait_ready(port, process)
         await clients(port, 1, 1, 1.0)  # warm: the embedder loaded
         pipeline = Pipeline(precision)
         figures = {name: Figures() for name in CASES}
@@ -278,18 +260,18 @@ async def server_rates(
             health = await health_beside_generation(port, client, seconds * 2)
         return figures, reference, health
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        servers.stop(process)
         log.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds each measurement runs")
     parser.add_argument("--precision", default="auto", choices=["auto", "f32", "bf16"])
     parser.add_argument("--rounds", type=int, default=3, help="turns of every measurement; medians are printed")
     parser.add_argument("--server-args", default="", help="more arguments for `ovtrio serve`, in one string")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> Outcome:
     figures, reference, health = trio.run(
         server_rates, args.precision, args.seconds, args.rounds, shlex.split(args.server_args)
     )
@@ -311,7 +293,13 @@ def main() -> None:
         f"/health beside 4 generation streams and 32 embedding clients: p50 {statistics.median(ms):.1f} ms,"
         f" p99 {percentile(ms, 99):.1f} ms, max {ms[-1]:.1f} ms ({len(ms)} probes)"
     )
-
-
-if __name__ == "__main__":
-    main()
+    summary = {f"{name}: ratio to the pipeline": median(figure.ratios) for name, figure in figures.items()}
+    summary |= {f"{name}: embeddings/s": median(figure.rates) for name, figure in figures.items()}
+    summary |= {f"pipeline, batch {batch}: embeddings/s": rate for batch, rate in rates.items()}
+    summary["/health p99 ms beside generation"] = percentile(ms, 99)
+    samples = {
+        "http": {name: vars(figure) for name, figure in figures.items()},
+        "pipeline": reference,
+        "health_s": health,
+    }
+    return Outcome(summary, samples)

@@ -1,6 +1,6 @@
 """Hostile clients against one server: does it stay responsive and small?
 
-    python bench/attacks.py [--connections 3000] [--schemas 150] [--responses 60]
+    python -m bench attacks [--connections 3000] [--schemas 150] [--responses 60]
                             [--server-arg=--flag ...]
 
 Starts `ovtrio serve` (default settings, plus any --server-arg) and runs, one after
@@ -43,7 +43,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from serving import free_port
+from bench.driver import server as servers
+from bench.driver.results import ROOT, Outcome
+from bench.driver.server import Server, resident_mb
+from bench.driver.stats import percentile
 
 MODEL = "SmolLM2-135M-Instruct"
 HEALTH_TARGET_MS = 50.0
@@ -51,22 +54,8 @@ CLOSE_WAIT_TARGET = 10
 RSS_TARGET_MB = 100.0
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))]
-
-
-@dataclass
-class Server:
-    base_url: str
-    port: int
-    process: subprocess.Popen
-
-    def rss_mb(self) -> float:
-        with open(f"/proc/{self.process.pid}/statm") as file:
-            return int(file.read().split()[1]) * 4096 / 1e6
+# The prober's process runs probe() below.
+PROBE = "import sys; from bench.scenarios.attacks import probe; probe(sys.argv[1], int(sys.argv[2]))"
 
 
 class HealthProbe:
@@ -83,7 +72,8 @@ class HealthProbe:
 
     def __enter__(self) -> HealthProbe:
         self._process = subprocess.Popen(
-            [sys.executable, __file__, "--probe", self.base_url, str(self.server_pid)],
+            [sys.executable, "-c", PROBE, self.base_url, str(self.server_pid)],
+            cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -156,7 +146,7 @@ class Result:
 
 
 def attack(server: Server, name: str, run, rss_target: bool = False) -> Result:
-    before = server.rss_mb()
+    before = resident_mb(server.pid)
     with HealthProbe(server.base_url, server.process.pid) as probe:
         notes = run()
     time.sleep(SETTLE_SECONDS)
@@ -167,7 +157,7 @@ def attack(server: Server, name: str, run, rss_target: bool = False) -> Result:
         len(probe.latencies),
         before,
         max(probe.peak_rss_mb, before),
-        server.rss_mb(),
+        resident_mb(server.pid),
         notes,
         rss_target,
     )
@@ -331,7 +321,7 @@ def response_store(server: Server, client: httpx.Client, count: int) -> tuple[li
         )
         stored.append(reply)
     held = metric(client, server, "ovtrio_response_store_bytes")
-    before_delete = server.rss_mb()
+    before_delete = resident_mb(server.pid)
     deleted = [
         client.delete(f"{server.base_url}/v1/responses/{reply.json()['id']}")
         for reply in stored
@@ -359,39 +349,18 @@ def store_attack(server: Server, client: httpx.Client, count: int) -> Result:
     return result
 
 
-def start_server(args: list[str]) -> Server:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited with {process.returncode}")
-        try:
-            if httpx.get(base_url + "/health/ready", timeout=2).status_code == 200:
-                return Server(base_url, port, process)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise SystemExit("the server did not become ready in 300 s")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connections", type=int, default=3000)
     parser.add_argument("--schemas", type=int, default=150)
     parser.add_argument("--responses", type=int, default=60)
     parser.add_argument("--max-schema-bytes", type=int, default=64 * 1024, help="the server's --max-schema-bytes")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
     parser.add_argument("--only", default="fd,huge,grammar,store", help="the attacks to run, comma-separated")
-    options = parser.parse_args()
 
-    server = start_server(options.server_arg)
+
+def run(options: argparse.Namespace) -> Outcome:
+    server = servers.start(options.server_arg)
+    servers.ready_by_http(server.port, lambda: server.process.poll() is None)
     results: list[Result] = []
     try:
         with httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as client:
@@ -415,18 +384,33 @@ def main() -> None:
             if "store" in only:
                 results.append(store_attack(server, client, options.responses))
     finally:
-        server.process.terminate()
-        try:
-            server.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
+        servers.stop(server.process)
 
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
-    print(f"bench/attacks.py on {model}, ovtrio serve {' '.join(options.server_arg)}".rstrip())
+    print(f"attacks on {model}, ovtrio serve {' '.join(options.server_arg)}".rstrip())
     print(f"prompt character bound: {limit_chars}")
     for result in results:
         print(result.line())
+    summary: dict[str, float | str] = {"prompt character bound": limit_chars}
+    for result in results:
+        summary[f"{result.name}: /health p99 ms"] = result.health_p99_ms
+        summary[f"{result.name}: /health max ms"] = result.health_max_ms
+        summary[f"{result.name}: RSS growth 5 s after MB"] = result.rss_after - result.rss_before
+    samples = [
+        {
+            "name": r.name,
+            "health_p99_ms": r.health_p99_ms,
+            "health_max_ms": r.health_max_ms,
+            "probes": r.probes,
+            "rss_before_mb": r.rss_before,
+            "rss_peak_mb": r.rss_peak,
+            "rss_after_mb": r.rss_after,
+            "notes": r.notes,
+        }
+        for r in results
+    ]
+    return Outcome(summary, samples)
 
 
 def probe_character_bound(client: httpx.Client, server: Server) -> int:
@@ -435,10 +419,3 @@ def probe_character_bound(client: httpx.Client, server: Server) -> int:
     message = reply.get("error", {}).get("message", "")
     numbers = [int(word) for word in message.replace(",", " ").split() if word.isdigit()]
     return numbers[1] if len(numbers) > 1 else 600_000
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--probe":
-        probe(sys.argv[2], int(sys.argv[3]))
-    else:
-        main()

@@ -13,7 +13,7 @@ every variant wrote the same greedy text as plain decoding in the same place. Wi
 plain decoding's greedy text (f32 compute and KV cache, dynamic quantization off; slower
 in absolute terms on CPUs that compute in bf16).
 
-    python bench/speculative.py [--turns 5] [--tokens 128] [--exact]
+    python -m bench speculative [--turns 5] [--tokens 128] [--exact]
 """
 
 from __future__ import annotations
@@ -23,18 +23,15 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.driver import server as servers
+from bench.driver.results import Outcome
 from ovtrio.model import embedded_model_path, load_model, resolve_model
 from ovtrio.settings.server import Settings
-from serving import free_port
 
 PASSAGE = "".join(
     f"def op_{i}(values, factor):\n    total = 0\n    for value in values:\n        total += value * factor + {i}\n"
@@ -64,23 +61,9 @@ EXACT_FLAGS = [
 
 
 def start_server(flags: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), *ARITHMETIC, *flags],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"server with {flags} did not start")
+    server = servers.start([*ARITHMETIC, *flags])
+    servers.ready_by_http(server.port, lambda: server.process.poll() is None)
+    return server.process, server.base_url
 
 
 def server_run(url: str, prompt_ids: list[int], tokens: int) -> tuple[float, str]:
@@ -141,33 +124,32 @@ def engine_run(model, prompt_ids: list[int], tokens: int) -> tuple[float, str]:
     return (tokens - 1) / elapsed, model.tokenizer.decode(list(result.m_generation_ids[0]))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--exact", action="store_true", help="f32, f32 KV cache, no dynamic quantization")
-    args = parser.parse_args()
 
+
+def run(args: argparse.Namespace) -> Outcome:
     engines = {name: engine_pipeline(flags, args.exact) for name, flags in VARIANTS.items()}
     prompt_ids = list(engines["plain"].tokenizer.encode(PROMPT).input_ids.data[0])
     prompt_ids = [int(i) for i in prompt_ids]
-    servers = {name: start_server(flags + (EXACT_FLAGS if args.exact else [])) for name, flags in VARIANTS.items()}
+    started = {name: start_server(flags + (EXACT_FLAGS if args.exact else [])) for name, flags in VARIANTS.items()}
     speeds: dict[tuple[str, str], list[float]] = {}
     texts: dict[tuple[str, str], set[str]] = {}
     try:
         for _ in range(args.turns):
             for name in VARIANTS:
-                for where, run, target in (
+                for where, measure, target in (
                     ("engine", engine_run, engines[name]),
-                    ("server", server_run, servers[name][1]),
+                    ("server", server_run, started[name][1]),
                 ):
-                    speed, text = run(target, prompt_ids, args.tokens)
+                    speed, text = measure(target, prompt_ids, args.tokens)
                     speeds.setdefault((where, name), []).append(speed)
                     texts.setdefault((where, name), set()).add(text)
     finally:
-        for process, _ in servers.values():
-            process.terminate()
-            process.wait(timeout=30)
+        for process, _ in started.values():
+            servers.stop(process, 30)
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"speculative decoding, single stream: SmolLM2-135M-Instruct Q4_1, {cpu}, {os.cpu_count()} cores,")
@@ -177,6 +159,7 @@ def main() -> None:
         + (", exact arithmetic (f32, f32 KV cache, no dynamic quantization)" if args.exact else "")
     )
     print(f"{'variant':<15}{'engine tok/s':>14}{'x plain':>9}{'server tok/s':>14}{'x plain':>9}  same text as plain")
+    summary: dict[str, float | str] = {}
     for name in VARIANTS:
         row = [f"{name:<15}"]
         same = []
@@ -186,7 +169,13 @@ def main() -> None:
             row.append(f"{median:>14.1f}{median / plain:>9.2f}")
             same.append(texts[(where, name)] == texts[(where, "plain")] and len(texts[(where, name)]) == 1)
         print("".join(row) + f"  engine {'yes' if same[0] else 'NO'}, server {'yes' if same[1] else 'NO'}")
-
-
-if __name__ == "__main__":
-    main()
+        summary[f"{name}: server tok/s"] = statistics.median(speeds[("server", name)])
+        summary[f"{name}: server x plain"] = summary[f"{name}: server tok/s"] / statistics.median(
+            speeds[("server", "plain")]
+        )
+        summary[f"{name}: engine x plain"] = statistics.median(speeds[("engine", name)]) / statistics.median(
+            speeds[("engine", "plain")]
+        )
+        summary[f"{name}: same text as plain"] = "yes" if all(same) else "NO"
+    samples = {f"{where}, {name}": values for (where, name), values in speeds.items()}
+    return Outcome(summary, samples)

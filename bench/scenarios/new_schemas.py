@@ -1,7 +1,9 @@
-"""New-schemas benchmark: does the server stay responsive while clients keep sending
-output constraints it has never seen?
+"""New schemas and new sampling settings: does /health stay fast while they keep coming?
 
-    python bench/new_schemas.py [--seconds 20] [--rate 4] [--phases baseline schemas prefills settings]
+Does the server stay responsive while clients keep sending output constraints and
+sampling settings it has never seen?
+
+    python -m bench new_schemas [--seconds 20] [--rate 4] [--phases baseline schemas prefills settings]
         [--server-arg FLAG ...]
 
 Each new constraint is compiled before admission, in a worker process
@@ -33,8 +35,6 @@ import argparse
 import json
 import random
 import string
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +42,11 @@ from typing import Any
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).parent))
-from serving import free_port, http_get, percentile, served_model_id, stream_chat, wait_ready
+from bench.driver import server as servers
+from bench.driver.requests import stream_chat
+from bench.driver.results import Outcome
+from bench.driver.server import http_get, served_model_id
+from bench.driver.stats import percentile
 
 PROBE_INTERVAL = 0.010
 BACKGROUND_STREAMS = 3
@@ -197,39 +200,13 @@ def row(name: str, phase: Phase) -> str:
     )
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    port = free_port()
-    log = open(Path(args.log), "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), *args.server_arg],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        with trio.fail_after(300):
-            await wait_ready(port, process)
-        model = await served_model_id(port)
-        await stream_chat(port, model, "Hello!", 2)  # the first request compiles kernels
-        phases = {kind: await run_phase(port, model, args.seconds, kind, args.rate) for kind in args.phases}
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
-    print(
-        f"{args.seconds:g} s a phase, /health every {PROBE_INTERVAL * 1e3:.0f} ms; {BACKGROUND_STREAMS} background"
-        f" streams; new schemas at {args.rate:g}/s; new settings on {SETTINGS_STREAMS} long-prompt streams"
-    )
-    print(
-        f"{'phase':>12} {'health p50':>10} {'p99':>9} {'max':>9} {'probes':>6} {'gap p99':>10}"
-        f" {'req p50':>10} {'p99':>9}  statuses"
-    )
-    names = {"baseline": "baseline", "schemas": "new schemas", "prefills": "same settings", "settings": "new settings"}
-    for kind, phase in phases.items():
-        print(row(names[kind], phase))
+async def measure(args: argparse.Namespace, port: int) -> dict[str, Phase]:
+    model = await served_model_id(port)
+    await stream_chat(port, model, "Hello!", 2)  # the first request compiles kernels
+    return {kind: await run_phase(port, model, args.seconds, kind, args.rate) for kind in args.phases}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=4.0, help="new schemas a second")
     parser.add_argument("--log", default="/tmp/ovtrio-new-schemas.log")
@@ -240,8 +217,23 @@ def main() -> None:
         default=["baseline", "schemas", "settings"],
     )
     parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
-    trio.run(main_async, parser.parse_args())
 
 
-if __name__ == "__main__":
-    main()
+def run(args: argparse.Namespace) -> Outcome:
+    with open(Path(args.log), "w") as log, servers.serving(args.server_arg, log=log) as server:
+        phases = trio.run(measure, args, server.port)
+    print(
+        f"{args.seconds:g} s a phase, /health every {PROBE_INTERVAL * 1e3:.0f} ms; {BACKGROUND_STREAMS} background"
+        f" streams; new schemas at {args.rate:g}/s; new settings on {SETTINGS_STREAMS} long-prompt streams"
+    )
+    print(
+        f"{'phase':>12} {'health p50':>10} {'p99':>9} {'max':>9} {'probes':>6} {'gap p99':>10}"
+        f" {'req p50':>10} {'p99':>9}  statuses"
+    )
+    names = {"baseline": "baseline", "schemas": "new schemas", "prefills": "same settings", "settings": "new settings"}
+    summary = {}
+    for kind, phase in phases.items():
+        print(row(names[kind], phase))
+        summary[f"{names[kind]}: /health p99 ms"] = percentile(phase.health_ms, 99)
+        summary[f"{names[kind]}: /health max ms"] = max(phase.health_ms)
+    return Outcome(summary, {kind: vars(phase) for kind, phase in phases.items()})

@@ -6,14 +6,15 @@ for a step of N streams in decode (the common case: one `inter_token` each), thr
 ovtrio.serving.metrics.ModelMetrics (prometheus_client histograms) and through NoObserver (the
 cost of the calls alone), without the engine.
 
-    python -m bench.observer_cost [streams ...]   (from the repository root)
+    python -m bench observer_cost [--streams 16 64 256]
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
+from bench.driver.results import Outcome
 from ovtrio.scheduler import NoObserver
 from ovtrio.serving.metrics import ServerMetrics
 
@@ -30,17 +31,20 @@ def per_step(observer, streams: int, steps: int = 2000) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def main() -> None:
-    counts = [int(arg) for arg in sys.argv[1:]] or [16, 64, 256]
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--streams", type=int, nargs="+", default=[16, 64, 256], help="choices in one step")
+
+
+def run(args: argparse.Namespace) -> Outcome:
     metrics = ServerMetrics().for_model("bench", 8192)
-    for streams in counts:
+    summary = {}
+    for streams in args.streams:
         recorded = per_step(metrics, streams)
         bare = per_step(NoObserver(), streams)
         print(
             f"{streams:4d} streams: {recorded * 1e3:.3f} ms a step with histograms "
             f"({recorded / streams * 1e6:.2f} us a stream), {bare * 1e3:.3f} ms with no observer"
         )
-
-
-if __name__ == "__main__":
-    main()
+        summary[f"{streams} streams: us per stream and step, histograms"] = recorded / streams * 1e6
+        summary[f"{streams} streams: us per stream and step, no observer"] = bare / streams * 1e6
+    return Outcome(summary)

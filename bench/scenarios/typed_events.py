@@ -6,19 +6,20 @@ dataclass the Responses API writes (ovtrio/api/responses/objects.py) and pydanti
 serializer, and a pydantic model with model_dump_json; the same for the Messages API's
 content_block_delta. Prints microseconds per event and the ratio to the dict.
 
-    python bench/typed_events.py [N]   (from the repository root)
+    python -m bench typed_events [--events N]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import timeit
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import to_json
 
+from bench.driver.results import Outcome
 from ovtrio.api.messages.objects import ContentBlockDelta, TextPiece
 from ovtrio.api.responses.objects import OutputTextDelta
 
@@ -70,8 +71,13 @@ def per_event(write: Any, n: int) -> float:
     return min(timeit.repeat(lambda: [write(i) for i in range(n)], number=1, repeat=5)) / n
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--events", type=int, default=100_000, help="events written per timing")
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    n = args.events
+    summary = {}
     assert json.loads(as_dataclass(3)) == json.loads(as_dict(3)) == json.loads(as_model(3))
     assert json.loads(block_dataclass(3)) == json.loads(block_dict(3))
     for name, reference, ways in (
@@ -80,10 +86,9 @@ def main() -> None:
     ):
         base = per_event(reference, n)
         print(f"{name}: dict + json.dumps {base * 1e6:.2f} us/event")
+        summary[f"{name}: dict + json.dumps us/event"] = base * 1e6
         for way, write in ways.items():
             cost = per_event(write, n)
             print(f"{name}: {way} {cost * 1e6:.2f} us/event ({cost / base:.2f}x the dict)")
-
-
-if __name__ == "__main__":
-    main()
+            summary[f"{name}: {way} us/event"] = cost * 1e6
+    return Outcome(summary)

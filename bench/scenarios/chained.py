@@ -1,7 +1,8 @@
-"""Chained conversation benchmark: does a turn's prefill cost grow with the conversation?
+"""Chained conversations: does a turn's first token slow down as the conversation grows?
+
 And what does a WebSocket save over HTTP per turn?
 
-    python bench/chained.py [--turns 10] [--tokens 32]
+    python -m bench chained [--turns 10] [--tokens 32]
 
 Runs a conversation of N turns against `ovtrio serve`, each turn a streamed Responses
 request continuing the previous one with previous_response_id, and prints the time to
@@ -20,15 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from serving import free_port
+from bench.driver.results import Outcome
+from bench.driver.server import serving
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTIONS = [
@@ -133,38 +131,23 @@ def engine_prefill(prompt_ids: list[int]) -> tuple[float, float]:
     return times[0], times[1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=32)
-    args = parser.parse_args()
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
-            while True:
-                try:
-                    if client.get("/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.1)
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    import trio
+
+    with serving(["--log-level", "warning"]) as server:
+        with httpx.Client(base_url=server.base_url, timeout=120) as client:
             turn(client, "Hello", None, 4)  # warm-up
             rows = []
             previous = None
             for i in range(args.turns):
                 ttft, previous, input_tokens, whole = turn(client, QUESTIONS[i % len(QUESTIONS)], previous, args.tokens)
                 rows.append((i + 1, input_tokens, ttft, whole))
-            import trio
-
-            socket_rows = trio.run(socket_conversation, port, args.turns, args.tokens)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+        socket_rows = trio.run(socket_conversation, server.port, args.turns, args.tokens)
 
     print(
         f"ovtrio chained conversation: {args.turns} turns, {args.tokens} output tokens each, streamed, "
@@ -193,7 +176,20 @@ def main() -> None:
         f" median turn: HTTP {statistics.median(r[3] for r in rows) * 1e3:.1f} ms,"
         f" WebSocket {statistics.median(r[1] for r in socket_rows) * 1e3:.1f} ms"
     )
-
-
-if __name__ == "__main__":
-    main()
+    summary = {
+        "turn 1 TTFT ms": first * 1e3,
+        f"turn {rows[-1][0]} TTFT ms": final * 1e3,
+        f"turn {rows[-1][0]} / turn 1 TTFT": final / first,
+        f"turn {rows[-1][0]} / turn 1 input tokens": rows[-1][1] / rows[0][1],
+        "engine cold prefill ms": cold * 1e3,
+        "engine cached prefill ms": cached * 1e3,
+        "median TTFT ms, HTTP": statistics.median(r[2] for r in rows) * 1e3,
+        "median TTFT ms, WebSocket": statistics.median(r[0] for r in socket_rows) * 1e3,
+        "median turn ms, HTTP": statistics.median(r[3] for r in rows) * 1e3,
+        "median turn ms, WebSocket": statistics.median(r[1] for r in socket_rows) * 1e3,
+    }
+    samples = {
+        "http": [dict(zip(("turn", "input_tokens", "ttft_s", "turn_s"), row)) for row in rows],
+        "websocket": [dict(zip(("ttft_s", "turn_s"), row)) for row in socket_rows],
+    }
+    return Outcome(summary, samples)

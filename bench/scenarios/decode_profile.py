@@ -9,9 +9,9 @@ For a GGUF model (default: the embedded one), in one process:
    attention, everything else);
 2. the same folder through GenAI: `ContinuousBatchingPipeline` (what ovtrio serves
    with) and the stateful `LLMPipeline`, decode tok/s of one request;
-3. the bandwidth ceiling (bench/hardware.py): read bandwidth over weight bytes per token.
+3. the bandwidth ceiling (bench/driver/hardware.py): read bandwidth over weight bytes per token.
 
-    python bench/decode_profile.py [--model embedded|file.gguf] [--tokens 48] [--repeats 3]
+    python -m bench decode_profile [--model embedded|file.gguf] [--tokens 48] [--repeats 3]
 
 Prints decode tok/s of each and its share of the ceiling, then the kernel profile.
 """
@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
-from hardware import ceiling_tok_s, describe_cpu, gguf_path, read_bandwidth_gb_s
+from bench.driver.hardware import ceiling_tok_s, describe_cpu, gguf_path, read_bandwidth_gb_s
+from bench.driver.results import Outcome
 
 PROMPT_TOKENS = 16
 
@@ -154,12 +155,13 @@ def engine_decode(folder: Path, tokens: int, repeats: int, stateful: bool) -> fl
     return statistics.median(rates)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded", help="a GGUF file ('embedded': the embedded model)")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> Outcome:
     gguf = gguf_path(args.model)
     folder = converted_folder(gguf)
     bandwidth = read_bandwidth_gb_s()
@@ -181,7 +183,13 @@ def main() -> None:
     print(f"one decode step of the IR alone, by kernel ({total / 1e3:.2f} ms of kernel time):")
     for group, micros in sorted(profile.items(), key=lambda item: -item[1]):
         print(f"  {group:<20} {micros / 1e3:7.2f} ms  {micros / total:5.1%}")
-
-
-if __name__ == "__main__":
-    main()
+    summary = {
+        "read bandwidth GB/s": bandwidth,
+        "one stream's ceiling tok/s": ceiling,
+        "IR alone tok/s": plain,
+        "ContinuousBatchingPipeline tok/s": batching,
+        "LLMPipeline tok/s": stateful,
+        "IR alone / ceiling": plain / ceiling,
+    }
+    summary |= {f"decode step kernels, {group} ms": micros / 1e3 for group, micros in profile.items()}
+    return Outcome(summary, {"kernel_us": profile})

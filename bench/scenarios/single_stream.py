@@ -1,13 +1,14 @@
-"""One stream on the raw engine under different OpenVINO settings: what a decode step's
-speed depends on.
+"""One stream on the raw engine under different OpenVINO settings.
 
-    python bench/single_stream.py [--model embedded] [--tokens 64] [--turns 5]
+What a decode step's speed depends on.
+
+    python -m bench single_stream [--model embedded] [--tokens 64] [--turns 5]
 
 Builds a ContinuousBatchingPipeline for each setting below from the model's converted IR
 (the server's model cache; the embedded model unless --model names a GGUF file), and an
 LLMPipeline (the stateful backend), then lets them take turns generating one greedy
 64-token reply (ignore_eos) to the same chat prompt. Prints each one's median output
-tok/s and its ratio to the defaults. Figures in docs/benchmarks.md.
+tok/s and its ratio to the defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.driver.results import Outcome
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -42,13 +45,14 @@ def model_folder(model: str = "embedded") -> Path:
     return Path(origin.split(" in ", 1)[1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded", help="a GGUF file ('embedded': the embedded model)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--only", nargs="*", help="variants to run (default: all)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> Outcome:
     import openvino as ov
     import openvino_genai
 
@@ -99,7 +103,7 @@ def main() -> None:
         median = statistics.median(values)
         ratio = f"{median / base:>11.2f}" if base else ""
         print(f"{name:<24} {median:>7.1f} {ratio}")
-
-
-if __name__ == "__main__":
-    main()
+    summary = {f"{name}: tok/s": statistics.median(values) for name, values in speeds.items()}
+    if base:
+        summary |= {f"{name}: x defaults": statistics.median(values) / base for name, values in speeds.items()}
+    return Outcome(summary, speeds)

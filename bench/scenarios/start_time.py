@@ -1,7 +1,8 @@
-"""Start-time benchmark: `ovtrio serve` from process start to the first streamed token,
-with an empty model cache (first start) and with the cache it left (second start).
+"""Start time: `ovtrio serve` from process start to the first streamed token.
 
-    python bench/start_time.py [--runs 3] [--model PATH] [--server-arg=--num-kv-blocks=64 ...]
+With an empty model cache (first start) and with the cache it left (second start).
+
+    python -m bench start_time [--runs 3] [--model PATH] [--server-arg=--num-kv-blocks=64 ...]
 
 Each run starts a server on a new, empty cache folder, then a second server on the
 same folder. For each start: time to ready (/health/ready answers 200), time to the
@@ -17,13 +18,13 @@ import http.client
 import json
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from serving import free_port, ready_by_http, rss_mb
+from bench.driver import server as servers
+from bench.driver.results import Outcome
+from bench.driver.server import free_port, ready_by_http, rss_mb
 
 LOADED = re.compile(r"loaded in .*")
 
@@ -52,22 +53,12 @@ def model_id(port: int) -> str:
 def start_once(cache: Path, args: argparse.Namespace) -> dict[str, object]:
     port = free_port()
     log = cache.parent / f"server-{port}.log"
-    command = [
-        sys.executable,
-        "-m",
-        "ovtrio",
-        "serve",
-        "--port",
-        str(port),
-        "--cache-dir",
-        str(cache),
-        *args.server_arg,
-    ]
+    flags = ["--cache-dir", str(cache), *args.server_arg]
     if args.model:
-        command += ["--model", args.model]
+        flags += ["--model", args.model]
     with open(log, "w") as output:
-        launched = time.perf_counter()
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+        server = servers.start(flags, port=port, log=output)
+    launched, process = server.launched, server.process
     try:
         ready_by_http(port, lambda: process.poll() is None)
         ready = time.perf_counter() - launched
@@ -78,8 +69,7 @@ def start_once(cache: Path, args: argparse.Namespace) -> dict[str, object]:
         time.sleep(2)
         rss = rss_mb(process.pid)
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        servers.stop(process, 30)
     found = LOADED.search(log.read_text())
     return {
         "ready_s": ready,
@@ -90,13 +80,13 @@ def start_once(cache: Path, args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--model", help="GGUF file or IR folder (default: the embedded model)")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
-    args = parser.parse_args()
 
+
+def run(args: argparse.Namespace) -> Outcome:
     results: dict[str, list[dict[str, object]]] = {"first": [], "second": []}
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="ovtrio-start-") as folder:
@@ -110,6 +100,7 @@ def main() -> None:
                     flush=True,
                 )
     print(f"\novtrio start time, {args.runs} runs (medians), flags: {' '.join(args.server_arg) or 'defaults'}")
+    summary: dict[str, float] = {}
     for which, label in (("first", "first start (empty cache)"), ("second", "second start (cache warm)")):
         rows = results[which]
 
@@ -120,7 +111,7 @@ def main() -> None:
             f"{label:27} process start to ready {median('ready_s'):.2f} s, to first streamed token"
             f" {median('start_to_token_s'):.2f} s; idle RSS {median('idle_rss_mb'):.0f} MB"
         )
-
-
-if __name__ == "__main__":
-    main()
+        summary[f"{which} start: to ready s"] = median("ready_s")
+        summary[f"{which} start: to first token s"] = median("start_to_token_s")
+        summary[f"{which} start: idle RSS MB"] = median("idle_rss_mb")
+    return Outcome(summary, results)

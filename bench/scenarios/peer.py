@@ -1,21 +1,21 @@
 """ovtrio against llama.cpp's llama-server: the same GGUF, the same workload, interleaved.
 
-    python bench/build_llama_server.py     # once: builds the peer (5-10 min on 2 cores)
-    python bench/make_tiny_llama.py /tmp/tiny-llama-q4_0.gguf   # the 1B-class fixture
-    python bench/peer.py [--model embedded /tmp/tiny-llama-q4_0.gguf] [--concurrency 1 4 16]
-                         [--tokens 64] [--turns 5] [--plot docs/peer.png] [--isa avx2]
+    python -m bench.build_llama_server     # once: builds the peer (5-10 min on 2 cores)
+    python -m bench.make_tiny_llama /tmp/tiny-llama-q4_0.gguf   # the 1B-class fixture
+    python -m bench peer [--model embedded /tmp/tiny-llama-q4_0.gguf] [--concurrency 1 4 16]
+                         [--tokens 64] [--turns 5] [--isa avx2]
 
 Both servers run each GGUF given (default: the embedded SmolLM2-135M-Instruct Q4_1) on
 the CPU: `ovtrio serve --model <gguf>` with its defaults, `llama-server -np 32 -c 32768
 -t <cores>` (32 slots of 1024 tokens). Before measuring it prints the CPU's instruction
 sets and its read bandwidth, and for each model the bandwidth ceiling of one stream
-(bench/hardware.py): the bandwidth over the bytes of weights each token reads.
+(bench/driver/hardware.py): the bandwidth over the bytes of weights each token reads.
 C clients each stream chat completions (64 tokens, ignore_eos, greedy) back to back;
 the two servers take turns at each concurrency, and each figure is the median of the
 turns, since this machine's speed drifts by +-15% from one minute to the next. Prints
 output tok/s and TTFT p50 of each, and ovtrio / llama-server. Without a built peer it
 says so in one line and measures ovtrio alone. `--isa avx2` measures the AVX2 code of both
-on a machine with AVX-512: llama-server built with `build_llama_server.py --isa avx2`, and
+on a machine with AVX-512: llama-server built with `bench.build_llama_server --isa avx2`, and
 ovtrio with OpenVINO's CPU plugin narrowed to AVX2.
 """
 
@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import trio
 
-from build_llama_server import binary_path
-from hardware import ceiling_tok_s, describe_cpu, gguf_path, read_bandwidth_gb_s
-from serving import free_port, load, served_model_id, stream_chat, wait_ready
+from bench.build_llama_server import binary_path
+from bench.driver import server
+from bench.driver.hardware import ceiling_tok_s, describe_cpu, gguf_path, read_bandwidth_gb_s
+from bench.driver.requests import load, stream_chat
+from bench.driver.results import Outcome
+from bench.driver.server import free_port, served_model_id, wait_ready
+from bench.driver.stats import medians
 
 # What `--isa avx2` sets for ovtrio: OpenVINO's CPU plugin needs both to keep to AVX2
 # (docs/determinism.md).
@@ -41,12 +43,8 @@ NARROWED_TO_AVX2 = {"OV_CPU_MAX_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def start_ovtrio(gguf: Path, port: int, isa: str = "native") -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--model", str(gguf), "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **(NARROWED_TO_AVX2 if isa == "avx2" else {})},
-    )
+    flags = ["--model", str(gguf), "--log-level", "warning"]
+    return server.start(flags, port=port, env=NARROWED_TO_AVX2 if isa == "avx2" else None).process
 
 
 def start_llama_server(binary: Path, gguf: Path, port: int) -> subprocess.Popen:
@@ -92,7 +90,7 @@ async def measure(args: argparse.Namespace, gguf: Path) -> Figures:
             servers["llama-server"] = (port, model_id)
         else:
             print(
-                f"llama-server not built ({binary} missing; run bench/build_llama_server.py --isa {args.isa}):"
+                f"llama-server not built ({binary} missing; run python -m bench.build_llama_server --isa {args.isa}):"
                 " measuring ovtrio alone"
             )
         figures: Figures = {name: {} for name in servers}
@@ -108,12 +106,11 @@ async def measure(args: argparse.Namespace, gguf: Path) -> Figures:
                 for name, (port, model) in order:
                     turns[name].append(await load(port, model, concurrency, args.tokens, args.rounds))
             for name, results in turns.items():
-                figures[name][concurrency] = {key: statistics.median(r[key] for r in results) for key in results[0]}
+                figures[name][concurrency] = medians(results)
         return figures
     finally:
         for process in processes:
-            process.terminate()
-            process.wait(timeout=30)
+            server.stop(process, 30)
 
 
 def print_table(args: argparse.Namespace, gguf: Path, figures: Figures, ceiling: float) -> None:
@@ -144,35 +141,7 @@ def print_table(args: argparse.Namespace, gguf: Path, figures: Figures, ceiling:
         )
 
 
-def plot(path: Path, concurrency: list[int], results: dict[str, Figures], machine: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (speed, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for model, figures in results.items():
-        for server, by_concurrency in figures.items():
-            style = "-o" if server == "ovtrio" else "--s"
-            label = f"{server}, {model}"
-            speed.plot(concurrency, [by_concurrency[c]["tok_s"] for c in concurrency], style, label=label)
-            ttft.plot(concurrency, [by_concurrency[c]["ttft_p50"] for c in concurrency], style, label=label)
-    for axes, title, unit in ((speed, "output tokens/s", "tok/s"), (ttft, "time to first token, p50", "ms")):
-        axes.set_xscale("log", base=2)
-        axes.set_xticks(concurrency, [str(c) for c in concurrency])
-        axes.set_xlabel("concurrent streams")
-        axes.set_ylabel(unit)
-        axes.set_title(title)
-        axes.grid(alpha=0.3)
-    speed.legend(fontsize=8)
-    figure.suptitle(f"ovtrio vs llama-server: {machine}", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    print(f"wrote {path}")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", nargs="+", default=["embedded"], help="GGUF files to serve ('embedded': the embedded model)"
     )
@@ -180,28 +149,35 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="requests each client sends per turn")
     parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--plot", type=Path, help="write a PNG of tok/s and TTFT against concurrency here")
     parser.add_argument(
         "--isa",
         choices=["native", "avx2"],
         default="native",
         help="avx2: both servers keep to AVX2 (llama-server built with --isa avx2, OpenVINO narrowed)",
     )
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> Outcome:
     started = time.perf_counter()
     machine = describe_cpu() + ("; both servers narrowed to AVX2" if args.isa == "avx2" else "")
     bandwidth = read_bandwidth_gb_s()
     print(f"cpu: {machine}; read bandwidth {bandwidth:.1f} GB/s")
     results: dict[str, Figures] = {}
+    summary: dict[str, float] = {"read bandwidth GB/s": bandwidth}
     for gguf in map(gguf_path, args.model):
         figures = trio.run(measure, args, gguf)
-        print_table(args, gguf, figures, ceiling_tok_s(gguf, bandwidth))
+        ceiling = ceiling_tok_s(gguf, bandwidth)
+        print_table(args, gguf, figures, ceiling)
         results[gguf.name] = figures
+        summary[f"{gguf.name}: one stream's ceiling tok/s"] = ceiling
+        for c in args.concurrency:
+            ours, peer = figures["ovtrio"][c], figures.get("llama-server", {}).get(c)
+            summary[f"{gguf.name}: ovtrio tok/s, {c} streams"] = ours["tok_s"]
+            summary[f"{gguf.name}: ovtrio TTFT p50 ms, {c} streams"] = ours["ttft_p50"]
+            if peer:
+                summary[f"{gguf.name}: llama-server tok/s, {c} streams"] = peer["tok_s"]
+                summary[f"{gguf.name}: llama-server TTFT p50 ms, {c} streams"] = peer["ttft_p50"]
+                summary[f"{gguf.name}: ovtrio/llama-server, {c} streams"] = ours["tok_s"] / peer["tok_s"]
     elapsed = time.perf_counter() - started
     print(f"(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's; {elapsed:.0f} s)")
-    if args.plot:
-        plot(args.plot, args.concurrency, results, machine)
-
-
-if __name__ == "__main__":
-    main()
+    return Outcome(summary, {"isa": args.isa, "machine": machine, "figures": results})

@@ -1,5 +1,6 @@
-"""Does another weight format decode one stream faster? The converted GGUF model's
-weights re-quantized, run alone with plain OpenVINO, against the converted model as
+"""Does another weight format decode one stream faster?
+
+The converted GGUF model's weights re-quantized, run alone with plain OpenVINO, against the converted model as
 ovtrio serves it; with how far each moves the model's log-probabilities.
 
 The engine converts GGUF blocks as they are: 4-bit codes in groups of 32, each group
@@ -10,9 +11,9 @@ every such matmul weight is dequantized and written again as:
 - `u8-channel`: 8-bit, asymmetric, one scale and zero point per output channel;
 - `f16`: plain half precision (small models only: four times the bytes of 4-bit).
 
-    python bench/weight_formats.py [--model embedded|file.gguf] [--formats ...] [--tokens 48]
+    python -m bench weight_formats [--model embedded|file.gguf] [--formats ...] [--tokens 48]
 
-Prints decode tok/s (the bare IR's infer() loop of bench/decode_profile.py, medians of
+Prints decode tok/s (the bare IR's infer() loop of the decode_profile scenario, medians of
 interleaved repeats), the weights' bytes, and the largest log-probability change of
 the converted model's likeliest token at each position of a 64-token prompt.
 """
@@ -27,8 +28,9 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
-from decode_profile import PROMPT_TOKENS, Decoder, converted_folder
-from hardware import gguf_path
+from bench.driver.hardware import gguf_path
+from bench.driver.results import Outcome
+from bench.scenarios.decode_profile import PROMPT_TOKENS, Decoder, converted_folder
 
 FORMATS = ("u4-g128", "u8-channel", "f16")
 
@@ -137,13 +139,14 @@ def weight_bytes(model: ov.Model) -> int:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> Outcome:
     gguf = gguf_path(args.model)
     folder = converted_folder(gguf)
     source = ov.Core().read_model(folder / "openvino_model.xml")
@@ -168,12 +171,15 @@ def main() -> None:
                     drift[name] = float(np.abs(reference[rows, chosen] - logprobs[rows, chosen]).max())
     print(f"{gguf.name}: decode tok/s of the bare IR, {args.tokens} tokens, medians of {args.repeats} interleaved")
     base = statistics.median(rates["as converted"])
+    summary: dict[str, float] = {}
     for name, model in models.items():
         rate = statistics.median(rates[name])
         change = "" if name == "as converted" else f"  max |d logprob| over the prompt {drift[name]:.3f}"
         size = weight_bytes(model) / 1e6
         print(f"  {name:<13} {rate:7.1f} tok/s  {rate / base:5.2f}x  weights {size:6.0f} MB{change}")
-
-
-if __name__ == "__main__":
-    main()
+        summary[f"{name}: tok/s"] = rate
+        summary[f"{name}: x as converted"] = rate / base
+        summary[f"{name}: weights MB"] = size
+        if name in drift:
+            summary[f"{name}: max |d logprob|"] = drift[name]
+    return Outcome(summary, rates)

@@ -1,12 +1,12 @@
 """Where one stream's time to first token goes, beside llama-server's for the same prompt.
 
-For a GGUF model (default: the embedded one) and bench/peer.py's prompt at concurrency 1
+For a GGUF model (default: the embedded one) and the peer scenario's prompt at concurrency 1
 ("Write a short story about a dragon.", sent again and again, so both servers find it in
 their prefix caches), and a new prompt each round (another topic: nothing cached but the
 chat template's head), one request at a time:
 
-1. the server: `ovtrio serve` as bench/peer.py starts it, the prompt streamed with
-   bench/peer.py's settings (greedy, ignore_eos, 32 tokens). Its /metrics read before and
+1. the server: `ovtrio serve` as the peer scenario starts it, the prompt streamed with
+   the peer scenario's settings (greedy, ignore_eos, 32 tokens). Its /metrics read before and
    after each request split the client's TTFT: submission to the first token read off
    the engine (`vllm:time_to_first_token_seconds`), of it the wait to be added to the
    engine (`vllm:request_queue_time_seconds`), the rest being the first step; outside
@@ -14,7 +14,7 @@ chat template's head), one request at a time:
    detokenizing and writing the first SSE chunk. Also the first request of settings
    never stepped before (its sampler state is built in its first step, GIL-free like
    every other: ovtrio/scheduler/stepping.py), against the same request once more;
-2. llama-server (when bench/build_llama_server.py has built it): the client's TTFT, and
+2. llama-server (when bench.build_llama_server has built it): the client's TTFT, and
    its own `timings`: how many prompt tokens it evaluated (the rest came from its slots'
    cache) and in how long;
 3. the engine in this process, on ovtrio's converted model with the server's settings:
@@ -28,7 +28,7 @@ chat template's head), one request at a time:
 
 The parts of a round run in a shuffled order; the figures are medians of the rounds.
 
-    python bench/first_token.py [--model embedded|file.gguf ...] [--rounds 9]
+    python -m bench first_token [--model embedded|file.gguf ...] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -47,16 +47,18 @@ from typing import Any
 import numpy as np
 import trio
 
-from build_llama_server import binary_path
-from decode_profile import Decoder, kernel_group
-from hardware import describe_cpu, gguf_path
-from peer import served_model_id, start_llama_server, start_ovtrio
-from serving import TOPICS, chat_request, free_port, prompts, wait_ready
+from bench.build_llama_server import binary_path
+from bench.driver.hardware import describe_cpu, gguf_path
+from bench.driver.requests import TOPICS, chat_request, prompts
+from bench.driver.results import Outcome
+from bench.driver.server import free_port, served_model_id, stop, wait_ready
+from bench.scenarios.decode_profile import Decoder, kernel_group
+from bench.scenarios.peer import start_llama_server, start_ovtrio
 
 TOKENS = 32
 PAUSE = 0.2  # seconds between parts
 BLOCK_TOKENS = 32  # the engine's KV block on CPU: its prefix cache keeps whole blocks
-PROMPT = prompts(1)[0]  # what bench/peer.py sends at concurrency 1
+PROMPT = prompts(1)[0]  # what the peer scenario sends at concurrency 1
 # Sampling settings never stepped before: each subset builds another sampler state.
 NEW_SETTINGS = (("presence_penalty", 0.1), ("frequency_penalty", 0.1), ("repetition_penalty", 1.05), ("logprobs", True))
 
@@ -218,7 +220,7 @@ def by_group(profiling_info: Any) -> dict[str, float]:
 
 
 async def stream_once(port: int, model: str, text: str, tokens: int, **extra: Any) -> tuple[float, bytes]:
-    """One streamed chat completion (bench/peer.py's settings, plus `extra`): the client's
+    """One streamed chat completion (the peer scenario's settings, plus `extra`): the client's
     TTFT in ms (request sent to the first chunk with content), and the whole reply."""
     request = chat_request(model, text, tokens, **extra)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -308,7 +310,7 @@ async def measure(args: argparse.Namespace, gguf: Path, engine: Engine) -> dict[
             processes.append(start_llama_server(binary_path(), gguf, llama_port))
             await wait_ready(llama_port, processes[-1], b"/health")
         else:
-            print(f"llama-server not built ({binary_path()} missing; run bench/build_llama_server.py)")
+            print(f"llama-server not built ({binary_path()} missing; run bench.build_llama_server)")
         seen = engine.chat_ids(PROMPT)
         for warm in (PROMPT, "Hello!"):  # compile the shapes, cache the prompt, prove the settings
             engine.batching_first(engine.chat_ids(warm))
@@ -341,8 +343,7 @@ async def measure(args: argparse.Namespace, gguf: Path, engine: Engine) -> dict[
         rows["prompt"] = [{"seen": len(seen), "new": len(fresh_ids)}]
     finally:
         for process in processes:
-            process.terminate()
-            process.wait(timeout=30)
+            stop(process, 30)
     rows.update(engine.alone(args.rounds, seen))
     return rows
 
@@ -404,18 +405,25 @@ def report(gguf: Path, rows: dict[str, list[Row]], rounds: int) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", nargs="+", default=["embedded"], help="GGUF files ('embedded': the embedded model)")
     parser.add_argument("--rounds", type=int, default=9)
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> Outcome:
     print(f"cpu: {describe_cpu()}")
+    summary: dict[str, float] = {}
+    samples = {}
     for gguf in map(gguf_path, args.model):
         engine = Engine(gguf)
         rows = trio.run(measure, args, gguf, engine)
         report(gguf, rows, args.rounds)
         del engine
-
-
-if __name__ == "__main__":
-    main()
+        samples[gguf.name] = rows
+        for part in ("ovtrio", "llama", "engine"):
+            for prompt in ("seen", "new"):
+                key = "first" if part == "engine" else "client"
+                if rows.get(f"{part} {prompt}"):
+                    summary[f"{gguf.name}: {part} TTFT ms, {prompt} prompt"] = median(rows, f"{part} {prompt}", key)
+        summary[f"{gguf.name}: ovtrio outside the scheduler ms, seen prompt"] = median(rows, "ovtrio seen", "outside")
+    return Outcome(summary, samples)

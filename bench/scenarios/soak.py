@@ -1,7 +1,7 @@
 """A long mixed load against one server: does every request succeed, and does the
 server stay the same size?
 
-    python bench/soak.py [--minutes 60] [--clients 4] [--server-arg=--flag ...]
+    python -m bench soak [--minutes 60] [--clients 4] [--server-arg=--flag ...]
 
 Starts one `ovtrio serve` with two generation models through `--config` (the embedded
 SmolLM2-135M-Instruct, and the tiny VLM test fixture as `vlm`, tests/tiny_vlm.py, with
@@ -28,8 +28,8 @@ reply of the wrong shape) counts as an error of its kind and reason; a structure
 cut by `max_tokens` is counted apart, as a length, not an error. Every `--rss-every`
 seconds the server's resident memory (RSS) is read. The run prints the requests and
 errors of each kind (the goal: 0 errors), the latency of each kind, and the RSS slope
-over the last half of the run (least squares, MB per minute; the goal: flat), and
-writes all of it, with every RSS sample, to bench/results/soak-<UTC time>.json.
+over the last half of the run (least squares, MB per minute; the goal: flat); the
+result keeps every RSS sample.
 
 RSS rises by most of the KV cache's size (`cache_size`, 1 GB) in the first minutes: the
 engine touches its blocks as prompts first use them, and the prefix cache keeps them
@@ -44,7 +44,6 @@ import base64
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,18 +58,20 @@ import httpx
 import jsonschema
 import openai
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# The test fixtures (tiny_vlm, encoder_fixtures) are imported by module name.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import tiny_vlm
-from attacks import Server, start_server
+from bench.driver import server as servers
+from bench.driver.results import Outcome
+from bench.driver.server import Server, resident_mb
+from bench.driver.stats import percentile
+from bench.scenarios.images import png
 from encoder_fixtures import write_reranker
-from images import png
-from serving import percentile
 
 MODEL = "SmolLM2-135M-Instruct"
 VLM = "vlm"
 EMBEDDER = "all-MiniLM-L6-v2"
 RERANKER = "reranker"
-RESULTS = Path(__file__).resolve().parent / "results"
 TOKENS = 32
 TOPICS = ["a lighthouse", "a fox", "the sea", "a train", "a garden", "a comet", "a violin", "a bakery"]
 ANSWER = {
@@ -289,7 +290,7 @@ def client(kinds: Kinds, offset: int, deadline: float) -> None:
 def sample_rss(server: Server, every: float, stop: threading.Event, samples: list[tuple[float, float]]) -> None:
     started = time.monotonic()
     while not stop.is_set():
-        samples.append((time.monotonic() - started, server.rss_mb()))
+        samples.append((time.monotonic() - started, resident_mb(server.pid)))
         stop.wait(every)
 
 
@@ -314,16 +315,17 @@ def prepare_models(folder: Path) -> list[str]:
     return ["--config", str(config), "--rerank-model", str(reranker), "--log-level", "warning"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rss-every", type=float, default=5.0, help="seconds between RSS samples")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
-    options = parser.parse_args()
 
+
+def run(options: argparse.Namespace) -> Outcome:
     folder = Path(tempfile.mkdtemp(prefix="bench-soak-"))
-    server = start_server([*prepare_models(folder), *options.server_arg])
+    server = servers.start([*prepare_models(folder), *options.server_arg])
+    servers.ready_by_http(server.port, lambda: server.process.poll() is None)
     tally = Tally()
     images = ["data:image/png;base64," + base64.b64encode(png(seed, 64)).decode() for seed in range(4)]
     samples: list[tuple[float, float]] = []
@@ -344,16 +346,12 @@ def main() -> None:
         alive = server.process.poll() is None
     finally:
         kinds.close()
-        server.process.terminate()
-        try:
-            server.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
+        servers.stop(server.process)
 
     slope = slope_mb_per_minute(samples, duration / 2)
     errors = sum(tally.errors.values())
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    print(f"bench/soak.py: {options.minutes:g} min, {options.clients} clients, {cpu}, {os.cpu_count()} cores")
+    print(f"soak: {options.minutes:g} min, {options.clients} clients, {cpu}, {os.cpu_count()} cores")
     print(f"{'kind':<17} {'requests':>8} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8}")
     for kind in (kind.__name__ for kind in kinds.all()):
         seconds = tally.seconds.get(kind, [])
@@ -372,32 +370,29 @@ def main() -> None:
         f"RSS: {first:.0f} MB at the start, {max(mb for _, mb in samples):.0f} MB at most, {last:.0f} MB at the end;"
         f" slope over the last half {slope:+.2f} MB/min ({len(samples)} samples every {options.rss_every:g} s)"
     )
-    RESULTS.mkdir(exist_ok=True)
-    result = RESULTS / f"soak-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    result.write_text(
-        json.dumps(
-            {
-                "minutes": options.minutes,
-                "clients": options.clients,
-                "cpu": cpu,
-                "server_args": options.server_arg,
-                "requests": dict(tally.requests),
-                "errors": dict(tally.errors),
-                "error_messages": tally.first_error,
-                "structured_cut_by_max_tokens": tally.lengths["structured"],
-                "latency_ms": {
-                    kind: {"p50": 1000 * percentile(s, 50), "p99": 1000 * percentile(s, 99)}
-                    for kind, s in tally.seconds.items()
-                },
-                "server_alive_at_end": alive,
-                "rss_slope_mb_per_min_last_half": slope,
-                "rss_mb": samples,
-            },
-            indent=1,
-        )
-    )
-    print(f"written to {result}")
-
-
-if __name__ == "__main__":
-    main()
+    latency = {
+        kind: {"p50": 1000 * percentile(seconds, 50), "p99": 1000 * percentile(seconds, 99)}
+        for kind, seconds in tally.seconds.items()
+    }
+    summary: dict[str, float | str] = {
+        "minutes": options.minutes,
+        "requests": sum(tally.requests.values()),
+        "errors": errors,
+        "server alive at the end": "yes" if alive else "NO",
+        "RSS slope over the last half MB/min": slope,
+        "RSS at the start MB": first,
+        "RSS at the end MB": last,
+    }
+    for kind, figures in latency.items():
+        summary[f"{kind} p99 ms"] = figures["p99"]
+    samples = {
+        "cpu": cpu,
+        "requests": dict(tally.requests),
+        "errors": dict(tally.errors),
+        "error_messages": tally.first_error,
+        "structured_cut_by_max_tokens": tally.lengths["structured"],
+        "latency_ms": latency,
+        "server_alive_at_end": alive,
+        "rss_mb": samples,
+    }
+    return Outcome(summary, samples)

@@ -1,7 +1,9 @@
-"""Images through the server: preprocessing time, time to first token with 0, 1 and 4
-images beside the raw engine's, and /health while large images decode.
+"""Images through the server: time to first token beside the raw engine's, /health while they decode.
 
-    python bench/images.py [--turns 7] [--side 1024] [--bursts 9]
+The server's preprocessing time, its time to first token with 0, 1 and 4 images beside
+the raw engine's, and /health while large images decode.
+
+    python -m bench images [--turns 7] [--side 1024] [--bursts 9]
 
 Builds the tiny VLM test fixture (tests/tiny_vlm.py: random weights, 16 tokens an
 image) and starts `ovtrio serve` on it. Then, in turns:
@@ -26,7 +28,6 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,9 +38,12 @@ from typing import Any
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# The test fixtures (tiny_vlm, encoder_fixtures) are imported by module name.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import tiny_vlm
-from serving import free_port, percentile
+from bench.driver.results import Outcome
+from bench.driver.server import metric_value, serving
+from bench.driver.stats import percentile
 
 MODEL = "vlm"
 
@@ -93,43 +97,23 @@ def engine_ttft(pipeline, text: str, images: list) -> float:
     return elapsed
 
 
-def metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=7)
     parser.add_argument("--side", type=int, default=1024, help="side of the square test images in pixels")
     parser.add_argument("--bursts", type=int, default=9, help="bursts of each kind; their p99s' median is the figure")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> Outcome:
     import openvino as ov
     import openvino_genai
     from PIL import Image
 
     folder = Path(tempfile.mkdtemp(prefix="bench-vlm-"))
     tiny_vlm.build(folder)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--model", str(folder), "--served-model-name", MODEL,
-         "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
+    flags = ["--model", str(folder), "--served-model-name", MODEL, "--log-level", "warning"]
+    with serving(flags, ready_timeout=120) as server:
+        base = server.base_url
         client = httpx.Client(timeout=120)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if client.get(base + "/health/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
         images = [png(seed, args.side) for seed in range(4)]
         urls = ["data:image/png;base64," + base64.b64encode(data).decode() for data in images]
         decoded = [np.asarray(Image.open(io.BytesIO(data)).convert("RGB")) for data in images]
@@ -153,8 +137,8 @@ def main() -> None:
                     engine_ttft(pipeline, engine_text(count), [ov.Tensor(image) for image in decoded[:count]])
                 )
         exposition = client.get(base + "/metrics").text
-        preprocess_sum = metric(exposition, "ovtrio_image_preprocess_seconds_sum")
-        preprocess_count = metric(exposition, "ovtrio_image_preprocess_seconds_count")
+        preprocess_sum = metric_value(exposition, "ovtrio_image_preprocess_seconds_sum")
+        preprocess_count = metric_value(exposition, "ovtrio_image_preprocess_seconds_count")
 
         # /health while 8 requests arrive at once: without images, then with 4 each, in
         # turns; one burst's p99 rests on its few slowest probes, so each kind runs
@@ -163,9 +147,6 @@ def main() -> None:
         for _ in range(args.bursts):
             for count in health_by_images:
                 health_by_images[count].append(burst_health(base, urls[:count]))
-    finally:
-        server.terminate()
-        server.wait(30)
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"images: tiny VLM fixture, {args.side}x{args.side} PNG noise ({len(images[0]) / 1e6:.1f} MB each),"
@@ -184,8 +165,14 @@ def main() -> None:
         print(f"/health while 8 requests x {count} images arrive at once: p50 {p50:.1f} ms,"
               f" p99 {p99s[count]:.1f} ms (median of {len(bursts)} bursts: {', '.join(f'{p:.1f}' for p in each)};"
               f" {sum(map(len, bursts))} probes)")  # fmt: skip
-    print(json.dumps({"preprocess_ms": 1000 * preprocess_sum / max(preprocess_count, 1),
-                      "health_p99_ms": p99s}))  # fmt: skip
+    summary = {"preprocessing ms per image": 1000 * preprocess_sum / max(preprocess_count, 1)}
+    for count in server_times:
+        summary[f"server TTFT ms, {count} images"] = 1000 * statistics.median(server_times[count])
+        summary[f"engine TTFT ms, {count} images"] = 1000 * statistics.median(engine_times[count])
+    for count, p99 in p99s.items():
+        summary[f"/health p99 ms, 8 requests x {count} images"] = p99
+    samples = {"server_ttft_s": server_times, "engine_ttft_s": engine_times, "health_s": health_by_images}
+    return Outcome(summary, samples)
 
 
 def burst_health(base: str, urls: list[str]) -> list[float]:
@@ -232,7 +219,3 @@ def probe_health(base: str, stop: Any, probing: Any, results: Any) -> None:
 
 def tiny_vlm_tag(index: int) -> str:
     return f"<ov_genai_image_{index}>"
-
-
-if __name__ == "__main__":
-    main()
