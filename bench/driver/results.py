@@ -34,6 +34,14 @@ class Outcome:
 
     summary: dict[str, Figure]
     samples: Any = field(default=None)
+    # What sets this run apart from the scenario's usual one on the same machine (another
+    # model, a narrowed instruction set): the report keeps the latest of each apart.
+    variant: str = ""
+
+
+def streams(count: int) -> str:
+    """The words a figure's name gives a concurrency: "1 stream", "16 streams"."""
+    return f"{count} stream" + ("" if count == 1 else "s")
 
 
 def commit() -> str:
@@ -77,6 +85,7 @@ def record(
         "source": "measured",
         "commit": commit(),
         "machine": fingerprint(),
+        "variant": outcome.variant,
         "conditions": conditions,
         "load_average": [*load, round(os.getloadavg()[0], 2)],
         "time": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -99,9 +108,16 @@ def load_all(folder: Path = RESULTS) -> list[dict[str, Any]]:
     return [json.loads(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("*.json"))]
 
 
+def setup(result: dict[str, Any]) -> str:
+    """The machine a result comes from, and its variant if any: the report's columns."""
+    variant = result.get("variant")
+    return result["machine"]["label"] + (f"; {variant}" if variant else "")
+
+
 def latest(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """The newest result of each scenario on each machine: {scenario: {machine: result}}."""
+    """The newest result of each scenario on each machine (and variant):
+    {scenario: {setup: result}}."""
     newest: dict[str, dict[str, dict[str, Any]]] = {}
     for result in sorted(results, key=lambda r: r["time"]):
-        newest.setdefault(result["scenario"], {})[result["machine"]["label"]] = result
+        newest.setdefault(result["scenario"], {})[setup(result)] = result
     return newest

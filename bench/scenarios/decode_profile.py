@@ -192,4 +192,4 @@ def run(args: argparse.Namespace) -> Outcome:
         "IR alone / ceiling": plain / ceiling,
     }
     summary |= {f"decode step kernels, {group} ms": micros / 1e3 for group, micros in profile.items()}
-    return Outcome(summary, {"kernel_us": profile})
+    return Outcome(summary, {"kernel_us": profile}, "" if args.model == "embedded" else gguf.name)

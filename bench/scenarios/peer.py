@@ -33,7 +33,7 @@ from bench.build_llama_server import binary_path
 from bench.driver import server
 from bench.driver.hardware import ceiling_tok_s, describe_cpu, gguf_path, read_bandwidth_gb_s
 from bench.driver.requests import load, stream_chat
-from bench.driver.results import Outcome
+from bench.driver.results import Outcome, streams
 from bench.driver.server import free_port, served_model_id, wait_ready
 from bench.driver.stats import medians
 
@@ -172,12 +172,13 @@ def run(args: argparse.Namespace) -> Outcome:
         summary[f"{gguf.name}: one stream's ceiling tok/s"] = ceiling
         for c in args.concurrency:
             ours, peer = figures["ovtrio"][c], figures.get("llama-server", {}).get(c)
-            summary[f"{gguf.name}: ovtrio tok/s, {c} streams"] = ours["tok_s"]
-            summary[f"{gguf.name}: ovtrio TTFT p50 ms, {c} streams"] = ours["ttft_p50"]
+            summary[f"{gguf.name}: ovtrio tok/s, {streams(c)}"] = ours["tok_s"]
+            summary[f"{gguf.name}: ovtrio TTFT p50 ms, {streams(c)}"] = ours["ttft_p50"]
             if peer:
-                summary[f"{gguf.name}: llama-server tok/s, {c} streams"] = peer["tok_s"]
-                summary[f"{gguf.name}: llama-server TTFT p50 ms, {c} streams"] = peer["ttft_p50"]
-                summary[f"{gguf.name}: ovtrio/llama-server, {c} streams"] = ours["tok_s"] / peer["tok_s"]
+                summary[f"{gguf.name}: llama-server tok/s, {streams(c)}"] = peer["tok_s"]
+                summary[f"{gguf.name}: llama-server TTFT p50 ms, {streams(c)}"] = peer["ttft_p50"]
+                summary[f"{gguf.name}: ovtrio/llama-server, {streams(c)}"] = ours["tok_s"] / peer["tok_s"]
     elapsed = time.perf_counter() - started
     print(f"(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's; {elapsed:.0f} s)")
-    return Outcome(summary, {"isa": args.isa, "machine": machine, "figures": results})
+    variant = "both servers narrowed to AVX2" if args.isa == "avx2" else ""
+    return Outcome(summary, {"isa": args.isa, "machine": machine, "figures": results}, variant)

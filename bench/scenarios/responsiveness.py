@@ -414,4 +414,4 @@ def run(args: argparse.Namespace) -> Outcome:
         summary[f"{mode}: short TTFT p99 ms"] = percentile(f.short_ttft_ms, 99)
         summary[f"{mode}: stream tok/s"] = f.stream_tok_s
         summary[f"{mode}: long prompt s"] = statistics.median(f.long_prompt_s)
-    return Outcome(summary, {mode: vars(f) for mode, f in results.items()})
+    return Outcome(summary, {mode: vars(f) for mode, f in results.items()}, Path(args.model).name if args.model else "")

@@ -35,7 +35,7 @@ import trio
 
 from bench.driver.engine import RawEngine
 from bench.driver.requests import prompts
-from bench.driver.results import Outcome
+from bench.driver.results import Outcome, streams
 
 TOKENS = 64
 ROUNDS = 2
@@ -155,8 +155,8 @@ def run(args: argparse.Namespace) -> Outcome:
     for concurrency, by_name in figures.items():
         engine = by_name["engine"]["tok_s"]
         for name in ("runs", "one step"):
-            summary[f"{name}: scheduler/engine, {concurrency} streams"] = by_name[name]["tok_s"] / engine
-            summary[f"{name}: gap per step ms, {concurrency} streams"] = by_name[name]["gap_ms"]
+            summary[f"{name}: scheduler/engine, {streams(concurrency)}"] = by_name[name]["tok_s"] / engine
+            summary[f"{name}: gap per step ms, {streams(concurrency)}"] = by_name[name]["gap_ms"]
     return Outcome(summary, figures)
 
 

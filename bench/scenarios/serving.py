@@ -24,7 +24,7 @@ import trio
 from bench.driver.engine import RawEngine
 from bench.driver.hardware import gguf_path
 from bench.driver.requests import load, stream_chat
-from bench.driver.results import Outcome
+from bench.driver.results import Outcome, streams
 from bench.driver.server import Server, cpu_seconds, metric, rss_mb, served_model_id, serving
 from bench.driver.stats import medians
 
@@ -116,14 +116,15 @@ def run(args: argparse.Namespace) -> Outcome:
     summary: dict[str, float] = {}
     for c in args.concurrency:
         figures = server[c]
-        summary[f"engine tok/s, {c} streams"] = figures["engine_tok_s"]
-        summary[f"server tok/s, {c} streams"] = figures["tok_s"]
-        summary[f"server/engine, {c} streams"] = figures["ratio"]
-        summary[f"TTFT p50 ms, {c} streams"] = figures["ttft_p50"]
-        summary[f"ITL p99 ms, {c} streams"] = figures["itl_p99"]
-        summary[f"in step, {c} streams"] = figures["engine_busy"]
+        summary[f"engine tok/s, {streams(c)}"] = figures["engine_tok_s"]
+        summary[f"server tok/s, {streams(c)}"] = figures["tok_s"]
+        summary[f"server/engine, {streams(c)}"] = figures["ratio"]
+        summary[f"TTFT p50 ms, {streams(c)}"] = figures["ttft_p50"]
+        summary[f"ITL p99 ms, {streams(c)}"] = figures["itl_p99"]
+        summary[f"in step, {streams(c)}"] = figures["engine_busy"]
     summary["engine TTFT ms"] = misc["engine_ttft_ms"]
     summary["idle RSS MB"] = misc["idle_rss_mb"]
     summary["idle CPU %"] = misc["idle_cpu_percent"]
     summary["start to first token s"] = misc["start_to_first_token_s"]
-    return Outcome(summary, {"turns": samples, "medians": server, "misc": misc})
+    variant = "" if args.model == "embedded" else model_path.name
+    return Outcome(summary, {"turns": samples, "medians": server, "misc": misc}, variant)

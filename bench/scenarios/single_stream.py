@@ -106,4 +106,4 @@ def run(args: argparse.Namespace) -> Outcome:
     summary = {f"{name}: tok/s": statistics.median(values) for name, values in speeds.items()}
     if base:
         summary |= {f"{name}: x defaults": statistics.median(values) / base for name, values in speeds.items()}
-    return Outcome(summary, speeds)
+    return Outcome(summary, speeds, "" if args.model == "embedded" else Path(args.model).name)

@@ -53,20 +53,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import anthropic
 import httpx
-import jsonschema
-import openai
 
-# The test fixtures (tiny_vlm, encoder_fixtures) are imported by module name.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-import tiny_vlm
 from bench.driver import server as servers
 from bench.driver.results import Outcome
 from bench.driver.server import Server, resident_mb
 from bench.driver.stats import percentile
 from bench.scenarios.images import png
-from encoder_fixtures import write_reranker
+
+# The test fixtures (tiny_vlm, encoder_fixtures) are imported by module name, when the
+# soak starts: they and the SDKs take seconds to import, which `--help` need not wait for.
+TESTS = Path(__file__).resolve().parents[2] / "tests"
 
 MODEL = "SmolLM2-135M-Instruct"
 VLM = "vlm"
@@ -108,6 +105,9 @@ class Tally:
 
 
 def reason(error: BaseException) -> str:
+    import anthropic
+    import openai
+
     if isinstance(error, (openai.APIStatusError, anthropic.APIStatusError)):
         return f"HTTP {error.status_code}"
     if isinstance(error, httpx.HTTPStatusError):
@@ -122,6 +122,9 @@ class Kinds:
     on anything but the reply it should get."""
 
     def __init__(self, base_url: str, tally: Tally, image_urls: list[str]) -> None:
+        import anthropic
+        import openai
+
         self.base_url = base_url
         self.tally = tally
         self.images = image_urls
@@ -225,6 +228,8 @@ class Kinds:
             with self.tally.lock:
                 self.tally.lengths["structured"] += 1
             return
+        import jsonschema
+
         try:
             jsonschema.validate(json.loads(choice.message.content or ""), ANSWER)
         except (ValueError, jsonschema.ValidationError) as error:
@@ -304,6 +309,10 @@ def slope_mb_per_minute(samples: list[tuple[float, float]], since: float) -> flo
 
 def prepare_models(folder: Path) -> list[str]:
     """The fixtures and the config file; the server's flags that serve them."""
+    sys.path.insert(0, str(TESTS))
+    import tiny_vlm
+    from encoder_fixtures import write_reranker
+
     vlm = tiny_vlm.build(folder / "tiny-vlm")
     reranker = write_reranker(folder / RERANKER)
     config = folder / "models.json"

@@ -182,4 +182,4 @@ def run(args: argparse.Namespace) -> Outcome:
         summary[f"{name}: weights MB"] = size
         if name in drift:
             summary[f"{name}: max |d logprob|"] = drift[name]
-    return Outcome(summary, rates)
+    return Outcome(summary, rates, "" if args.model == "embedded" else gguf.name)
