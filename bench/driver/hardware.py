@@ -20,11 +20,16 @@ import numpy as np
 ISA_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
 
-def cpu_name() -> str:
+def cpu_field(name: str) -> str:
+    """A field of /proc/cpuinfo's first processor ("model name", "cpu family")."""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
+        if line.split(":", 1)[0].strip() == name:
             return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+    return "?"
+
+
+def cpu_name() -> str:
+    return cpu_field("model name")
 
 
 def cpu_isa() -> list[str]:
@@ -34,13 +39,6 @@ def cpu_isa() -> list[str]:
             flags = set(line.split(":", 1)[1].split())
             return [flag for flag in ISA_FLAGS if flag in flags]
     return []
-
-
-def cpu_field(name: str) -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.split(":", 1)[0].strip() == name:
-            return line.split(":", 1)[1].strip()
-    return "?"
 
 
 def machine_label() -> str:

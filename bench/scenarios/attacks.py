@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 import httpx
 
 from bench.driver import server as servers
+from bench.driver.hardware import cpu_name
 from bench.driver.results import ROOT, Outcome
-from bench.driver.server import Server, resident_mb
+from bench.driver.server import Server, metric_value, resident_mb
 from bench.driver.stats import percentile
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -293,10 +294,7 @@ def grammar_cache(server: Server, client: httpx.Client, schemas: int, max_schema
 
 
 def metric(client: httpx.Client, server: Server, name: str) -> float:
-    for line in client.get(server.base_url + "/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return float("nan")
+    return metric_value(client.get(server.base_url + "/metrics").text, name)
 
 
 def response_store(server: Server, client: httpx.Client, count: int) -> tuple[list[str], float]:
@@ -386,8 +384,7 @@ def run(options: argparse.Namespace) -> Outcome:
     finally:
         servers.stop(server.process)
 
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
+    model = cpu_name()
     print(f"attacks on {model}, ovtrio serve {' '.join(options.server_arg)}".rstrip())
     print(f"prompt character bound: {limit_chars}")
     for result in results:

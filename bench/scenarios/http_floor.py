@@ -34,6 +34,7 @@ from pathlib import Path
 import trio
 
 from bench.driver import server as servers
+from bench.driver.hardware import cpu_name
 from bench.driver.results import Outcome
 from bench.driver.server import cpu_seconds, free_port, wait_ready
 
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> Outcome:
     finally:
         for server in started:
             servers.stop(server, 30)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    cpu = cpu_name()
     print(
         f"one keep-alive client, {args.requests} requests a round, medians of {args.rounds};"
         f" {cpu}, {os.cpu_count()} cores"

@@ -41,6 +41,7 @@ import numpy as np
 # The test fixtures (tiny_vlm, encoder_fixtures) are imported by module name.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import tiny_vlm
+from bench.driver.hardware import cpu_name
 from bench.driver.results import Outcome
 from bench.driver.server import metric_value, serving
 from bench.driver.stats import percentile
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> Outcome:
             for count in health_by_images:
                 health_by_images[count].append(burst_health(base, urls[:count]))
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"images: tiny VLM fixture, {args.side}x{args.side} PNG noise ({len(images[0]) / 1e6:.1f} MB each),"
           f" {args.turns} turns, medians; {cpu}, {os.cpu_count()} cores")  # fmt: skip
     print(f"image preprocessing in the server: {1000 * preprocess_sum / max(preprocess_count, 1):.1f} ms per image"

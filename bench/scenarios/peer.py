@@ -25,6 +25,7 @@ import argparse
 import os
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -36,6 +37,7 @@ from bench.driver.requests import load, stream_chat
 from bench.driver.results import Outcome, streams
 from bench.driver.server import free_port, served_model_id, wait_ready
 from bench.driver.stats import medians
+from bench.driver.turns import take_turns_async
 
 # What `--isa avx2` sets for ovtrio: OpenVINO's CPU plugin needs both to keep to AVX2
 # (docs/determinism.md).
@@ -98,13 +100,11 @@ async def measure(args: argparse.Namespace, gguf: Path) -> Figures:
             for port, model in servers.values():
                 await stream_chat(port, model, "Hello!", 4)
                 await load(port, model, concurrency, args.tokens, 1)  # warm the shapes
-            turns: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
-            for turn in range(args.turns):
-                order = list(servers.items())
-                if turn % 2:
-                    order.reverse()
-                for name, (port, model) in order:
-                    turns[name].append(await load(port, model, concurrency, args.tokens, args.rounds))
+            parts = {
+                name: partial(load, port, model, concurrency, args.tokens, args.rounds)
+                for name, (port, model) in servers.items()
+            }
+            turns = await take_turns_async(parts, args.turns)
             for name, results in turns.items():
                 figures[name][concurrency] = medians(results)
         return figures

@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.driver.hardware import cpu_name
 from bench.driver.results import Outcome
+from bench.driver.turns import take_turns
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -90,13 +93,9 @@ def run(args: argparse.Namespace) -> Outcome:
 
     for name, pipeline in pipelines.items():
         one(name, pipeline)  # warm-up
-    speeds: dict[str, list[float]] = {name: [] for name in pipelines}
-    for turn in range(args.turns):
-        order = list(pipelines.items())
-        for name, pipeline in order if turn % 2 == 0 else reversed(order):
-            speeds[name].append(one(name, pipeline))
+    speeds = take_turns({name: partial(one, name, pipeline) for name, pipeline in pipelines.items()}, args.turns)
     base = statistics.median(speeds["defaults"]) if "defaults" in speeds else None
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"one stream, raw engine, {args.tokens} tokens, greedy, ignore_eos; {cpu}, OpenVINO {ov.get_version()}")
     print(f"{'setting':<24} {'tok/s':>7} {'vs defaults':>11}")
     for name, values in speeds.items():

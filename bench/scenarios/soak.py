@@ -56,6 +56,7 @@ from pathlib import Path
 import httpx
 
 from bench.driver import server as servers
+from bench.driver.hardware import cpu_name
 from bench.driver.results import Outcome
 from bench.driver.server import Server, resident_mb
 from bench.driver.stats import percentile
@@ -359,7 +360,7 @@ def run(options: argparse.Namespace) -> Outcome:
 
     slope = slope_mb_per_minute(samples, duration / 2)
     errors = sum(tally.errors.values())
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"soak: {options.minutes:g} min, {options.clients} clients, {cpu}, {os.cpu_count()} cores")
     print(f"{'kind':<17} {'requests':>8} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8}")
     for kind in (kind.__name__ for kind in kinds.all()):

@@ -29,6 +29,7 @@ import httpx
 import numpy as np
 
 from bench.driver import server as servers
+from bench.driver.hardware import cpu_name
 from bench.driver.results import Outcome
 from ovtrio.model import embedded_model_path, load_model, resolve_model
 from ovtrio.settings.server import Settings
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> Outcome:
         for process, _ in started.values():
             servers.stop(process, 30)
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"speculative decoding, single stream: SmolLM2-135M-Instruct Q4_1, {cpu}, {os.cpu_count()} cores,")
     print(
         f"prompt {len(prompt_ids)} tokens (copy a passage of code), {args.tokens} output tokens, greedy, "
