@@ -127,20 +127,24 @@ def speed(results: Results) -> str:
 # ---- the pages ---------------------------------------------------------------------------
 
 
-def render(text: str, results: Results) -> str:
-    """`text` with every generated section written afresh from `results`."""
+def render(text: str, results: Results, headline: Results) -> str:
+    """`text` with every generated section written afresh: the tables from `results`,
+    the README's speed figures from `headline`."""
 
     def fill(match: re.Match[str]) -> str:
         name = match.group("name")
-        return speed(results) if name == "speed" else section(name, results)
+        return speed(headline) if name == "speed" else section(name, results)
 
     return SECTION.sub(fill, text)
 
 
 def pages(folder: Path = RESULTS) -> dict[Path, str]:
-    """What docs/benchmarks.md and the README should read, from the results in `folder`."""
-    results = latest(load_all(folder))
-    return {page: render(page.read_text(encoding="utf-8"), results) for page in (DOCS, README)}
+    """What docs/benchmarks.md and the README should read, from the results in `folder`:
+    the tables show the newest result of each setup, the README the newest measured on a
+    quiet machine where there is one (a busy machine's figures say little alone)."""
+    every = load_all(folder)
+    results, headline = latest(every), latest(every, quiet_first=True)
+    return {page: render(page.read_text(encoding="utf-8"), results, headline) for page in (DOCS, README)}
 
 
 def unplaced(folder: Path = RESULTS) -> list[str]:

@@ -48,7 +48,7 @@ def commit() -> str:
     """The checkout's commit, with "-dirty" when files other than results differ from it."""
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT
         ).stdout.strip()
         changed = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
@@ -114,10 +114,15 @@ def setup(result: dict[str, Any]) -> str:
     return result["machine"]["label"] + (f"; {variant}" if variant else "")
 
 
-def latest(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+def quiet(result: dict[str, Any]) -> bool:
+    return str(result.get("conditions", "")).startswith("quiet")
+
+
+def latest(results: list[dict[str, Any]], quiet_first: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
     """The newest result of each scenario on each machine (and variant):
-    {scenario: {setup: result}}."""
+    {scenario: {setup: result}}; with `quiet_first`, the newest of those measured on a
+    quiet machine where there is one."""
     newest: dict[str, dict[str, dict[str, Any]]] = {}
-    for result in sorted(results, key=lambda r: r["time"]):
+    for result in sorted(results, key=lambda r: (quiet_first and quiet(r), r["time"])):
         newest.setdefault(result["scenario"], {})[setup(result)] = result
     return newest
