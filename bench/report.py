@@ -53,7 +53,8 @@ def provenance(result: dict[str, Any]) -> str:
     imported = result.get("source", "measured") != "measured"
     when = result["time"][:10]
     conditions = result.get("conditions") or "conditions not recorded"
-    return f"{when}, {result['commit']}, {conditions}" + (", imported from the earlier docs" if imported else "")
+    origin = ", imported from before results were files" if imported else ""
+    return f"{when}, {result['commit']}, {conditions}{origin}"
 
 
 def table(by_setup: dict[str, dict[str, Any]]) -> str:
