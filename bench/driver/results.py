@@ -100,8 +100,16 @@ def write(result: dict[str, Any], folder: Path = RESULTS) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     stamp = result["time"].replace("-", "").replace(":", "")
     path = folder / f"{result['scenario']}-{stamp}.json"
-    path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(text(result), encoding="utf-8")
     return path
+
+
+def text(result: dict[str, Any]) -> str:
+    """A result as its file holds it: a field a line, the summary a figure a line, the
+    raw samples (long) on one line at the end."""
+    head = json.dumps({key: value for key, value in result.items() if key != "samples"}, indent=1, ensure_ascii=False)
+    samples = json.dumps(result.get("samples"), ensure_ascii=False)
+    return head[:-2] + f',\n "samples": {samples}\n}}\n'
 
 
 def load_all(folder: Path = RESULTS) -> list[dict[str, Any]]:
