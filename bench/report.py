@@ -141,10 +141,11 @@ def render(text: str, results: Results, headline: Results) -> str:
 
 def pages(folder: Path = RESULTS) -> dict[Path, str]:
     """What docs/benchmarks.md and the README should read, from the results in `folder`:
-    the tables show the newest result of each setup, the README the newest measured on a
-    quiet machine where there is one (a busy machine's figures say little alone)."""
+    the tables show the newest result of each setup, and its newest quiet one beside it;
+    the README the newest measured on a quiet machine where there is one (a busy
+    machine's figures say little alone)."""
     every = load_all(folder)
-    results, headline = latest(every), latest(every, quiet_first=True)
+    results, headline = latest(every, quiet_apart=True), latest(every, quiet_first=True)
     return {page: render(page.read_text(encoding="utf-8"), results, headline) for page in (DOCS, README)}
 
 

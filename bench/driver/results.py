@@ -126,11 +126,15 @@ def quiet(result: dict[str, Any]) -> bool:
     return str(result.get("conditions", "")).startswith("quiet")
 
 
-def latest(results: list[dict[str, Any]], quiet_first: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+def latest(
+    results: list[dict[str, Any]], quiet_first: bool = False, quiet_apart: bool = False
+) -> dict[str, dict[str, dict[str, Any]]]:
     """The newest result of each scenario on each machine (and variant):
-    {scenario: {setup: result}}; with `quiet_first`, the newest of those measured on a
-    quiet machine where there is one."""
+    {scenario: {setup: result}}. With `quiet_first`, the newest of those measured on a
+    quiet machine where there is one; with `quiet_apart`, the newest quiet one and the
+    newest other one each (setup "... (quiet)"), so a busy run does not hide a quiet one."""
     newest: dict[str, dict[str, dict[str, Any]]] = {}
     for result in sorted(results, key=lambda r: (quiet_first and quiet(r), r["time"])):
-        newest.setdefault(result["scenario"], {})[setup(result)] = result
+        key = setup(result) + (" (quiet)" if quiet_apart and quiet(result) else "")
+        newest.setdefault(result["scenario"], {})[key] = result
     return newest
