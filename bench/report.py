@@ -210,16 +210,24 @@ def plot(results: Results, path: Path = PLOT) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="the result files to report")
     parser.add_argument("--no-plot", dest="plot", action="store_false", help="leave docs/peer.png as it is")
+    parser.add_argument("--check", action="store_true", help="write nothing; fail if a page differs from the results")
 
 
 def run(args: argparse.Namespace) -> None:
     missing = unplaced(args.results)
     if missing:
         raise SystemExit(f"no table in {DOCS.name} for: {', '.join(missing)} (add its markers)")
+    stale = []
     for page, text in pages(args.results).items():
         if page.read_text(encoding="utf-8") != text:
-            page.write_text(text, encoding="utf-8")
-            print(f"wrote {page.relative_to(ROOT)}")
+            stale.append(page.relative_to(ROOT))
+            if not args.check:
+                page.write_text(text, encoding="utf-8")
+                print(f"wrote {page.relative_to(ROOT)}")
+    if args.check:
+        if stale:
+            raise SystemExit(f"differ from the results: {', '.join(map(str, stale))} (run python -m bench report)")
+        return
     if args.plot:
         try:
             plot(latest(load_all(args.results)))
