@@ -17,6 +17,7 @@ differ from what this writes.
 from __future__ import annotations
 
 import argparse
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -203,8 +204,11 @@ def plot(results: Results, path: Path = PLOT) -> None:
     speed_axes.legend(fontsize=8)
     figure.suptitle(f"ovtrio vs llama-server: {result['machine']['label']}, {provenance(result)}", fontsize=10)
     figure.tight_layout()
-    figure.savefig(path, dpi=110, metadata={"Software": None})
-    print(f"wrote {path}")
+    drawn = io.BytesIO()
+    figure.savefig(drawn, format="png", dpi=110, metadata={"Software": None})
+    if not path.exists() or path.read_bytes() != drawn.getvalue():
+        path.write_bytes(drawn.getvalue())
+        print(f"wrote {path.relative_to(ROOT)}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
