@@ -1,10 +1,10 @@
-"""Build llama.cpp's `llama-server`, the peer of bench/peer.py, from the llama.cpp
+"""Build llama.cpp's `llama-server`, the peer of the `peer` scenario, from the llama.cpp
 sources vendored in the `llama-cpp-python` sdist (fetched with pip: no other network).
 
-    python bench/build_llama_server.py [--version 0.3.16] [--out ~/.cache/ovtrio-bench] [--isa avx2]
+    python -m bench.build_llama_server [--version 0.3.16] [--out ~/.cache/ovtrio-bench] [--isa avx2]
 
 Needs a C++ compiler and CMake; takes 5-10 minutes on 2 cores (20 under load). Prints
-the binary's path; bench/peer.py looks for it in the same place.
+the binary's path; the peer scenario looks for it in the same place.
 
 It is built for this CPU (`-march=native`) but without ggml's AMX kernels: on an Intel
 Xeon with AMX (a KVM guest) the llama.cpp of llama-cpp-python 0.3.36 built with them
@@ -13,7 +13,7 @@ ran there. Its AVX-512 (VNNI, BF16) kernels and its repacked Q4_0 blocks are kep
 `--amx` builds them in.
 
 `--isa avx2` builds instead for CPUs with AVX2, FMA and F16C but no AVX-512 (Zen 3,
-Haswell to Comet Lake), as `llama-server-avx2`: with `bench/peer.py --isa avx2`, which
+Haswell to Comet Lake), as `llama-server-avx2`: with `python -m bench peer --isa avx2`, which
 also narrows OpenVINO's CPU plugin to AVX2, an AVX-512 machine measures both servers'
 AVX2 code.
 """

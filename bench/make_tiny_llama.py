@@ -12,7 +12,7 @@ stop tokens). Weights are written straight as Q4_0 (or Q8_0) blocks of random co
 with one scale per block, which needs no float copy of the model and takes seconds.
 
     pip install -e '.[bench]'
-    python bench/make_tiny_llama.py /tmp/tiny-llama-1.1b.gguf
+    python -m bench.make_tiny_llama /tmp/tiny-llama-1.1b.gguf
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 try:
     import gguf
 except ImportError:  # pragma: no cover - a bench-only dependency
-    sys.exit("bench/make_tiny_llama.py needs the gguf package: pip install -e '.[bench]'")
+    sys.exit("python -m bench.make_tiny_llama needs the gguf package: pip install -e '.[bench]'")
 
 LAYERS = 22
 HIDDEN = 2048

@@ -1,0 +1,62 @@
+"""The benchmark docs hold together: docs/benchmarks.md's tables and the README's speed
+figures are what `python -m bench report` writes from bench/results/, every scenario
+with results has its table, and the CLI lists every scenario and gives each one's
+options. In process, no server: the scenarios' modules are imported, none is run."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import report, scenarios  # noqa: E402
+from bench.__main__ import main  # noqa: E402
+
+
+@pytest.mark.parametrize("page", [report.DOCS, report.README], ids=lambda page: page.name)
+def test_generated_sections_are_what_the_results_give(page):
+    expected = report.pages()[page]
+    assert page.read_text(encoding="utf-8") == expected, (
+        f"{page.name} differs from the results: run `python -m bench report`"
+    )
+
+
+def test_the_pages_have_generated_sections():
+    assert report.SECTION.search(report.README.read_text(encoding="utf-8")), "the README has no speed figures"
+    assert len(report.SECTION.findall(report.DOCS.read_text(encoding="utf-8"))) >= len(scenarios.NAMES)
+
+
+def test_every_scenario_with_results_has_a_table():
+    assert report.unplaced() == []
+
+
+def test_every_scenario_has_a_table():
+    tables = set(report.SECTION_NAMES.findall(report.DOCS.read_text(encoding="utf-8")))
+    assert set(scenarios.NAMES) <= tables
+
+
+def cli_help(*argv: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
+        main([*argv, "--help"])
+    assert exited.value.code == 0
+    return out.getvalue()
+
+
+def test_help_lists_every_scenario_and_report():
+    text = cli_help()
+    for name in (*scenarios.NAMES, "report"):
+        assert f"    {name}" in text, name
+
+
+@pytest.mark.parametrize("name", scenarios.NAMES)
+def test_each_scenario_gives_its_options(name):
+    text = cli_help(name)
+    assert f"python -m bench {name}" in text
+    assert "--no-save" in text and "--conditions" in text
