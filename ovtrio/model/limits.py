@@ -136,7 +136,7 @@ def prefill_slice_tokens(settings: Settings, device: str) -> int:
     prefill step plus one decode step (short requests' TTFT p99); with three eighths it
     stays within it (figures: docs/benchmarks.md#request-limits-and-prefill-slices).
     Decoding streams get steps more often while a long prompt prefills, which takes
-    longer in exchange (bench/responsiveness.py)."""
+    longer in exchange (`python -m bench responsiveness`)."""
     if not settings.enable_prefix_caching:
         return 0
     threshold = settings.long_prefill_token_threshold

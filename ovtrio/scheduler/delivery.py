@@ -15,7 +15,7 @@ It also reports each choice's token timings and its end to the scheduler's
 RequestObserver (observer.py). The timings are those of the read: one clock reading per
 step, taken by `read_engine()`, stands for every output of that step, so recording
 costs a subtraction and an observer call per choice and step, small beside a step even
-at the largest batch (bench/observer_cost.py; see docs/benchmarks.md#metrics-recording).
+at the largest batch (`python -m bench observer_cost`; see docs/benchmarks.md#metrics-recording).
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ class Scheduler:
         `kv_block_tokens` (prefill.py; 0: never; it needs the engine's prefix cache).
         `step_runs`: with a GIL-free step, the worker steps on by itself while the loop
         has nothing to do between steps (see above); False hands every step back to the
-        loop (bench/scheduler_overhead.py compares the two)."""
+        loop (`python -m bench scheduler_overhead` compares the two)."""
         self._pipeline = pipeline
         self._step_runs = step_runs
         import openvino_genai
@@ -236,7 +236,7 @@ class Scheduler:
         1. resume the paused requests whose consumers have caught up (what their handles
            hold is read now), and cancel those paused for too long;
         2. add the queued requests to the engine (those with images from a worker
-           thread: engine_intake.py), then the next slices of long prompts (new
+           thread: engine_admission.py), then the next slices of long prompts (new
            requests first: the engine gives each step's budget to prompts in the order
            added);
         3. with nothing for the engine to do, deliver the last tokens and sleep until

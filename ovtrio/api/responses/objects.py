@@ -4,7 +4,7 @@
 
 They are slotted dataclasses, written to JSON by pydantic's serializer (`to_json`), and
 not pydantic models: an event is made for every token of every stream, and this typed
-path is cheaper per event than a dict or a pydantic model (`python bench/typed_events.py`;
+path is cheaper per event than a dict or a pydantic model (`python -m bench typed_events`;
 see docs/benchmarks.md#responses-events), so no per-token path keeps dicts.
 
 An event holds a snapshot of the item it names (`snapshot`): the item itself goes on
