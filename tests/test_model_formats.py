@@ -313,6 +313,20 @@ SAMPLES += [
         [("get_weather", WEATHER)],
     ),
     Sample(
+        "mistral_args-call-id",  # as Mistral Small 3.2's template renders past calls
+        MistralToolParser,
+        '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris", "unit": "celsius"}'
+        '[TOOL_CALLS]get_time[CALL_ID]Zz9Yy8Xx7[ARGS]{"timezone": "Europe/Paris"}',
+        "",
+        [("get_weather", WEATHER), ("get_time", TIME)],
+    ),
+    Sample(
+        "mistral_args-cut-in-call-id",
+        MistralToolParser,
+        "Sure.[TOOL_CALLS]get_weather[CALL_ID]a1B2",
+        "Sure.[TOOL_CALLS]get_weather[CALL_ID]a1B2",
+    ),
+    Sample(
         "mistral_args-cut",
         MistralToolParser,
         '[TOOL_CALLS]get_weather[ARGS]{"city": "Pa',

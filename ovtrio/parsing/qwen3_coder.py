@@ -53,6 +53,7 @@ class Qwen3CoderToolParser(ToolCallParser):
         self._schemas = schemas or {}
         self._params: list[str] = []  # "name": value, for each parameter read
         self._param: str | None = None
+        self._scanned = 0  # characters of the buffer known to hold no end of the value
 
     def _initial_state(self) -> State:
         return self._in_content
@@ -124,14 +125,19 @@ class Qwen3CoderToolParser(ToolCallParser):
 
     def _in_value(self, final: bool) -> bool:
         tags = (self.PARAMETER_END, self.PARAMETER, self.FUNCTION_END)
-        ends = [at for tag in tags if (at := self._buf.find(tag)) >= 0]
+        # A value (a whole file, for a coder) waits here until it ends: look only at
+        # what is new, and what may complete a tag begun before it.
+        start = max(0, self._scanned - max(map(len, tags)) + 1)
+        ends = [at for tag in tags if (at := self._buf.find(tag, start)) >= 0]
         if not ends:
+            self._scanned = len(self._buf)
             if not final:
                 return False
             self._add_param(self._buf)
             self._take_into_call(len(self._buf))
             return self._end_call()
         at = min(ends)
+        self._scanned = 0
         self._add_param(self._buf[:at])
         self._take_into_call(at)
         if self._buf.startswith(self.PARAMETER_END):
