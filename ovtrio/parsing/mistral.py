@@ -26,7 +26,7 @@ class MistralToolParser(ToolCallParser):
     TAG = "[TOOL_CALLS]"
     ARGS = "[ARGS]"
     CALL_ID = "[CALL_ID]"
-    MARKERS = (TAG, ARGS, CALL_ID)
+    MARKERS: tuple[str, ...] = (TAG, ARGS, CALL_ID)
     _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_-.")
     _MAX_NAME = 64  # OpenAI's limit; longer is not a function name
 
