@@ -29,6 +29,17 @@ PARSERS: dict[str, type[ToolCallParser]] = {
     "harmony": HarmonyParser,
     "json_tool_calls": JsonToolCallsParser,
 }
+# The names vLLM and OVMS give the same formats, accepted too.
+ALIASES = {
+    "qwen3coder": "qwen3_coder",  # OVMS
+    "qwen3_xml": "qwen3_coder",  # vLLM
+    "llama4_pythonic": "pythonic",  # vLLM
+    "phi4": "phi4_mini",  # OVMS
+    "phi4_mini_json": "phi4_mini",  # vLLM
+    "gptoss": "harmony",  # OVMS
+    "openai": "harmony",  # vLLM
+}
+PARSERS.update({alias: PARSERS[name] for alias, name in ALIASES.items()})
 
 # What a chat template writes when it teaches its model a format (a template renders past
 # calls the way the model is expected to make them, or spells the format out in the
@@ -64,6 +75,7 @@ def guess_parser(chat_template: str) -> str | None:
 
 
 __all__ = [
+    "ALIASES",
     "PARSERS",
     "THINK_CLOSE",
     "THINK_OPEN",

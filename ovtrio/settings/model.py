@@ -59,6 +59,13 @@ class ModelSettings(BaseModel):
             "phi4_mini",
             "harmony",
             "json_tool_calls",
+            "qwen3coder",
+            "qwen3_xml",
+            "llama4_pythonic",
+            "phi4",
+            "phi4_mini_json",
+            "gptoss",
+            "openai",
             "none",
         ]
         | None
@@ -69,7 +76,8 @@ class ModelSettings(BaseModel):
         " XML, llama3_json bare JSON, pythonic [f(x=1)], mistral [TOOL_CALLS], phi4_mini <|tool_call|> or"
         " functools[...], harmony gpt-oss's channels (which carry its reasoning too), json_tool_calls the"
         ' {"tool_calls": [...]} reply that OpenVINO GenAI\'s template polyfill teaches models whose template has'
-        " no tool support, which get it by default",
+        " no tool support, which get it by default; vLLM's and OVMS's names for these (qwen3coder, qwen3_xml,"
+        " llama4_pythonic, phi4, phi4_mini_json, gptoss, openai) are accepted too",
     )
     reasoning_parser: Literal["think", "none"] | None = Field(
         None, description="split <think> reasoning from content (default: on when the chat template uses <think>)"
