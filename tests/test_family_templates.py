@@ -395,3 +395,43 @@ def test_the_scripted_engine_is_what_answers(scripted):
         timeout=30,
     ).json()
     assert reply["choices"][0]["message"]["content"] == ""
+
+
+def test_harmony_streams_in_responses_and_messages_add_up_to_unary(scripted):
+    from messages_stream import check_message, parse_named_sse, walk
+    from openai_schema import validate
+
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    body = {"model": "gpt-oss", "input": question("gpt-oss"), "tools": [tool], "max_output_tokens": 300}
+    unary = loopback.post(scripted.base_url + "/v1/responses", json=body).json()
+    with loopback.stream("POST", scripted.base_url + "/v1/responses", json={**body, "stream": True}) as reply:
+        raw = reply.read().decode()
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    for event in events:
+        validate(event, "ResponseStreamEvent")
+    final = events[-1]
+    assert final["type"] == "response.completed"
+
+    def without_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items]
+
+    assert without_ids(final["response"]["output"]) == without_ids(unary["output"])
+    reasoning = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta")
+    arguments = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    assert reasoning == "Need the weather tool." and json.loads(arguments) == {"city": "Paris"}
+
+    claude_tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
+    messages = {
+        "model": "gpt-oss",
+        "max_tokens": 300,
+        "messages": [{"role": "user", "content": question("gpt-oss")}],
+        "tools": [claude_tool],
+    }
+    unary_message = loopback.post(scripted.base_url + "/v1/messages", json=messages).json()
+    with loopback.stream("POST", scripted.base_url + "/v1/messages", json={**messages, "stream": True}) as reply:
+        streamed = walk(parse_named_sse(reply.read().decode()))
+    check_message(streamed)
+    assert [b["type"] for b in streamed["content"]] == [b["type"] for b in unary_message["content"]]
+    assert streamed["content"][0]["thinking"] == unary_message["content"][0]["thinking"]
+    assert streamed["content"][1]["input"] == unary_message["content"][1]["input"] == {"city": "Paris"}
+    assert streamed["stop_reason"] == "tool_use"
