@@ -8,6 +8,7 @@ tool call on gpt-oss's harmony format."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pytest
 import loopback
 from conftest import RunningServer, free_port, stop_server, wait_until_ready
 from ovtrio.model.source import embedded_model_path
+from special_tokens_model import HARMONY_TOKENS, build
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 WEATHER_TOOL = {
@@ -124,8 +126,17 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer
     models.append({"served_model_name": "gemma3-unchanged", **gemma})
     (folder / "models.json").write_text(json.dumps({"models": models}))
     (folder / "script.json").write_text(json.dumps(script()))
+    server = launch_scripted(folder, "--config", str(folder / "models.json"))
+    try:
+        yield server
+    finally:
+        stop_server(server)
+
+
+def launch_scripted(folder: Path, *args: str) -> RunningServer:
+    """scripted_server.py serving with `args`, its script in folder/script.json."""
     port = free_port()
-    log_path = folder / "server.log"
+    log_path = folder / f"server-{port}.log"
     command = [
         sys.executable,
         str(Path(__file__).parent / "scripted_server.py"),
@@ -135,13 +146,24 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer
         "--port",
         str(port),
         "--no-enable-prefix-caching",
-        "--config",
-        str(folder / "models.json"),
+        *args,
     ]
-    env = {**__import__("os").environ, "OVTRIO_TEST_SCRIPT": str(folder / "script.json")}
+    env = {**os.environ, "OVTRIO_TEST_SCRIPT": str(folder / "script.json")}
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = wait_until_ready(RunningServer(f"http://127.0.0.1:{port}", process, log_path))
+    return wait_until_ready(RunningServer(f"http://127.0.0.1:{port}", process, log_path))
+
+
+@pytest.fixture(scope="module")
+def harmony_tokens(scripted: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """gpt-oss's template over a tokenizer whose vocabulary has harmony's special tokens
+    (special_tokens_model.py), scripted as `scripted` is. It needs the embedded model
+    converted into the model cache, which `scripted` has done."""
+    folder = tmp_path_factory.mktemp("harmony-tokens")
+    template = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
+    build(folder / "model", HARMONY_TOKENS, template)
+    (folder / "script.json").write_text(json.dumps(script()))
+    server = launch_scripted(folder, "--model", str(folder / "model"), "--served-model-name", "gpt-oss")
     try:
         yield server
     finally:
@@ -435,3 +457,41 @@ def test_harmony_streams_in_responses_and_messages_add_up_to_unary(scripted):
     assert streamed["content"][0]["thinking"] == unary_message["content"][0]["thinking"]
     assert streamed["content"][1]["input"] == unary_message["content"][1]["input"] == {"city": "Paris"}
     assert streamed["stop_reason"] == "tool_use"
+
+
+def test_harmony_with_its_special_tokens(harmony_tokens):
+    """Harmony's markers are control tokens here, which the server leaves out of replies:
+    its reader still sees them, and the reply reads as with text markers."""
+    sdk = client(harmony_tokens)
+    request: dict[str, Any] = {
+        "model": "gpt-oss",
+        "messages": [{"role": "user", "content": question("gpt-oss")}],
+        "tools": [WEATHER_TOOL],
+        "max_tokens": 300,
+    }
+    unary = sdk.chat.completions.create(**request)
+    message = unary.choices[0].message
+    assert getattr(message, "reasoning_content", None) == "Need the weather tool."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert not message.content and unary.choices[0].finish_reason == "tool_calls"
+    # Each marker is one token: the reply is shorter than its text in ordinary tokens.
+    marker_ids = loopback.post(
+        harmony_tokens.base_url + "/tokenize", json={"model": "gpt-oss", "prompt": "".join(HARMONY_TOKENS)}
+    ).json()
+    assert marker_ids["count"] == len(HARMONY_TOKENS)
+    arguments = ""
+    for chunk in sdk.chat.completions.create(**request, stream=True):
+        for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            arguments += call.function.arguments or ""
+    assert arguments == message.tool_calls[0].function.arguments  # type: ignore[index]
+    raw = sdk.chat.completions.create(**request, extra_body={"skip_special_tokens": False})
+    assert raw.choices[0].message.content == FAMILIES["gpt-oss"][2]  # no reader: the text as written
+    messages = [
+        *request["messages"],
+        message.model_dump(exclude_none=True, exclude={"reasoning", "reasoning_content"}),
+        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": result("gpt-oss")},  # type: ignore[index]
+    ]
+    answer = sdk.chat.completions.create(**{**request, "messages": messages})
+    assert answer.choices[0].message.content == ANSWER
