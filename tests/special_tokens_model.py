@@ -26,7 +26,9 @@ CONTROL_TOKENS = 17
 def converted_ir() -> Path:
     """The model cache's entry of the embedded model (its IR), as the servers made it."""
     path = embedded_model_path()
-    entry = cache_folder(None, None) / "gguf" / entry_key(model_identity(path), engine_versions())
+    # The test session's servers keep it where OVTRIO_CACHE_DIR says (conftest.py).
+    entry = cache_folder(os.environ.get("OVTRIO_CACHE_DIR"), None) / "gguf"
+    entry /= entry_key(model_identity(path), engine_versions())
     assert (entry / "openvino_model.xml").is_file(), f"no converted model in {entry}: start a server first"
     return entry
 

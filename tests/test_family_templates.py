@@ -116,14 +116,16 @@ def script() -> list[dict[str, str]]:
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     folder = tmp_path_factory.mktemp("scripted")
+    # The engine runs no model (its replies are scripted): a small KV cache each.
+    small = {"model": str(embedded_model_path()), "num_kv_blocks": 64}
     models = [
-        {"served_model_name": name, "model": str(embedded_model_path()), "chat_template": str(TEMPLATES / template)}
+        {"served_model_name": name, **small, "chat_template": str(TEMPLATES / template)}
         for name, (template, *_) in FAMILIES.items()
     ]
     r1_template = str(TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")
-    models.append({"served_model_name": R1, "model": str(embedded_model_path()), "chat_template": r1_template})
-    gemma = {"model": str(embedded_model_path()), "chat_template": str(TEMPLATES / "vllm-gemma3-pythonic.jinja")}
-    models.append({"served_model_name": "gemma3-unchanged", **gemma})
+    models.append({"served_model_name": R1, **small, "chat_template": r1_template})
+    gemma = str(TEMPLATES / "vllm-gemma3-pythonic.jinja")
+    models.append({"served_model_name": "gemma3-unchanged", **small, "chat_template": gemma})
     (folder / "models.json").write_text(json.dumps({"models": models}))
     (folder / "script.json").write_text(json.dumps(script()))
     server = launch_scripted(folder, "--config", str(folder / "models.json"))
@@ -163,7 +165,8 @@ def harmony_tokens(scripted: RunningServer, tmp_path_factory: pytest.TempPathFac
     template = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
     build(folder / "model", HARMONY_TOKENS, template)
     (folder / "script.json").write_text(json.dumps(script()))
-    server = launch_scripted(folder, "--model", str(folder / "model"), "--served-model-name", "gpt-oss")
+    model = ("--model", str(folder / "model"), "--served-model-name", "gpt-oss", "--num-kv-blocks", "64")
+    server = launch_scripted(folder, *model)
     try:
         yield server
     finally:

@@ -56,7 +56,8 @@ class HarmonyParser(ToolCallParser):
         super().__init__()
         self._read_calls = calls
         self._kind = "content"  # what the current message's body is: content, reasoning, call
-        self._body = ""  # a call's arguments text so far
+        self._body = ""  # a call's arguments text so far, as streamed
+        self._space = ""  # whitespace after it, held back
 
     def _initial_state(self) -> State:
         return self._between
@@ -94,7 +95,7 @@ class HarmonyParser(ToolCallParser):
         if to_function and self._read_calls:
             assert recipient is not None
             self._announce(recipient[1][len("functions.") :])
-            self._kind, self._body = "call", ""
+            self._kind, self._body, self._space = "call", "", ""
         else:
             self._call = None
             self._kind = "content" if to_function or (not recipient and name != "analysis") else "reasoning"
@@ -116,7 +117,7 @@ class HarmonyParser(ToolCallParser):
         if not found and not final:
             return False
         if self._kind == "call":
-            self._finish_call(self._body.strip() or "{}")
+            self._finish_call(self._body or "{}")
         self._kind = "content"
         self._state = self._between
         return bool(found)
@@ -129,7 +130,13 @@ class HarmonyParser(ToolCallParser):
             if text:
                 self._emit_content(text)
         else:
-            self._body += text
-            arguments = self._body.lstrip()
-            assert self._call is not None
-            self._send_arguments(arguments[self._call.sent : len(arguments.rstrip())])
+            # The arguments as written, less the whitespace around them; whitespace is
+            # held back until text follows it (only what is new is looked at).
+            if not self._body:
+                text = (self._space + text).lstrip()
+                self._space = ""
+            text, self._space = self._space + text, ""
+            kept = text.rstrip()
+            self._space = text[len(kept) :]
+            self._body += kept
+            self._send_arguments(kept)
