@@ -465,3 +465,29 @@ def test_every_parser_is_a_format_setting() -> None:
 def test_harmony_parser_reads_channels_whatever_the_tools() -> None:
     assert HarmonyParser.CHANNELS and not any(p.CHANNELS for p in PARSERS.values() if p is not HarmonyParser)
     assert isinstance(HarmonyParser.for_request({"f": {}}), partial)
+
+
+@pytest.mark.parametrize(
+    "tool_parser, reasoning_parser, template, expected",
+    [
+        (None, None, "<|channel|>final<|message|>", ("harmony", "harmony", "the chat template writes <|channel|>")),
+        ("gptoss", None, "", ("gptoss", "harmony", "the tool_parser setting")),
+        (None, None, "{{ messages }}", ("json_tool_calls", None, None)),
+        (None, None, "{% if tools %}{{ tools }}{% endif %}", (None, None, None)),
+        (None, None, "<tool_call><think>", ("hermes", "think", None)),
+        (None, "none", "<tool_call><think>", ("hermes", None, None)),
+        (None, "deepseek_r1", "{{ messages }}", ("json_tool_calls", "think", None)),
+        ("none", None, "<tool_call>", (None, None, "the tool_parser setting")),
+    ],
+)
+def test_chat_format_choice(tool_parser, reasoning_parser, template, expected, caplog) -> None:
+    from ovtrio.model.chat_format import chat_format
+    from ovtrio.settings.server import Settings
+
+    settings = Settings(tool_parser=tool_parser, reasoning_parser=reasoning_parser)
+    with caplog.at_level("INFO", logger="ovtrio"):
+        chosen = chat_format(settings, template)
+    assert (chosen.tool_calls, chosen.reasoning) == expected[:2]
+    if expected[2] is not None:
+        assert chosen.reason == expected[2]
+    assert chosen.reason in caplog.text and "tool calls are read in the" in caplog.text

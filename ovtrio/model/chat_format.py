@@ -53,7 +53,7 @@ def chat_format(settings: Settings, chat_template: str) -> ChatFormat:
     if name is not None and PARSERS[name] is HarmonyParser:
         reasoning: str | None = "harmony"
     elif settings.reasoning_parser is not None:
-        reasoning = "think" if settings.reasoning_parser == "think" else None
+        reasoning = None if settings.reasoning_parser == "none" else "think"
     else:
         reasoning = "think" if THINK_OPEN in chat_template else None
     log.info(

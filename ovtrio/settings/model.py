@@ -79,8 +79,11 @@ class ModelSettings(BaseModel):
         " no tool support, which get it by default; vLLM's and OVMS's names for these (qwen3coder, qwen3_xml,"
         " llama4_pythonic, phi4, phi4_mini_json, gptoss, openai) are accepted too",
     )
-    reasoning_parser: Literal["think", "none"] | None = Field(
-        None, description="split <think> reasoning from content (default: on when the chat template uses <think>)"
+    reasoning_parser: Literal["think", "deepseek_r1", "qwen3", "none"] | None = Field(
+        None,
+        description="split <think> reasoning from content (default: on when the chat template uses <think>);"
+        " deepseek_r1 and qwen3, vLLM's and OVMS's names, are think too. gpt-oss's reasoning comes with"
+        " tool_parser harmony",
     )
     device: str = Field(
         "CPU",
