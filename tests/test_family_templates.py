@@ -156,17 +156,42 @@ def launch_scripted(folder: Path, *args: str) -> RunningServer:
     return wait_until_ready(RunningServer(f"http://127.0.0.1:{port}", process, log_path))
 
 
+# Families whose markers are special tokens in their own vocabularies (which the server
+# leaves out of replies unless a format's reader asks for them), and those tokens.
+SPECIAL_TOKENS = {
+    "gpt-oss": HARMONY_TOKENS,
+    "mistral-small-3.2": (
+        "[TOOL_CALLS]",
+        "[ARGS]",
+        "[CALL_ID]",
+        "[INST]",
+        "[/INST]",
+        "[SYSTEM_PROMPT]",
+        "[/SYSTEM_PROMPT]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+    ),
+    "phi4-mini": ("<|tool_call|>", "<|/tool_call|>", "<|tool|>", "<|/tool|>", "<|system|>", "<|user|>", "<|end|>"),
+}
+
+
 @pytest.fixture(scope="module")
-def harmony_tokens(scripted: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """gpt-oss's template over a tokenizer whose vocabulary has harmony's special tokens
-    (special_tokens_model.py), scripted as `scripted` is. It needs the embedded model
-    converted into the model cache, which `scripted` has done."""
-    folder = tmp_path_factory.mktemp("harmony-tokens")
-    template = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text()
-    build(folder / "model", HARMONY_TOKENS, template)
+def special_tokens(scripted: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The families of SPECIAL_TOKENS, each with its template over a tokenizer whose
+    vocabulary has its special tokens (special_tokens_model.py), scripted as `scripted`
+    is. It needs the embedded model converted into the model cache, which `scripted` has
+    done."""
+    folder = tmp_path_factory.mktemp("special-tokens")
+    models = []
+    for family, tokens in SPECIAL_TOKENS.items():
+        template = (TEMPLATES / FAMILIES[family][0]).read_text()
+        build(folder / family, tokens, template)
+        models.append({"served_model_name": family, "model": str(folder / family), "num_kv_blocks": 64})
+    (folder / "models.json").write_text(json.dumps({"models": models}))
     (folder / "script.json").write_text(json.dumps(script()))
-    model = ("--model", str(folder / "model"), "--served-model-name", "gpt-oss", "--num-kv-blocks", "64")
-    server = launch_scripted(folder, *model)
+    server = launch_scripted(folder, "--config", str(folder / "models.json"))
     try:
         yield server
     finally:
@@ -192,8 +217,13 @@ def test_each_family_gets_its_format_by_its_template(scripted):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_sdk_tool_loop_runs_over_each_family(scripted, family):
+    tool_loop(scripted, family)
+
+
+def tool_loop(server: RunningServer, family: str) -> None:
+    """Call, `tool` message, answer, with the official SDK."""
     _, _, _, _, reasoning = FAMILIES[family]
-    sdk = client(scripted)
+    sdk = client(server)
     messages: list[Any] = [{"role": "user", "content": question(family)}]
     first = sdk.chat.completions.create(model=family, messages=messages, tools=[WEATHER_TOOL], max_tokens=300)
     choice = first.choices[0]
@@ -462,39 +492,28 @@ def test_harmony_streams_in_responses_and_messages_add_up_to_unary(scripted):
     assert streamed["stop_reason"] == "tool_use"
 
 
-def test_harmony_with_its_special_tokens(harmony_tokens):
-    """Harmony's markers are control tokens here, which the server leaves out of replies:
-    its reader still sees them, and the reply reads as with text markers."""
-    sdk = client(harmony_tokens)
+@pytest.mark.parametrize("family", SPECIAL_TOKENS)
+def test_families_with_their_special_tokens(special_tokens, family):
+    """The family's markers are control tokens here, which the server leaves out of
+    replies: its reader still sees them, and the reply reads as with text markers,
+    unary, streamed and over the tool loop."""
+    marker_ids = loopback.post(
+        special_tokens.base_url + "/tokenize", json={"model": family, "prompt": "".join(SPECIAL_TOKENS[family])}
+    ).json()
+    assert marker_ids["count"] == len(SPECIAL_TOKENS[family])  # one token each
+    tool_loop(special_tokens, family)
+    sdk = client(special_tokens)
     request: dict[str, Any] = {
-        "model": "gpt-oss",
-        "messages": [{"role": "user", "content": question("gpt-oss")}],
+        "model": family,
+        "messages": [{"role": "user", "content": question(family)}],
         "tools": [WEATHER_TOOL],
         "max_tokens": 300,
     }
-    unary = sdk.chat.completions.create(**request)
-    message = unary.choices[0].message
-    assert getattr(message, "reasoning_content", None) == "Need the weather tool."
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []] == [
-        ("get_weather", {"city": "Paris"})
-    ]
-    assert not message.content and unary.choices[0].finish_reason == "tool_calls"
-    # Each marker is one token: the reply is shorter than its text in ordinary tokens.
-    marker_ids = loopback.post(
-        harmony_tokens.base_url + "/tokenize", json={"model": "gpt-oss", "prompt": "".join(HARMONY_TOKENS)}
-    ).json()
-    assert marker_ids["count"] == len(HARMONY_TOKENS)
+    unary = sdk.chat.completions.create(**request).choices[0].message
     arguments = ""
     for chunk in sdk.chat.completions.create(**request, stream=True):
         for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
             arguments += call.function.arguments or ""
-    assert arguments == message.tool_calls[0].function.arguments  # type: ignore[index]
+    assert unary.tool_calls and arguments == unary.tool_calls[0].function.arguments
     raw = sdk.chat.completions.create(**request, extra_body={"skip_special_tokens": False})
-    assert raw.choices[0].message.content == FAMILIES["gpt-oss"][2]  # no reader: the text as written
-    messages = [
-        *request["messages"],
-        message.model_dump(exclude_none=True, exclude={"reasoning", "reasoning_content"}),
-        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": result("gpt-oss")},  # type: ignore[index]
-    ]
-    answer = sdk.chat.completions.create(**{**request, "messages": messages})
-    assert answer.choices[0].message.content == ANSWER
+    assert raw.choices[0].message.content == FAMILIES[family][2]  # no reader: the text as written
