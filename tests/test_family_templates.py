@@ -82,7 +82,13 @@ FAMILIES: dict[str, tuple[str, str | None, str, str, str]] = {
         ANSWER,
         "",
     ),
-    "llama4": ("vllm-llama4-pythonic.jinja", "pythonic", '[get_weather(city="Paris")]', ANSWER, ""),
+    "llama4": (
+        "vllm-llama4-pythonic.jinja",
+        "pythonic",
+        '<|python_start|>[get_weather(city="Paris")]<|python_end|>',
+        ANSWER,
+        "",
+    ),
     "gemma3": ("vllm-gemma3-pythonic-minja.jinja", "pythonic", "[get_weather(city='Paris')]", ANSWER, ""),
     "mistral-small-3.2": (
         "mistralai-Mistral-Small-3.2-24B-Instruct-2506.jinja",
@@ -174,6 +180,7 @@ SPECIAL_TOKENS = {
         "[/TOOL_RESULTS]",
     ),
     "phi4-mini": ("<|tool_call|>", "<|/tool_call|>", "<|tool|>", "<|/tool|>", "<|system|>", "<|user|>", "<|end|>"),
+    "llama4": ("<|python_start|>", "<|python_end|>", "<|header_start|>", "<|header_end|>", "<|eot|>"),
 }
 
 
