@@ -306,10 +306,10 @@ SAMPLES += [
         [("get_weather", {})],
     ),
     Sample(
-        "mistral_args-content-before",
+        "mistral_args-content-around",
         MistralToolParser,
-        BEFORE + mistral_call("get_weather", WEATHER),
-        BEFORE,
+        BEFORE + mistral_call("get_weather", WEATHER) + AFTER,
+        BEFORE + AFTER,
         [("get_weather", WEATHER)],
     ),
     Sample(
