@@ -369,6 +369,7 @@ def test_harmony_renders_tools_and_tool_results_as_its_template_expects(scripted
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_object"}, "skip_special_tokens": False}, "response_format"),
     ],
 )
 def test_constraints_on_harmony_are_refused(scripted, fields, param):

@@ -177,8 +177,11 @@ def chat_stage(
     parse = body.skip_special_tokens
     auto = bool(tools) and body.effective_tool_choice() == "auto"
     tool_parser: type[ToolCallParser] | None = None
-    if model.tool_parser is not None and model.tool_parser.CHANNELS and parse:
+    channels = model.tool_parser is not None and model.tool_parser.CHANNELS
+    if channels:  # raw text or not, the model writes its channels
         _check_channel_constraints(body)
+    if channels and parse:
+        assert model.tool_parser is not None
         tool_parser = model.tool_parser
         make_parser = tool_parser.for_request({spec.name: spec.parameters for spec in tools} if auto else {})
     elif forced(body):
