@@ -34,6 +34,9 @@ def test_retrieve_model(server, path):
     validate(card, "Model")
     assert card["id"] == MODEL
     assert card == get(server, "/v1/models").json()["data"][0]
+    # SmolLM2's template has no tools: OpenVINO GenAI's polyfill teaches its reply format.
+    assert card["chat_format"]["tool_calls"] == "json_tool_calls" and card["chat_format"]["reasoning"] is None
+    assert "polyfill" in card["chat_format"]["chosen_by"]
 
 
 def test_sdk_lists_and_retrieves_the_model(client):

@@ -23,7 +23,7 @@ from ovtrio.model.prompts import ChatPrompt
 from ovtrio.model.template_text import map_strings
 from ovtrio.model.vision import IMAGE_TAG
 from ovtrio.output import OutputStage
-from ovtrio.parsing import ForcedCallsParser, ReasoningSplitter
+from ovtrio.parsing import ForcedCallsParser, ReasoningSplitter, ToolCallParser
 from ovtrio.scheduler import OutputConstraint
 from ovtrio.serving.service import ServingModel
 
@@ -175,20 +175,55 @@ def chat_stage(
     special tokens its tool-call parser needs to see in the text."""
     # skip_special_tokens=false asks for the raw text: no parser touches it.
     parse = body.skip_special_tokens
-    if forced(body):
-        tool_parser: Any = ForcedCallsParser
-    else:
-        tool_parser = model.tool_parser if parse and tools and body.effective_tool_choice() == "auto" else None
+    auto = bool(tools) and body.effective_tool_choice() == "auto"
+    tool_parser: type[ToolCallParser] | None = None
+    channels = model.tool_parser is not None and model.tool_parser.CHANNELS
+    if channels:  # raw text or not, the model writes its channels
+        _check_channel_constraints(body)
+    if channels and parse:
+        assert model.tool_parser is not None
+        tool_parser = model.tool_parser
+        make_parser = tool_parser.for_request({spec.name: spec.parameters for spec in tools} if auto else {})
+    elif forced(body):
+        tool_parser = make_parser = ForcedCallsParser
+    elif model.tool_parser is not None and parse and auto:
+        tool_parser = model.tool_parser
+        make_parser = tool_parser.for_request({spec.name: spec.parameters for spec in tools})
     # A forced call is the whole reply, thinking or not.
     thinking = parse and model.reasoning and not forced(body)
     # The parser must see its format's tags even where they are special tokens.
     markers = model.prompts.special_token_ids(tool_parser.MARKERS) if tool_parser else frozenset()
     stage = OutputStage(
         reasoning=partial(ReasoningSplitter, prompt.opens_reasoning) if thinking else None,
-        tool_parser=tool_parser,
+        tool_parser=make_parser if tool_parser else None,
         logprobs=model.prompts.output_bytes(body.skip_special_tokens, markers) if body.wants_logprobs() else None,
     )
     return stage, markers
+
+
+def _check_channel_constraints(body: Any) -> None:
+    """A model that writes channels (harmony) reasons before it answers, on a channel of
+    its own. Constrained decoding would hold the whole reply, channel headers and
+    reasoning included, to the schema; the engine's structural tags could hold one
+    channel's body to it, but would not make the model open that channel at all. Rather
+    than an answer that only looks constrained, such requests are refused."""
+    if forced(body):
+        raise invalid(
+            "This model writes its replies on harmony channels, and this server cannot hold one channel to a"
+            " forced tool call; use tool_choice 'auto'.",
+            "tool_choice",
+            "unsupported_parameter",
+        )
+    fmt = body.output_format()
+    if fmt is not None and fmt.get("type") != "text":
+        text = getattr(body, "text", None)
+        param = "text.format" if text is not None and text.format is not None else "response_format"
+        raise invalid(
+            "This model writes its replies on harmony channels, and this server cannot hold its final channel"
+            " alone to a format; leave the format unset and ask for it in the messages.",
+            param,
+            "unsupported_parameter",
+        )
 
 
 def _template_role(role: str) -> str:

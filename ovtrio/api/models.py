@@ -20,6 +20,10 @@ def _model_card(service: ModelService) -> dict[str, Any]:
     # model takes images too.
     vision = service.source is not None and service.source.vision
     card["input_modalities"] = ["text", "image"] if vision else ["text"]
+    # How its replies are read: the tool-call and reasoning formats, and what chose them.
+    serving = service.serving
+    if serving is not None:
+        card["chat_format"] = serving.chat_format.describe()
     return card
 
 

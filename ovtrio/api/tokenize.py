@@ -34,6 +34,9 @@ class TokenizeRequest(Body):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # The tools shown to the model, as a chat request sends them (vLLM's /tokenize
+    # takes them too): the chat template renders them into the prompt.
+    tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
     # Special-token text read as control tokens (llama.cpp's name): by default, yes in a
     # `prompt` (as completions read it), no in `messages` (as chat reads them, unless
@@ -61,6 +64,7 @@ async def tokenize() -> Any:
             model.prompts.encode_chat,
             # As chat reads them: on a vision-language model, as its engine is given them.
             template_messages(body.messages, as_text=vision_text(model, body.parse_special)),
+            tools=body.tools,
             template_kwargs=body.chat_template_kwargs,
             add_generation_prompt=body.add_generation_prompt,
             parse_special=body.parse_special,

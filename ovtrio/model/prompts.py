@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovtrio.errors import FieldError
+from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.pieces import word_pieces
 from ovtrio.model.plain_text import PlainText
 from ovtrio.model.template_text import TemplateRender, render_with_text
@@ -188,7 +189,9 @@ class PromptBuilder:
                     )
                 )
             except Exception as exc:  # noqa: BLE001 (a template error is about the messages sent)
-                raise PromptError(f"The chat template could not render these messages: {exc}", "messages") from None
+                raise PromptError(
+                    f"The chat template could not render these messages: {template_error(exc)}", "messages"
+                ) from None
 
         plain = self._plain_text
         if tokens_per_image is not None or self._parses_special(parse_special):
@@ -357,3 +360,13 @@ def _longest_token_chars(vocabulary: dict[str, int] | None) -> int:
     byte-level vocabulary writes each byte as one character, so this bounds the
     characters of text one token stands for); 64 when the tokenizer lists no vocabulary."""
     return max((len(token) for token in vocabulary), default=64) if vocabulary else 64
+
+
+def template_error(exc: BaseException) -> str:
+    """What the template engine says went wrong, without the paths it was built from:
+    Minja's own error line (where in the template, and why) rather than the engine's
+    general advice around it."""
+    for line in str(exc).splitlines():
+        if line.startswith("Minja's error:"):
+            return line[len("Minja's error:") :].strip()
+    return client_reason(exc)

@@ -83,7 +83,7 @@ class _ChoiceReader:
         return events
 
     def _parsed(self, parsed: ParsedDelta, logprobs: list[TokenLogprob] | None) -> list[OutputEvent]:
-        events: list[OutputEvent] = []
+        events: list[OutputEvent] = [ReasoningDelta(self.index, parsed.reasoning)] if parsed.reasoning else []
         if parsed.content or logprobs is not None:
             events.append(TextDelta(self.index, parsed.content, logprobs))
         for delta in parsed.tool_calls:

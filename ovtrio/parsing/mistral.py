@@ -14,17 +14,19 @@ class MistralToolParser(ToolCallParser):
 
         [{"name": "f", "arguments": {...}}, ...]       (Mistral 7B v0.3, Nemo)
         f[ARGS]{...}                                   (tokenizer v11+: Small 3.1+)
+        f[CALL_ID]a1b2c3d4e[ARGS]{...}                 (as Small 3.2's template renders calls)
 
     In the newer form each call has its own [TOOL_CALLS]; "[ARGS]" may be absent when
     special tokens are not rendered. A single object without the array is accepted too.
-    The [CALL_ID] variant is not read (it becomes content).
+    The model's own call id is not kept: calls get ids of the server's.
 
     Mistral's templates require 9-character alphanumeric call ids, so ids have that shape.
     """
 
     TAG = "[TOOL_CALLS]"
     ARGS = "[ARGS]"
-    MARKERS = (TAG, ARGS)
+    CALL_ID = "[CALL_ID]"
+    MARKERS: tuple[str, ...] = (TAG, ARGS, CALL_ID)
     _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_-.")
     _MAX_NAME = 64  # OpenAI's limit; longer is not a function name
 
@@ -108,15 +110,35 @@ class MistralToolParser(ToolCallParser):
             self._give_back_call()
             self._state = self._in_content
             return True
+        if self._buf.startswith(self.CALL_ID):
+            self._take_into_call(len(self.CALL_ID))
+            self._state = self._in_call_id
+            return True
         if self._buf.startswith(self.ARGS):
             self._take_into_call(len(self.ARGS))
-        elif not final and self.ARGS.startswith(self._buf):
-            return False  # "" or a partial [ARGS]: wait
+        elif not final and (self.ARGS.startswith(self._buf) or self.CALL_ID.startswith(self._buf)):
+            return False  # "" or a partial [ARGS] or [CALL_ID]: wait
         elif not self._buf.startswith("{"):
             self._give_back_call()
             self._state = self._in_content
             return True
         self._state = self._before_args
+        return True
+
+    def _in_call_id(self, final: bool) -> bool:
+        """The model's id for the call, up to [ARGS]: read past, not kept."""
+        count = 0
+        while count < len(self._buf) and self._buf[count].isalnum():
+            count += 1
+        self._take_into_call(count)
+        if self._buf.startswith(self.ARGS):
+            self._take_into_call(len(self.ARGS))
+            self._state = self._before_args
+        elif not final and self.ARGS.startswith(self._buf):
+            return False
+        else:
+            self._give_back_call()
+            self._state = self._in_content
         return True
 
     def _before_args(self, final: bool) -> bool:

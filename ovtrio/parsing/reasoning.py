@@ -14,7 +14,10 @@ unary and streamed responses agree. Rules:
   never leaks into content. It is passed verbatim; whitespace right after the close tag
   (the blank line before the answer) is not part of the content.
 * Without an open tag (and not started in reasoning), everything is content; a stray
-  close tag there is content too, since the text before it has already been streamed.
+  close tag there is content too, since the text before it has already been streamed,
+  except right at the start: an output that begins by closing the block (a template
+  that opened it in a way the prompt's end does not show) has an empty reasoning and
+  its answer after the tag.
 """
 
 from __future__ import annotations
@@ -68,8 +71,13 @@ class ReasoningSplitter:
         if rest.startswith(self.open_tag):
             self._buf = rest[len(self.open_tag) :]
             self._mode = "reasoning"
-        elif not final and self.open_tag.startswith(rest):
-            return  # nothing but whitespace, or a partial open tag: wait
+        elif rest.startswith(self.close_tag):
+            # The prompt opened the block (in a way not recognised) and the model closed it
+            # at once: what follows is the answer.
+            self._buf = rest[len(self.close_tag) :]
+            self._mode, self._strip_space = "content", True
+        elif not final and (self.open_tag.startswith(rest) or self.close_tag.startswith(rest)):
+            return  # nothing but whitespace, or a partial tag: wait
         else:
             self._mode = "reasoning" if self._start_in_reasoning else "content"
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ovtrio.parsing.ids import new_call_id
 from ovtrio.parsing.json_scan import CallObject, JsonValue, skip_space
@@ -52,6 +53,8 @@ class ParsedDelta:
 
     content: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    # Reasoning, for formats that carry it in the same stream (harmony's analysis channel).
+    reasoning: str = ""
 
 
 @dataclass
@@ -98,6 +101,15 @@ class ToolCallParser:
     # Tags the format writes. Where the tokenizer makes them special tokens, the server
     # keeps those tokens in the decoded text, which otherwise skips special tokens.
     MARKERS: tuple[str, ...] = ()
+    # The format carries the whole reply (harmony's channels: reasoning and answer too),
+    # so the reply is read by it even when the request has no tools.
+    CHANNELS = False
+
+    @classmethod
+    def for_request(cls, schemas: dict[str, Any]) -> Callable[[], ToolCallParser]:
+        """A maker of readers for one request, whose tools have these parameter schemas
+        (by function name; empty: calls are not to be read, for formats with CHANNELS)."""
+        return cls
 
     def __init__(self) -> None:
         self._buf = ""  # text received and not yet read
@@ -105,6 +117,7 @@ class ToolCallParser:
         self._then: State = self._state  # where to go once the pending call is closed
         self._fallback: State = self._state  # ... or given back as content
         self._content: list[str] = []  # output since the last feed/finish returned
+        self._reasoning: list[str] = []
         self._deltas: list[ToolCallDelta] = []
         self._calls: list[ToolCall] = []
         self._call: _PendingCall | None = None
@@ -151,8 +164,8 @@ class ToolCallParser:
             pass
 
     def _take(self) -> ParsedDelta:
-        delta = ParsedDelta("".join(self._content), self._deltas)
-        self._content, self._deltas = [], []
+        delta = ParsedDelta("".join(self._content), self._deltas, "".join(self._reasoning))
+        self._content, self._deltas, self._reasoning = [], [], []
         return delta
 
     # Content
@@ -171,16 +184,22 @@ class ToolCallParser:
     def _pass_content_until(self, marker: str, final: bool) -> bool:
         """Content state for formats whose calls begin with `marker`: emit the text
         before it (holding back a possible partial marker) and open a call at it."""
-        at = self._buf.find(marker)
-        if at < 0:
-            keep = 0 if final else partial_tag_at_end(self._buf, marker)
+        return self._pass_content_until_any((marker,), final) is not None
+
+    def _pass_content_until_any(self, markers: tuple[str, ...], final: bool) -> str | None:
+        """`_pass_content_until` for formats whose calls begin with one of several
+        markers: the one found first (a call is open at it), or None (more text needed)."""
+        found = [(at, marker) for marker in markers if (at := self._buf.find(marker)) >= 0]
+        if not found:
+            keep = 0 if final else max(partial_tag_at_end(self._buf, marker) for marker in markers)
             self._emit_content(self._buf[: len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep :]
-            return False
+            return None
+        at, marker = min(found)
         self._emit_content(self._buf[:at])
         self._buf = self._buf[at + len(marker) :]
         self._open_call(marker)
-        return True
+        return marker
 
     # Calls
 
@@ -236,9 +255,14 @@ class ToolCallParser:
         if call.index is None:
             assert name is not None  # a call not yet announced closes only once complete
             self._announce(name)
-        arguments = args.trimmed if args is not None else "{}"
+        self._finish_call(args.trimmed if args is not None else "{}")
+
+    def _finish_call(self, arguments: str) -> None:
+        """The announced pending call ends with `arguments`, whose streamed part is a
+        prefix of it: the rest is streamed, and the call is complete."""
+        call = self._call
+        assert call is not None and call.id is not None and call.name is not None  # announced
         self._send_arguments(arguments[call.sent :])
-        assert call.id is not None and call.name is not None  # set by the announcement
         self._calls.append(ToolCall(call.id, call.name, arguments))
         self._call = None
 

@@ -27,7 +27,7 @@ from ovtrio import __version__
 from ovtrio.images import ImageLimits
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
 from ovtrio.model.backend import Capabilities, capabilities_for, engine_backend
-from ovtrio.model.chat_format import thinks, tool_parser_for
+from ovtrio.model.chat_format import NO_FORMAT, ChatFormat, chat_format
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.grammar_check import GrammarLimits
 from ovtrio.model.limits import (
@@ -76,6 +76,8 @@ class ServingModel:
     image_limits: ImageLimits = ImageLimits()
     # Hears the time each image took to read and decode (the metrics).
     image_prepared: Callable[[float], None] = lambda seconds: None
+    # The formats of tool calls and reasoning, and why (/v1/models shows them).
+    chat_format: ChatFormat = NO_FORMAT
 
 
 def system_fingerprint(path: Path | None, device: str) -> str:
@@ -227,6 +229,7 @@ class ModelService:
                 "the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length
             )
         template = model.tokenizer.chat_template or ""
+        formats = chat_format(self.settings, template)
         work = work_limits(self.settings, kv_capacity)
         caps = request_caps(self.settings, source, kv_capacity, work)
         limits = AdmissionLimits(
@@ -294,8 +297,9 @@ class ModelService:
             sequence_limit=limit,
             caps=caps,
             defaults=server_defaults(source, self.settings),
-            tool_parser=tool_parser_for(self.settings, template),
-            reasoning=thinks(self.settings, template),
+            tool_parser=formats.tool_parser,
+            reasoning=formats.reasoning == "think",
+            chat_format=formats,
             scorer=None if isinstance(scheduler, StatefulScheduler) else scorer_for(model, self.settings, scheduler),
             capabilities=capabilities_for(self.settings, vision=source.vision),
             vision=model.vision,

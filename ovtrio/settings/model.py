@@ -48,15 +48,42 @@ class ModelSettings(BaseModel):
         " Messages requests as the control tokens it names, as a raw prompt does; by default it is text (a"
         " request's parse_special says otherwise for that request)",
     )
-    tool_parser: Literal["hermes", "qwen", "llama3_json", "mistral", "json_tool_calls", "none"] | None = Field(
+    tool_parser: (
+        Literal[
+            "hermes",
+            "qwen",
+            "qwen3_coder",
+            "llama3_json",
+            "pythonic",
+            "mistral",
+            "phi4_mini",
+            "harmony",
+            "json_tool_calls",
+            "qwen3coder",
+            "qwen3_xml",
+            "llama4_pythonic",
+            "phi4",
+            "phi4_mini_json",
+            "gptoss",
+            "openai",
+            "none",
+        ]
+        | None
+    ) = Field(
         None,
         description="how the model writes tool calls for tool_choice auto (default: guessed from its chat"
-        " template): hermes and qwen <tool_call>, mistral [TOOL_CALLS], json_tool_calls the"
+        " template, see docs/models.md): hermes and qwen <tool_call> JSON, qwen3_coder <tool_call><function=...>"
+        " XML, llama3_json bare JSON, pythonic [f(x=1)], mistral [TOOL_CALLS], phi4_mini <|tool_call|> or"
+        " functools[...], harmony gpt-oss's channels (which carry its reasoning too), json_tool_calls the"
         ' {"tool_calls": [...]} reply that OpenVINO GenAI\'s template polyfill teaches models whose template has'
-        " no tool support, which get it by default",
+        " no tool support, which get it by default; vLLM's and OVMS's names for these (qwen3coder, qwen3_xml,"
+        " llama4_pythonic, phi4, phi4_mini_json, gptoss, openai) are accepted too",
     )
-    reasoning_parser: Literal["think", "none"] | None = Field(
-        None, description="split <think> reasoning from content (default: on when the chat template uses <think>)"
+    reasoning_parser: Literal["think", "deepseek_r1", "qwen3", "none"] | None = Field(
+        None,
+        description="split <think> reasoning from content (default: on when the chat template uses <think>);"
+        " deepseek_r1 and qwen3, vLLM's and OVMS's names, are think too. gpt-oss's reasoning comes with"
+        " tool_parser harmony",
     )
     device: str = Field(
         "CPU",

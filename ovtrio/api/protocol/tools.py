@@ -85,10 +85,14 @@ class ToolAndReasoningFields(Body):
 
     def template_kwargs(self) -> dict[str, Any]:
         """Variables for the chat template: chat_template_kwargs, plus enable_thinking
-        when a reasoning effort is asked for (any effort turns thinking on)."""
+        when a reasoning effort is asked for (any effort turns thinking on), and the
+        effort itself as reasoning_effort (gpt-oss's template writes it into the system
+        message)."""
         kwargs = dict(self.chat_template_kwargs or {})
-        if (self.reasoning and self.reasoning.effort) or self.reasoning_effort:
+        effort = (self.reasoning and self.reasoning.effort) or self.reasoning_effort
+        if effort:
             kwargs.setdefault("enable_thinking", True)
+            kwargs.setdefault("reasoning_effort", effort)
         return kwargs
 
     def tool_specs(self) -> list[FunctionSpec]:

@@ -38,6 +38,8 @@ def listed_item(item: dict[str, Any]) -> dict[str, Any]:
             "output": item["output"],
             "status": STATUS,
         }
+    if kind == "reasoning":
+        return {"id": item["id"], "type": "reasoning", "summary": item.get("summary") or []}
     role = item.get("role") or "user"
     content = item.get("content")
     parts: list[dict[str, Any]] = [{"type": "text", "text": content}] if isinstance(content, str) else content or []

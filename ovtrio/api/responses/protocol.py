@@ -33,9 +33,11 @@ class InputPart(Body):
 
 class InputItem(Body):
     """One item of `input`: a message (with or without "type": "message"), a past
-    function call, or a function call's output."""
+    function call, a function call's output, or a past reasoning item (as clients such
+    as the Agents SDK send back a reply's output; it is not shown to the model again,
+    as chat templates leave the reasoning of earlier turns out)."""
 
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: Literal["message", "function_call", "function_call_output", "reasoning"] = "message"
     role: Literal["user", "system", "developer", "assistant"] | None = None
     content: str | list[InputPart] | None = None
     call_id: str | None = None
@@ -44,6 +46,8 @@ class InputItem(Body):
     output: str | None = None
     id: str | None = None
     status: str | None = None
+    summary: list[dict[str, Any]] | None = None  # a reasoning item's
+    encrypted_content: str | None = None  # a reasoning item's (never made here)
 
     @model_validator(mode="after")
     def _check_kind(self) -> InputItem:
@@ -141,6 +145,8 @@ class ResponsesRequest(SamplingFields, ToolAndReasoningFields):
         """This request's input items as chat messages."""
         messages: list[ChatMessage] = []
         for index, item in enumerate(self.items()):
+            if item.type == "reasoning":
+                continue
             if item.type == "function_call":
                 call = ToolCallRef(
                     id=item.call_id or "", function=FunctionCall(name=item.name or "", arguments=item.arguments or "")
