@@ -73,3 +73,9 @@ def test_a_quiet_result_shows_beside_a_busy_one_only_when_the_busy_one_came_afte
     assert results.latest([quiet, busy], quiet_apart=True)["serving"] == {"a machine": busy, "a machine (quiet)": quiet}
     newer_quiet = result("2026-01-03T00:00:00Z", "quiet")
     assert results.latest([quiet, busy, newer_quiet], quiet_apart=True)["serving"] == {"a machine (quiet)": newer_quiet}
+
+
+def test_the_plot_is_drawn_from_the_newest_peer_result():
+    newest = report.plotted(results.latest(results.load_all()))
+    assert newest is not None
+    assert report.drawn_from() == report.source(newest), "docs/peer.png is stale: run `python -m bench report`"
