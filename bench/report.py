@@ -10,8 +10,9 @@ Each scenario's section in docs/benchmarks.md holds a table between two markers:
 with a column for the latest result of the scenario on each machine (and variant: another
 model, a narrowed instruction set), and the README's speed paragraph sits between the
 same markers named `speed`. Everything between the markers is generated: edit the
-results or this module, never the text. tests/test_bench_report.py fails when the pages
-differ from what this writes.
+results or this module, never the text. docs/peer.png names the result it was drawn
+from in its Source field. tests/test_bench_report.py fails when the pages differ from
+what this writes, or the drawing from the newest peer result.
 """
 
 from __future__ import annotations
@@ -159,22 +160,46 @@ def unplaced(folder: Path = RESULTS) -> list[str]:
 SECTION_NAMES = re.compile(r"<!-- bench report: ([\w-]+) -->")
 
 
-def plot(results: Results, path: Path = PLOT) -> None:
-    """tok/s and TTFT against concurrency for both servers, from the newest peer result
-    that has llama-server's figures on the machine's own instruction sets."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plotted(results: Results) -> dict[str, Any] | None:
+    """The result docs/peer.png is drawn from: the newest peer result that has
+    llama-server's figures on the machine's own instruction sets."""
     candidates = [
         result
         for result in results.get("peer", {}).values()
         if not result.get("variant") and any("llama-server tok/s" in name for name in result["summary"])
     ]
-    if not candidates:
+    return max(candidates, key=lambda r: r["time"]) if candidates else None
+
+
+def source(result: dict[str, Any]) -> str:
+    """Which result a drawing comes from, as the PNG's Source field says it."""
+    return f"{result['scenario']} {result['time']} {result['machine']['label']}"
+
+
+def drawn_from(path: Path = PLOT) -> str | None:
+    """The Source field of the PNG at `path` (its tEXt chunks read without matplotlib)."""
+    data = path.read_bytes() if path.exists() else b""
+    at = 8  # the signature
+    while at + 8 <= len(data):
+        length, kind = int.from_bytes(data[at : at + 4], "big"), data[at + 4 : at + 8]
+        if kind == b"tEXt":
+            key, _, value = data[at + 8 : at + 8 + length].partition(b"\0")
+            if key == b"Source":
+                return value.decode("latin-1")
+        at += 12 + length
+    return None
+
+
+def plot(results: Results, path: Path = PLOT) -> None:
+    """tok/s and TTFT against concurrency for both servers, from `plotted(results)`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = plotted(results)
+    if result is None:
         return
-    result = max(candidates, key=lambda r: r["time"])
     summary = result["summary"]
     models = list(dict.fromkeys(name.split(":", 1)[0] for name in summary if ":" in name))
     concurrency = sorted({int(m.group(1)) for name in summary if (m := re.search(r", (\d+) streams?$", name))})
@@ -205,7 +230,7 @@ def plot(results: Results, path: Path = PLOT) -> None:
     figure.suptitle(f"ovtrio vs llama-server: {result['machine']['label']}, {provenance(result)}", fontsize=10)
     figure.tight_layout()
     drawn = io.BytesIO()
-    figure.savefig(drawn, format="png", dpi=110, metadata={"Software": None})
+    figure.savefig(drawn, format="png", dpi=110, metadata={"Software": None, "Source": source(result)})
     if not path.exists() or path.read_bytes() != drawn.getvalue():
         path.write_bytes(drawn.getvalue())
         print(f"wrote {path.relative_to(ROOT)}")
@@ -229,6 +254,9 @@ def run(args: argparse.Namespace) -> None:
                 page.write_text(text, encoding="utf-8")
                 print(f"wrote {page.relative_to(ROOT)}")
     if args.check:
+        newest = plotted(latest(load_all(args.results)))
+        if newest is not None and drawn_from() != source(newest):
+            stale.append(PLOT.relative_to(ROOT))
         if stale:
             raise SystemExit(f"differ from the results: {', '.join(map(str, stale))} (run python -m bench report)")
         return

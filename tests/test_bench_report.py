@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import report, scenarios  # noqa: E402
 from bench.__main__ import main  # noqa: E402
+from bench.driver import results  # noqa: E402
 
 
 @pytest.mark.parametrize("page", [report.DOCS, report.README], ids=lambda page: page.name)
@@ -60,3 +61,21 @@ def test_each_scenario_gives_its_options(name):
     text = cli_help(name)
     assert f"python -m bench {name}" in text
     assert "--no-save" in text and "--conditions" in text
+
+
+def result(time: str, conditions: str) -> dict:
+    machine = {"label": "a machine"}
+    return {"scenario": "serving", "time": time, "conditions": conditions, "machine": machine, "summary": {}}
+
+
+def test_a_quiet_result_shows_beside_a_busy_one_only_when_the_busy_one_came_after():
+    quiet, busy = result("2026-01-01T00:00:00Z", "quiet"), result("2026-01-02T00:00:00Z", "busy machine")
+    assert results.latest([quiet, busy], quiet_apart=True)["serving"] == {"a machine": busy, "a machine (quiet)": quiet}
+    newer_quiet = result("2026-01-03T00:00:00Z", "quiet")
+    assert results.latest([quiet, busy, newer_quiet], quiet_apart=True)["serving"] == {"a machine (quiet)": newer_quiet}
+
+
+def test_the_plot_is_drawn_from_the_newest_peer_result():
+    newest = report.plotted(results.latest(results.load_all()))
+    assert newest is not None
+    assert report.drawn_from() == report.source(newest), "docs/peer.png is stale: run `python -m bench report`"

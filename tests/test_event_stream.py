@@ -2,8 +2,9 @@
 own over a small submission (no engine, no HTTP): by default it submits before the
 handler answers, so a refusal is still an HTTP error; an exception after that ends the
 body with it; closing the body leaves the submission (which is what cancels an engine
-request). The Messages stream, which answers at once, is tested in
-test_messages_stream_body.py."""
+request). Told to answer at once (the Messages stream, tested with its writer in
+test_messages_stream_body.py), a failure after the answer is its last frame, and the
+frames are made no faster than the client takes them."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
-from ovtrio.api.sse import EventStream
+from ovtrio.api.sse import AnswerAtOnce, EventStream
 from ovtrio.scheduler import Overloaded
 
 
@@ -88,3 +90,30 @@ async def test_closing_the_body_early_leaves_the_submission():
     assert submission.left
     with pytest.raises(StopAsyncIteration):
         await body.__anext__()
+
+
+# ---- answering at once (the Messages stream) ----------------------------------------------
+
+AT_ONCE = AnswerAtOnce(b"opening\n\n", b"ping\n\n", 5.0, lambda error: f"failed: {error}\n\n".encode())
+
+
+async def test_at_once_a_failure_mid_stream_is_the_last_frame_and_the_submission_is_left():
+    submission = Submission(["a", "fail", "b"])
+    body = EventStream(submission(), frames, AT_ONCE)
+    assert [frame async for frame in body] == [b"opening\n\n", b"data: a\n\n", b"failed: the writer failed\n\n"]
+    assert submission.left
+    await body.aclose()
+
+
+async def test_at_once_the_frames_are_made_no_faster_than_the_client_takes_them():
+    """A client that stops reading holds its request back: the task making the frames
+    waits for each to be taken, so it neither reads the request's outputs ahead nor
+    buffers frames."""
+    submission = Submission([str(i) for i in range(100)])
+    body = EventStream(submission(), frames, AT_ONCE)
+    assert await body.__anext__() == b"opening\n\n"
+    assert await body.__anext__() == b"data: 0\n\n"
+    await trio.testing.wait_all_tasks_blocked()
+    assert len(submission.batches) >= 97
+    await body.aclose()
+    assert submission.left

@@ -547,6 +547,33 @@ async def test_a_queued_stream_pings_and_a_full_queue_is_429(messages_limited_se
     walk([json.loads(line[len("data: ") :]) for line in seen if line.startswith("data: ")])
 
 
+async def test_a_queued_stream_whose_client_leaves_leaves_the_queue(messages_limited_server):
+    """The stream answers 200 before its request is taken: a client that leaves while it
+    waits takes it out of the queue, and the running request goes on."""
+    headers = {"x-api-key": KEY, "Authorization": f"Bearer {KEY}"}
+    async with (
+        httpx.AsyncClient(base_url=messages_limited_server.base_url, timeout=120, headers=headers) as http,
+        trio.open_nursery() as holders,
+    ):
+        started, holding = trio.Event(), trio.CancelScope()
+        holders.start_soon(_hold, http, started, holding)
+        with trio.fail_after(120):
+            await started.wait()
+        async with http.stream("POST", "/v1/messages", json=message_body(max_tokens=4, stream=True)) as queued:
+            assert queued.status_code == 200
+            with trio.fail_after(60):
+                async for line in queued.aiter_lines():
+                    if line == "event: message_start":
+                        break
+            assert messages_limited_server.metric("ovtrio_requests_waiting") == 1
+        # The connection is closed: the queue empties while the holder still runs.
+        with trio.fail_after(30):
+            while messages_limited_server.metric("ovtrio_requests_waiting") != 0:
+                await trio.sleep(0.05)
+        assert messages_limited_server.metric("ovtrio_requests_running") == 1
+        holding.cancel()
+
+
 # ---- disconnects and metrics ------------------------------------------------------------
 
 

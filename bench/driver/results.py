@@ -132,9 +132,14 @@ def latest(
     """The newest result of each scenario on each machine (and variant):
     {scenario: {setup: result}}. With `quiet_first`, the newest of those measured on a
     quiet machine where there is one; with `quiet_apart`, the newest quiet one and the
-    newest other one each (setup "... (quiet)"), so a busy run does not hide a quiet one."""
+    newest other one each (setup "... (quiet)") when the other came after, so a busy run
+    does not hide a quiet one."""
     newest: dict[str, dict[str, dict[str, Any]]] = {}
     for result in sorted(results, key=lambda r: (quiet_first and quiet(r), r["time"])):
-        key = setup(result) + (" (quiet)" if quiet_apart and quiet(result) else "")
-        newest.setdefault(result["scenario"], {})[key] = result
+        by_setup = newest.setdefault(result["scenario"], {})
+        if quiet_apart and quiet(result):
+            by_setup.pop(setup(result), None)  # a busy run before it says nothing more
+            by_setup[setup(result) + " (quiet)"] = result
+        else:
+            by_setup[setup(result)] = result
     return newest
