@@ -1,0 +1,64 @@
+// The third-party libraries the page ships (static/vendor/, each with its license),
+// loaded only when a reply first needs them: highlight.js for code blocks, KaTeX for
+// math. Both build DOM from the text they are given and escape it; KaTeX's styles are
+// set through the CSSOM, which the page's Content-Security-Policy allows.
+
+import { h } from "./dom.js";
+
+const ready = { hljs: null, katex: null };
+const loading = {};
+const waiting = new Set();
+
+function load(name) {
+  if (!loading[name]) {
+    if (name === "katex") {
+      document.head.append(h("link", { rel: "stylesheet", href: "/playground/vendor/katex/katex.min.css" }));
+      loading[name] = import("../vendor/katex/katex.min.js").then(() => self.katex);
+    } else {
+      loading[name] = import("../vendor/highlight/highlight.min.js").then((module) => module.default);
+    }
+    loading[name].then(
+      (lib) => {
+        ready[name] = lib;
+        const roots = [...waiting];
+        waiting.clear();
+        for (const root of roots) if (root.isConnected) enhance(root);
+      },
+      () => {} // not loaded: code stays plain, math as written
+    );
+  }
+}
+
+// Highlight the code blocks and typeset the math under `root` (rendered by
+// markdown.js): at once when the libraries are loaded, else once they are.
+export function enhance(root) {
+  const codes = root.querySelectorAll("code[data-lang]:not([data-done])");
+  const maths = root.querySelectorAll(".math:not([data-done])");
+  if (codes.length) {
+    if (ready.hljs) codes.forEach((code) => highlight(ready.hljs, code));
+    else (waiting.add(root), load("hljs"));
+  }
+  if (maths.length) {
+    if (ready.katex) maths.forEach((el) => typeset(ready.katex, el));
+    else (waiting.add(root), load("katex"));
+  }
+}
+
+function highlight(hljs, code) {
+  code.dataset.done = "true";
+  const language = code.dataset.lang.toLowerCase();
+  if (!hljs.getLanguage(language)) return;
+  // highlight.js escapes the text; its result is spans with hljs-* classes only.
+  code.innerHTML = hljs.highlight(code.textContent, { language, ignoreIllegals: true }).value;
+  code.classList.add("hljs");
+}
+
+function typeset(lib, el) {
+  el.dataset.done = "true";
+  const tex = el.textContent;
+  try {
+    lib.render(tex, el, { displayMode: el.classList.contains("display"), throwOnError: false, trust: false, maxExpand: 500, output: "htmlAndMathml" });
+  } catch {
+    el.textContent = tex; // shown as written
+  }
+}
