@@ -147,7 +147,11 @@ def configure(page, **values: Any) -> None:
             page.set_checked("#s-" + name.replace("_", "-"), value)
             continue
         text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-        page.fill("#s-" + name.replace("_", "-"), text)
+        field = "#s-" + name.replace("_", "-")
+        if page.locator(field).evaluate("e => e.tagName") == "SELECT":
+            page.select_option(field, text)
+        else:
+            page.fill(field, text)
     page.click("#close-settings")
 
 

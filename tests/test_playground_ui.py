@@ -642,7 +642,8 @@ def test_axe_finds_nothing_serious(pages, scheme):
     found["phone"] = axe_violations(phone)
     open_drawer(phone)
     found["phone drawer"] = axe_violations(phone)
-    assert {state: v for state, v in found.items() if v} == {}
+    failing = {state: v for state, v in found.items() if v}
+    assert not failing, "\n".join(f"{state}: {line}" for state, lines in failing.items() for line in lines)
 
 
 def test_the_keyboard_reaches_the_api_switch_the_tokens_and_every_conversation(pages):
@@ -728,3 +729,68 @@ def test_an_old_list_in_local_storage_moves_to_indexeddb(browser, server):
     assert page.locator(".conv-name").all_inner_texts() == ["From before"]
     watched.check()
     page.context.close()
+
+
+# ---- the settings and the list -----------------------------------------------------------------------------------
+
+
+def test_sampling_fields_a_conversations_own_system_prompt_and_a_chosen_theme(pages):
+    fake = FakeChat(chat_stream("<think>Weighing it up.</think>The answer."))
+    page = pages(fake, color_scheme="light").page
+    configure(
+        page,
+        top_k=20,
+        min_p=0.05,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        repetition_penalty=1.1,
+        system="The default prompt.",
+        response_format="json_object",
+    )
+    send(page, "First conversation")
+    wait_for_reply(page)
+    body = fake.bodies[-1]
+    assert {k: body[k] for k in ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")} == {
+        "top_k": 20,
+        "min_p": 0.05,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.25,
+        "repetition_penalty": 1.1,
+    }
+    assert body["response_format"] == {"type": "json_object"}
+    assert body["messages"][0] == {"role": "system", "content": "The default prompt."}
+    # <think> is folded away from the answer.
+    reasoning = page.locator(".msg.assistant details.reasoning")
+    assert reasoning.get_attribute("open") is None and reasoning.inner_text().strip() == "Reasoning"
+    assert page.inner_text(".msg.assistant .content") == "The answer."
+
+    # This conversation's own system prompt; another conversation keeps the default.
+    page.click("#settings-toggle")
+    page.fill("#c-system", "Only for this one.")
+    page.click("#close-settings")
+    send(page, "Again")
+    wait_for_reply(page)
+    assert fake.bodies[-1]["messages"][0] == {"role": "system", "content": "Only for this one."}
+    page.click("#new-chat")
+    send(page, "Second conversation")
+    wait_for_reply(page)
+    assert fake.bodies[-1]["messages"][0] == {"role": "system", "content": "The default prompt."}
+
+    # Search the list by title and text; every row has a date.
+    assert all(page.locator(".conv-date").all_inner_texts())
+    page.fill("#search", "again")
+    assert page.locator(".conv-name").all_inner_texts() == ["First conversation"]
+    page.fill("#search", "nothing like it")
+    assert page.locator(".conv").count() == 0 and page.is_visible(".conv-none")
+    page.fill("#search", "")
+    assert page.locator(".conv").count() == 2
+
+    # A chosen theme beats the system's.
+    background = "getComputedStyle(document.body).backgroundColor"
+    light = page.evaluate(background)
+    page.click("#settings-toggle")
+    page.select_option("#s-theme", "dark")
+    assert page.evaluate(background) != light
+    page.reload()
+    page_ready(page)
+    assert page.evaluate(background) != light

@@ -370,7 +370,9 @@ function toolCallsView(conversation, message, index, live) {
   const calls = message.toolCalls.map((call, k) => {
     let args = call.arguments;
     try {
-      args = JSON.stringify(JSON.parse(call.arguments), null, 2);
+      const parsed = JSON.parse(call.arguments);
+      args = JSON.stringify(parsed);
+      if (args.length > 60) args = JSON.stringify(parsed, null, 2);
     } catch {
       // shown as it came (still streaming, or not JSON)
     }
