@@ -273,12 +273,12 @@ def test_a_tool_call_is_shown_with_its_arguments_and_its_result_goes_back(pages,
     configure(page, max_tokens=60, extra={"tools": [WEATHER], "tool_choice": "required"})
     send(page, "What is the weather in Paris?")
     wait_for_reply(page)
-    reply = last_reply(page)
-    assert "error" not in reply, reply.get("error")
     call = page.locator(".msg.assistant .tool-call").first
     assert call.locator(".tool-name").inner_text() == "get_weather"
     arguments = json.loads(call.locator(".tool-args").inner_text())
     assert arguments["city"] in ("Paris", "Oslo")
+    reply = last_reply(page)
+    assert "error" not in reply, reply.get("error")
     assert (
         reply["toolCalls"][0]["name"] == "get_weather" and json.loads(reply["toolCalls"][0]["arguments"]) == arguments
     )
@@ -362,9 +362,10 @@ def test_a_conversation_too_big_for_the_old_storage_is_kept_and_a_full_disk_lose
     page.click("#new-chat")
     send(page, "Just text")
     wait_for_reply(page)
-    assert titles(page) == ["A big picture", "Just text"]
     page.reload()
     page_ready(page)
+    assert page.locator(".conv").count() == 2, "a conversation was lost"
+    assert titles(page) == ["A big picture", "Just text"]
     assert sorted(page.locator(".conv-name").all_inner_texts()) == ["A big picture", "Just text"]
     kept = next(c for c in stored(page) if c["title"] == "A big picture")
     assert kept["messages"][0]["images"][0].startswith("data:image/png;base64,")
@@ -421,19 +422,16 @@ def test_edit_and_regenerate_keep_the_old_version_a_click_away(pages):
     wait_for_reply(page)
     send(page, "Follow-up")
     wait_for_reply(page)
-    before = conversation(page)["messages"]
     page.locator(".msg.user").first.get_by_role("button", name="Edit").click()
     page.fill(".edit-area", "Edited question")
     page.click("text=Save & send")
     wait_for_reply(page)
-    after = conversation(page)["messages"]
-    assert [m["content"] for m in after[:1]] == ["Edited question"] and len(after) == 2
     first = page.locator(".msg.user").first
     assert first.locator(".version-count").inner_text() == "2/2"
     first.get_by_role("button", name="Previous version").click()
-    back = conversation(page)["messages"]
-    assert [m["content"] for m in back] == [m["content"] for m in before]
     assert page.locator(".msg.user .bubble").all_inner_texts() == ["Original question", "Follow-up"]
+    back = conversation(page)["messages"]
+    assert [m["content"] for m in back] == ["Original question", "The first reply.", "Follow-up", "The first reply."]
     page.locator(".msg.user").first.get_by_role("button", name="Next version").click()
     assert page.locator(".msg.user .bubble").all_inner_texts() == ["Edited question"]
 
@@ -794,3 +792,28 @@ def test_sampling_fields_a_conversations_own_system_prompt_and_a_chosen_theme(pa
     page.reload()
     page_ready(page)
     assert page.evaluate(background) != light
+
+
+@pytest.mark.parametrize("mode", ["chat", "responses"])
+def test_a_text_file_goes_as_its_text(pages, tmp_path, mode):
+    watched = pages()
+    page = watched.page
+    page.click(f"#api-mode [data-mode={mode}]")
+    configure(page, **forced(2))
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Notes\nThe key is 42.\n")
+    page.set_input_files("#attach-text-file", str(notes))
+    page.wait_for_selector("#pending-images .file-chip")
+    send(page, "What is the key?")
+    wait_for_reply(page)
+    assert "error" not in last_reply(page), last_reply(page).get("error")
+    body = watched.sent[-1]["body"]
+    content = body["messages"][-1]["content"] if mode == "chat" else body["input"][-1]["content"]
+    kind = "text" if mode == "chat" else "input_text"
+    assert content == [
+        {"type": kind, "text": "What is the key?"},
+        {"type": kind, "text": "File notes.md:\n\n```\n# Notes\nThe key is 42.\n\n```"},
+    ]
+    assert page.inner_text(".msg.user .file-chip") == "notes.md"
+    assert conversation(page)["messages"][0]["files"] == [{"name": "notes.md", "text": "# Notes\nThe key is 42.\n"}]
+    assert page.is_hidden("#pending-images")

@@ -22,6 +22,7 @@ const state = {
   modelCards: [],
   modelsProblem: null, // "key" when /v1/models refused the key (or its absence)
   images: [], // data URLs waiting for the next message
+  files: [], // text files ({name, text}) waiting for the next message
   reading: new Set(), // attachments still being read
   runs: new Map(), // conversation id -> {controller, reply, conversation}
   probabilities: { logprobs: true, top: null },
@@ -306,7 +307,9 @@ function fillMessage(el, conversation, message, index) {
   const parts = [];
   if (message.role === "user") {
     if (message.images && message.images.length) parts.push(thumbnails(message.images));
-    if (message.content || !message.images || !message.images.length) parts.push(h("div", { class: "bubble", text: message.content }));
+    if (message.files && message.files.length) parts.push(fileChips(message.files));
+    const attached = (message.images && message.images.length) || (message.files && message.files.length);
+    if (message.content || !attached) parts.push(h("div", { class: "bubble", text: message.content }));
     parts.push(
       h(
         "div",
@@ -495,7 +498,7 @@ let submitting = false;
 async function submitPrompt() {
   const conversationBefore = current();
   if (submitting || runOf(conversationBefore)) return;
-  if (!ui.prompt.value.trim() && !state.images.length && !state.reading.size) return;
+  if (!ui.prompt.value.trim() && !state.images.length && !state.files.length && !state.reading.size) return;
   if (!ui.model.value) {
     if (state.modelsProblem === "key") {
       const sentence = state.key ? "The server refused this API key: enter the right one above, then send." : "This server needs an API key: enter it above, then send.";
@@ -518,7 +521,7 @@ async function submitPrompt() {
     if (current() !== conversationBefore) return;
   }
   const text = ui.prompt.value;
-  if (!text.trim() && !state.images.length) return;
+  if (!text.trim() && !state.images.length && !state.files.length) return;
   if (state.images.length && !modelTakesImages()) {
     toast(`${ui.model.value} does not read images: remove them or pick a model that does.`);
     return;
@@ -531,9 +534,12 @@ async function submitPrompt() {
   }
   const message = { role: "user", content: text };
   if (state.images.length) message.images = state.images.splice(0);
+  if (state.files.length) message.files = state.files.splice(0);
   showPendingImages();
   conversation.messages.push(message);
-  if (conversation.title === "New chat") conversation.title = text.trim().replace(/\s+/g, " ").slice(0, 48) || "Image";
+  if (conversation.title === "New chat") {
+    conversation.title = text.trim().replace(/\s+/g, " ").slice(0, 48) || (message.files ? message.files[0].name : "Image");
+  }
   ui.prompt.value = "";
   autosize();
   generate(conversation);
@@ -1011,19 +1017,43 @@ function thumbnails(urls, onRemove = null) {
   );
 }
 
+function fileChips(files, onRemove = null) {
+  return h(
+    "div",
+    { class: "files" },
+    files.map((file, i) =>
+      h(
+        "span",
+        { class: "file-chip", title: `${file.text.length} characters` },
+        h("span", { class: "file-name", text: file.name }),
+        onRemove ? h("button", { class: "ghost small", type: "button", "aria-label": `Remove ${file.name}`, text: "✕", onclick: () => onRemove(i) }) : null
+      )
+    )
+  );
+}
+
 function showPendingImages() {
   const urls = state.images;
-  ui.pendingImages.hidden = !urls.length;
-  ui.pendingImages.replaceChildren(
-    ...(urls.length
-      ? [
-          thumbnails(urls, (i) => {
-            state.images.splice(i, 1);
-            showPendingImages();
-          }),
-        ]
-      : [])
-  );
+  const files = state.files;
+  ui.pendingImages.hidden = !urls.length && !files.length;
+  const parts = [];
+  if (urls.length) {
+    parts.push(
+      thumbnails(urls, (i) => {
+        state.images.splice(i, 1);
+        showPendingImages();
+      })
+    );
+  }
+  if (files.length) {
+    parts.push(
+      fileChips(files, (i) => {
+        state.files.splice(i, 1);
+        showPendingImages();
+      })
+    );
+  }
+  ui.pendingImages.replaceChildren(...parts);
   ui.attach.textContent = urls.length ? `Image (${urls.length})` : "Image";
 }
 
@@ -1038,23 +1068,43 @@ function readAsDataURL(file) {
 
 // Files picked, pasted or dropped: images are attached, anything else is refused here
 // with a sentence and never sent.
+// A text file goes with the message as its text (a part of its own, named); a file is
+// taken as text when the browser says so or its name ends as source code does.
+const TEXT_NAMES = /\.(txt|md|markdown|csv|tsv|json|jsonl|xml|ya?ml|toml|ini|cfg|conf|log|py|js|mjs|ts|tsx|jsx|c|h|cc|cpp|hpp|rs|go|java|kt|rb|php|sh|bash|zsh|sql|html?|css|scss|tex|r|swift|lua|pl)$/i;
+const TEXT_LIMIT = 1024 * 1024;
+
+function isText(file) {
+  return file.type.startsWith("text/") || /json|xml|javascript|yaml|toml|x-sh/.test(file.type) || TEXT_NAMES.test(file.name || "");
+}
+
+// Files picked, pasted or dropped: images (for a model that reads them) and text files
+// are attached; anything else is refused here with a sentence and never sent.
 async function attachImages(files) {
   if (!files.length) return;
-  if (!modelTakesImages()) {
+  const images = files.filter((file) => file.type.startsWith("image/"));
+  if (images.length && !modelTakesImages()) {
     toast(`${ui.model.value || "This model"} does not read images.`);
     return;
   }
   const refused = [];
+  const tooBig = [];
   for (const file of files) {
-    if (!file.type.startsWith("image/")) {
+    const image = file.type.startsWith("image/");
+    if (!image && !isText(file)) {
       refused.push(file.name || "the file");
       continue;
     }
+    if (!image && file.size > TEXT_LIMIT) {
+      tooBig.push(file.name || "the file");
+      continue;
+    }
     // Kept in the set until read: a send meanwhile waits for it (submitPrompt).
-    const reading = readAsDataURL(file);
+    const reading = image ? readAsDataURL(file) : file.text();
     state.reading.add(reading);
     try {
-      state.images.push(await reading);
+      const read = await reading;
+      if (image) state.images.push(read);
+      else state.files.push({ name: file.name || "file.txt", text: read });
     } catch {
       refused.push(file.name || "the file");
     } finally {
@@ -1062,10 +1112,19 @@ async function attachImages(files) {
     }
   }
   showPendingImages();
-  if (refused.length) toast(`Not attached: ${refused.join(", ")} ${refused.length > 1 ? "are not images" : "is not an image"} the browser could read.`);
+  const sentences = [];
+  if (refused.length) sentences.push(`Not attached: ${refused.join(", ")} ${refused.length > 1 ? "are not images or text files" : "is not an image or a text file"} the browser could read.`);
+  if (tooBig.length) sentences.push(`Not attached: ${tooBig.join(", ")} (text files of 1 MB at most).`);
+  if (sentences.length) toast(sentences.join(" "));
 }
 
 function bindImages() {
+  const textPicker = $("#attach-text-file");
+  $("#attach-text").addEventListener("click", () => textPicker.click());
+  textPicker.addEventListener("change", () => {
+    attachImages([...textPicker.files]);
+    textPicker.value = "";
+  });
   ui.attach.addEventListener("click", () => ui.picker.click());
   ui.picker.addEventListener("change", () => {
     attachImages([...ui.picker.files]);
