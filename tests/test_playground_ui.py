@@ -817,3 +817,42 @@ def test_a_text_file_goes_as_its_text(pages, tmp_path, mode):
     assert page.inner_text(".msg.user .file-chip") == "notes.md"
     assert conversation(page)["messages"][0]["files"] == [{"name": "notes.md", "text": "# Notes\nThe key is 42.\n"}]
     assert page.is_hidden("#pending-images")
+
+
+def pdf_with_text(lines: list[str]) -> bytes:
+    """A one-page PDF writing `lines` in Helvetica."""
+    text = "BT /F1 12 Tf 72 720 Td 14 TL " + " ".join(f"({line}) Tj T*" for line in lines) + " ET"
+    objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R"
+        " /Resources << /Font << /F1 5 0 R >> >> >>",
+        f"<< /Length {len(text)} >>\nstream\n{text}\nendstream",
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = b"%PDF-1.4\n"
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n".encode()
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{offset:010d} 00000 n \n" for offset in offsets).encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return out
+
+
+def test_a_pdf_goes_as_its_text(pages, tmp_path):
+    fake = FakeChat(chat_stream("Read."))
+    page = pages(fake).page
+    report = tmp_path / "report.pdf"
+    report.write_bytes(pdf_with_text(["Quarterly report", "The key is 42."]))
+    page.set_input_files("#attach-text-file", str(report))
+    page.wait_for_selector("#pending-images .file-chip")
+    send(page, "Summarise it.")
+    page.wait_for_selector(".msg.assistant")
+    wait_for_reply(page)
+    parts = fake.bodies[-1]["messages"][-1]["content"]
+    assert parts[0] == {"type": "text", "text": "Summarise it."}
+    assert parts[1]["text"].startswith("File report.pdf:")
+    assert "Quarterly report" in parts[1]["text"] and "The key is 42." in parts[1]["text"]

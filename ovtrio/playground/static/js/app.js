@@ -10,7 +10,7 @@ import { ServerPanel } from "./metrics.js";
 import { curlSnippet, pythonSnippet } from "./snippets.js";
 import { installTokenTips, renderTokens } from "./tokens.js";
 import { branch, switchVersion } from "./versions.js";
-import { enhance } from "./vendor.js";
+import { enhance, pdfText } from "./vendor.js";
 import * as store from "./store.js";
 
 const state = {
@@ -1068,10 +1068,15 @@ function readAsDataURL(file) {
 
 // Files picked, pasted or dropped: images are attached, anything else is refused here
 // with a sentence and never sent.
-// A text file goes with the message as its text (a part of its own, named); a file is
-// taken as text when the browser says so or its name ends as source code does.
+// A text file goes with the message as its text (a part of its own, named), and a PDF
+// as the text PDF.js reads from it; a file is taken as text when the browser says so or
+// its name ends as source code does.
 const TEXT_NAMES = /\.(txt|md|markdown|csv|tsv|json|jsonl|xml|ya?ml|toml|ini|cfg|conf|log|py|js|mjs|ts|tsx|jsx|c|h|cc|cpp|hpp|rs|go|java|kt|rb|php|sh|bash|zsh|sql|html?|css|scss|tex|r|swift|lua|pl)$/i;
 const TEXT_LIMIT = 1024 * 1024;
+
+function isPdf(file) {
+  return file.type === "application/pdf" || /\.pdf$/i.test(file.name || "");
+}
 
 function isText(file) {
   return file.type.startsWith("text/") || /json|xml|javascript|yaml|toml|x-sh/.test(file.type) || TEXT_NAMES.test(file.name || "");
@@ -1088,23 +1093,26 @@ async function attachImages(files) {
   }
   const refused = [];
   const tooBig = [];
+  const unreadable = [];
   for (const file of files) {
     const image = file.type.startsWith("image/");
-    if (!image && !isText(file)) {
+    const pdf = !image && isPdf(file);
+    if (!image && !pdf && !isText(file)) {
       refused.push(file.name || "the file");
       continue;
     }
-    if (!image && file.size > TEXT_LIMIT) {
+    if (!image && !pdf && file.size > TEXT_LIMIT) {
       tooBig.push(file.name || "the file");
       continue;
     }
     // Kept in the set until read: a send meanwhile waits for it (submitPrompt).
-    const reading = image ? readAsDataURL(file) : file.text();
+    const reading = image ? readAsDataURL(file) : pdf ? file.arrayBuffer().then(pdfText) : file.text();
     state.reading.add(reading);
     try {
       const read = await reading;
       if (image) state.images.push(read);
-      else state.files.push({ name: file.name || "file.txt", text: read });
+      else if (pdf && !read.trim()) unreadable.push(file.name || "the PDF");
+      else state.files.push({ name: file.name || "file.txt", text: read.slice(0, TEXT_LIMIT) });
     } catch {
       refused.push(file.name || "the file");
     } finally {
@@ -1115,6 +1123,7 @@ async function attachImages(files) {
   const sentences = [];
   if (refused.length) sentences.push(`Not attached: ${refused.join(", ")} ${refused.length > 1 ? "are not images or text files" : "is not an image or a text file"} the browser could read.`);
   if (tooBig.length) sentences.push(`Not attached: ${tooBig.join(", ")} (text files of 1 MB at most).`);
+  if (unreadable.length) sentences.push(`Not attached: ${unreadable.join(", ")} holds no text (a scan?).`);
   if (sentences.length) toast(sentences.join(" "));
 }
 

@@ -1,6 +1,6 @@
 // The third-party libraries the page ships (static/vendor/, each with its license),
-// loaded only when a reply first needs them: highlight.js for code blocks, KaTeX for
-// math. Both build DOM from the text they are given and escape it; KaTeX's styles are
+// loaded only when first needed: highlight.js for code blocks, KaTeX for math, PDF.js
+// for the text of an attached PDF. Both build DOM from the text they are given and escape it; KaTeX's styles are
 // set through the CSSOM, which the page's Content-Security-Policy allows.
 
 import { h } from "./dom.js";
@@ -60,5 +60,32 @@ function typeset(lib, el) {
     lib.render(tex, el, { displayMode: el.classList.contains("display"), throwOnError: false, trust: false, maxExpand: 500, output: "htmlAndMathml" });
   } catch {
     el.textContent = tex; // shown as written
+  }
+}
+
+let pdfjs = null;
+
+// The text of a PDF (an ArrayBuffer), page after page. PDF.js parses it in a worker
+// from the page's own origin, with eval off; nothing of the PDF is drawn.
+export async function pdfText(data) {
+  if (!pdfjs) {
+    pdfjs = import("../vendor/pdfjs/pdf.min.mjs").then((lib) => {
+      lib.GlobalWorkerOptions.workerSrc = "/playground/vendor/pdfjs/pdf.worker.min.mjs";
+      return lib;
+    });
+  }
+  const lib = await pdfjs;
+  const task = lib.getDocument({ data, isEvalSupported: false, disableFontFace: true, stopAtErrors: false, verbosity: 0 });
+  try {
+    const doc = await task.promise;
+    const pages = [];
+    for (let n = 1; n <= doc.numPages; n++) {
+      const page = await doc.getPage(n);
+      const content = await page.getTextContent();
+      pages.push(content.items.map((item) => (item.str || "") + (item.hasEOL ? "\n" : "")).join("").trim());
+    }
+    return pages.join("\n\n");
+  } finally {
+    task.destroy();
   }
 }
