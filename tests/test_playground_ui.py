@@ -362,6 +362,7 @@ def test_a_conversation_too_big_for_the_old_storage_is_kept_and_a_full_disk_lose
     page.click("#new-chat")
     send(page, "Just text")
     wait_for_reply(page)
+    page.wait_for_function("() => !document.documentElement.dataset.writing")
     page.reload()
     page_ready(page)
     assert page.locator(".conv").count() == 2, "a conversation was lost"
@@ -856,3 +857,28 @@ def test_a_pdf_goes_as_its_text(pages, tmp_path):
     assert parts[0] == {"type": "text", "text": "Summarise it."}
     assert parts[1]["text"].startswith("File report.pdf:")
     assert "Quarterly report" in parts[1]["text"] and "The key is 42." in parts[1]["text"]
+
+
+def test_a_reply_cut_at_its_token_limit_can_be_continued(pages):
+    watched = pages()
+    page = watched.page
+    configure(page, system="Be brief.", **forced(4))
+    send(page, "Tell me about the sea.")
+    wait_for_reply(page)
+    first = last_reply(page)
+    assert first["stats"]["finish"] == "length"
+    page.get_by_role("button", name="Continue").click()
+    page.wait_for_function("() => document.querySelector('.msg.assistant .stats')?.textContent.includes('')")
+    wait_for_reply(page)
+    sent = watched.sent[-1]
+    assert sent["url"].endswith("/v1/messages")
+    assert sent["body"]["system"] == "Be brief." and sent["body"]["max_tokens"] == 4
+    assert sent["body"]["messages"] == [
+        {"role": "user", "content": "Tell me about the sea."},
+        {"role": "assistant", "content": first["content"]},
+    ]
+    reply = last_reply(page)
+    assert "error" not in reply, reply.get("error")
+    assert reply["content"].startswith(first["content"]) and reply["stats"]["continued"] is True
+    assert reply["stats"]["completion"] >= 4
+    assert len(conversation(page)["messages"]) == 2

@@ -167,6 +167,26 @@ export function buildRequest({ mode, model, settings, system, history, probabili
   return { mode, path: "/v1/responses", body };
 }
 
+// Continuing a reply cut at its token limit: the Messages API (/v1/messages) carries on
+// from an assistant message that ends the conversation ("prefill"); Chat Completions
+// and Responses would start a new turn instead. Text, images and files only (a
+// conversation with tool calls is not continued).
+export function continueRequest({ model, settings, system, history, reply }) {
+  const block = (text) => ({ type: "text", text });
+  const image = (url) => {
+    const match = /^data:([^;,]+);base64,(.*)$/s.exec(url);
+    return { type: "image", source: { type: "base64", media_type: match ? match[1] : "image/png", data: match ? match[2] : "" } };
+  };
+  const messages = history.map((m) => ({ role: m.role, content: m.role === "user" ? withParts(m, block, image) : m.content }));
+  messages.push({ role: "assistant", content: reply.content });
+  const sampled = sampling(settings, "max_tokens");
+  const body = { model, max_tokens: sampled.max_tokens || 1024, messages, stream: true };
+  if (system.trim()) body.system = system;
+  for (const name of ["temperature", "top_p", "top_k"]) if (sampled[name] !== undefined) body[name] = sampled[name];
+  if (sampled.stop) body.stop_sequences = sampled.stop;
+  return { mode: "messages", path: "/v1/messages", body };
+}
+
 function headers(key) {
   const out = { "Content-Type": "application/json", Accept: "text/event-stream" };
   if (key) out.Authorization = "Bearer " + key;
@@ -240,6 +260,7 @@ export async function send(request, { key, signal, sink, socket }) {
       continue;
     }
     if (request.mode === "chat") chatChunk(message, sink);
+    else if (request.mode === "messages") messagesEvent(message, sink);
     else if (responsesEvent(message, sink)) break;
   }
 }
@@ -262,6 +283,23 @@ function chatChunk(chunk, sink) {
   if (chunk.usage) {
     const details = chunk.usage.prompt_tokens_details || {};
     sink.usage({ prompt: chunk.usage.prompt_tokens, completion: chunk.usage.completion_tokens, cached: details.cached_tokens });
+  }
+}
+
+const STOP_REASONS = { end_turn: "stop", stop_sequence: "stop", max_tokens: "length", tool_use: "tool_calls" };
+
+function messagesEvent(event, sink) {
+  if (event.type === "message_start" && event.message && event.message.usage) {
+    sink.usage({ prompt: event.message.usage.input_tokens, completion: 0 });
+  } else if (event.type === "content_block_delta" && event.delta) {
+    if (event.delta.type === "text_delta") sink.text(event.delta.text || "", []);
+    else if (event.delta.type === "thinking_delta") sink.reasoning(event.delta.thinking || "");
+  } else if (event.type === "message_delta") {
+    if (event.delta && event.delta.stop_reason) sink.finish(STOP_REASONS[event.delta.stop_reason] || event.delta.stop_reason);
+    if (event.usage) sink.usage({ completion: event.usage.output_tokens });
+  } else if (event.type === "error") {
+    const error = event.error || {};
+    throw new ApiError(error.type === "authentication_error" ? 401 : 400, error.message || "The server sent an error.");
   }
 }
 

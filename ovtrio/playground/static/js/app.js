@@ -5,7 +5,7 @@
 
 import { $, h, copyText, flash } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
-import { API_MODES, ApiError, ResponsesSocket, buildRequest, getJSON, runDemoTool, send, DEMO_TOOL } from "./api.js";
+import { API_MODES, ApiError, ResponsesSocket, buildRequest, continueRequest, getJSON, runDemoTool, send, DEMO_TOOL } from "./api.js";
 import { ServerPanel } from "./metrics.js";
 import { curlSnippet, pythonSnippet } from "./snippets.js";
 import { installTokenTips, renderTokens } from "./tokens.js";
@@ -119,15 +119,20 @@ function storable(conversation) {
 }
 
 // While a reply streams its conversation is written once a second, so a reload keeps
-// what had arrived.
+// what had arrived; every five seconds when it holds images (each write is the whole
+// record, images included).
 function saveSoon(conversation) {
   if (state.saveTimers.has(conversation.id)) return;
+  const heavy = conversation.messages.some((m) => m.images && m.images.length);
   state.saveTimers.set(
     conversation.id,
-    setTimeout(() => {
-      state.saveTimers.delete(conversation.id);
-      save(conversation);
-    }, 1000)
+    setTimeout(
+      () => {
+        state.saveTimers.delete(conversation.id);
+        save(conversation);
+      },
+      heavy ? 5000 : 1000
+    )
   );
 }
 
@@ -350,6 +355,9 @@ function fillMessage(el, conversation, message, index) {
         h("button", { class: "ghost small", type: "button", text: "Regenerate", disabled: busy, onclick: () => regenerate(conversation, index) }),
         copyButton(() => message.content)
       );
+      if (canContinue(conversation, message, index)) {
+        actions.prepend(h("button", { class: "ghost small", type: "button", text: "Continue", disabled: busy, onclick: () => generate(conversation, message, true) }));
+      }
       const request = message.request;
       if (request) {
         actions.append(
@@ -362,6 +370,18 @@ function fillMessage(el, conversation, message, index) {
   }
   el.replaceChildren(...parts);
   enhance(el);
+}
+
+// A reply cut at its token limit, the last of a conversation without tool calls, can be
+// carried on (api.js continueRequest).
+function canContinue(conversation, message, index) {
+  return (
+    message.stats &&
+    message.stats.finish === "length" &&
+    index === conversation.messages.length - 1 &&
+    message.content &&
+    !conversation.messages.some((m) => m.role === "tool" || (m.toolCalls && m.toolCalls.length))
+  );
 }
 
 // The calls a reply makes, each with its arguments and a box for its result; the
@@ -558,7 +578,9 @@ function socketFor(conversation) {
   return socket;
 }
 
-async function generate(conversation, reply = null) {
+// Ask for `reply` (a new one at the end when none is given); `continuing`: carry on a
+// reply cut at its token limit, appending to it.
+async function generate(conversation, reply = null, continuing = false) {
   const mode = state.settings.api;
   const model = ui.model.value;
   if (!reply) {
@@ -566,7 +588,12 @@ async function generate(conversation, reply = null) {
     conversation.messages.push(reply);
   }
   const history = conversation.messages.slice(0, conversation.messages.indexOf(reply));
-  reply.stats = { mode, model };
+  const before = continuing ? { ...reply.stats } : null;
+  reply.stats = continuing ? { mode: before.mode, model, continued: true } : { mode, model };
+  if (continuing) {
+    reply.tokens = []; // the continuation comes without probabilities
+    delete reply.error;
+  }
   conversation.model = model;
   conversation.updated = Date.now();
   const controller = new AbortController();
@@ -611,7 +638,7 @@ async function generate(conversation, reply = null) {
       schedule(conversation, reply);
     },
     usage(u) {
-      usage = u;
+      usage = { ...(usage || {}), ...Object.fromEntries(Object.entries(u).filter(([, v]) => v !== undefined)) };
     },
     responseId(id) {
       reply.responseId = id;
@@ -626,12 +653,14 @@ async function generate(conversation, reply = null) {
   for (let attempt = 0; attempt < 4; attempt++) {
     let request;
     try {
-      request = buildRequest({ mode, model, settings: state.settings, system, history, probabilities: state.probabilities, chain });
+      request = continuing
+        ? continueRequest({ model, settings: state.settings, system, history, reply })
+        : buildRequest({ mode, model, settings: state.settings, system, history, probabilities: state.probabilities, chain });
     } catch (error) {
       reply.error = error.message;
       break;
     }
-    reply.request = request;
+    if (!continuing) reply.request = request;
     try {
       await send(request, { key: state.key, signal: controller.signal, sink, socket: socketFor(conversation) });
       break;
@@ -671,7 +700,8 @@ async function generate(conversation, reply = null) {
     completion: usage ? usage.completion : reply.tokens.length || undefined,
     cached: usage ? usage.cached : undefined,
   });
-  const generated = reply.stats.completion;
+  if (continuing && before.completion != null && reply.stats.completion != null) reply.stats.completion += before.completion;
+  const generated = continuing && usage ? usage.completion : reply.stats.completion;
   // A reply asked with alternatives comes whole once the server has scored it: its
   // tokens all arrive within a few milliseconds, so the rate is over the whole request
   // (and the time to its first token is when the whole arrived).
