@@ -882,3 +882,28 @@ def test_a_reply_cut_at_its_token_limit_can_be_continued(pages):
     assert reply["content"].startswith(first["content"]) and reply["stats"]["continued"] is True
     assert reply["stats"]["completion"] >= 4
     assert len(conversation(page)["messages"]) == 2
+
+
+def test_each_conversation_keeps_its_model(pages):
+    fake = FakeChat(chat_stream("Hi."))
+    models = {"object": "list", "data": [{"id": "model-a", "object": "model"}, {"id": "model-b", "object": "model"}]}
+
+    def setup(page) -> None:
+        fake(page)
+        page.route("**/v1/models", lambda route: route.fulfill(json=models))
+
+    page = pages(setup).page
+    page.select_option("#model", "model-a")
+    send(page, "With A")
+    wait_for_reply(page)
+    first = page.locator(".conv.active").get_attribute("data-id")
+    page.click("#new-chat")
+    page.select_option("#model", "model-b")
+    send(page, "With B")
+    wait_for_reply(page)
+    assert [body["model"] for body in fake.bodies] == ["model-a", "model-b"]
+    page.click(f".conv[data-id='{first}'] .conv-title")
+    assert page.input_value("#model") == "model-a"
+    send(page, "Again with A")
+    wait_for_reply(page)
+    assert fake.bodies[-1]["model"] == "model-a"
