@@ -1289,6 +1289,13 @@ async function init() {
     closeSidebar();
     showBackdrop();
   });
+  // Leaving the page: the writes due while replies stream are started at once.
+  window.addEventListener("pagehide", () => {
+    for (const id of [...state.saveTimers.keys()]) {
+      const conversation = state.conversations.find((c) => c.id === id);
+      if (conversation) save(conversation);
+    }
+  });
   $("#key-form").addEventListener("submit", useKey);
   $("#show-key").addEventListener("click", () => showKeyBanner("Enter the key this server expects, if it needs one."));
   installTokenTips(ui.messages, ui.tip);
