@@ -11,6 +11,8 @@ import { curlSnippet, pythonSnippet } from "./snippets.js";
 import { installTokenTips, renderTokens } from "./tokens.js";
 import { branch, switchVersion } from "./versions.js";
 import { enhance, pdfText } from "./vendor.js";
+import { TEXT_LIMIT, fileChips, isPdf, isText, readAsDataURL, thumbnails } from "./attachments.js";
+import { splitThinking, statsView } from "./replies.js";
 import * as store from "./store.js";
 
 const state = {
@@ -294,14 +296,6 @@ function versionNav(conversation, message, index, busy) {
   );
 }
 
-// A model's `<think>…</think>` (reasoning written into the content) is shown folded
-// like the reasoning a server reports apart.
-function splitThinking(text) {
-  const match = /^\s*<think>([\s\S]*?)(<\/think>|$)/.exec(text);
-  if (!match) return { thinking: "", answer: text, open: false };
-  return { thinking: match[1].trim(), answer: text.slice(match[0].length).replace(/^\s+/, ""), open: !match[2] };
-}
-
 function fillMessage(el, conversation, message, index) {
   const run = runOf(conversation);
   const busy = Boolean(run);
@@ -427,36 +421,6 @@ function copyButton(text, label = "Copy") {
   const button = h("button", { class: "ghost small", type: "button", text: label });
   button.addEventListener("click", async () => flash(button, (await copyText(text())) ? "Copied" : "Copy failed"));
   return button;
-}
-
-const FINISH = {
-  length: ["finish warn", "cut at the token limit (length)"],
-  stopped: ["finish warn", "stopped"],
-  interrupted: ["finish warn", "cut off"],
-  tool_calls: ["finish info", "tool calls"],
-  content_filter: ["finish warn", "content_filter"],
-};
-
-function statsView(stats) {
-  if (!stats) return h("div", { class: "stats" });
-  const items = [];
-  const add = (label, value) => value != null && value !== "" && items.push(h("span", { class: "stat" }, h("b", { text: value }), " " + label));
-  add("to first token", stats.ttft != null ? formatMs(stats.ttft) : null);
-  if (stats.whole) items.push(h("span", { class: "stat", text: "arrived whole (scored once it ended)" }));
-  add("tok/s", stats.tps != null ? stats.tps.toFixed(1) : null);
-  add("prompt", stats.prompt);
-  add("completion", stats.completion);
-  add("cached", stats.cached != null ? stats.cached : stats.prompt != null ? "–" : null);
-  if (stats.mode) items.push(h("span", { class: "stat mode", text: API_MODES[stats.mode] || stats.mode }));
-  if (stats.finish && stats.finish !== "stop") {
-    const [cls, text] = FINISH[stats.finish] || ["finish warn", stats.finish];
-    items.push(h("span", { class: "stat " + cls, title: "finish_reason: " + stats.finish, text }));
-  }
-  return h("div", { class: "stats" }, items);
-}
-
-function formatMs(ms) {
-  return ms >= 1000 ? (ms / 1000).toFixed(2) + " s" : Math.round(ms) + " ms";
 }
 
 // Editing keeps the message and the turns after it as the previous version.
@@ -1015,7 +979,7 @@ async function importConversations(file) {
   if (added) select(state.conversations[0].id);
 }
 
-// ---- images ---------------------------------------------------------------------------------
+// ---- attachments ----------------------------------------------------------------------------
 // When /v1/models says the model reads images (`input_modalities` containing "image"),
 // the attach button, paste and drop put data URLs on the next user message as `images`
 // (kept with the conversation); api.js sends them as image parts. The server checks
@@ -1032,34 +996,6 @@ function showAttach() {
   ui.attach.hidden = !takes;
   ui.attach.disabled = !takes;
   ui.picker.disabled = !takes;
-}
-
-function thumbnails(urls, onRemove = null) {
-  return h(
-    "div",
-    { class: "attachments" },
-    urls.map((url, i) => {
-      const image = h("img", { class: "thumb", src: url, alt: `image ${i + 1}` });
-      if (!onRemove) return image;
-      const remove = h("button", { class: "thumb-remove", type: "button", title: "Remove", "aria-label": `Remove image ${i + 1}`, text: "✕", onclick: () => onRemove(i) });
-      return h("span", { class: "thumb-box" }, image, remove);
-    })
-  );
-}
-
-function fileChips(files, onRemove = null) {
-  return h(
-    "div",
-    { class: "files" },
-    files.map((file, i) =>
-      h(
-        "span",
-        { class: "file-chip", title: `${file.text.length} characters` },
-        h("span", { class: "file-name", text: file.name }),
-        onRemove ? h("button", { class: "ghost small", type: "button", "aria-label": `Remove ${file.name}`, text: "✕", onclick: () => onRemove(i) }) : null
-      )
-    )
-  );
 }
 
 function showPendingImages() {
@@ -1085,31 +1021,6 @@ function showPendingImages() {
   }
   ui.pendingImages.replaceChildren(...parts);
   ui.attach.textContent = urls.length ? `Image (${urls.length})` : "Image";
-}
-
-function readAsDataURL(file) {
-  return new Promise((resolve, reject) => {
-    const reader = new FileReader();
-    reader.onload = () => resolve(reader.result);
-    reader.onerror = () => reject(reader.error);
-    reader.readAsDataURL(file);
-  });
-}
-
-// Files picked, pasted or dropped: images are attached, anything else is refused here
-// with a sentence and never sent.
-// A text file goes with the message as its text (a part of its own, named), and a PDF
-// as the text PDF.js reads from it; a file is taken as text when the browser says so or
-// its name ends as source code does.
-const TEXT_NAMES = /\.(txt|md|markdown|csv|tsv|json|jsonl|xml|ya?ml|toml|ini|cfg|conf|log|py|js|mjs|ts|tsx|jsx|c|h|cc|cpp|hpp|rs|go|java|kt|rb|php|sh|bash|zsh|sql|html?|css|scss|tex|r|swift|lua|pl)$/i;
-const TEXT_LIMIT = 1024 * 1024;
-
-function isPdf(file) {
-  return file.type === "application/pdf" || /\.pdf$/i.test(file.name || "");
-}
-
-function isText(file) {
-  return file.type.startsWith("text/") || /json|xml|javascript|yaml|toml|x-sh/.test(file.type) || TEXT_NAMES.test(file.name || "");
 }
 
 // Files picked, pasted or dropped: images (for a model that reads them) and text files
