@@ -907,3 +907,19 @@ def test_each_conversation_keeps_its_model(pages):
     send(page, "Again with A")
     wait_for_reply(page)
     assert fake.bodies[-1]["model"] == "model-a"
+
+
+def test_a_conversation_deleted_while_it_streams_stays_deleted(pages, server):
+    page = pages().page
+    configure(page, **forced(4000))
+    send(page, "Write a very long story.")
+    page.wait_for_function("() => document.querySelector('.msg.assistant.streaming .content')?.textContent.length > 5")
+    row = page.locator(".conv.active")
+    row.locator(".conv-delete").click()
+    row.locator(".conv-delete").click()
+    assert page.locator(".conv").count() == 0
+    page.wait_for_function("() => !document.body.classList.contains('running')")
+    time.sleep(1.5)  # past the next write a streaming reply would have had
+    page.reload()
+    page_ready(page)
+    assert page.locator(".conv").count() == 0 and stored(page) == []

@@ -83,6 +83,7 @@ function runOf(conversation) {
 async function save(conversation) {
   clearTimeout(state.saveTimers.get(conversation.id));
   state.saveTimers.delete(conversation.id);
+  if (!state.conversations.includes(conversation)) return; // deleted (while it streamed)
   // html[data-writing] while a write is under way (what a test waits on).
   const root = document.documentElement;
   root.dataset.writing = String(Number(root.dataset.writing || 0) + 1);
