@@ -169,19 +169,32 @@ def wait_for_reply(page) -> None:
     page.wait_for_selector("#send:not([hidden])")
 
 
-# Every conversation the page keeps (IndexedDB, one record each), and a way to change one.
+# Every conversation the page keeps (IndexedDB, one record each; its images, kept apart once
+# each, put back in), and a way to change one.
 STORED = """async () => {
     const db = await new Promise((ok, fail) => {
         const open = indexedDB.open('ovtrio-playground');
         open.onsuccess = () => ok(open.result);
         open.onerror = () => fail(open.error);
     });
-    const all = await new Promise((ok, fail) => {
-        const read = db.transaction('conversations').objectStore('conversations').getAll();
+    const get = (store, what) => new Promise((ok, fail) => {
+        const read = db.transaction(store).objectStore(store)[what]();
         read.onsuccess = () => ok(read.result);
         read.onerror = () => fail(read.error);
     });
+    const all = await get('conversations', 'getAll');
+    const keys = await get('images', 'getAllKeys');
+    const values = await get('images', 'getAll');
     db.close();
+    // Images are kept apart, once each, and named in the conversation ("idb:<key>").
+    const images = new Map(keys.map((key, i) => [key, values[i]]));
+    const resolve = (messages) => {
+        for (const m of messages) {
+            if (m.images) m.images = m.images.map((ref) => ref.startsWith('idb:') ? images.get(ref.slice(4)) : ref);
+            for (const tail of m.versions || []) if (tail) resolve(tail);
+        }
+    };
+    for (const c of all) resolve(c.messages);
     return all;
 }"""
 STORE = """async (record) => {

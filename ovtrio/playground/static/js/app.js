@@ -122,20 +122,15 @@ function storable(conversation) {
 }
 
 // While a reply streams its conversation is written once a second, so a reload keeps
-// what had arrived; every five seconds when it holds images (each write is the whole
-// record, images included).
+// what had arrived (its images are stored apart, once: the record stays small).
 function saveSoon(conversation) {
   if (state.saveTimers.has(conversation.id)) return;
-  const heavy = conversation.messages.some((m) => m.images && m.images.length);
   state.saveTimers.set(
     conversation.id,
-    setTimeout(
-      () => {
-        state.saveTimers.delete(conversation.id);
-        save(conversation);
-      },
-      heavy ? 5000 : 1000
-    )
+    setTimeout(() => {
+      state.saveTimers.delete(conversation.id);
+      save(conversation);
+    }, 1000)
   );
 }
 

@@ -1,7 +1,7 @@
 // What the page keeps in the browser: settings (localStorage), conversations (IndexedDB,
 // one record per conversation, so that a write refused for a full disk loses only that
-// conversation's latest change, never another conversation), and the API key only when
-// the user asked for it to be remembered.
+// conversation's latest change, never another conversation; their images apart, once
+// each), and the API key only when the user asked for it to be remembered.
 
 const SETTINGS = "ovtrio.settings";
 const OLD_CONVERSATIONS = "ovtrio.conversations"; // where earlier versions kept them all
@@ -62,6 +62,14 @@ export function saveSettings(settings) {
 }
 
 // ---- conversations (IndexedDB) ---------------------------------------------------------
+// Two stores: "conversations", one record each, and "images", each attached image once
+// under its SHA-256, which the conversation's record names ("idb:<hash>") instead of
+// holding it: the record a streaming reply rewrites every second stays small.
+
+const IMAGES = "images";
+const REF = "idb:";
+const hashes = new Map(); // data URL -> its key
+const storedImages = new Set(); // keys known to be in the images store
 
 function request(req) {
   return new Promise((resolve, reject) => {
@@ -74,8 +82,12 @@ let opened = null;
 function database() {
   if (!opened) {
     opened = new Promise((resolve, reject) => {
-      const req = indexedDB.open(DB_NAME, 1);
-      req.onupgradeneeded = () => req.result.createObjectStore(DB_STORE, { keyPath: "id" });
+      const req = indexedDB.open(DB_NAME, 2);
+      req.onupgradeneeded = () => {
+        const db = req.result;
+        if (!db.objectStoreNames.contains(DB_STORE)) db.createObjectStore(DB_STORE, { keyPath: "id" });
+        if (!db.objectStoreNames.contains(IMAGES)) db.createObjectStore(IMAGES);
+      };
       req.onsuccess = () => resolve(req.result);
       req.onerror = () => reject(req.error);
     });
@@ -83,37 +95,109 @@ function database() {
   return opened;
 }
 
+// Runs `work(stores)` in one transaction over both stores; resolves once it commits.
 async function transaction(mode, work) {
   const db = await database();
   return new Promise((resolve, reject) => {
-    const tx = db.transaction(DB_STORE, mode);
+    const tx = db.transaction([DB_STORE, IMAGES], mode);
     let result;
-    Promise.resolve(work(tx.objectStore(DB_STORE))).then((r) => (result = r), reject);
+    try {
+      Promise.resolve(work({ conversations: tx.objectStore(DB_STORE), images: tx.objectStore(IMAGES) })).then((r) => (result = r), reject);
+    } catch (error) {
+      tx.abort();
+      reject(error);
+      return;
+    }
     tx.oncomplete = () => resolve(result);
     tx.onabort = () => reject(tx.error || new DOMException("The write was aborted.", "AbortError"));
     tx.onerror = () => reject(tx.error);
   });
 }
 
+async function keyOf(url) {
+  let key = hashes.get(url);
+  if (!key) {
+    const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(url));
+    key = Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+    hashes.set(url, key);
+  }
+  return key;
+}
+
+// The messages with every image replaced by a reference (`found` gets key -> URL).
+async function withRefs(messages, found) {
+  const out = [];
+  for (const m of messages) {
+    let copy = m;
+    if (m.images && m.images.length) {
+      const refs = [];
+      for (const url of m.images) {
+        if (!url.startsWith("data:")) {
+          refs.push(url);
+          continue;
+        }
+        const key = await keyOf(url);
+        found.set(key, url);
+        refs.push(REF + key);
+      }
+      copy = { ...m, images: refs };
+    }
+    if (m.versions) copy = { ...copy, versions: await Promise.all(m.versions.map((tail) => (tail ? withRefs(tail, found) : null))) };
+    out.push(copy);
+  }
+  return out;
+}
+
+function resolveRefs(messages, images, used) {
+  for (const m of messages) {
+    if (m.images) {
+      m.images = m.images
+        .map((ref) => {
+          if (!ref.startsWith(REF)) return ref;
+          used.add(ref.slice(REF.length));
+          return images.get(ref.slice(REF.length));
+        })
+        .filter(Boolean);
+    }
+    for (const tail of m.versions || []) if (tail) resolveRefs(tail, images, used);
+  }
+}
+
 // Every kept conversation; those an earlier version kept in localStorage move here once.
+// Images no conversation names any more are dropped.
 export async function loadConversations() {
   let list = [];
+  const images = new Map();
   try {
-    list = await transaction("readonly", (store) => request(store.getAll()));
+    await transaction("readonly", async ({ conversations, images: store }) => {
+      const [records, keys, values] = await Promise.all([request(conversations.getAll()), request(store.getAllKeys()), request(store.getAll())]);
+      list = records;
+      keys.forEach((key, i) => images.set(key, values[i]));
+    });
   } catch {
     return { list: read(OLD_CONVERSATIONS, []).filter(isConversation), available: false };
+  }
+  const used = new Set();
+  for (const c of list) if (Array.isArray(c.messages)) resolveRefs(c.messages, images, used);
+  for (const [key, url] of images) {
+    storedImages.add(key);
+    hashes.set(url, key);
+  }
+  const unused = [...images.keys()].filter((key) => !used.has(key));
+  if (unused.length) {
+    transaction("readwrite", ({ images: store }) => Promise.all(unused.map((key) => request(store.delete(key))))).then(
+      () => unused.forEach((key) => storedImages.delete(key)),
+      () => {}
+    );
   }
   const old = read(OLD_CONVERSATIONS, null);
   if (Array.isArray(old)) {
     const known = new Set(list.map((c) => c.id));
     const moved = old.filter((c) => isConversation(c) && !known.has(c.id));
-    try {
-      for (const c of moved) await saveConversation(c);
-      localStorage.removeItem(OLD_CONVERSATIONS);
-      list = list.concat(moved);
-    } catch {
-      // kept where they were; tried again on the next load
-    }
+    let failed = false;
+    for (const c of moved) if (await saveConversation(c)) failed = true;
+    if (!failed) localStorage.removeItem(OLD_CONVERSATIONS); // else tried again on the next load
+    list = list.concat(moved);
   }
   return { list: list.filter(isConversation), available: true };
 }
@@ -121,7 +205,14 @@ export async function loadConversations() {
 // Resolves to null when kept, or to the browser's error (a QuotaExceededError when full).
 export async function saveConversation(conversation) {
   try {
-    await transaction("readwrite", (store) => request(store.put(conversation)));
+    const found = new Map();
+    const record = { ...conversation, messages: await withRefs(conversation.messages, found) };
+    const fresh = [...found].filter(([key]) => !storedImages.has(key));
+    await transaction("readwrite", ({ conversations, images }) => {
+      for (const [key, url] of fresh) images.put(url, key);
+      return request(conversations.put(record));
+    });
+    for (const [key] of fresh) storedImages.add(key);
     return null;
   } catch (error) {
     return error || new Error("not kept");
@@ -130,7 +221,7 @@ export async function saveConversation(conversation) {
 
 export async function deleteConversation(id) {
   try {
-    await transaction("readwrite", (store) => request(store.delete(id)));
+    await transaction("readwrite", ({ conversations }) => request(conversations.delete(id)));
   } catch {
     // nothing more to do: a conversation that was not kept is gone anyway
   }
