@@ -350,6 +350,22 @@ IDBObjectStore.prototype.put = function (value, ...rest) {
 """
 
 
+# The records as they are stored: conversations, and the keys of the images kept apart.
+RAW = """async () => {
+    const db = await new Promise((ok) => {
+        const open = indexedDB.open('ovtrio-playground');
+        open.onsuccess = () => ok(open.result);
+    });
+    const get = (store, what) => new Promise((ok) => {
+        const read = db.transaction(store).objectStore(store)[what]();
+        read.onsuccess = () => ok(read.result);
+    });
+    const out = {conversations: await get('conversations', 'getAll'), images: await get('images', 'getAllKeys')};
+    db.close();
+    return out;
+}"""
+
+
 def test_a_conversation_too_big_for_the_old_storage_is_kept_and_a_full_disk_loses_only_its_change(pages, tmp_path):
     fake = FakeChat(chat_stream("Seen."), vlm=True)
 
@@ -375,6 +391,12 @@ def test_a_conversation_too_big_for_the_old_storage_is_kept_and_a_full_disk_lose
     assert sorted(page.locator(".conv-name").all_inner_texts()) == ["A big picture", "Just text"]
     kept = next(c for c in stored(page) if c["title"] == "A big picture")
     assert kept["messages"][0]["images"][0].startswith("data:image/png;base64,")
+    # Kept apart, once, and named in the record.
+    raw = page.evaluate(RAW)
+    assert len(raw["images"]) == 1
+    assert [c["messages"][0].get("images") for c in raw["conversations"] if c["title"] == "A big picture"] == [
+        ["idb:" + raw["images"][0]]
+    ]
 
     # A refused write is said so, by name; a later conversation is still kept.
     page.click("#new-chat")
@@ -390,6 +412,17 @@ def test_a_conversation_too_big_for_the_old_storage_is_kept_and_a_full_disk_lose
     page_ready(page)
     # (The refused one stays as it was last kept: the empty "New chat".)
     assert titles(page) == ["A big picture", "Just text", "New chat", "Small and later"]
+    # Deleted, its image goes too (on the next load).
+    row = page.locator(".conv", has_text="A big picture")
+    row.locator(".conv-delete").click()
+    row.locator(".conv-delete").click()
+    page.wait_for_function("() => !document.documentElement.dataset.writing")
+    page.reload()
+    page_ready(page)
+    deadline = time.monotonic() + 10
+    while page.evaluate(RAW)["images"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert page.evaluate(RAW)["images"] == []
 
 
 # ---- two conversations at once ------------------------------------------------------------------------
