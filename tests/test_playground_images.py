@@ -251,15 +251,15 @@ def test_images_stay_with_the_conversation_across_a_reload_and_export_then_impor
 @pytest.mark.parametrize("how", ["picker", "paste", "drop"])
 def test_a_file_that_is_not_an_image_is_refused_in_the_page(vlm_page, tmp_path, how):
     watched, page = vlm_page, vlm_page.page
-    attach(page, how, b"just some notes\n", tmp_path, "notes.txt", "text/plain")
+    attach(page, how, b"PK\x03\x04 an archive", tmp_path, "archive.zip", "application/zip")
     page.wait_for_selector("#toast:not([hidden])")
-    assert "notes.txt is not an image" in page.inner_text("#toast")
+    assert "archive.zip is not an image" in page.inner_text("#toast")
     assert pending_thumbnails(page) == [] and page.is_hidden("#pending-images")
     configure(page, **forced(2))
     send(page, "Hello.")
     wait_for_reply(page)
     assert "error" not in last_reply(page)
-    assert image_parts(api_sent(watched)[-1]) == [] and "notes" not in json.dumps(watched.sent)
+    assert image_parts(api_sent(watched)[-1]) == [] and "archive" not in json.dumps(watched.sent)
 
 
 def test_an_image_over_the_servers_limit_gets_its_400_as_a_sentence(vlm_page, tmp_path):

@@ -1,6 +1,7 @@
 // Requests to the server in the three ways the page speaks: Chat Completions (SSE),
 // Responses (SSE) and Responses over the WebSocket. Each way turns the server's stream
 // into the same calls on a `sink`: text(delta, tokens), reasoning(delta),
+// toolCall(index, {id, name, arguments}) (arguments arrive in fragments),
 // usage({prompt, completion, cached}), responseId(id), finish(reason).
 
 export const API_MODES = { chat: "Chat Completions", responses: "Responses", socket: "Responses · WebSocket" };
@@ -21,12 +22,36 @@ function number(value, parse = parseFloat) {
 }
 
 // The stop field holds one stop string per line; "\n" written out means a newline.
+// All are sent: a server that takes fewer says so in a 400 the reply shows.
 export function stopStrings(text) {
   return String(text || "")
     .split("\n")
     .map((s) => s.replace(/\\n/g, "\n").replace(/\\t/g, "\t"))
-    .filter((s) => s.length > 0)
-    .slice(0, 4);
+    .filter((s) => s.length > 0);
+}
+
+// The small built-in tool the settings can offer the model: the page runs it itself.
+export const DEMO_TOOL = {
+  type: "function",
+  function: {
+    name: "get_current_time",
+    description: "The current date and time in an IANA time zone.",
+    parameters: { type: "object", properties: { timezone: { type: "string", description: "e.g. Europe/Paris" } }, required: ["timezone"] },
+  },
+};
+
+export function runDemoTool(argumentsText) {
+  let zone = "UTC";
+  try {
+    zone = String(JSON.parse(argumentsText || "{}").timezone || "UTC");
+  } catch {
+    return JSON.stringify({ error: "arguments are not JSON" });
+  }
+  try {
+    return JSON.stringify({ timezone: zone, time: new Date().toLocaleString("sv-SE", { timeZone: zone }) });
+  } catch {
+    return JSON.stringify({ error: `unknown time zone ${zone}` });
+  }
 }
 
 // The user's extra JSON fields (an object), or an Error with a sentence.
@@ -46,6 +71,11 @@ function sampling(settings, maxName) {
   const fields = {
     temperature: number(settings.temperature),
     top_p: number(settings.top_p),
+    top_k: number(settings.top_k, parseInt),
+    min_p: number(settings.min_p),
+    presence_penalty: number(settings.presence_penalty),
+    frequency_penalty: number(settings.frequency_penalty),
+    repetition_penalty: number(settings.repetition_penalty),
     [maxName]: number(settings.max_tokens, parseInt),
     seed: number(settings.seed, parseInt),
   };
@@ -54,57 +84,107 @@ function sampling(settings, maxName) {
   return Object.fromEntries(Object.entries(fields).filter(([, v]) => v !== undefined));
 }
 
-// A user message may carry `images` (data URLs): they become image parts after its
-// text (no text part when the message is only images).
-function withImages(message, textPart, imagePart) {
-  if (!message.images || !message.images.length) return message.content;
+// A user message may carry `images` (data URLs) and `files` (text files, as their
+// text): they become parts after its text (no text part when there is none).
+function withParts(message, textPart, imagePart) {
+  const files = message.files || [];
+  const images = message.images || [];
+  if (!images.length && !files.length) return message.content;
   const parts = message.content ? [textPart(message.content)] : [];
-  return [...parts, ...message.images.map(imagePart)];
+  for (const file of files) parts.push(textPart(`File ${file.name}:\n\n\`\`\`\n${file.text}\n\`\`\``));
+  return [...parts, ...images.map(imagePart)];
 }
 
-function chatContent(message) {
-  return withImages(message, (text) => ({ type: "text", text }), (url) => ({ type: "image_url", image_url: { url } }));
+function chatMessage(m) {
+  if (m.role === "tool") return { role: "tool", tool_call_id: m.toolCallId, content: m.content };
+  if (m.role === "assistant") {
+    if (!m.toolCalls || !m.toolCalls.length) return { role: "assistant", content: m.content };
+    return {
+      role: "assistant",
+      content: m.content || null,
+      tool_calls: m.toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } })),
+    };
+  }
+  return { role: "user", content: withParts(m, (text) => ({ type: "text", text }), (url) => ({ type: "image_url", image_url: { url } })) };
 }
 
-function responsesContent(message) {
-  return withImages(message, (text) => ({ type: "input_text", text }), (url) => ({ type: "input_image", image_url: url }));
+function responsesItems(m) {
+  if (m.role === "tool") return [{ type: "function_call_output", call_id: m.toolCallId, output: m.content }];
+  if (m.role === "assistant") {
+    const items = m.content || !m.toolCalls ? [{ role: "assistant", content: m.content }] : [];
+    for (const c of m.toolCalls || []) items.push({ type: "function_call", call_id: c.id, name: c.name, arguments: c.arguments });
+    return items;
+  }
+  return [{ role: "user", content: withParts(m, (text) => ({ type: "input_text", text }), (url) => ({ type: "input_image", image_url: url })) }];
 }
 
-// The request for answering the last (user) message of `history`.
+function tools(settings, extra) {
+  if (!settings.demo_tool) return {};
+  const given = Array.isArray(extra.tools) ? extra.tools : [];
+  return { tools: [...given, DEMO_TOOL] };
+}
+
+// The request for answering the last (user or tool) messages of `history`.
 // `probabilities`: {logprobs: bool, top: number|null}; `chain`: whether a Responses
-// request may continue from the previous reply's stored response.
-export function buildRequest({ mode, model, settings, history, probabilities, chain = true }) {
+// request may continue from the previous reply's stored response. `system`: the
+// conversation's system prompt.
+export function buildRequest({ mode, model, settings, system, history, probabilities, chain = true }) {
   const extra = extraFields(settings.extra);
   const logprobs = {};
   if (probabilities.logprobs) {
     logprobs.logprobs = true;
     if (probabilities.top) logprobs.top_logprobs = probabilities.top;
   }
+  const format = settings.response_format === "json_object" ? { type: "json_object" } : null;
   if (mode === "chat") {
     const messages = [];
-    if (settings.system.trim()) messages.push({ role: "system", content: settings.system });
-    for (const m of history) messages.push({ role: m.role, content: chatContent(m) });
+    if (system.trim()) messages.push({ role: "system", content: system });
+    for (const m of history) messages.push(chatMessage(m));
     const body = {
       model,
       messages,
       stream: true,
       stream_options: { include_usage: true },
       ...sampling(settings, "max_tokens"),
+      ...(format ? { response_format: format } : {}),
       ...logprobs,
       ...extra,
+      ...tools(settings, extra),
     };
     return { mode, path: "/v1/chat/completions", body };
   }
-  const previous = history.length >= 2 ? history[history.length - 2] : null;
-  const chained = chain && previous && previous.role === "assistant" && previous.responseId;
-  const turns = chained ? history.slice(-1) : history;
+  let last = history.length - 1;
+  while (last >= 0 && history[last].role !== "assistant") last--;
+  const previous = last >= 0 ? history[last] : null;
+  const chained = chain && previous && previous.responseId;
+  const turns = chained ? history.slice(last + 1) : history;
   const body = { model };
-  if (settings.system.trim()) body.instructions = settings.system;
+  if (system.trim()) body.instructions = system;
   if (chained) body.previous_response_id = previous.responseId;
-  body.input = turns.map((m) => ({ role: m.role, content: m.role === "user" ? responsesContent(m) : m.content }));
+  body.input = turns.flatMap(responsesItems);
   if (mode === "responses") body.stream = true;
-  Object.assign(body, sampling(settings, "max_output_tokens"), logprobs, extra);
+  Object.assign(body, sampling(settings, "max_output_tokens"), format ? { text: { format } } : {}, logprobs, extra, tools(settings, extra));
   return { mode, path: "/v1/responses", body };
+}
+
+// Continuing a reply cut at its token limit: the Messages API (/v1/messages) carries on
+// from an assistant message that ends the conversation ("prefill"); Chat Completions
+// and Responses would start a new turn instead. Text, images and files only (a
+// conversation with tool calls is not continued).
+export function continueRequest({ model, settings, system, history, reply }) {
+  const block = (text) => ({ type: "text", text });
+  const image = (url) => {
+    const match = /^data:([^;,]+);base64,(.*)$/s.exec(url);
+    return { type: "image", source: { type: "base64", media_type: match ? match[1] : "image/png", data: match ? match[2] : "" } };
+  };
+  const messages = history.map((m) => ({ role: m.role, content: m.role === "user" ? withParts(m, block, image) : m.content }));
+  messages.push({ role: "assistant", content: reply.content });
+  const sampled = sampling(settings, "max_tokens");
+  const body = { model, max_tokens: sampled.max_tokens || 1024, messages, stream: true };
+  if (system.trim()) body.system = system;
+  for (const name of ["temperature", "top_p", "top_k"]) if (sampled[name] !== undefined) body[name] = sampled[name];
+  if (sampled.stop) body.stop_sequences = sampled.stop;
+  return { mode: "messages", path: "/v1/messages", body };
 }
 
 function headers(key) {
@@ -180,6 +260,7 @@ export async function send(request, { key, signal, sink, socket }) {
       continue;
     }
     if (request.mode === "chat") chatChunk(message, sink);
+    else if (request.mode === "messages") messagesEvent(message, sink);
     else if (responsesEvent(message, sink)) break;
   }
 }
@@ -193,11 +274,32 @@ function chatChunk(chunk, sink) {
     if (reasoning) sink.reasoning(reasoning);
     const tokens = choice.logprobs && choice.logprobs.content ? tokensOf(choice.logprobs.content) : [];
     if (delta.content || tokens.length) sink.text(delta.content || "", tokens);
+    for (const call of delta.tool_calls || []) {
+      const fn = call.function || {};
+      sink.toolCall(call.index || 0, { id: call.id, name: fn.name, arguments: fn.arguments || "" });
+    }
     if (choice.finish_reason) sink.finish(choice.finish_reason);
   }
   if (chunk.usage) {
     const details = chunk.usage.prompt_tokens_details || {};
     sink.usage({ prompt: chunk.usage.prompt_tokens, completion: chunk.usage.completion_tokens, cached: details.cached_tokens });
+  }
+}
+
+const STOP_REASONS = { end_turn: "stop", stop_sequence: "stop", max_tokens: "length", tool_use: "tool_calls" };
+
+function messagesEvent(event, sink) {
+  if (event.type === "message_start" && event.message && event.message.usage) {
+    sink.usage({ prompt: event.message.usage.input_tokens, completion: 0 });
+  } else if (event.type === "content_block_delta" && event.delta) {
+    if (event.delta.type === "text_delta") sink.text(event.delta.text || "", []);
+    else if (event.delta.type === "thinking_delta") sink.reasoning(event.delta.thinking || "");
+  } else if (event.type === "message_delta") {
+    if (event.delta && event.delta.stop_reason) sink.finish(STOP_REASONS[event.delta.stop_reason] || event.delta.stop_reason);
+    if (event.usage) sink.usage({ completion: event.usage.output_tokens });
+  } else if (event.type === "error") {
+    const error = event.error || {};
+    throw new ApiError(error.type === "authentication_error" ? 401 : 400, error.message || "The server sent an error.");
   }
 }
 
@@ -209,6 +311,14 @@ function responsesEvent(event, sink) {
       return false;
     case "response.output_text.delta":
       sink.text(event.delta || "", tokensOf(event.logprobs));
+      return false;
+    case "response.output_item.added":
+      if (event.item && event.item.type === "function_call") {
+        sink.toolCall("r" + event.output_index, { id: event.item.call_id, name: event.item.name, arguments: event.item.arguments || "" });
+      }
+      return false;
+    case "response.function_call_arguments.delta":
+      sink.toolCall("r" + event.output_index, { arguments: event.delta || "" });
       return false;
     case "response.reasoning_summary_text.delta":
     case "response.reasoning_text.delta":

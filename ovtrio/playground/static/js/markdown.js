@@ -2,7 +2,9 @@
 // `<script>` or `<img onerror=...>` in the text stays visible text. Links keep only
 // http:, https: and mailto: targets; anything else (javascript:, data:, ...) is shown
 // as plain text. It covers what chat models write: fenced code (with a copy button),
-// headings, lists, quotes, tables, rules, emphasis, inline code, links.
+// headings, lists, quotes, tables, rules, emphasis, inline code, links, and math
+// ($...$, \(...\), $$...$$, \[...\]) kept as its TeX source in `.math` elements, which
+// vendor.js typesets with KaTeX (as it gives `data-lang` code blocks to highlight.js).
 
 import { h, copyText, flash } from "./dom.js";
 
@@ -12,6 +14,7 @@ const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
 const QUOTE = /^ {0,3}>\s?(.*)$/;
 const LIST_ITEM = /^( *)([-*+]|\d{1,9}[.)])\s+(.*)$/;
 const TABLE_DIVIDER = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
+const MATH_OPEN = /^ {0,3}(\$\$|\\\[)/;
 const SAFE_SCHEMES = new Set(["http:", "https:", "mailto:"]);
 
 export function renderMarkdown(text) {
@@ -30,7 +33,7 @@ export function safeHref(url) {
 }
 
 function startsBlock(line) {
-  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || LIST_ITEM.test(line);
+  return FENCE.test(line) || MATH_OPEN.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || LIST_ITEM.test(line);
 }
 
 function blocks(lines, parent) {
@@ -50,6 +53,22 @@ function blocks(lines, parent) {
       }
       i++; // the closing fence (or the end of a reply still streaming)
       parent.append(codeBlock(body.join("\n"), match[2]));
+    } else if ((match = MATH_OPEN.exec(line))) {
+      const close = match[1] === "$$" ? "$$" : "\\]";
+      let rest = line.trim().slice(2);
+      const tex = [];
+      i++;
+      for (;;) {
+        const end = rest.indexOf(close);
+        if (end >= 0) {
+          tex.push(rest.slice(0, end));
+          break;
+        }
+        tex.push(rest);
+        if (i >= lines.length) break; // still streaming
+        rest = lines[i++];
+      }
+      parent.append(h("div", { class: "math display", text: tex.join("\n").trim() }));
     } else if ((match = HEADING.exec(line))) {
       parent.append(inline(match[2], h("h" + Math.min(match[1].length + 2, 6), { class: "md-h" + match[1].length })));
       i++;
@@ -164,7 +183,7 @@ function codeBlock(code, language) {
     "div",
     { class: "code" },
     h("div", { class: "code-bar" }, h("span", { class: "code-lang", text: language || "text" }), copy),
-    h("pre", null, h("code", { text: code }))
+    h("pre", null, h("code", { text: code, "data-lang": language || null }))
   );
 }
 
@@ -179,6 +198,13 @@ function inline(text, parent) {
   let i = 0;
   while (i < text.length) {
     const c = text[i];
+    const math = c === "$" || c === "\\" ? mathAt(text, i) : null;
+    if (math) {
+      flush();
+      parent.append(h("span", { class: "math" + (math.display ? " display" : ""), text: math.tex }));
+      i = math.end;
+      continue;
+    }
     if (c === "\\" && i + 1 < text.length && /[!-/:-@[-`{-~]/.test(text[i + 1])) {
       plain += text[i + 1];
       i += 2;
@@ -248,6 +274,30 @@ function inline(text, parent) {
   }
   flush();
   return parent;
+}
+
+// Math starting at text[i]: {tex, display, end}, or null. A lone `$` (prices: "$5 and
+// $10") is text: the TeX may not start or end with a space, nor the closing `$` be
+// followed by a digit.
+function mathAt(text, i) {
+  const pairs = [
+    ["$$", "$$", true],
+    ["\\[", "\\]", true],
+    ["\\(", "\\)", false],
+    ["$", "$", false],
+  ];
+  for (const [open, close, display] of pairs) {
+    if (!text.startsWith(open, i)) continue;
+    const from = i + open.length;
+    let end = text.indexOf(close, from);
+    if (open === "$") {
+      while (end > 0 && text[end - 1] === "\\") end = text.indexOf(close, end + 1);
+      if (end < 0 || end === from || /\s/.test(text[from]) || /\s/.test(text[end - 1]) || /\d/.test(text[end + 1] || "")) return null;
+    }
+    if (end < 0 || end === from) continue;
+    return { tex: text.slice(from, end), display, end: end + close.length };
+  }
+  return null;
 }
 
 function anchor(label, url, bare = false) {

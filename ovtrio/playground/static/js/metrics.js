@@ -85,7 +85,15 @@ export class ServerPanel {
     const { running, queued, kv, kvBar, rate, status, spark } = this.el;
     status.textContent = problem || "live";
     status.className = problem ? "panel-status bad" : "panel-status good";
-    if (!values) return;
+    if (!values) {
+      // Down: no figures rather than old ones that look current.
+      for (const el of [running, queued, kv, rate]) el.textContent = "–";
+      kvBar.value = 0;
+      this.last = null;
+      this.history = [];
+      drawSpark(spark, this.history);
+      return;
+    }
     running.textContent = format(values.running, 0);
     queued.textContent = format(values.queued, 0);
     kv.textContent = values.kv == null ? "–" : format(values.kv, 1) + " %";
