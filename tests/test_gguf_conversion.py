@@ -30,6 +30,7 @@ from ovtrio.model.gguf_convert import (
     conversion_key,
     convert,
     converted_in_cache,
+    engine_readable,
     plan,
 )
 from ovtrio.model.gguf_targets import target_for
@@ -242,6 +243,39 @@ def test_a_file_in_parts_or_with_unknown_types_is_refused(tmp_path, all_types):
     with pytest.raises(ConversionError, match="split in parts"):
         convert(tmp_path / "part.gguf", tmp_path / "out.gguf")
     assert [t.target for t in plan(all_types) if t.name == "norm.weight"] == [None]
+
+
+def _source(path: Path):
+    from ovtrio.model.source import ModelSource
+
+    return ModelSource(path, "gguf", "m", 128, {}, convert_tensors=True)
+
+
+def test_without_the_cache_the_converted_file_lives_only_while_the_engine_loads(tmp_path, all_types):
+    from ovtrio.settings.server import Settings
+
+    with engine_readable(_source(all_types), Settings(model_cache=False), {}) as readable:
+        assert readable.path != all_types and readable.path.is_file() and not readable.convert_tensors
+        held = readable.path
+    assert not held.exists() and not held.parent.exists()
+
+
+def test_a_prebuilt_caches_conversion_is_used_and_nothing_is_written(tmp_path, all_types):
+    from ovtrio.settings.server import Settings
+
+    prebuilt = converted_in_cache(all_types, tmp_path / "prebuilt", "exact")
+    settings = Settings(cache_dir=str(tmp_path / "cache"), prebuilt_cache_dir=str(tmp_path / "prebuilt"))
+    with engine_readable(_source(all_types), settings, {}) as readable:
+        assert readable.path == prebuilt.path
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_draft_model_in_other_types_is_converted_first(tmp_path, all_types):
+    from ovtrio.model.speculation import _engine_readable_draft
+
+    converted = _engine_readable_draft(all_types, tmp_path / "cache", "exact")
+    assert converted.parent == tmp_path / "cache" / FOLDER
+    assert _engine_readable_draft(converted, tmp_path / "cache", "exact") == converted  # read as it is
 
 
 # Real servers on the embedded model in five types the engine cannot read.

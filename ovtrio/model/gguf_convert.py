@@ -276,11 +276,12 @@ def converted_in_cache(source: Path, cache_root: Path, preference: Preference) -
     Raises OSError when the cache cannot be written, ConversionError when the file
     cannot be converted."""
     started = time.perf_counter()
+    found = cached_conversion(source, cache_root, preference)
+    if found is not None:
+        return found
     folder = cache_root / FOLDER
     key = conversion_key(model_identity(source), preference)
     final = folder / f"{key}.gguf"
-    if final.is_file():
-        return Converted(final, _cached_lines(final), True, 0.0)
     folder.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(folder)
     partial = folder / _partial_name(key)
@@ -291,6 +292,12 @@ def converted_in_cache(source: Path, cache_root: Path, preference: Preference) -
     finally:
         partial.unlink(missing_ok=True)
     return Converted(final, lines, False, time.perf_counter() - started)
+
+
+def cached_conversion(source: Path, cache_root: Path, preference: Preference) -> Converted | None:
+    """The converted file for `source` in the cache at `cache_root`, if there is one."""
+    final = cache_root / FOLDER / f"{conversion_key(model_identity(source), preference)}.gguf"
+    return Converted(final, _cached_lines(final), True, 0.0) if final.is_file() else None
 
 
 def _cached_lines(final: Path) -> list[str]:
@@ -324,6 +331,15 @@ def engine_readable(source: ModelSource, settings: Settings, phases: dict[str, f
         yield source
         return
     started = time.perf_counter()
+    # A prebuilt cache (filled by `ovtrio convert` when an image was built) holds the
+    # converted file under the path its IR entry was keyed by.
+    prebuilt = Path(settings.prebuilt_cache_dir).expanduser() if settings.prebuilt_cache_dir else None
+    found = cached_conversion(source.path, prebuilt, settings.gguf_conversion) if prebuilt else None
+    if found is not None:
+        phases["conversion"] = time.perf_counter() - started
+        _log_conversion(source, found)
+        yield dataclasses.replace(source, path=found.path, convert_tensors=False)
+        return
     try:
         if settings.model_cache:
             try:
