@@ -99,11 +99,15 @@ def q8_0_blocks(weights: np.ndarray, scales: np.ndarray | None = None) -> np.nda
         d_wide = d.astype(np.float32)
         bad = ~np.isfinite(d_wide) | ((d_wide == 0) & (amax > 0)) | (np.abs(d_wide) * 127.5 < amax)
         d = np.where(bad, fallback, d)
-    wide = d.astype(np.float32)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        codes = np.where(wide != 0, np.rint(weights / wide), 0)
-    codes = np.clip(codes, -127, 127).astype(np.int8)
-    return np.concatenate([d.reshape(-1, 1).view(np.uint8), codes.view(np.uint8)], axis=1)
+    wide = d.astype(np.float32)
+    inverse = np.divide(np.float32(1), wide, out=np.zeros_like(wide), where=wide != 0)[:, None]
+    scaled = np.multiply(weights, inverse, dtype=np.float32)
+    np.rint(scaled, out=scaled)
+    np.clip(scaled, -127, 127, out=scaled)
+    out = np.empty((weights.shape[0], 34), dtype=np.uint8)
+    out[:, :2] = d.reshape(-1, 1).view(np.uint8)
+    out[:, 2:] = scaled.astype(np.int8).view(np.uint8)
+    return out
 
 
 def q6_k_blocks(
