@@ -119,19 +119,19 @@ def _set_scale(data: np.ndarray, quant: str, scale: float) -> None:
             data[:, :, at : at + 2] = np.frombuffer(np.float16(scale).tobytes(), dtype=np.uint8)
 
 
-def random_blocks(rng: np.random.Generator, rows: int, cols: int, quant: str) -> np.ndarray:
+def random_blocks(rng: np.random.Generator, rows: int, cols: int, quant: str, std: float = WEIGHT_STD) -> np.ndarray:
     """Random rows of `quant` as bytes ([rows, bytes per row]): codes uniform over the
-    type's range, one scale chosen so the weights' standard deviation is about
-    WEIGHT_STD (activations stay finite)."""
+    type's range, one scale chosen so the weights' standard deviation is about `std`
+    (activations stay finite)."""
     qtype = gguf.GGMLQuantizationType[quant]
     if quant == "BF16":
-        values = rng.normal(0.0, WEIGHT_STD, size=(rows, cols)).astype(np.float32)
+        values = rng.normal(0.0, std, size=(rows, cols)).astype(np.float32)
         return gguf.quants.quantize(values, qtype)
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     data = rng.integers(0, 256, size=(rows, cols // block, block_bytes), dtype=np.uint8)
     _set_scale(data, quant, 1.0)
     sample = gguf.quants.dequantize(data[: min(rows, 8)].reshape(min(rows, 8), -1), qtype)
-    _set_scale(data, quant, WEIGHT_STD / float(sample.std()))
+    _set_scale(data, quant, std / float(sample.std()))
     return data.reshape(rows, -1)
 
 

@@ -4,7 +4,7 @@ The converter alone first: each type's tensor, converted, against gguf.quants.de
 of the file's own blocks (exact where the target holds the same numbers, else within the
 bound docs/models.md states); the converted file in the model cache (kept whole or not
 at all, found again, rebuilt after a conversion killed half-way). Then real servers on
-the embedded model requantized into five types the engine cannot read: they serve, say
+the embedded model requantized into nine types the engine cannot read: they serve, say
 what they converted, load it from the cache the second time, and score a fixed text
 within a stated bound of the same file written in F16.
 """
@@ -61,20 +61,21 @@ EXACT = {"Q5_0": "Q8_0", "IQ4_NL": "Q8_0", "MXFP4": "Q8_0", "Q3_K": "Q6_K", "BF1
 
 def bound(target: str, source: np.ndarray) -> np.ndarray:
     """How far each converted weight may be from the file's, by target type (docs/models.md)."""
+    # (2^-25: half the step of f16's smallest numbers, which a tiny block's scale is.)
     if target == "Q8_0":  # half a step of 1/127 of the 32-weight block's largest, its scale rounded to f16
         amax = np.abs(source.reshape(-1, 32)).max(axis=1, keepdims=True)
-        return np.broadcast_to(amax * (1 / 254 + 2**-11), (amax.shape[0], 32)).reshape(source.shape)
+        return np.broadcast_to(amax * (1 / 254 + 2**-11) + 2**-25, (amax.shape[0], 32)).reshape(source.shape)
     if target == "Q6_K":  # half a step of 1/31 of the 16-weight group's largest, plus the int8 scale's rounding
         groups = np.abs(source.reshape(-1, 16, 16))
         amax16 = groups.max(axis=2, keepdims=True)
         amax256 = groups.max(axis=(1, 2), keepdims=True)
-        step = amax16 / 31 + amax256 / (31 * 127) * (1 + 2**-9)
+        step = amax16 / 31 + amax256 / (31 * 127) * (1 + 2**-9) + 2**-24
         return np.broadcast_to(step / 2, groups.shape).reshape(source.shape)
     if target == "Q4_1":  # half a step of 1/15 of the 32-weight block's range, scale and minimum in f16
         blocks = source.reshape(-1, 32)
         spread = blocks.max(axis=1, keepdims=True) - blocks.min(axis=1, keepdims=True)
         amax = np.abs(blocks).max(axis=1, keepdims=True)
-        return np.broadcast_to(spread / 30 * (1 + 2**-9) + amax * 2**-10, blocks.shape).reshape(source.shape)
+        return np.broadcast_to(spread / 30 + spread * 2**-11 + amax * 2**-10, blocks.shape).reshape(source.shape)
     raise AssertionError(target)
 
 
@@ -110,7 +111,6 @@ def test_each_type_becomes_one_the_engine_reads_with_the_files_numbers(all_types
     elif type_name == "IQ4_XS":  # the file's own codes; each 32-weight scale rounded to f16
         assert target == "Q8_0"
         assert np.all(np.abs(values - source) <= np.abs(source) * 2**-11)
-        assert not np.array_equal(values, source)  # (the rounding is real: the bound is needed)
     else:
         assert target == "Q8_0"
         assert np.all(np.abs(values - source) <= bound(target, source))
@@ -278,32 +278,43 @@ def test_a_draft_model_in_other_types_is_converted_first(tmp_path, all_types):
     assert _engine_readable_draft(converted, tmp_path / "cache", "exact") == converted  # read as it is
 
 
-# Real servers on the embedded model in five types the engine cannot read.
+# Real servers on the embedded model in nine types the engine cannot read.
 
-FIVE_TYPES = {"attn_q": "Q5_0", "attn_k": "Q5_1", "attn_v": "BF16", "ffn_gate": "MXFP4", "ffn_down": "IQ4_NL"}
+# Five types the gguf package writes from the model's weights (IQ4_NL by gguf_files.py),
+# and in the last four layers' ffn_down four K and IQ types of random codes: a tenth of
+# the weights' spread in four layers of thirty leaves a model (log-probabilities of a
+# model's size), which the comparison with F16 needs.
+BY_KIND = {"attn_q": "Q5_0", "attn_k": "Q5_1", "attn_v": "BF16", "ffn_gate": "MXFP4", "ffn_down": "IQ4_NL"}
+LAST_FFN_DOWN = ("Q5_K", "Q3_K", "IQ4_XS", "Q2_K")
 
 
-def five_types(name: str, shape: tuple[int, ...]) -> str | None:
-    kind = name.split(".")[-2] if name.startswith("blk.") else ""
-    return FIVE_TYPES.get(kind)
+def mixed_types(name: str, shape: tuple[int, ...]) -> str | None:
+    if not name.startswith("blk."):
+        return None
+    layer, kind = int(name.split(".")[1]), name.split(".")[2]
+    if kind == "ffn_down" and layer >= 30 - len(LAST_FFN_DOWN):
+        return LAST_FFN_DOWN[layer - (30 - len(LAST_FFN_DOWN))]
+    return BY_KIND.get(kind)
 
 
 @pytest.fixture(scope="module")
 def mixed_model(tmp_path_factory) -> tuple[Path, Path]:
-    """The five-type file, and the same weights (gguf's dequantize) in F16."""
+    """The file of nine types, and the same weights (gguf's dequantize) in F16."""
     folder = tmp_path_factory.mktemp("mixed")
-    mixed = requantized_embedded(folder / "mixed.gguf", five_types)
+    mixed = requantized_embedded(folder / "mixed.gguf", mixed_types)
     return mixed, as_f16(mixed, folder / "mixed-f16.gguf", keep=frozenset({"F32", "F16", "Q4_1", "Q8_0"}))
 
 
 TEXT = "The capital of France is Paris, and the capital of Italy is Rome. Water boils at one hundred degrees."
 # The converted file's log-probabilities of each token of TEXT against the F16 file's, at
-# f32 precision: measured at most 0.16 apart (0.05 on average). Only the Q5_1 weights
-# differ (by at most 1/254 of their block's largest); the rest is the CPU plugin, which
-# computes with 8-bit weights otherwise than with f16 ones (a mistake in the codes or
-# scales moves log-probabilities by whole units).
-PER_TOKEN_BOUND = 0.35
-MEAN_BOUND = 0.1
+# f32 precision, measured on a 2-core AMD EPYC: at most 0.45 apart, 0.10 on average (0.16
+# and 0.05 without the four random ffn_down tensors). The weights differ only where the
+# conversion is not exact (Q5_1, Q5_K, Q2_K, IQ4_XS: by the bounds above); the rest is
+# the CPU plugin, which computes with 8- and 6-bit weights otherwise than with f16 ones.
+# A mistake in the codes or scales of the thirty-tensor types moves log-probabilities by
+# whole units.
+PER_TOKEN_BOUND = 0.6
+MEAN_BOUND = 0.15
 
 
 def prompt_logprobs(server, model: str) -> list[float]:
@@ -316,7 +327,7 @@ def prompt_logprobs(server, model: str) -> list[float]:
     return reply.json()["choices"][0]["logprobs"]["token_logprobs"][1:]
 
 
-def test_a_file_of_five_types_serves_close_to_the_same_weights_in_f16_and_loads_from_the_cache(tmp_path, mixed_model):
+def test_a_file_of_nine_types_serves_close_to_the_same_weights_in_f16_and_loads_from_the_cache(tmp_path, mixed_model):
     mixed, reference = mixed_model
     cache = tmp_path / "cache"
     flags = ("--cache-dir", str(cache), "--inference-precision", "f32")
@@ -325,14 +336,11 @@ def test_a_file_of_five_types_serves_close_to_the_same_weights_in_f16_and_loads_
     with running_server(tmp_path, "--model", str(mixed), *flags) as server:
         got = prompt_logprobs(server, "mixed")
         log = server.log_path.read_text()
-    for line in (
-        "Q5_0 → Q8_0: 30 tensors",
-        "Q5_1 → Q8_0: 30 tensors",
-        "BF16 → F16: 30 tensors",
-        "MXFP4 → Q8_0: 30 tensors",
-        "IQ4_NL → Q8_0: 30 tensors",
-    ):
-        assert line in log, log
+    targets = {"Q3_K": "Q6_K", "BF16": "F16"}
+    counts = {**dict.fromkeys(BY_KIND.values(), 30), "IQ4_NL": 26, **dict.fromkeys(LAST_FFN_DOWN, 1)}
+    for type_name, count in counts.items():
+        tensors = "tensors" if count > 1 else "tensor"
+        assert f"{type_name} → {targets.get(type_name, 'Q8_0')}: {count} {tensors}" in log, log
     assert len(got) == len(expected) > 10
     differences = [abs(a - b) for a, b in zip(got, expected)]
     assert max(differences) <= PER_TOKEN_BOUND and sum(differences) / len(differences) <= MEAN_BOUND, differences

@@ -87,11 +87,20 @@ def _f16(values: np.ndarray) -> np.ndarray:
         return values.astype(np.float16)
 
 
+def _f16_at_least(values: np.ndarray) -> np.ndarray:
+    """The f16 numbers nearest `values` that are not smaller: a scale rounded down would
+    push the block's largest code out of range (small scales are f16 subnormals, whose
+    steps are 2^-24 whatever their size)."""
+    rounded = _f16(values)
+    low = rounded.astype(np.float32) < values
+    return np.where(low, np.nextafter(rounded, np.float16(np.inf)), rounded)
+
+
 def q8_0_blocks(weights: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
     """Q8_0: an f16 scale and 32 signed bytes. Without `scales`, the scale is the block's
     largest magnitude / 127; a given scale that f16 cannot hold falls back to that."""
     amax = np.abs(weights).max(axis=1)
-    fallback = _f16(amax / np.float32(127))
+    fallback = _f16_at_least(amax / np.float32(127))
     if scales is None:
         d = fallback
     else:
@@ -120,7 +129,7 @@ def q6_k_blocks(
     groups = weights.reshape(blocks, 16, 16)
     if super_scales is None or group_scales is None:
         ideal = np.abs(groups).max(axis=2) / np.float32(31)  # [blocks, 16]
-        d = _f16(ideal.max(axis=1) / np.float32(127))
+        d = _f16_at_least(ideal.max(axis=1) / np.float32(127))
         wide = d.astype(np.float32)[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             sc = np.where(wide > 0, np.ceil(ideal / wide), 0)
