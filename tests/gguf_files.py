@@ -38,6 +38,8 @@ def tiny_llama() -> Any:
 def blocks_of(weights: np.ndarray | None, rows: int, cols: int, type_name: str, rng: np.random.Generator) -> Any:
     """A [rows, cols] tensor of `type_name` as the bytes gguf writes: from `weights` when
     the package quantizes the type, else random."""
+    if weights is not None and type_name == "F32":
+        return weights.reshape(rows, cols).astype(np.float32)
     if weights is not None and type_name == "IQ4_NL":
         return iq4_nl(weights.reshape(rows, cols).astype(np.float32))
     if weights is not None and type_name in QUANTIZABLE:

@@ -144,6 +144,21 @@ def test_a_bf16_norm_becomes_f32_and_the_targets_follow_the_rows():
     assert target_for("Q4_K", (1536, 64)) is None
 
 
+def test_an_f32_matrix_becomes_f16_and_only_a_matrix_needs_it(tmp_path):
+    from ovtrio.model.gguf import read_gguf_header
+    from ovtrio.model.gguf_convert import needs_conversion
+
+    path = tensors_file(tmp_path / "f32.gguf", ["F32", "Q4_K"])
+    assert needs_conversion(read_gguf_header(path))  # the engine reads F32 only in vectors
+    assert not needs_conversion(read_gguf_header(tensors_file(tmp_path / "vector.gguf", ["Q4_K"])))
+    assert convert(path, tmp_path / "out.gguf") == ["F32 → F16: 1 tensor"]
+    source, out = dequantized(path), dequantized(tmp_path / "out.gguf")
+    target, values = out["w.F32"]
+    assert target == "F16"
+    assert np.all(np.abs(values - source["w.F32"][1]) <= np.abs(source["w.F32"][1]) * 2**-11 + 2**-25)
+    assert out["norm.weight"][0] == "F32" and np.array_equal(out["norm.weight"][1], source["norm.weight"][1])
+
+
 def test_one_log_line_per_converted_type(tmp_path):
     mixed = tensors_file(tmp_path / "mixed.gguf", ["Q5_K", "IQ4_XS", "Q4_K"])
     lines = convert(mixed, tmp_path / "out.gguf")

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ovtrio.model.cache import ModelIdentity, cache_folder, model_identity
+from ovtrio.model.gguf import GGUFHeader
 from ovtrio.model.gguf_targets import (
     ENGINE_TYPES,
     Preference,
@@ -100,8 +101,10 @@ def _plan(reader: Any, preference: Preference) -> list[TensorPlan]:
     return tensors
 
 
-def needs_conversion(tensor_types: frozenset[str]) -> bool:
-    return not tensor_types <= ENGINE_TYPES
+def needs_conversion(header: GGUFHeader) -> bool:
+    """Whether the file holds a tensor the engine cannot read: a type it lacks, or an F32
+    matrix (its reader takes F32 only in vectors such as norms)."""
+    return not header.tensor_types <= ENGINE_TYPES or "F32" in header.matrix_types
 
 
 def summary(tensors: list[TensorPlan]) -> list[str]:
@@ -155,8 +158,8 @@ def convert(source: Path, destination: Path, preference: Preference = "exact") -
 
 
 def _checked(path: Path, t: TensorPlan) -> TensorPlan:
-    """BF16 matrices with a weight beyond f16's range go to Q8_0 instead of F16."""
-    if t.target is None or t.source != "BF16" or t.target.type_name != "F16":
+    """BF16 and F32 matrices with a weight beyond f16's range go to Q8_0 instead of F16."""
+    if t.target is None or t.source not in ("BF16", "F32") or t.target.type_name != "F16":
         return t
     with open(path, "rb") as file:
         if all(bf16_fits_f16(values) for values in _weight_chunks(file, t)):

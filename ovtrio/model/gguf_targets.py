@@ -12,7 +12,9 @@ writes a dozen more. Every other type is rewritten into one of these, block by b
 - the others are dequantized and quantized again: into Q8_0 (8.5 bits a weight; each
   weight within 1/254 of its block's largest, far inside the file's own steps), or, when
   size is preferred, into Q6_K (6.56 bits; within 1/62 of its 16-weight group's largest)
-  for types of 5 bits or more and Q4_1 (5 bits) for smaller ones.
+  for types of 5 bits or more and Q4_1 (5 bits) for smaller ones;
+- F32 matrices (the reader takes F32 only in vectors) become F16, each weight within
+  2^-11 of itself, or Q8_0 when size is preferred.
 
 docs/models.md has the table with what each choice costs; tests/test_gguf_conversion.py
 checks each type against gguf.quants.dequantize.
@@ -63,9 +65,11 @@ _FIVE_BITS_OR_MORE = frozenset({"BF16", "Q5_0", "Q5_1", "Q5_K", "Q8_1", "Q8_K"})
 def target_for(type_name: str, shape: tuple[int, ...], preference: Preference = "exact") -> Target | None:
     """What a tensor of `type_name` and `shape` (ggml order: row length first) is written
     as; None when the engine reads it as it is."""
+    row = int(shape[0])
+    if type_name == "F32" and len(shape) >= 2:  # the reader takes F32 only in vectors
+        return Target("Q8_0", False) if preference == "small" and row % 32 == 0 else Target("F16", False)
     if type_name in ENGINE_TYPES:
         return None
-    row = int(shape[0])
     if type_name == "BF16" and len(shape) == 1:
         return Target("F32", True)  # a norm: F32 holds every bf16 number
     if preference == "small":

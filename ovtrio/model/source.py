@@ -112,7 +112,7 @@ def _check_gguf(path: Path) -> tuple[int, int | None, bool]:
             " (neither the engine nor the gguf package reads them)"
         )
     context_length = header.context_length or DEFAULT_CONTEXT_LENGTH
-    return context_length, header.vocab_size, needs_conversion(header.tensor_types)
+    return context_length, header.vocab_size, needs_conversion(header)
 
 
 def resolve_model(settings: Settings) -> ModelSource:

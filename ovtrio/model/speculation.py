@@ -158,7 +158,7 @@ def _engine_readable_draft(path: Path, cache: Path, preference: Preference) -> P
     from ovtrio.model.gguf_convert import ConversionError, converted_in_cache, needs_conversion
 
     try:
-        if not needs_conversion(read_gguf_header(path).tensor_types):
+        if not needs_conversion(read_gguf_header(path)):
             return path
         converted = converted_in_cache(path, cache, preference)
     except (OSError, GGUFFormatError, ConversionError) as exc:
