@@ -178,6 +178,21 @@ def test_the_converted_file_is_kept_and_found_again(tmp_path, all_types):
     assert sorted(p.suffix for p in first.path.parent.iterdir()) == [".gguf", ".gguf", ".json", ".json"]
 
 
+def test_of_two_conversions_at_once_the_first_published_stays(tmp_path, all_types, monkeypatch):
+    from ovtrio.model import gguf_convert
+
+    def convert_while_another_publishes(source, destination, preference):
+        lines = convert(source, destination, preference)
+        final = destination.parent / f"{conversion_key(model_identity(source), preference)}.gguf"
+        final.write_bytes(b"the other server's file")
+        return lines
+
+    monkeypatch.setattr(gguf_convert, "convert", convert_while_another_publishes)
+    mine = converted_in_cache(all_types, tmp_path / "cache", "exact")
+    assert mine.path.read_bytes() == b"the other server's file"
+    assert sorted(p.suffix for p in mine.path.parent.iterdir()) == [".gguf", ".json"]
+
+
 def test_the_key_follows_the_files_identity_and_the_preference(tmp_path, all_types):
     identity = model_identity(all_types)
     assert conversion_key(identity, "exact") == conversion_key(model_identity(all_types), "exact")

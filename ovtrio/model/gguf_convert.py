@@ -258,7 +258,7 @@ def _remove_abandoned(folder: Path) -> None:
     """Temporary files of conversions whose process has gone (killed half-way)."""
     for partial in folder.glob(".*.partial"):
         try:
-            pid = int(partial.name.rsplit(".", 2)[-2])
+            pid = int(partial.name.split(".")[2])  # ".<key>.<pid>.partial", ".<key>.<pid>.json.partial"
             os.kill(pid, 0)
         except ProcessLookupError:
             partial.unlink(missing_ok=True)
@@ -290,8 +290,15 @@ def converted_in_cache(source: Path, cache_root: Path, preference: Preference) -
     partial = folder / _partial_name(key)
     try:
         lines = convert(source, partial, preference)
-        (folder / f"{key}.json").write_text(json.dumps({"source": str(source), "converted": lines}), encoding="utf-8")
-        os.replace(partial, final)
+        summary_file = folder / f".{key}.{os.getpid()}.json.partial"
+        summary_file.write_text(json.dumps({"source": str(source), "converted": lines}), encoding="utf-8")
+        os.replace(summary_file, final.with_suffix(".json"))
+        try:
+            # A link, not a rename: of two servers converting the same file at once, the
+            # first to finish publishes, and the file another may be loading stays as it is.
+            os.link(partial, final)
+        except FileExistsError:
+            pass
     finally:
         partial.unlink(missing_ok=True)
     return Converted(final, lines, False, time.perf_counter() - started)
