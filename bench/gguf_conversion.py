@@ -4,9 +4,13 @@ For each type, bench/make_tiny_llama.py writes the fixture (TinyLlama 1.1B's sha
 random codes) in that type; then a process of its own converts it as a server's first
 start does (ovtrio.model.gguf_convert.convert, without the engine) and the time it took
 and its peak resident memory (the kernel's figure for that process, from wait4) are
-reported with the sizes of both files.
+reported with the sizes of both files. With `--decode-tokens N`, the converted file is
+then loaded by the engine (LLMPipeline, which converts it to an OpenVINO model in memory)
+and one stream's decode speed measured (the engine's time per output token over N
+tokens); `--types Q4_0` gives the speed of the fixture's native type beside them.
 
     python bench/gguf_conversion.py [--types Q5_K IQ4_XS ...] [--preference exact|small] [--folder /tmp]
+        [--decode-tokens 32]
 
 Prints a Markdown table; `run(args)` returns the same figures as a dict.
 """
@@ -31,6 +35,19 @@ from pathlib import Path
 from ovtrio.model.gguf_convert import convert
 lines = convert(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
 print(json.dumps(lines))
+"""
+
+
+DECODE = """
+import sys
+import openvino_genai
+pipe = openvino_genai.LLMPipeline(sys.argv[1], "CPU")
+config = openvino_genai.GenerationConfig()
+config.max_new_tokens = int(sys.argv[2])
+config.ignore_eos = True
+pipe.generate("Hello", config)  # the first request compiles kernels
+result = pipe.generate(["The capital of France is"], config)
+print(1000 / result.perf_metrics.get_tpot().mean)
 """
 
 
@@ -69,6 +86,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "peak_rss_mb": peak_mb,
                 "converted": json.loads(output),
             }
+            if args.decode_tokens:
+                _, _, speed = _measured([sys.executable, "-c", DECODE, str(converted), str(args.decode_tokens)])
+                results["types"][type_name]["decode_tok_s"] = float(speed.strip().splitlines()[-1])
         finally:
             converted.unlink(missing_ok=True)
             if not args.keep:
@@ -79,13 +99,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(results: dict[str, Any]) -> str:
     rows = [
-        "| type | file MB | converted MB | conversion s | peak RSS MB | converted as |",
-        "|---|---:|---:|---:|---:|---|",
+        "| type | file MB | converted MB | conversion s | peak RSS MB | decode tok/s | converted as |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for type_name, r in results["types"].items():
+        speed = f"{r['decode_tok_s']:.1f}" if "decode_tok_s" in r else ""
         rows.append(
             f"| {type_name} | {r['fixture_mb']:.0f} | {r['converted_mb']:.0f} | {r['seconds']:.1f}"
-            f" | {r['peak_rss_mb']:.0f} | {'; '.join(r['converted'])} |"
+            f" | {r['peak_rss_mb']:.0f} | {speed} | {'; '.join(r['converted']) or 'nothing'} |"
         )
     return "\n".join(rows)
 
@@ -96,6 +117,7 @@ def main() -> None:
     parser.add_argument("--preference", choices=("exact", "small"), default="exact", help="gguf_conversion setting")
     parser.add_argument("--folder", default="/tmp/ovtrio-gguf-conversion", help="where the files are written")
     parser.add_argument("--keep", action="store_true", help="keep the fixtures for another run")
+    parser.add_argument("--decode-tokens", type=int, default=0, help="also measure decode speed over this many tokens")
     args = parser.parse_args()
     print(table(run(args)))
 
