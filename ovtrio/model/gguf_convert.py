@@ -4,12 +4,13 @@ The new file has the same metadata (vocabulary, chat template, ...) and the same
 in the same order; each tensor of a type the engine lacks is written as the type
 gguf_targets.py chooses, the others are copied byte for byte. It is written tensor by
 tensor and, within a tensor, a few thousand rows at a time, read with plain file reads
-(not a memory map, whose pages would count as the process's memory): converting a 7B
-model needs tens of megabytes besides the engine, not a float copy of the model.
+(not a memory map, whose pages would count as the process's memory): converting the
+1B-class fixture took about 300 MB of resident memory in all, and a 7B model needs no
+more (docs/benchmarks.md#gguf-conversion), not a float copy of the model.
 
 Where the file goes: into the model cache, as gguf-converted/<key>.gguf, the key made of
 the file's identity (cache.model_identity), this converter's version and the preference.
-It is written under a temporary name and renamed into place once whole, so a conversion
+It is written under a temporary name and linked into place once whole, so a conversion
 killed half-way leaves no file under the final name (only a temporary one, removed by the
 next conversion once its process is gone), and the next start converts afresh. The
 engine's IR conversion of the new file is then cached as any GGUF file's is (cache.py),
