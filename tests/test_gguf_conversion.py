@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -187,7 +188,7 @@ def test_of_two_conversions_at_once_the_first_published_stays(tmp_path, all_type
         final.write_bytes(b"the other server's file")
         return lines
 
-    monkeypatch.setattr(gguf_convert, "convert", convert_while_another_publishes)
+    monkeypatch.setattr(gguf_convert, "convert_in_child", convert_while_another_publishes)
     mine = converted_in_cache(all_types, tmp_path / "cache", "exact")
     assert mine.path.read_bytes() == b"the other server's file"
     assert sorted(p.suffix for p in mine.path.parent.iterdir()) == [".gguf", ".json"]
@@ -207,53 +208,48 @@ def test_the_key_follows_the_files_identity_and_the_preference(tmp_path, all_typ
 def test_a_failed_conversion_leaves_nothing(tmp_path, all_types, monkeypatch):
     from ovtrio.model import gguf_convert
 
-    calls = []
+    def half_then_fail(source, destination, preference):
+        destination.write_bytes(all_types.read_bytes()[:1000])
+        raise ConversionError("stopped half-way")
 
-    def failing(file, t):
-        calls.append(t.name)
-        if len(calls) > 3:
-            raise ConversionError("stopped half-way")
-        return original(file, t)
-
-    original = gguf_convert._converted_chunks
-    monkeypatch.setattr(gguf_convert, "_converted_chunks", failing)
+    monkeypatch.setattr(gguf_convert, "convert_in_child", half_then_fail)
     with pytest.raises(ConversionError):
         converted_in_cache(all_types, tmp_path / "cache", "exact")
     assert list((tmp_path / "cache" / FOLDER).iterdir()) == []
 
 
-KILLED_CONVERSION = """
-import sys
-from pathlib import Path
-from ovtrio.model import gguf_convert
-original = gguf_convert._converted_chunks
-def slow(file, t):
-    if t.name != "norm.weight":
-        print("converting", flush=True)
-        import time; time.sleep(60)
-    return original(file, t)
-gguf_convert._converted_chunks = slow
-gguf_convert.converted_in_cache(Path(sys.argv[1]), Path(sys.argv[2]), "exact")
-"""
+def test_the_conversion_runs_in_a_process_of_its_own_and_says_why_it_fails(tmp_path, all_types):
+    from ovtrio.model.gguf_convert import convert_in_child
+
+    assert convert_in_child(all_types, tmp_path / "out.gguf") == convert(all_types, tmp_path / "same.gguf")
+    assert (tmp_path / "out.gguf").read_bytes() == (tmp_path / "same.gguf").read_bytes()
+    with pytest.raises(OSError, match="No such file"):
+        convert_in_child(all_types, tmp_path / "missing" / "out.gguf")
 
 
-def test_a_conversion_killed_half_way_is_never_used_and_the_next_converts_afresh(tmp_path, all_types):
+def test_a_start_killed_while_converting_leaves_nothing_used_and_the_next_converts_afresh(tmp_path, mixed_model):
+    """`ovtrio convert` (a server's load, without serving) killed with its converting
+    child once the converted file is half written."""
+    mixed, _ = mixed_model
     cache = tmp_path / "cache"
     process = subprocess.Popen(
-        [sys.executable, "-c", KILLED_CONVERSION, str(all_types), str(cache)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "ovtrio", "convert", "--model", str(mixed), "--cache-dir", str(cache)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
-        assert process.stdout is not None and process.stdout.readline().strip() == "converting"
-        [partial] = list((cache / FOLDER).iterdir())
-        assert partial.name.endswith(".partial") and partial.stat().st_size > 0
+        deadline = time.monotonic() + 120
+        while not any(p.stat().st_size > 1 << 20 for p in (cache / FOLDER).glob(".*.partial")):
+            assert process.poll() is None and time.monotonic() < deadline, "no conversion seen"
+            time.sleep(0.05)
     finally:
-        process.send_signal(signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     assert list((cache / FOLDER).glob("*.gguf")) == []  # nothing under a name a start would use
-    fresh = converted_in_cache(all_types, cache, "exact")
-    assert not fresh.cached
+    fresh = converted_in_cache(mixed, cache, "exact")
+    assert not fresh.cached and fresh.lines
     assert sorted(p.name for p in (cache / FOLDER).iterdir()) == sorted([fresh.path.name, fresh.path.stem + ".json"])
-    assert dequantized(fresh.path).keys() == dequantized(all_types).keys()
 
 
 def test_a_file_in_parts_or_with_unknown_types_is_refused(tmp_path, all_types):

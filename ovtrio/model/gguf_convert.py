@@ -25,6 +25,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -240,6 +242,28 @@ def _converted_chunks(file: Any, t: TensorPlan) -> Iterator[np.ndarray]:
         yield encode(raw.reshape(-1, source_block_bytes), weights)
 
 
+_CHILD = "from ovtrio.model.gguf_convert import main; main()"
+
+
+def convert_in_child(source: Path, destination: Path, preference: Preference = "exact") -> list[str]:
+    """convert() in a process of its own: numpy's decoding holds the GIL in many short
+    calls, which in the server's process would slow its event loop (health checks
+    answered in a second instead of milliseconds while the model converts), and the
+    memory it takes is returned whole when it ends."""
+    result = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(source), str(destination), preference],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit status {result.returncode}"
+        if reason.startswith("OSError: "):  # the destination cannot be written: the caller's fallback
+            raise OSError(reason.removeprefix("OSError: "))
+        raise ConversionError(reason.removeprefix(f"{ConversionError.__name__}: "))
+    return list(json.loads(result.stdout))
+
+
 # The converted file in the model cache.
 
 
@@ -290,7 +314,7 @@ def converted_in_cache(source: Path, cache_root: Path, preference: Preference) -
     _remove_abandoned(folder)
     partial = folder / _partial_name(key)
     try:
-        lines = convert(source, partial, preference)
+        lines = convert_in_child(source, partial, preference)
         summary_file = folder / f".{key}.{os.getpid()}.json.partial"
         summary_file.write_text(json.dumps({"source": str(source), "converted": lines}), encoding="utf-8")
         os.replace(summary_file, final.with_suffix(".json"))
@@ -325,7 +349,7 @@ def converted_for_now(source: Path, preference: Preference) -> Iterator[Converte
     folder = Path(tempfile.mkdtemp(prefix="ovtrio-gguf-"))
     try:
         target = folder / source.name
-        lines = convert(source, target, preference)
+        lines = convert_in_child(source, target, preference)
         yield Converted(target, lines, False, time.perf_counter() - started)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -391,3 +415,16 @@ def _log_conversion(source: ModelSource, converted: Converted) -> None:
     )
     for line in converted.lines:
         log.info("%s", line)
+
+
+def main() -> None:
+    """The child of convert_in_child (arguments: source, destination, preference):
+    convert, and print the summary lines as JSON."""
+    source, destination, preference = sys.argv[1:4]
+    try:
+        lines = convert(Path(source), Path(destination), "small" if preference == "small" else "exact")
+    except ConversionError as exc:
+        sys.exit(f"{ConversionError.__name__}: {exc}")
+    except OSError as exc:
+        sys.exit(f"OSError: {exc}")
+    print(json.dumps(lines))
