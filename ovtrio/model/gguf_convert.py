@@ -71,7 +71,7 @@ class ConversionError(ValueError):
 
 def convertible_types() -> frozenset[str]:
     """Tensor types a file may hold: the engine's, and those the gguf package decodes."""
-    from gguf.quants import _type_traits
+    from gguf.quants import _type_traits  # the package's table of what it decodes (it has no public list)
 
     return ENGINE_TYPES | frozenset(qtype.name for qtype in _type_traits)
 

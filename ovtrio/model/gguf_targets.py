@@ -34,7 +34,6 @@ Preference = Literal["exact", "small"]
 ENGINE_TYPES = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"})
 
 _F16_MAX = 65504.0
-_BF16_F16_EXACT_FROM = 2.0**-17  # smallest bf16 magnitude whose 8 significant bits fit f16
 
 
 @dataclass(frozen=True)
