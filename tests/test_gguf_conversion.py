@@ -25,15 +25,8 @@ import loopback
 from conftest import running_server
 from gguf_files import as_f16, dequantized, requantized_embedded, tensors_file
 from ovtrio.model.cache import model_identity
-from ovtrio.model.gguf_convert import (
-    FOLDER,
-    ConversionError,
-    conversion_key,
-    convert,
-    converted_in_cache,
-    engine_readable,
-    plan,
-)
+from ovtrio.model.gguf_convert import ConversionError, convert, plan
+from ovtrio.model.gguf_converted import FOLDER, conversion_key, converted_in_cache, engine_readable
 from ovtrio.model.gguf_targets import target_for
 
 # Every type llama.cpp writes that the engine does not read, and the gguf package decodes.
@@ -180,7 +173,7 @@ def test_the_converted_file_is_kept_and_found_again(tmp_path, all_types):
 
 
 def test_of_two_conversions_at_once_the_first_published_stays(tmp_path, all_types, monkeypatch):
-    from ovtrio.model import gguf_convert
+    from ovtrio.model import gguf_converted
 
     def convert_while_another_publishes(source, destination, preference):
         lines = convert(source, destination, preference)
@@ -188,7 +181,7 @@ def test_of_two_conversions_at_once_the_first_published_stays(tmp_path, all_type
         final.write_bytes(b"the other server's file")
         return lines
 
-    monkeypatch.setattr(gguf_convert, "convert_in_child", convert_while_another_publishes)
+    monkeypatch.setattr(gguf_converted, "convert_in_child", convert_while_another_publishes)
     mine = converted_in_cache(all_types, tmp_path / "cache", "exact")
     assert mine.path.read_bytes() == b"the other server's file"
     assert sorted(p.suffix for p in mine.path.parent.iterdir()) == [".gguf", ".json"]
@@ -206,13 +199,13 @@ def test_the_key_follows_the_files_identity_and_the_preference(tmp_path, all_typ
 
 
 def test_a_failed_conversion_leaves_nothing(tmp_path, all_types, monkeypatch):
-    from ovtrio.model import gguf_convert
+    from ovtrio.model import gguf_converted
 
     def half_then_fail(source, destination, preference):
         destination.write_bytes(all_types.read_bytes()[:1000])
         raise ConversionError("stopped half-way")
 
-    monkeypatch.setattr(gguf_convert, "convert_in_child", half_then_fail)
+    monkeypatch.setattr(gguf_converted, "convert_in_child", half_then_fail)
     with pytest.raises(ConversionError):
         converted_in_cache(all_types, tmp_path / "cache", "exact")
     assert list((tmp_path / "cache" / FOLDER).iterdir()) == []

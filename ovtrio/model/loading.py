@@ -21,7 +21,7 @@ from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.engine_file import openable_by_engine
-from ovtrio.model.gguf_convert import engine_readable
+from ovtrio.model.gguf_converted import engine_readable
 from ovtrio.model.plain_text import PlainText, load_plain_text
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for

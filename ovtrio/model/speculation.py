@@ -155,7 +155,8 @@ def draft_folder(path: Path, cache: Path, preference: Preference = "exact") -> P
 
 def _engine_readable_draft(path: Path, cache: Path, preference: Preference) -> Path:
     from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
-    from ovtrio.model.gguf_convert import ConversionError, converted_in_cache, needs_conversion
+    from ovtrio.model.gguf_convert import ConversionError, needs_conversion
+    from ovtrio.model.gguf_converted import converted_in_cache
 
     try:
         if not needs_conversion(read_gguf_header(path)):
