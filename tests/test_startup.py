@@ -59,7 +59,12 @@ def test_file_that_is_not_gguf_is_refused(tmp_path):
 
 def test_unsupported_gguf_architecture_is_refused(tmp_path):
     model = gguf_with_architecture(tmp_path / "falcon.gguf", "falcon")
-    assert_one_line_refusal(run_serve("--model", str(model)), "architecture 'falcon' is not supported")
+    assert_one_line_refusal(
+        run_serve("--model", str(model)),
+        "architecture 'falcon' is not supported",
+        "llama, qwen2, qwen3",
+        "`optimum-cli export openvino --model <hf id> <folder>`",
+    )
 
 
 def test_folder_without_openvino_ir_is_refused(tmp_path):

@@ -69,6 +69,9 @@ class GGUFHeader:
     tensor_types: frozenset[str]
     arrays: dict[str, list[Any]]
     array_lengths: dict[str, int]
+    # The types of tensors of two or more dimensions (matrices: the engine reads F32 only
+    # in vectors).
+    matrix_types: frozenset[str] = frozenset()
 
     @property
     def vocab_size(self) -> int | None:
@@ -215,7 +218,7 @@ def _parse(cursor: _Cursor, keep_arrays: frozenset[str]) -> GGUFHeader:
             arrays[key] = value
         elif value is not None:
             metadata[key] = value
-    types = set()
+    types, matrix_types = set(), set()
     for _ in range(tensor_count):
         cursor.string()  # tensor name
         n_dims = cursor.read("<I")
@@ -223,6 +226,13 @@ def _parse(cursor: _Cursor, keep_arrays: frozenset[str]) -> GGUFHeader:
         type_id = cursor.read("<I")
         cursor.read("<Q")  # data offset
         types.add(tensor_type_name(type_id))
+        if n_dims >= 2:
+            matrix_types.add(tensor_type_name(type_id))
     return GGUFHeader(
-        version=version, metadata=metadata, tensor_types=frozenset(types), arrays=arrays, array_lengths=array_lengths
+        version=version,
+        metadata=metadata,
+        tensor_types=frozenset(types),
+        arrays=arrays,
+        array_lengths=array_lengths,
+        matrix_types=frozenset(matrix_types),
     )

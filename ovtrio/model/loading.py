@@ -21,6 +21,7 @@ from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.engine_file import openable_by_engine
+from ovtrio.model.gguf_converted import engine_readable
 from ovtrio.model.plain_text import PlainText, load_plain_text
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
@@ -204,7 +205,10 @@ def convert_into_cache(source: ModelSource, settings: Settings) -> str:
         }
     )
     try:
-        _tokenizer, _pipeline, origin, _folder = _build_with_cache(source, quick, {})
+        with engine_readable(source, quick, {}) as readable:
+            _tokenizer, _pipeline, origin, _folder = _build_with_cache(readable, quick, {})
+    except ModelLoadError:
+        raise
     except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
         raise ModelLoadError(f"cannot convert model {source.path}: {client_reason(exc)}") from None
     if "not cached" in origin:
@@ -221,9 +225,10 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     try:
         ir_folder: Path | None = None
         if source.kind == "gguf" and settings.model_cache:
-            tokenizer, pipeline, origin, ir_folder = _build_with_cache(source, settings, phases)
+            with engine_readable(source, settings, phases) as readable:
+                tokenizer, pipeline, origin, ir_folder = _build_with_cache(readable, settings, phases)
         elif source.kind == "gguf":
-            with openable_by_engine(source.path) as path:
+            with engine_readable(source, settings, phases) as readable, openable_by_engine(readable.path) as path:
                 tokenizer, pipeline = _build(path, settings, phases)
             origin = "converted"
         else:
@@ -231,6 +236,8 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
             origin = "IR"
             # A vision-language model's language model takes embeddings: nothing to score with.
             ir_folder = None if source.vision else source.path
+    except ModelLoadError:
+        raise
     except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
         hints = engine_properties(settings)
         with_hints = f" with {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else ""

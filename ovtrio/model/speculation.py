@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from ovtrio.model.cache import cache_folder
 from ovtrio.model.engine_file import place_for_engine
+from ovtrio.model.gguf_targets import Preference
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.settings.server import Settings
 
@@ -104,7 +105,8 @@ def pipeline_properties(settings: Settings, device_properties: dict[str, str]) -
         return {}
     import openvino_genai
 
-    folder = draft_folder(Path(settings.draft_model).expanduser(), cache_folder(settings.cache_dir, settings.data_dir))
+    cache = cache_folder(settings.cache_dir, settings.data_dir)
+    folder = draft_folder(Path(settings.draft_model).expanduser(), cache, settings.gguf_conversion)
     kwargs: dict[str, Any] = dict(device_properties)
     if settings.draft_cache_size is not None:
         # Without a scheduler config of its own, the engine splits the main KV cache
@@ -123,14 +125,15 @@ def pipeline_properties(settings: Settings, device_properties: dict[str, str]) -
     return {"draft_model": draft}
 
 
-def draft_folder(path: Path, cache: Path) -> Path:
+def draft_folder(path: Path, cache: Path, preference: Preference = "exact") -> Path:
     """An OpenVINO IR folder for the draft model at `path`.
 
     `openvino_genai.draft_model()` reads only IR folders (openvino_model.xml and the
     tokenizer's IR). A GGUF file is converted once by the engine's own GGUF reader
     (`enable_save_ov_model`, which writes next to the file it reads, so it reads a link
     or a copy in a folder of the model cache `cache`: engine_file.py), and the folder is
-    reused while the file is unchanged.
+    reused while the file is unchanged. A file with tensor types the engine cannot read
+    is rewritten first, as a main model's is (gguf_convert.py).
     """
     if path.is_dir():
         if not (path / "openvino_model.xml").is_file():
@@ -138,6 +141,7 @@ def draft_folder(path: Path, cache: Path) -> Path:
         return path
     if not path.is_file() or path.suffix.lower() != ".gguf":
         raise ModelLoadError(f"draft model {path} is neither an OpenVINO IR folder nor a .gguf file")
+    path = _engine_readable_draft(path, cache, preference)
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     folder = cache / "drafts" / key
@@ -147,6 +151,21 @@ def draft_folder(path: Path, cache: Path) -> Path:
     log.info("converting draft model %s to OpenVINO IR in %s (once)", path, folder)
     _convert_gguf(path, folder)
     return folder
+
+
+def _engine_readable_draft(path: Path, cache: Path, preference: Preference) -> Path:
+    from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
+    from ovtrio.model.gguf_convert import ConversionError, needs_conversion
+    from ovtrio.model.gguf_converted import converted_in_cache
+
+    try:
+        if not needs_conversion(read_gguf_header(path)):
+            return path
+        converted = converted_in_cache(path, cache, preference)
+    except (OSError, GGUFFormatError, ConversionError) as exc:
+        raise ModelLoadError(f"cannot convert draft model {path}: {exc}") from None
+    log.info("draft model %s: tensor types the engine cannot read, %s", path, "; ".join(converted.lines))
+    return converted.path
 
 
 def _convert_gguf(path: Path, folder: Path) -> None:

@@ -85,6 +85,13 @@ class ModelSettings(BaseModel):
         " deepseek_r1 and qwen3, vLLM's and OVMS's names, are think too. gpt-oss's reasoning comes with"
         " tool_parser harmony",
     )
+    gguf_conversion: Literal["exact", "small"] = Field(
+        "exact",
+        description="GGUF tensor types the engine cannot read are rewritten once at load (kept in the model"
+        " cache): exact keeps every weight where a type the engine reads holds it (Q5_0, IQ4_NL, MXFP4 as Q8_0,"
+        " Q3_K as Q6_K, BF16 as F16) and otherwise uses Q8_0, within 1/254 of each 32-weight block's largest;"
+        " small uses Q6_K or Q4_1 instead (a smaller, faster model, further from the file; see docs/models.md)",
+    )
     device: str = Field(
         "CPU",
         description="OpenVINO device: CPU, GPU, GPU.1, NPU, AUTO, HETERO:GPU,CPU, ...; a device this machine lacks"
