@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import io
 import json
+import socket
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -26,7 +30,8 @@ from openai_schema import validate
 from server_pool import server_fixture
 
 WHISPER = "whisper"
-MAX_SECONDS = 70
+MAX_SECONDS = 200
+QUEUED = 3
 
 audio_server = server_fixture(
     "audio_server",
@@ -36,6 +41,8 @@ audio_server = server_fixture(
     str(MAX_SECONDS),
     "--audio-max-bytes",
     "4000000",
+    "--audio-max-queued-requests",
+    str(QUEUED),
     "--no-embeddings",
     prepare=lambda folder: tiny_whisper.build(folder / WHISPER),
 )
@@ -66,6 +73,27 @@ def clock(seconds: float, separator: str) -> str:
 
 
 SPEECH = tone(4.5)
+
+
+def test_the_model_loads_on_its_first_request(audio_server, client):
+    log = audio_server.log_path.read_text(encoding="utf-8")
+    assert "loading transcription model" not in log, "loaded before anyone asked"
+    client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)))
+    log = audio_server.log_path.read_text(encoding="utf-8")
+    assert f"serving transcription model '{WHISPER}'" in log
+
+
+def test_a_whisper_folder_is_recognised_and_checked(tmp_path):
+    from ovtrio.audio.service import check_transcription_folder
+    from ovtrio.embedding.kinds import detect_kind
+    from ovtrio.model.source import ModelLoadError
+
+    folder = tiny_whisper.build(tmp_path / "whisper")
+    assert detect_kind(folder) == "transcription"
+    check_transcription_folder(folder)
+    (folder / "openvino_detokenizer.xml").unlink()
+    with pytest.raises(ModelLoadError, match=r"openvino_detokenizer\.xml"):
+        check_transcription_folder(folder)
 
 
 def test_models_lists_the_whisper_model_with_its_kind(client):
@@ -293,7 +321,8 @@ def _bad_files() -> dict[str, bytes]:
         "truncated wav": good[: len(good) // 3],
         "truncated mp3": encoded(SPEECH, "mp3")[:100],
         "unknown format (png)": b"\x89PNG\r\n\x1a\n" + bytes(200),
-        "too long": wav(tone(MAX_SECONDS + 5)),
+        "too long (declared by FLAC)": encoded(tone(MAX_SECONDS + 5), "flac"),
+        "too long (mp3)": encoded(tone(MAX_SECONDS + 5), "mp3"),
         "huge declared length, tiny body": wav_claiming(0x7FFFFF00),
         "riff junk": b"RIFF\x00\x00\x00\x00WAVEjunk" + bytes(64),
         "ogg junk": b"OggS" + bytes(300),
@@ -343,3 +372,122 @@ def test_the_sdks_error_is_raised_for_bad_audio(client):
         client.audio.transcriptions.create(model=WHISPER, file=("notes.txt", b"plain text"))
     assert caught.value.body["param"] == "file"
     assert json.dumps(caught.value.body)
+
+
+LONG = encoded(tone(190.0, hertz=300), "flac")  # 7 windows
+
+
+def windows_computed(server: RunningServer) -> float:
+    return server.metric("ovtrio_encoder_batch_size_count", model_name=WHISPER, kind="transcription")
+
+
+def wait_for(condition: Callable[[], bool], what: str, within: float = 120) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        time.sleep(0.02)
+
+
+def settled(server: RunningServer) -> float:
+    """The windows computed once the worker has stopped computing."""
+    value = windows_computed(server)
+    while True:
+        time.sleep(1.5)
+        now = windows_computed(server)
+        if now == value:
+            return now
+        value = now
+
+
+def multipart(fields: dict[str, str], data: bytes, boundary: str = "b0undary") -> bytes:
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in fields.items()
+    ]
+    head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.flac"\r\n\r\n'.encode()
+    return b"".join(parts) + head + data + f"\r\n--{boundary}--\r\n".encode()
+
+
+def send_and_leave_after(server: RunningServer, fields: dict[str, str], until: Callable[[], bool]) -> None:
+    """A raw connection sends the form, then closes once `until()` holds."""
+    body = multipart({"model": WHISPER, **fields}, LONG)
+    host, port = server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as leaver:
+        leaver.sendall(
+            b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: multipart/form-data; boundary=b0undary\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_for(until, "the request started")
+
+
+@pytest.mark.parametrize("stream", ["false", "true"])
+def test_a_client_that_leaves_stops_the_work(audio_server, client, stream):
+    client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)))  # loaded
+    before = settled(audio_server)
+    send_and_leave_after(audio_server, {"stream": stream}, lambda: windows_computed(audio_server) > before)
+    assert settled(audio_server) - before <= 2, "the windows after its client left were computed"
+    assert client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH))).text
+
+
+def long_request(server: RunningServer, results: list[httpx.Response]) -> threading.Thread:
+    def send() -> None:
+        results.append(
+            httpx.post(
+                server.v1 + "/audio/transcriptions",
+                data={"model": WHISPER},
+                files={"file": ("long.flac", LONG)},
+                timeout=600,
+            )
+        )
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def test_a_short_request_waits_for_a_window_of_a_long_one_not_all_of_it(audio_server, client):
+    client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)))
+    before = settled(audio_server)
+    held: list[httpx.Response] = []
+    holder = long_request(audio_server, held)
+    wait_for(lambda: windows_computed(audio_server) > before, "the long request started")
+    assert client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH))).text
+    assert holder.is_alive(), "the short request waited for all of the long one"
+    holder.join(timeout=600)
+    assert held[0].status_code == 200 and held[0].json()["text"]
+
+
+def test_a_full_queue_gives_429_with_retry_after(audio_server, client):
+    from helpers import assert_error
+
+    client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)))
+    settled(audio_server)
+    held: list[httpx.Response] = []
+    threads = [long_request(audio_server, held) for _ in range(QUEUED + 3)]
+    for thread in threads:
+        thread.join(timeout=600)
+    refused = [response for response in held if response.status_code == 429]
+    assert refused, [response.status_code for response in held]
+    assert_error(refused[0], 429, param=None, type="requests", code="rate_limit_exceeded")
+    assert int(refused[0].headers["Retry-After"]) >= 1
+    assert all(response.status_code in (200, 429) for response in held)
+    assert sum(response.status_code == 200 for response in held) >= QUEUED
+
+
+def test_health_stays_fast_while_four_transcriptions_run(audio_server, client):
+    client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)))
+    held: list[httpx.Response] = []
+    threads = [long_request(audio_server, held) for _ in range(4)]
+    latencies: list[float] = []
+    with httpx.Client(base_url=audio_server.base_url, timeout=10) as probe:
+        while any(thread.is_alive() for thread in threads):
+            started = time.perf_counter()
+            assert probe.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+    assert [response.status_code for response in held] == [200] * 4
+    assert len(latencies) > 50
+    p99 = float(np.percentile(latencies, 99))
+    assert p99 <= 0.050, f"/health p99 {p99 * 1000:.1f} ms over {len(latencies)} probes"

@@ -53,9 +53,19 @@ class Audio:
     def seconds(self) -> float:
         return len(self.samples) / SAMPLE_RATE
 
-    def window(self, start: int, length: int) -> np.ndarray:
-        """float32 samples in [-1, 1) from `start`, at most `length` of them."""
-        return self.samples[start : start + length].astype(np.float32) / 32768.0
+    def window(self, start: int, length: int) -> list[float]:
+        """Samples in [-1, 1) from `start`, at most `length` of them, as the list of
+        floats WhisperPipeline.generate takes.
+
+        The pipeline's binding copies its argument into a C++ vector while holding the
+        GIL: 480,000 numpy scalars took 20-50 ms, in which the event loop could not run.
+        A list of Python floats converts several times faster, and it is built here a
+        second at a time, each piece short enough for the event loop to run between."""
+        window = self.samples[start : start + length].astype(np.float32) / 32768.0
+        floats: list[float] = []
+        for piece in range(0, len(window), SAMPLE_RATE):
+            floats += window[piece : piece + SAMPLE_RATE].tolist()
+        return floats
 
 
 def sniff(data: bytes | bytearray | memoryview) -> str | None:
