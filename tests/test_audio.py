@@ -96,6 +96,16 @@ def test_a_whisper_folder_is_recognised_and_checked(tmp_path):
         check_transcription_folder(folder)
 
 
+def test_a_graph_that_hides_the_attention_scores_is_served_without_word_timestamps(tmp_path):
+    from ovtrio.audio.engine import Transcriber
+
+    folder = tiny_whisper.build(tmp_path / "whisper")
+    decoder = folder / "openvino_decoder_model.xml"
+    decoder.write_text(decoder.read_text(encoding="utf-8").replace("encoder_attn", "cross_attn"), encoding="utf-8")
+    assert not Transcriber(folder, "CPU", {}).words_available
+    assert Transcriber(tiny_whisper.build(tmp_path / "intact"), "CPU", {}).words_available
+
+
 def test_models_lists_the_whisper_model_with_its_kind(client):
     card = client.models.retrieve(WHISPER).model_dump()
     assert card["kind"] == "transcription"

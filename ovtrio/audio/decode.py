@@ -29,6 +29,8 @@ SAMPLE_RATE = 16000
 # First bytes -> FFmpeg demuxer. mp4/m4a/mov share one demuxer, as do webm and mkv.
 _MAGIC: tuple[tuple[int, bytes, str], ...] = (
     (0, b"RIFF", "wav"),
+    (0, b"RF64", "wav"),
+    (0, b"BW64", "wav"),
     (0, b"fLaC", "flac"),
     (0, b"OggS", "ogg"),
     (0, b"ID3", "mp3"),
@@ -75,9 +77,10 @@ def sniff(data: bytes | bytearray | memoryview) -> str | None:
     for offset, magic, name in _MAGIC:
         if head[offset : offset + len(magic)] == magic:
             return name
-    # MPEG audio without an ID3 tag starts with a frame sync (11 bits set).
+    # MPEG audio without an ID3 tag starts with a frame sync (11 bits set); its layer
+    # bits are never 00, which marks AAC in ADTS frames instead.
     if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:
-        return "mp3"
+        return "aac" if head[1] & 0x06 == 0 else "mp3"
     return None
 
 
@@ -130,7 +133,7 @@ def decode(data: bytes | bytearray | memoryview, max_seconds: float) -> Audio:
     return Audio(np.concatenate(parts) if len(parts) > 1 else parts[0], demuxer)
 
 
-_FORMAT_NAMES = {"mov": "mp4/m4a", "matroska": "webm"}
+_FORMAT_NAMES = {"mov": "mp4/m4a", "matroska": "webm", "aac": "AAC"}
 
 
 def _keep(parts: list[np.ndarray], frame, count: int, limit: int, max_seconds: float) -> int:

@@ -36,6 +36,7 @@ WINDOW_SAMPLES = WINDOW_SECONDS * SAMPLE_RATE
 _LEAST_ADVANCE = 5 * SAMPLE_RATE
 
 Task = Literal["transcribe", "translate"]
+_UNSET = 2**63  # GenerationConfig's "no limit" is SIZE_MAX
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,11 @@ def word_timestamps_available(folder: Path) -> bool:
 
 class Transcriber:
     def __init__(self, folder: Path, device: str, properties: dict[str, Any]) -> None:
-        import openvino_genai
-
         started = time.monotonic()
         self.folder = folder
         self.words_available = word_timestamps_available(folder)
         try:
-            self.pipeline = openvino_genai.WhisperPipeline(
-                str(folder), device, word_timestamps=self.words_available, **properties
-            )
+            self.pipeline = self._pipeline(device, properties)
         except RuntimeError as exc:
             raise ModelLoadError(f"cannot load Whisper model {folder}: {str(exc).splitlines()[0]}") from None
         self.config = self.pipeline.get_generation_config()
@@ -113,6 +110,25 @@ class Transcriber:
         self.max_prompt_tokens = self.max_target_positions // 2 - 1
         _language_names()  # read now, in the loading thread: transformers takes a while to import
         self.load_seconds = time.monotonic() - started
+
+    def _pipeline(self, device: str, properties: dict[str, Any]) -> Any:
+        """The pipeline, set up for word timestamps when the model has alignment heads
+        (its cross-attention is then computed in parts that expose the scores); a model
+        whose graph does not allow it is served without them."""
+        import openvino_genai
+
+        folder = str(self.folder)
+        if self.words_available:
+            try:
+                pipeline = openvino_genai.WhisperPipeline(folder, device, word_timestamps=True, **properties)
+                # The scores are found in the graph by name: a first window (a second of
+                # silence, a few tokens) shows whether they were.
+                pipeline.generate([0.0] * SAMPLE_RATE, max_new_tokens=3, word_timestamps=True)
+                return pipeline
+            except RuntimeError as exc:
+                log.warning("serving %s without word timestamps: %s", folder, str(exc).splitlines()[0])
+                self.words_available = False
+        return openvino_genai.WhisperPipeline(folder, device, **properties)
 
     def prompt_tokens(self, prompt: str | None) -> tuple[str | None, int]:
         """The prompt the model is given: the last max_prompt_tokens tokens of `prompt`
@@ -188,8 +204,13 @@ class Transcriber:
         if text:
             config.initial_prompt = text
         # The decoder's positions hold the start tokens (at most 4), the prompt and what
-        # it writes.
-        config.max_new_tokens = max(1, self.max_target_positions - count - 5)
+        # it writes: a prompt shortens what it may write. Without one the model's own
+        # bound stands (max_length in generation_config.json, 448 for openai's models),
+        # so that the text is the pipeline's own; a model that sets none gets this one.
+        bound = max(1, self.max_target_positions - count - 5)
+        own = config.max_new_tokens if config.max_new_tokens < _UNSET else config.max_length
+        if count or own >= _UNSET:
+            config.max_new_tokens = min(own, bound)
         config.do_sample = options.temperature > 0
         if options.temperature > 0:
             config.temperature = options.temperature

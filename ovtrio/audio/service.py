@@ -175,6 +175,7 @@ class TranscriptionService:
             self.worker.close(EncoderUnavailable(f"The model '{self.name}' failed to load: {exc}", "model_unavailable"))
             return
         self.model = model
+        self.words_available = model.words_available  # False if the graph did not allow them
         self.loaded.set()
         log.info("serving transcription model '%s' (loaded in %.2f s)", self.name, model.load_seconds)
         try:
