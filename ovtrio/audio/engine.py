@@ -164,18 +164,18 @@ class Transcriber:
         part.output_tokens = int(result.perf_metrics.get_num_generated_tokens())
         chunks = list(result.chunks or []) if timestamps else []
         next_start = start + len(samples)
+        part.text = result.texts[0]
         if chunks and len(samples) == WINDOW_SAMPLES and chunks[-1].end_ts < 0:
             # The last segment runs past the window: the next window starts at it.
             cut = start + int(chunks[-1].start_ts * SAMPLE_RATE)
             if cut - start >= _LEAST_ADVANCE:
                 chunks.pop()
                 next_start = cut
+                part.text = "".join(chunk.text for chunk in chunks)
         for chunk in chunks:
             end = chunk.end_ts if chunk.end_ts >= 0 else len(samples) / SAMPLE_RATE
             text = chunk.text
             part.segments.append(Segment(offset + chunk.start_ts, offset + end, text, self._tokens(text), seek))
-        if chunks or not timestamps:
-            part.text = "".join(chunk.text for chunk in chunks) if timestamps else result.texts[0]
         if options.words and result.words:
             limit = (next_start - start) / SAMPLE_RATE
             part.words = [
