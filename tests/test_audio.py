@@ -205,6 +205,17 @@ def test_language_and_prompt_reach_the_model(client, pipeline):
     assert prompted.text != reference(pipeline, SPEECH).texts[0], "the prompt changes what the model writes"
 
 
+def test_a_long_prompt_keeps_its_last_223_tokens(client, pipeline):
+    """Whisper keeps half its 448 positions for the previous text: a longer prompt is cut
+    to its end, as OpenAI's Whisper does, never run past the decoder's positions. The
+    fixture's tokens are bytes, so its last 223 tokens are its last 223 characters (the
+    space the pipeline puts before a prompt counted)."""
+    prompt = " ".join(f"word{index}" for index in range(600))  # about 4,000 tokens
+    result = client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)), prompt=prompt[:4000])
+    kept = (" " + prompt[:4000])[-223:].strip()
+    assert result.text == reference(pipeline, SPEECH, initial_prompt=kept).texts[0]
+
+
 @pytest.mark.parametrize("response_format", ["json", "text", "verbose_json", "srt"])
 def test_translation_is_the_pipelines_translate_task(client, pipeline, response_format):
     result = client.audio.translations.create(
