@@ -96,6 +96,23 @@ def test_a_whisper_folder_is_recognised_and_checked(tmp_path):
         check_transcription_folder(folder)
 
 
+def test_the_config_file_serves_whisper_beside_the_llm(tmp_path):
+    from ovtrio.audio.service import transcription_models_to_serve
+    from ovtrio.embedding.kinds import served_models
+    from ovtrio.settings.server import Settings
+
+    folder = tiny_whisper.build(tmp_path / "whisper")
+    config = tmp_path / "models.json"
+    config.write_text(
+        json.dumps({"models": [{"served_model_name": "chat"}, {"served_model_name": "ears", "model": str(folder)}]})
+    )
+    settings = Settings(config=str(config))
+    generation, encoders = served_models(settings)
+    assert [model.served_model_name for model in generation] == ["chat"]
+    assert [(model.served_model_name, kind) for model, kind in encoders] == [("ears", "transcription")]
+    assert [(name, path) for name, _, path in transcription_models_to_serve(settings, encoders)] == [("ears", folder)]
+
+
 def test_a_graph_that_hides_the_attention_scores_is_served_without_word_timestamps(tmp_path):
     from ovtrio.audio.engine import Transcriber
 
