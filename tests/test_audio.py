@@ -322,6 +322,19 @@ def test_the_route_takes_a_form_and_no_json(audio_server):
     assert_error(translation, 400, param="language")
 
 
+def test_a_page_of_another_origin_cannot_upload(audio_server):
+    """A page may post a form anywhere without asking first; its browser says where it
+    comes from, and the Origin check refuses it before any audio is decoded."""
+    response = httpx.post(
+        audio_server.v1 + "/audio/transcriptions",
+        data={"model": WHISPER},
+        files={"file": ("speech.wav", wav(SPEECH))},
+        headers={"Origin": "https://elsewhere.example"},
+        timeout=30,
+    )
+    assert response.status_code == 403
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
