@@ -1,6 +1,6 @@
 """Audio benchmark: what a minute of audio costs on a Whisper model, alone and through HTTP.
 
-    python bench/audio.py [--model FOLDER | --shape base] [--minutes 1] [--clients 4] [--rounds 2]
+    python bench/audio.py [--model FOLDER | --shape base] [--minutes 1] [--clients 4] [--rounds 2] [--health-only]
 
 Without --model it builds a random-weight Whisper with whisper-base's sizes
 (tests/tiny_whisper.py, `--shape base`: 74 M parameters, its 51,865-token vocabulary,
@@ -199,19 +199,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "audio_seconds": seconds,
             "load_average": os.getloadavg()[0],
             "cpus": os.cpu_count(),
-            "decode_seconds": decode_seconds(samples),
-            "pipeline_seconds": pipeline_seconds(folder, samples, args.rounds),
         }
+        if not args.health_only:
+            figures["decode_seconds"] = decode_seconds(samples)
+            figures["pipeline_seconds"] = pipeline_seconds(folder, samples, args.rounds)
         process, base = _start_server(folder, scratch)
         try:
             data, warm_up = wav(samples), wav(samples[:48000])
-            figures["server_seconds"] = server_seconds(base, folder.name, data, warm_up, args.rounds, words)
+            if not args.health_only:
+                figures["server_seconds"] = server_seconds(base, folder.name, data, warm_up, args.rounds, words)
+            _transcribe(base, folder.name, warm_up)
             figures["health_beside_transcriptions"] = {"clients": args.clients} | health_beside(
                 base, folder.name, data, args.clients
             )
         finally:
             process.terminate()
             process.wait(timeout=60)
+        figures["load_average_after"] = os.getloadavg()[0]
+    if args.health_only:
+        return figures
     alone = figures["pipeline_seconds"]["text"]
     figures["server_over_pipeline"] = round(figures["server_seconds"]["json"] / alone, 3)
     figures["seconds_per_audio_minute"] = {
@@ -227,6 +233,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=1.0, help="length of the audio")
     parser.add_argument("--clients", type=int, default=4, help="transcriptions at once while /health is probed")
     parser.add_argument("--rounds", type=int, default=2, help="turns of each timing; medians are printed")
+    parser.add_argument("--health-only", action="store_true", help="measure /health beside the transcriptions only")
     print(json.dumps(run(parser.parse_args()), indent=1))
 
 
