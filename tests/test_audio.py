@@ -547,3 +547,36 @@ def test_health_answers_while_four_transcriptions_run(audio_server, client):
     figures = f"p50 {np.median(latencies) * 1000:.1f} ms, p99 {np.percentile(latencies, 99) * 1000:.1f} ms"
     assert np.median(latencies) <= 0.050, figures
     assert max(latencies) <= 0.250, figures + f", max {max(latencies) * 1000:.1f} ms"
+
+
+def build_garbled(folder: Any) -> None:
+    tiny_whisper.build(folder / "garbled", scripted=False)
+
+
+garbled_audio_server = server_fixture(
+    "garbled_audio_server", "--transcription-model", "{folder}/garbled", "--no-embeddings", prepare=build_garbled
+)
+
+
+def test_a_model_writing_stray_bytes_gets_no_word_timings_and_the_server_lives_on(garbled_audio_server):
+    """The pipeline's word splitting crashes the process on text that is not UTF-8: such
+    a window is answered without words instead."""
+    base = garbled_audio_server.v1 + "/audio/transcriptions"
+    t = np.arange(int(16000 * 4.5)) / 16000
+    sine = (0.3 * np.sin(2 * np.pi * 440 * t) * 32767).astype(np.int16)  # what made it crash
+    for _ in range(2):
+        response = httpx.post(
+            base,
+            data={
+                "model": "garbled",
+                "response_format": "verbose_json",
+                "timestamp_granularities[]": ["word", "segment"],
+            },
+            files={"file": ("speech.wav", wav(sine))},
+            timeout=120,
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert "\ufffd" in body["text"], "the fixture writes stray bytes"
+        assert body["words"] == []
+    assert httpx.get(garbled_audio_server.base_url + "/health", timeout=10).status_code == 200

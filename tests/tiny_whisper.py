@@ -178,7 +178,7 @@ def build_encoder(w: _Weights):
     return ov.Model([ops.result(out)], [features], "encoder")
 
 
-def build_decoder(w: _Weights, vocab_size: int):
+def build_decoder(w: _Weights, vocab_size: int, scripted: bool = True):
     import openvino as ov
     import openvino.opset6 as ops6
     import openvino.opset13 as ops
@@ -239,7 +239,9 @@ def build_decoder(w: _Weights, vocab_size: int):
         x = ops.add(x, _linear(ops, _merge(ops, cross, w), w, w.shape.d_model, w.shape.d_model))
         x = ops.add(x, _mlp(ops, _layer_norm(ops, x, w), w))
     logits = ops.matmul(_layer_norm(ops, x, w), ops.constant(embedding), False, True)
-    logits = _named(ops.add(logits, _scripted_logits(ops, positions, vocab_size, w.shape.text_tokens)), "logits")
+    if scripted:
+        logits = ops.add(logits, _scripted_logits(ops, positions, vocab_size, w.shape.text_tokens))
+    logits = _named(logits, "logits")
     return ov.Model([ops.result(logits)], sinks, [input_ids, encoder_states, beam_idx], "decoder")
 
 
@@ -363,8 +365,10 @@ def _configs(folder: Path, ids: dict[str, int], vocab_size: int, w: _Weights) ->
         (folder / name).write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
-def build(folder: Path, seed: int = SEED, shape: Shape = TINY) -> Path:
-    """Write the fixture into `folder` (created) and return it."""
+def build(folder: Path, seed: int = SEED, shape: Shape = TINY, scripted: bool = True) -> Path:
+    """Write the fixture into `folder` (created) and return it. Not `scripted`, the
+    random decoder writes what it will: stray bytes (text that is not UTF-8) and
+    timestamps anywhere, as a broken model might."""
     import openvino as ov
     import openvino_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -375,7 +379,7 @@ def build(folder: Path, seed: int = SEED, shape: Shape = TINY) -> Path:
     weights = _Weights(seed, shape)
     ov.save_model(build_encoder(weights), str(folder / "openvino_encoder_model.xml"), compress_to_fp16=False)
     ov.save_model(
-        build_decoder(weights, vocab_size), str(folder / "openvino_decoder_model.xml"), compress_to_fp16=False
+        build_decoder(weights, vocab_size, scripted), str(folder / "openvino_decoder_model.xml"), compress_to_fp16=False
     )
     _configs(folder, ids, vocab_size, weights)
     hf_tokenizer = PreTrainedTokenizerFast(

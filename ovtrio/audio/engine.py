@@ -157,7 +157,7 @@ class Transcriber:
         timestamps = options.segments or options.words or long_form
         config = self._config(options, prompt, timestamps)
         streamer = _streamer(stream) if not timestamps else _stopper(stream)
-        result = self.pipeline.generate(samples, config, streamer)
+        result = self._generate(samples, config, streamer)
         offset = start / SAMPLE_RATE
         seek = start * 100 // SAMPLE_RATE
         part = Transcript(language=getattr(result, "language", None) or options.language, windows=1)
@@ -186,6 +186,23 @@ class Transcriber:
         if timestamps and part.text:
             stream(part.text)  # the window's text, as one piece
         return next_start, part
+
+    def _generate(self, samples: list[float], config: Any, streamer: Callable[[str], Any]) -> Any:
+        """The window's result. Word timings are computed from a first pass's text: the
+        pipeline's word splitting (openvino-genai 2026.4) crashes the process on text
+        that is not valid UTF-8 (a model writing stray bytes), so the words are asked
+        for, in a second pass that writes the same greedy text, only when the first
+        pass's text is clean; otherwise the window has no words."""
+        if not config.word_timestamps:
+            return self.pipeline.generate(samples, config, streamer)
+        config.word_timestamps = False
+        result = self.pipeline.generate(samples, config, streamer)
+        text = result.texts[0]
+        if "\ufffd" in text or any(ord(ch) < 32 and ch not in "\t\n\r" for ch in text):
+            log.warning("no word timestamps for a window whose text is not clean UTF-8")
+            return result
+        config.word_timestamps = True
+        return self.pipeline.generate(samples, config, streamer)
 
     def _tokens(self, text: str) -> list[int]:
         if not text:
