@@ -347,6 +347,7 @@ def test_a_page_of_another_origin_cannot_upload(audio_server):
         ({"stream": "true", "response_format": "srt"}, "stream"),
         ({"stream": "maybe"}, "stream"),
         ({"prompt": "x" * 5000}, "prompt"),
+        ({"response_format": "verbose_json", "timestamp_granularities[]": "word", "temperature": "0.5"}, "temperature"),
         ({"model": "SmolLM2-135M-Instruct"}, "model"),
     ],
 )

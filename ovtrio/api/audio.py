@@ -177,6 +177,13 @@ def _options(service: TranscriptionService, fields: MultiDict[str, str], task: T
             "timestamp_granularities[]",
             "unsupported_value",
         )
+    if words and temperature > 0:
+        raise invalid(
+            "Word timestamps are given for greedy decoding only ('temperature': 0): their text is checked before"
+            " the words are computed, which a sampled second pass would not keep.",
+            "temperature",
+            "unsupported_value",
+        )
     for name in ("include", "include[]"):
         for value in fields.getlist(name):
             raise invalid(f"Invalid value for 'include[]': '{value}' is not supported by Whisper models.", name)
