@@ -351,6 +351,14 @@ def test_the_text_box_takes_input_within_500_ms_of_navigation(browser, server):
 
 
 @browser_test
+def test_the_model_list_holds_the_models_that_chat_only(watched, server):
+    """/v1/models lists the embedder too (its card's kind says so): it is not offered."""
+    kinds = {card["id"]: card["kind"] for card in loopback.get(server.v1 + "/models").json()["data"]}
+    assert "embedding" in kinds.values()
+    options = watched.page.eval_on_selector_all("#model option", "options => options.map((o) => o.value)")
+    assert options == [name for name, kind in kinds.items() if kind == "generation"]
+
+
 def test_a_reply_streams_into_the_page(watched):
     page = watched.page
     configure(page, **forced(48))

@@ -41,9 +41,10 @@ def model_service(name: str | None = None) -> ModelService:
     if service is None:
         encoder = next((encoder for encoder in models.encoders if encoder.name == name), None)
         if encoder is not None:
+            routes = {"embedding": "embeddings", "rerank": "rerank", "transcription": "audio/transcriptions"}
             raise invalid(
                 f"The model '{name}' is a{'n' if encoder.kind == 'embedding' else ''} {encoder.kind} model; it serves"
-                f" /v1/{'embeddings' if encoder.kind == 'embedding' else 'rerank'}, not this endpoint.",
+                f" /v1/{routes[encoder.kind]}, not this endpoint.",
                 "model",
                 "model_kind_mismatch",
             )

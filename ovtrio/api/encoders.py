@@ -12,6 +12,7 @@ from quart import Response
 
 from ovtrio.api.context import model_registry
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
+from ovtrio.audio.service import TranscriptionService
 from ovtrio.embedding.service import EmbeddingWork, EncoderService, RerankWork
 from ovtrio.embedding.worker import EncoderUnavailable, Job
 
@@ -24,6 +25,14 @@ _JSON_IN_THREAD = 16 * 1024
 def encoder_for(name: str | None, kind: str, missing: str) -> EncoderService:
     """The encoder of `kind` that `name` names (None: the first); `missing` is the 404's
     message when the server has none of that kind."""
+    encoder = served_model_of_kind(name, kind, missing)
+    assert isinstance(encoder, EncoderService)
+    return encoder
+
+
+def served_model_of_kind(name: str | None, kind: str, missing: str) -> EncoderService | TranscriptionService:
+    """The model of `kind` (embedding, rerank, transcription) that `name` names (see
+    encoder_for)."""
     registry = model_registry()
     if registry.shutdown.draining.is_set():
         raise shutting_down()

@@ -10,6 +10,11 @@ is what the SDKs and the README's curl examples send, and what a browser sends o
 after a preflight that the Origin check answers (ovtrio/api/origins.py). Requests
 without a body (a GET, a DELETE, an empty POST) need no Content-Type. Like FastAPI,
 which refuses non-JSON bodies for the same reason.
+
+The audio routes take what OpenAI's audio API takes, a file upload
+(`multipart/form-data`), and only that. A page may send one of those without a
+preflight too, but its browser adds an Origin header, which the Origin check refuses
+unless the page is allowed (ovtrio/api/origins.py).
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from ovtrio.api.errors import APIError, error_response
 def is_json(mimetype: str) -> bool:
     """Whether a media type (lower case, no parameters) is JSON."""
     return mimetype == "application/json" or (mimetype.startswith("application/") and mimetype.endswith("+json"))
+
+
+FORM_PATHS = frozenset(
+    f"/{version}/audio/{route}" for version in ("v1", "v3") for route in ("transcriptions", "translations")
+)
 
 
 def has_body(content_length: int | None, transfer_encoding: str | None) -> bool:
@@ -46,6 +56,17 @@ def refusal(
 def install(app: Quart) -> None:
     @app.before_request
     async def require_json_body() -> Response | None:
+        if request.path in FORM_PATHS:
+            if request.mimetype == "multipart/form-data":
+                return None
+            return error_response(
+                APIError(
+                    415,
+                    f"Unsupported media type: {request.path} takes a file upload (multipart/form-data, as OpenAI's"
+                    " SDK and `curl -F` send it).",
+                    code="unsupported_media_type",
+                )
+            )
         error = refusal(
             request.headers.get("Content-Type"),
             request.mimetype,

@@ -8,6 +8,7 @@ from typing import Any
 from quart import Blueprint
 
 from ovtrio.api.context import model_registry, model_service
+from ovtrio.audio.service import TranscriptionService
 from ovtrio.embedding.service import EncoderService
 from ovtrio.serving.service import ModelService
 
@@ -20,6 +21,7 @@ def _model_card(service: ModelService) -> dict[str, Any]:
     # model takes images too.
     vision = service.source is not None and service.source.vision
     card["input_modalities"] = ["text", "image"] if vision else ["text"]
+    card["kind"] = "generation"
     # How its replies are read: the tool-call and reasoning formats, and what chose them.
     serving = service.serving
     if serving is not None:
@@ -27,13 +29,16 @@ def _model_card(service: ModelService) -> dict[str, Any]:
     return card
 
 
-def _encoder_card(encoder: EncoderService) -> dict[str, Any]:
+def _encoder_card(encoder: EncoderService | TranscriptionService) -> dict[str, Any]:
+    # `kind` says which routes serve the model (generation, embedding, rerank,
+    # transcription): a client finds the audio model by it.
     return {
         "id": encoder.name,
         "object": "model",
         "created": int(encoder.started_at),
         "owned_by": "ovtrio",
-        "input_modalities": ["text"],
+        "input_modalities": ["audio"] if encoder.kind == "transcription" else ["text"],
+        "kind": encoder.kind,
     }
 
 

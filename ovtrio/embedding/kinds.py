@@ -6,7 +6,8 @@ TextEmbeddingPipeline pools) and rerankers (cross-encoders: an output `logits`
 [batch, 1] or [batch, labels], read by TextRerankPipeline). The kind is read off the
 IR's XML without loading it (its outputs' names and ranks; a causal LM also has
 `logits`, but of rank 3 and beside a KV cache), or named in the config file
-(`model_kind`).
+(`model_kind`). A Whisper model (ovtrio/audio/) has no openvino_model.xml but an encoder
+and a decoder IR beside a config that says whisper.
 
 How an embedding model pools its hidden states is part of the model, not of the
 engine: the engine pools with the first token (CLS) unless told otherwise, so it is
@@ -24,7 +25,7 @@ from xml.etree import ElementTree
 from ovtrio.model.json_files import read_json_object
 from ovtrio.settings.server import Settings
 
-ModelKind = Literal["generation", "embedding", "rerank"]
+ModelKind = Literal["generation", "embedding", "rerank", "transcription"]
 Pooling = Literal["CLS", "MEAN", "LAST_TOKEN"]
 
 # Inputs only a causal LM with a KV cache has.
@@ -59,6 +60,8 @@ def ir_outputs(xml_path: Path) -> tuple[dict[str, int], set[str]]:
 def detect_kind(path: Path) -> ModelKind:
     """The kind of the model at `path` (a GGUF file or IR folder) from its IR's outputs."""
     xml_path = path / "openvino_model.xml"
+    if path.is_dir() and not xml_path.is_file() and is_whisper_folder(path):
+        return "transcription"
     if not path.is_dir() or not xml_path.is_file():
         return "generation"
     try:
@@ -72,6 +75,18 @@ def detect_kind(path: Path) -> ModelKind:
     if outputs.get("logits") == 2:
         return "rerank"
     return "generation"
+
+
+def is_whisper_folder(path: Path) -> bool:
+    """Whether `path` is a Whisper model exported by optimum: its encoder and decoder IRs
+    beside a config that says whisper."""
+    if not (path / "openvino_encoder_model.xml").is_file() or not (path / "openvino_decoder_model.xml").is_file():
+        return False
+    if read_json_object(path / "config.json").get("model_type") == "whisper":
+        return True
+    return (
+        read_json_object(path / "preprocessor_config.json").get("feature_extractor_type") == "WhisperFeatureExtractor"
+    )
 
 
 def model_kind(settings: Settings) -> ModelKind:
@@ -142,7 +157,8 @@ def served_models(settings: Settings) -> tuple[list[Settings], list[tuple[Settin
     generation, encoders = split_by_kind(model_settings(settings))
     if not generation:
         raise SettingsError(
-            "no generation model to serve: every model configured is an embedding or rerank model (serve those"
-            " beside one with --embedding-model, --rerank-model or a config file entry)"
+            "no generation model to serve: every model configured is an embedding, rerank or transcription model"
+            " (serve those beside one with --embedding-model, --rerank-model, --transcription-model or a config"
+            " file entry)"
         )
     return generation, encoders

@@ -1,6 +1,7 @@
 """The encoders' Prometheus metrics, per model (label `model_name`) and kind (`kind`:
-embedding or rerank): requests served, inputs (texts, or documents to rerank), tokens,
-requests refused with 429, and the number of inputs of each batch the model computed."""
+embedding, rerank or transcription): requests served, inputs (texts, documents to
+rerank, or 30 s windows of audio), tokens, requests refused with 429, and the number of
+inputs of each batch the model computed (a transcription model's is always one window)."""
 
 from __future__ import annotations
 
@@ -35,15 +36,18 @@ class _ModelObserver(EncoderObserver):
 class EncoderMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
-            "ovtrio_encoder_requests", "Embedding and rerank requests served", _LABELS, registry=registry
+            "ovtrio_encoder_requests", "Embedding, rerank and transcription requests served", _LABELS, registry=registry
         )
         self.inputs = Counter(
-            "ovtrio_encoder_inputs", "Texts embedded, or documents reranked", _LABELS, registry=registry
+            "ovtrio_encoder_inputs",
+            "Texts embedded, documents reranked, or 30 s audio windows transcribed",
+            _LABELS,
+            registry=registry,
         )
         self.tokens = Counter("ovtrio_encoder_tokens", "Tokens of the inputs computed", _LABELS, registry=registry)
         self.rejected = Counter(
             "ovtrio_encoder_requests_rejected",
-            "Embedding and rerank requests refused with 429 because the model's queue was full",
+            "Embedding, rerank and transcription requests refused with 429 because the model's queue was full",
             _LABELS,
             registry=registry,
         )

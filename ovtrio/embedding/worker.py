@@ -120,6 +120,11 @@ class EncoderWorker(Generic[Model]):
         """Queue `job` and wait for it to be computed. Raises Overloaded when the queue
         is full, EncoderUnavailable when the worker is closed. Cancelled (the client
         left), the job is dropped if its batch has not started."""
+        return await self.wait(self.enqueue(job))
+
+    def enqueue(self, job: Job) -> Job:
+        """Queue `job` (admission as `submit`'s), for `wait` later: a streamed request is
+        admitted before its response starts and waited for while it is written."""
         if self._closed is not None:
             raise self._closed
         waiting = self._waiting_jobs()
@@ -132,6 +137,12 @@ class EncoderWorker(Generic[Model]):
             )
         self._queue.append(job)
         self._wakeup.set()
+        return job
+
+    async def wait(self, job: Job) -> Job:
+        """`job` once computed (its error raised). Cancelled (the client left), the job
+        is dropped if its batch has not started, and stops after its current part if it
+        has."""
         try:
             await job.done.wait()
         finally:

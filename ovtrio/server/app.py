@@ -18,6 +18,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTo
 
 from ovtrio import seams
 from ovtrio.api import (
+    audio,
     auth,
     context,
     embeddings,
@@ -31,6 +32,7 @@ from ovtrio.api import (
     rerank,
     tokenize,
 )
+from ovtrio.api.audio_form import AUDIO_FORM_BYTES
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
@@ -39,6 +41,7 @@ from ovtrio.api.messages import routes as messages
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
+from ovtrio.audio.service import TranscriptionService, transcription_models_to_serve
 from ovtrio.embedding.kinds import served_models
 from ovtrio.embedding.metrics import EncoderMetrics
 from ovtrio.embedding.service import EncoderService, encoders_to_serve
@@ -94,7 +97,8 @@ def create_app(
     app.config["BODY_TIMEOUT"] = 60
     # A body over the limit is refused (413) before it is read when its Content-Length
     # says so, and as soon as it passes the limit otherwise.
-    body_limit = body_bytes(settings, each_model)
+    transcribers = transcription_models_to_serve(settings, configured_encoders)
+    body_limit = body_bytes(settings, each_model, audio=bool(transcribers))
     app.config["MAX_CONTENT_LENGTH"] = body_limit
     # Bodies keep the order they are built in: a top_logprobs object lists the most
     # likely token first (Quart would sort the keys).
@@ -102,9 +106,14 @@ def create_app(
     app.json.sort_keys = False
     server_metrics = ServerMetrics()
     encoder_metrics = EncoderMetrics(server_metrics.registry)
-    encoders = [
+    text_encoders = [(model, kind) for model, kind in configured_encoders if kind != "transcription"]
+    encoders: list[EncoderService | TranscriptionService] = [
         EncoderService(name, kind, encoder_settings, folder, observer=encoder_metrics.for_model)
-        for name, kind, encoder_settings, folder in encoders_to_serve(settings, configured_encoders)
+        for name, kind, encoder_settings, folder in encoders_to_serve(settings, text_encoders)
+    ]
+    encoders += [
+        TranscriptionService(name, model_settings, folder, observer=encoder_metrics.for_model)
+        for name, model_settings, folder in transcribers
     ]
     registry = ModelRegistry(
         each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading, encoders=encoders
@@ -144,6 +153,7 @@ def create_app(
         responses_socket,
         embeddings,
         rerank,
+        audio,
         models,
         tokenize,
         health,
@@ -184,7 +194,8 @@ def create_app(
         if isinstance(error, RequestEntityTooLarge):
             error = RequestEntityTooLarge(
                 f"The request body is larger than the {body_limit} bytes this server accepts"
-                " (--max-body-bytes, and for images --max-image-bytes x --max-images-per-request)."
+                " (--max-body-bytes, and for images --max-image-bytes x --max-images-per-request"
+                + (", for audio --audio-max-bytes)." if transcribers else ").")
             )
         response = error_response(api_error(error))
         # A 405 must say which methods the route does allow (RFC 9110, 15.5.6).
@@ -199,13 +210,17 @@ def create_app(
     return app
 
 
-def body_bytes(settings: Settings, each_model: Sequence[Settings]) -> int:
+def body_bytes(settings: Settings, each_model: Sequence[Settings], audio: bool = False) -> int:
     """The largest request body: --max-body-bytes, plus room for the most images a
     request may carry (as base64, 4 characters for 3 bytes) when a vision-language
-    model is served."""
-    if not any(model.model and is_vision_folder(Path(model.model).expanduser()) for model in each_model):
-        return settings.max_body_bytes
-    return settings.max_body_bytes + settings.max_images_per_request * (settings.max_image_bytes * 4 // 3 + 4)
+    model is served; at least an audio file and its form's fields when a transcription
+    model is."""
+    limit = settings.max_body_bytes
+    if any(model.model and is_vision_folder(Path(model.model).expanduser()) for model in each_model):
+        limit += settings.max_images_per_request * (settings.max_image_bytes * 4 // 3 + 4)
+    if audio:
+        limit = max(limit, settings.audio_max_bytes + AUDIO_FORM_BYTES)
+    return limit
 
 
 def exit_with_error(error: Exception) -> NoReturn:

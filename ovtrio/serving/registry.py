@@ -24,6 +24,7 @@ from typing import Literal
 
 import trio
 
+from ovtrio.audio.service import TranscriptionService, check_transcription_folder
 from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
 from ovtrio.scheduler import RequestObserver
@@ -43,7 +44,7 @@ class ModelRegistry:
         drain_timeout: float,
         observer: ObserverFactory | None = None,
         loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None,
-        encoders: Sequence[EncoderService] = (),
+        encoders: Sequence[EncoderService | TranscriptionService] = (),
     ) -> None:
         """`models`: each model's settings (config_file.model_settings). `observer` makes
         each model's request observer (the metrics). `loading`, when given, is the load
@@ -74,7 +75,10 @@ class ModelRegistry:
             self._longest_context = max(self._longest_context, source.context_length)
         names = set(self._by_name)
         for encoder in self.encoders:
-            check_encoder_folder(encoder.name, encoder.folder)
+            if isinstance(encoder, TranscriptionService):
+                check_transcription_folder(encoder.folder)
+            else:
+                check_encoder_folder(encoder.name, encoder.folder)
             if encoder.name in names:
                 raise ModelLoadError(f"two models are served as '{encoder.name}'; give each its own served_model_name")
             names.add(encoder.name)
@@ -87,7 +91,7 @@ class ModelRegistry:
     def find(self, name: str) -> ModelService | None:
         return self._by_name.get(name)
 
-    def find_encoder(self, name: str | None, kind: str) -> EncoderService | None:
+    def find_encoder(self, name: str | None, kind: str) -> EncoderService | TranscriptionService | None:
         """The encoder of `kind` named `name` (None: the first of that kind)."""
         for encoder in self.encoders:
             if encoder.kind == kind and (name is None or encoder.name == name):

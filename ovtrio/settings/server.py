@@ -109,13 +109,42 @@ class ServerSettings(BaseModel):
         description="OpenVINO IR folder of a cross-encoder to serve at /v1/rerank (optimum-cli export openvino"
         " --task text-classification)",
     )
+    transcription_model: str | None = Field(
+        None,
+        description="OpenVINO IR folder of a Whisper model to serve at /v1/audio/transcriptions and"
+        " /v1/audio/translations (optimum-cli export openvino --model openai/whisper-base FOLDER)",
+    )
     encoder_preload: bool = Field(
         False,
-        description="load the embedding and rerank models at start, not on their first request",
+        description="load the embedding, rerank and transcription models at start, not on their first request",
     )
-    encoder_device: str | None = Field(None, description="device of the embedding and rerank models (default: device)")
+    encoder_device: str | None = Field(
+        None, description="device of the embedding, rerank and transcription models (default: device)"
+    )
     encoder_inference_precision: Literal["auto", "f32", "bf16", "f16"] = Field(
-        "auto", description="precision the embedding and rerank models compute in (auto: the device's choice)"
+        "auto",
+        description="precision the embedding, rerank and transcription models compute in (auto: the device's choice)",
+    )
+    audio_max_bytes: int = Field(
+        25 * 1024 * 1024,
+        ge=1024,
+        description="largest audio file a transcription or translation request may upload, in bytes (the request"
+        " body may be this plus 64 KiB when a transcription model is served); larger ones get 413",
+    )
+    audio_max_seconds: float = Field(
+        1800.0,
+        gt=0,
+        description="longest audio a transcription or translation request may carry, in seconds (a file that"
+        " declares or decodes to more gets 400); it bounds the model's work for one request: one 30 s window each",
+    )
+    audio_decodes: int = Field(
+        2, ge=1, description="audio files decoded at once (each in a worker thread); more requests wait their turn"
+    )
+    audio_max_queued_requests: int = Field(
+        8,
+        ge=0,
+        description="transcription and translation requests waiting for their model (each holds its decoded audio,"
+        " 32 KB a second); beyond them requests get 429",
     )
     encoder_max_batch: int = Field(
         32, ge=1, description="most inputs an embedding model computes at once (requests waiting together are batched)"

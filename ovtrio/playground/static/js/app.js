@@ -740,7 +740,9 @@ function modelStatus(card) {
 async function loadModels() {
   try {
     const list = await getJSON("/v1/models", state.key);
-    state.modelCards = list.data || [];
+    // Only models that chat: /v1/models also lists embedding, rerank and
+    // transcription models, each card's `kind` says which.
+    state.modelCards = (list.data || []).filter((m) => !m.kind || m.kind === "generation");
     state.models = state.modelCards.map((m) => m.id);
     state.modelsProblem = null;
     hideKeyBanner();
