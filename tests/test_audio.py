@@ -551,8 +551,8 @@ def test_a_full_queue_gives_429_with_retry_after(audio_server, client):
 def test_health_answers_while_four_transcriptions_run(audio_server, client):
     """The event loop keeps running while the model computes: a window of the fixture
     takes a few hundred milliseconds, so a GIL held through one would show as probes that
-    wait that long. (Its p99 against the 50 ms goal is measured by bench/audio.py, on a
-    quiet machine: here other work shares the cores.)"""
+    wait that long. (Its p99 against the 50 ms goal is measured by `python -m bench audio`,
+    docs/benchmarks.md: here other work shares the cores.)"""
     client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)))
     held: list[httpx.Response] = []
     threads = [long_request(audio_server, held) for _ in range(4)]

@@ -1,6 +1,7 @@
-"""Audio benchmark: what a minute of audio costs on a Whisper model, alone and through HTTP.
+"""Speech to text: what a minute of audio costs on a Whisper model, alone and through HTTP.
 
-    python bench/audio.py [--model FOLDER | --shape base] [--minutes 1] [--clients 4] [--rounds 2] [--health-only]
+    python -m bench audio [--model FOLDER | --shape base] [--minutes 1] [--clients 4] [--rounds 2]
+        [--health-only]
 
 Without --model it builds a random-weight Whisper with whisper-base's sizes
 (tests/tiny_whisper.py, `--shape base`: 74 M parameters, its 51,865-token vocabulary,
@@ -18,16 +19,14 @@ Measured in one run:
 - /health latency (p50/p99/max, probed every 20 ms) while `--clients` transcriptions of
   the minute run at once.
 
-`run(args)` returns the figures as a dict; the command prints it as JSON.
+`--health-only`, another model or the tiny shape are variants of their own, so such a
+run does not hide the full one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,11 +37,24 @@ from typing import Any
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
-from serving import free_port, percentile  # noqa: E402
+# The test fixtures (tiny_whisper, audio_files) are imported by module name.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from bench.driver.results import ROOT, Figure, Outcome
+from bench.driver.server import serving
+from bench.driver.stats import median, percentile
+
+# Each format's name in the table, with the codec tests/audio_files.py writes it in.
+FORMATS = {
+    "wav": "wav",
+    "flac": "flac",
+    "mp3": "mp3",
+    "ogg": "ogg (opus)",
+    "m4a": "m4a (aac)",
+    "webm": "webm (opus)",
+}
+# The pipeline's modes and the server's response formats, as the table names them.
+MODES = {"text": "text", "segments": "segment timestamps", "words": "word timestamps"}
+KINDS = {"json": "json", "verbose_json": "verbose_json", "verbose_json_words": "verbose_json with words"}
 
 
 def _minute(minutes: float) -> np.ndarray:
@@ -104,33 +116,10 @@ def pipeline_seconds(folder: Path, samples: np.ndarray, rounds: int) -> dict[str
                 result = pipeline.generate(window, **config)
                 tokens += result.perf_metrics.get_num_generated_tokens()
             times.append(time.perf_counter() - started)
-        figures[name] = round(statistics.median(times), 3)
+        figures[name] = round(median(times), 3)
         figures[f"{name}_tokens"] = tokens
     del pipeline
     return figures
-
-
-def _start_server(folder: Path, scratch: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(scratch / "server.log", "w")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ovtrio", "serve", "--port", str(port), "--no-embeddings", "--encoder-preload"]
-        + ["--transcription-model", str(folder), "--audio-max-queued-requests", "16"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base + "/health/ready", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    return process, base
 
 
 def _transcribe(base: str, model: str, data: bytes, **fields: Any) -> httpx.Response:
@@ -158,7 +147,7 @@ def server_seconds(base: str, model: str, data: bytes, warm_up: bytes, rounds: i
             started = time.perf_counter()
             _transcribe(base, model, data, **fields)
             times.append(time.perf_counter() - started)
-        figures[name] = round(statistics.median(times), 3)
+        figures[name] = round(median(times), 3)
     return figures
 
 
@@ -177,14 +166,43 @@ def health_beside(base: str, model: str, data: bytes, clients: int) -> dict[str,
     for thread in threads:
         thread.join()
     return {
-        "p50_ms": round(statistics.median(latencies), 1),
+        "p50_ms": round(median(latencies), 1),
         "p99_ms": round(percentile(latencies, 99), 1),
         "max_ms": round(max(latencies), 1),
         "probes": len(latencies),
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def summary(samples: dict[str, Any]) -> dict[str, Figure]:
+    """The docs' table: each figure named with what it is and its unit."""
+    found: dict[str, Figure] = {"audio s": samples["audio_seconds"]}
+    for name, seconds in samples.get("decode_seconds", {}).items():
+        found[f"decoding {FORMATS[name]} s"] = seconds
+    for name, value in samples.get("pipeline_seconds", {}).items():
+        mode, _, tokens = name.partition("_")
+        found[f"pipeline, {MODES[mode]} {tokens or 's'}"] = value
+    for name, seconds in samples.get("server_seconds", {}).items():
+        found[f"server, {KINDS[name]} s"] = seconds
+    if "server_over_pipeline" in samples:
+        found["server json / pipeline text"] = samples["server_over_pipeline"]
+    health = samples["health_beside_transcriptions"]
+    clients = f"{health['clients']} transcriptions"
+    for figure in ("p50", "p99", "max"):
+        found[f"/health {figure} ms beside {clients}"] = health[f"{figure}_ms"]
+    found["/health probes"] = health["probes"]
+    return found
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="an exported Whisper folder (default: random weights of --shape)")
+    parser.add_argument("--shape", choices=["base", "tiny"], default="base", help="the random model's sizes")
+    parser.add_argument("--minutes", type=float, default=1.0, help="length of the audio")
+    parser.add_argument("--clients", type=int, default=4, help="transcriptions at once while /health is probed")
+    parser.add_argument("--rounds", type=int, default=2, help="turns of each timing; their medians are kept")
+    parser.add_argument("--health-only", action="store_true", help="measure /health beside the transcriptions only")
+
+
+def run(args: argparse.Namespace) -> Outcome:
     from audio_files import wav
     from ovtrio.audio.engine import word_timestamps_available
 
@@ -197,14 +215,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         figures: dict[str, Any] = {
             "model": args.model or f"random weights, {args.shape} shape",
             "audio_seconds": seconds,
-            "load_average": os.getloadavg()[0],
-            "cpus": os.cpu_count(),
         }
         if not args.health_only:
             figures["decode_seconds"] = decode_seconds(samples)
             figures["pipeline_seconds"] = pipeline_seconds(folder, samples, args.rounds)
-        process, base = _start_server(folder, scratch)
-        try:
+        flags = ["--no-embeddings", "--encoder-preload", "--transcription-model", str(folder)]
+        flags += ["--audio-max-queued-requests", "16"]
+        with (
+            open(scratch / "server.log", "w") as log,
+            serving(flags, log=log, ready_timeout=600, env={"PYTHONPATH": str(ROOT)}) as server,
+        ):
+            base = server.base_url
             data, warm_up = wav(samples), wav(samples[:48000])
             if not args.health_only:
                 figures["server_seconds"] = server_seconds(base, folder.name, data, warm_up, args.rounds, words)
@@ -212,30 +233,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             figures["health_beside_transcriptions"] = {"clients": args.clients} | health_beside(
                 base, folder.name, data, args.clients
             )
-        finally:
-            process.terminate()
-            process.wait(timeout=60)
-        figures["load_average_after"] = os.getloadavg()[0]
+    if not args.health_only:
+        alone = figures["pipeline_seconds"]["text"]
+        figures["server_over_pipeline"] = round(figures["server_seconds"]["json"] / alone, 3)
+    print(json.dumps(figures, indent=1), flush=True)
+    variant = [Path(args.model).name] if args.model else ([] if args.shape == "base" else [f"{args.shape} shape"])
     if args.health_only:
-        return figures
-    alone = figures["pipeline_seconds"]["text"]
-    figures["server_over_pipeline"] = round(figures["server_seconds"]["json"] / alone, 3)
-    figures["seconds_per_audio_minute"] = {
-        name: round(value * 60 / seconds, 3) for name, value in figures["server_seconds"].items()
-    }
-    return figures
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="an exported Whisper folder (default: random weights of --shape)")
-    parser.add_argument("--shape", choices=["base", "tiny"], default="base", help="the random model's sizes")
-    parser.add_argument("--minutes", type=float, default=1.0, help="length of the audio")
-    parser.add_argument("--clients", type=int, default=4, help="transcriptions at once while /health is probed")
-    parser.add_argument("--rounds", type=int, default=2, help="turns of each timing; medians are printed")
-    parser.add_argument("--health-only", action="store_true", help="measure /health beside the transcriptions only")
-    print(json.dumps(run(parser.parse_args()), indent=1))
-
-
-if __name__ == "__main__":
-    main()
+        variant.append("health only")
+    return Outcome(summary(figures), figures, ", ".join(variant))
