@@ -152,6 +152,28 @@ SAMPLES += [
         HARMONY_REASONING,
     ),
     Sample(
+        # The prompt ends with "<|start|>assistant": a call as the reply's first message
+        # goes on with that header, as the template renders past calls.
+        "harmony-recipient-in-the-prompt's-header",
+        HarmonyParser,
+        " to=functions.get_weather<|channel|>commentary json<|message|>"
+        + '{"city": "Paris", "unit": "celsius"}<|call|>',
+        "",
+        [("get_weather", WEATHER)],
+    ),
+    Sample(
+        "harmony-text-starting-with-to=",
+        HarmonyParser,
+        "to=do: nothing, no header here.",
+        "to=do: nothing, no header here.",
+    ),
+    Sample(
+        "harmony-call-without-a-name",  # no call to show: its arguments are content
+        HarmonyParser,
+        '<|channel|>commentary to=functions. <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+        '{"city": "Paris"}',
+    ),
+    Sample(
         "harmony-builtin-tool-is-reasoning",
         HarmonyParser,
         '<|channel|>analysis to=browser.search code<|message|>{"query": "paris"}<|call|>',
