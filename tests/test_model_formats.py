@@ -9,6 +9,7 @@ by its markers."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -20,6 +21,9 @@ import pytest
 from ovtrio.parsing import (
     PARSERS,
     HarmonyParser,
+    HermesToolParser,
+    JsonToolCallsParser,
+    Llama3JsonToolParser,
     MistralToolParser,
     ParsedDelta,
     Phi4MiniToolParser,
@@ -424,6 +428,49 @@ def test_harmony_without_tools_gives_calls_as_content() -> None:
     text = HARMONY_THINKING + harmony_call("get_weather", WEATHER)
     content, calls = HarmonyParser.for_request({})().parse(text)
     assert (content, calls) == (json.dumps(WEATHER), [])
+
+
+# --- Long replies, a character at a time -----------------------------------------------
+
+# Where a reader waits on whitespace (or a name) to see what follows it. A reply may go
+# on with newlines for as long as max_tokens lets it; the reader runs on the server's
+# event loop, so looking again at what it has already seen would hold every stream up.
+LONG_RUNS = [
+    (HermesToolParser, "", " "),
+    (HermesToolParser, '<tool_call>{"name": "f", "arguments": {}}', "\n"),
+    (JsonToolCallsParser, "", "\n"),
+    (JsonToolCallsParser, '{"tool_calls": []}', " "),
+    (Llama3JsonToolParser, "", " "),
+    (Llama3JsonToolParser, "<|python_tag|>", " "),
+    (Llama3JsonToolParser, '{"name": "f", "parameters": {}};', " "),
+    (MistralToolParser, '[TOOL_CALLS][{"name": "f", "arguments": {}}', " "),
+    (Phi4MiniToolParser, '<|tool_call|>[{"name": "f", "arguments": {}}]', "\n"),
+    (PythonicToolParser, "", "\n"),
+    (PythonicToolParser, "<|python_start|>", " "),
+    (PythonicToolParser, "[f", " "),
+    (PythonicToolParser, "[f(", " "),
+    (PythonicToolParser, "[f(", "a"),
+    (PythonicToolParser, "[f(a", " "),
+    (PythonicToolParser, "[f(a=1)", " "),
+    (PythonicToolParser, "[f(a=1)]", " "),
+    (HarmonyParser, '<|channel|>commentary to=functions.f<|message|>{"a":', " "),
+    (lambda: ReasoningSplitter(False), "", "\n"),
+]
+
+
+@pytest.mark.parametrize(
+    "make, head, filler", LONG_RUNS, ids=[f"{i}-{head[:12]}{filler!r}" for i, (_, head, filler) in enumerate(LONG_RUNS)]
+)
+def test_a_long_run_is_read_in_linear_time(make: Callable[[], Any], head: str, filler: str) -> None:
+    reader = make()
+    reader.feed(head)
+    # 200,000 characters take about a second when each is looked at once (and minutes
+    # when the run is read again for each): the bound leaves room for a busy machine.
+    deadline = time.perf_counter() + 5
+    for _ in range(200_000):
+        reader.feed(filler)
+        assert time.perf_counter() < deadline, "the reader reads the run again for each piece"
+    reader.finish()
 
 
 # --- Reasoning opened in the prompt (DeepSeek-R1 distills, Qwen3) ----------------------

@@ -65,7 +65,7 @@ class HarmonyParser(ToolCallParser):
         self._read_calls = calls
         self._kind = "content"  # what the current message's body is: content, reasoning, call
         self._body = ""  # a call's arguments text so far, as streamed
-        self._space = ""  # whitespace after it, held back
+        self._space: list[str] = []  # whitespace after it, held back
 
     def _initial_state(self) -> State:
         return self._at_start
@@ -115,7 +115,7 @@ class HarmonyParser(ToolCallParser):
         function = target[len("functions.") :] if target.startswith("functions.") else None
         if function and self._read_calls:
             self._announce(function)
-            self._kind, self._body, self._space = "call", "", ""
+            self._kind, self._body, self._space = "call", "", []
         else:
             self._call = None
             self._kind = "content" if function is not None or (not recipient and name != "analysis") else "reasoning"
@@ -152,11 +152,12 @@ class HarmonyParser(ToolCallParser):
         else:
             # The arguments as written, less the whitespace around them; whitespace is
             # held back until text follows it (only what is new is looked at).
-            if not self._body:
-                text = (self._space + text).lstrip()
-                self._space = ""
-            text, self._space = self._space + text, ""
             kept = text.rstrip()
-            self._space = text[len(kept) :]
-            self._body += kept
-            self._send_arguments(kept)
+            if not kept:
+                if self._body:
+                    self._space.append(text)
+                return
+            piece = "".join(self._space) + kept if self._body else kept.lstrip()
+            self._space = [text[len(kept) :]]
+            self._body += piece
+            self._send_arguments(piece)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ovtrio.parsing.ids import new_call_id
-from ovtrio.parsing.json_scan import JsonValue, skip_space
+from ovtrio.parsing.json_scan import JsonValue
 from ovtrio.parsing.mistral import MistralToolParser
 from ovtrio.parsing.tool_calls import State
 
@@ -43,7 +43,7 @@ class Phi4MiniToolParser(MistralToolParser):
 
     def _in_content(self, final: bool) -> bool:
         if self._close_due:  # after the calls, their close tag (possibly split) is not content
-            rest = self._buf[skip_space(self._buf) :]
+            rest = self._buf[self._space_end() :]
             if rest.startswith(self.CLOSE):
                 self._buf = rest[len(self.CLOSE) :]
             elif not final and self.CLOSE.startswith(rest):

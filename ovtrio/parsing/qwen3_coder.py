@@ -7,7 +7,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from ovtrio.parsing.json_scan import skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser, partial_tag_at_end
 
 Schemas = dict[str, dict[str, Any]]
@@ -177,7 +176,7 @@ class Qwen3CoderToolParser(ToolCallParser):
 
     def _after_call(self, final: bool) -> bool:
         """After a function: the call's close tag if it is there, then content."""
-        rest = self._buf[skip_space(self._buf) :]
+        rest = self._buf[self._space_end() :]
         if rest.startswith(self.CLOSE):
             self._buf = rest[len(self.CLOSE) :]
         elif not final and (not rest or partial_tag_at_end(rest, self.CLOSE) == len(rest)):
