@@ -407,6 +407,38 @@ def test_qwen3_coder_types_values_by_the_tools_schema() -> None:
     assert json.loads(calls[0].arguments) == {"code": 42, "count": 7, "flag": True}
 
 
+def strict_json(text: str) -> Any:
+    """JSON as a client's parser reads it: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+NUMBERS_NOT_JSON: Args = {"a": "NaN", "b": "Infinity", "c": "-Infinity", "d": "1e999", "e": "[1, NaN]"}
+
+
+@pytest.mark.parametrize(
+    "make, text, content, expected",
+    [
+        (Qwen3CoderToolParser, qwen3_coder_call("f", NUMBERS_NOT_JSON), "", NUMBERS_NOT_JSON),
+        (
+            Qwen3CoderToolParser.for_request({"f": {"properties": {"a": {"type": "number"}, "d": {"type": "number"}}}}),
+            qwen3_coder_call("f", NUMBERS_NOT_JSON),
+            "",
+            NUMBERS_NOT_JSON,
+        ),
+        # A literal with no JSON form ends the calls, as any argument that does not read.
+        (PythonicToolParser, "[f(a=1, b=1e999, c=2)]", "b=1e999, c=2)]", {"a": 1}),
+    ],
+)
+def test_arguments_are_json_without_nan_or_infinity(make, text: str, content: str, expected: Args) -> None:
+    assert run(make, [text])[0] == content
+    (call,) = make().parse(text)[1]
+    assert strict_json(call.arguments) == expected
+
+
 def test_qwen3_coder_streams_each_parameter_as_it_closes() -> None:
     parser = Qwen3CoderToolParser()
     first = parser.feed("<tool_call>\n<function=get_weather>\n<parameter=city>\nPa")

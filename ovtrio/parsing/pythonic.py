@@ -24,9 +24,9 @@ class PythonicToolParser(ToolCallParser):
     and a name and "(" is read as calls; anything else is content as generated. A call is
     announced at its "(", and each argument is streamed as `"name": value` (the literal
     as JSON: True as true, None as null, tuples as arrays) once its value ends. An
-    argument that is not a literal ends the calls: the calls read stay, and the text from
-    there on is content. Output cut off inside a value keeps what was written of it, as a
-    string.
+    argument that is not a literal, or has no JSON form (a set, 1e999), ends the calls:
+    the calls read stay, and the text from there on is content. Output cut off inside a
+    value keeps what was written of it, as a string.
     """
 
     START = "<|python_start|>"
@@ -149,7 +149,7 @@ class PythonicToolParser(ToolCallParser):
             return self._end_call(True, self._value) if final else False
         self._buf = self._buf[end + 1 :]
         try:
-            member = json.dumps(ast.literal_eval(self._value.strip()), ensure_ascii=False)
+            member = json.dumps(ast.literal_eval(self._value.strip()), ensure_ascii=False, allow_nan=False)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             self._buf = self._key + "=" + self._value + stop + self._buf
             return self._broken()

@@ -12,6 +12,10 @@ from ovtrio.parsing.tool_calls import State, ToolCallParser, partial_tag_at_end
 Schemas = dict[str, dict[str, Any]]
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
 class Qwen3CoderToolParser(ToolCallParser):
     """Qwen3-Coder (and Qwen3.5's XML form), as its chat template renders past calls:
 
@@ -160,12 +164,13 @@ class Qwen3CoderToolParser(ToolCallParser):
         kind = spec.get("type") if isinstance(spec, dict) else None
         if kind != "string" and not (isinstance(kind, list) and "string" in kind):
             try:
-                value = json.loads(text)
+                # NaN, Infinity and numbers too large for a float read as Python's JSON
+                # reader allows, but no client's reader takes them back: they are text.
+                value = json.loads(text, parse_constant=_not_json)
+                if not isinstance(value, str):
+                    return json.dumps(value, ensure_ascii=False, allow_nan=False)
             except ValueError:
                 pass
-            else:
-                if not isinstance(value, str):
-                    return json.dumps(value, ensure_ascii=False)
         return json.dumps(text, ensure_ascii=False)
 
     def _end_call(self) -> bool:
