@@ -252,6 +252,18 @@ SAMPLES += [
         "Sure.\n<tool_call>\n<function=get_wea",
     ),
     Sample(
+        "qwen3_coder-name-broken-by-a-newline",  # a name is one line, however it arrives
+        Qwen3CoderToolParser,
+        "<tool_call>\n<function=\nget_time>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=\nget_time>\n</function>\n</tool_call>",
+    ),
+    Sample(
+        "qwen3_coder-name-too-long",
+        Qwen3CoderToolParser,
+        "<function=" + "f" * 300 + "></function>",
+        "<function=" + "f" * 300 + "></function>",
+    ),
+    Sample(
         "qwen3_coder-not-xml",
         Qwen3CoderToolParser,
         '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',

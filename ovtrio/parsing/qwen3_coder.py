@@ -83,18 +83,17 @@ class Qwen3CoderToolParser(ToolCallParser):
         return True
 
     def _in_function_name(self, final: bool) -> bool:
-        end = self._buf.find(">")
-        if end < 0:
-            if final or len(self._buf) > self._MAX_NAME or "\n" in self._buf or "<" in self._buf:
-                self._give_back_call()
-                self._state = self._in_content
-                return True
-            return False
-        name = self._buf[:end].strip()
-        if not name or "<" in name or "\n" in name:
+        # A name is one line, up to ">": the same text is judged the same way, whether the
+        # ">" has come yet or not.
+        end = self._buf.find(">", 0, self._MAX_NAME + 1)
+        text = self._buf[: self._MAX_NAME + 1] if end < 0 else self._buf[:end]
+        name = text.strip()
+        if "<" in text or "\n" in text or len(text) > self._MAX_NAME or (end >= 0 and not name) or (end < 0 and final):
             self._give_back_call()
             self._state = self._in_content
             return True
+        if end < 0:
+            return False
         self._take_into_call(end + 1)
         self._announce(name)
         self._params = []
