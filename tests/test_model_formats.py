@@ -285,6 +285,12 @@ SAMPLES += [
         [("get_weather", WEATHER), ("get_time", TIME)],
     ),
     Sample(
+        "phi4_mini-empty-list",  # no calls, and no tag left over
+        Phi4MiniToolParser,
+        "<|tool_call|>[]<|/tool_call|>Nothing to call.",
+        "Nothing to call.",
+    ),
+    Sample(
         "phi4_mini-functools",
         Phi4MiniToolParser,
         'functools[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]',

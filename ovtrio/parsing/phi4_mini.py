@@ -35,10 +35,14 @@ class Phi4MiniToolParser(MistralToolParser):
 
     def __init__(self) -> None:
         super().__init__()
-        self._close_due = False  # a call was read: its close tag may come next
+        self._close_due = False  # a call (or an empty list) was read: its close tag may come next
 
     def _close_call(self, name: str | None, args: JsonValue | None) -> None:
         super()._close_call(name, args)
+        self._close_due = True
+
+    def _drop_call(self) -> None:
+        super()._drop_call()
         self._close_due = True
 
     def _in_content(self, final: bool) -> bool:
