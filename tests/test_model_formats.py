@@ -523,6 +523,33 @@ def test_a_long_run_is_read_in_linear_time(make: Callable[[], Any], head: str, f
     reader.finish()
 
 
+# Nesting deeper than Python's JSON reader goes (it raises RecursionError, not ValueError).
+DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.parametrize(
+    "make, text, calls",
+    [
+        (
+            Qwen3CoderToolParser,
+            f"<tool_call>\n<function=f>\n<parameter=a>\n{DEEP}\n</parameter>\n</function>\n</tool_call>",
+            [("f", {"a": DEEP})],
+        ),
+        (HermesToolParser, f'<tool_call>{{"name": {DEEP}, "arguments": {{}}}}</tool_call>', []),
+        (MistralToolParser, f'[TOOL_CALLS][{{"name": {DEEP}, "arguments": {{}}}}]', []),
+        (JsonToolCallsParser, f'{{"content": {DEEP}, "tool_calls": []}}', []),
+    ],
+    ids=["qwen3_coder-value", "hermes-name", "mistral-name", "json_tool_calls-content"],
+)
+def test_deep_nesting_is_read_not_raised(make, text: str, calls: list[tuple[str, Args]]) -> None:
+    """A value too deep to decode is text (a parameter's value) or not a call (a name, the
+    reply's content): the reply is still read, whole or a character at a time."""
+    for pieces in ([text], list(text)):
+        content, _, got, _ = run(make, pieces)
+        assert content == ("" if calls else text)
+        assert [(name, json.loads(arguments)) for name, arguments in got] == calls
+
+
 # --- Reasoning opened in the prompt (DeepSeek-R1 distills, Qwen3) ----------------------
 
 

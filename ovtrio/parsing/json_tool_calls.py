@@ -156,7 +156,7 @@ class JsonToolCallsParser(ToolCallParser):
             self._content_seen = True
             try:
                 text = json.loads(token.text)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep to decode
                 text = False  # unreadable: as unusable as any value but a string or null
             if isinstance(text, str):
                 if self._reply:

@@ -168,7 +168,7 @@ class Qwen3CoderToolParser(ToolCallParser):
                 value = json.loads(text, parse_constant=_not_json)
                 if not isinstance(value, str):
                     return json.dumps(value, ensure_ascii=False, allow_nan=False)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep to decode
                 pass
         return json.dumps(text, ensure_ascii=False)
 
