@@ -425,6 +425,14 @@ def test_qwen3_coder_types_values_by_the_tools_schema() -> None:
     assert json.loads(calls[0].arguments) == {"code": 42, "count": 7, "flag": True}
 
 
+def test_qwen3_coder_reads_python_booleans_where_the_schema_wants_a_boolean() -> None:
+    # A coder writes Python: True and False, as vLLM reads them too.
+    text = qwen3_coder_call("f", {"flag": "True", "other": "FALSE", "name": "True"})
+    schema = {"f": {"properties": {"flag": {"type": "boolean"}, "other": {"type": ["boolean", "null"]}}}}
+    _, calls = Qwen3CoderToolParser.for_request(schema)().parse(text)
+    assert json.loads(calls[0].arguments) == {"flag": True, "other": False, "name": "True"}
+
+
 def strict_json(text: str) -> Any:
     """JSON as a client's parser reads it: NaN and Infinity are not JSON."""
 

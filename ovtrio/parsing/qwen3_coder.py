@@ -31,11 +31,11 @@ class Qwen3CoderToolParser(ToolCallParser):
     the call is announced at `<function=NAME>`, and each parameter is streamed as
     `"name": value` once its close tag comes. A value is a JSON string unless the tool's
     schema (`schemas`, by function name) gives the parameter a type other than string and
-    the text reads as JSON; without a schema, text that reads as a JSON number, boolean,
-    null, object or array is that value. The newline the template writes on each side of
-    a value is not part of it. A missing `<tool_call>` before `<function=` is forgiven, as
-    are missing close tags. Output cut off inside a value keeps what was written of it,
-    as a string.
+    the text reads as JSON (a boolean also as Python's True or False); without a schema,
+    text that reads as a JSON number, boolean, null, object or array is that value. The
+    newline the template writes on each side of a value is not part of it. A missing
+    `<tool_call>` before `<function=` is forgiven, as are missing close tags. Output cut
+    off inside a value keeps what was written of it, as a string.
     """
 
     OPEN = "<tool_call>"
@@ -161,7 +161,10 @@ class Qwen3CoderToolParser(ToolCallParser):
         """The JSON text of a parameter's value."""
         spec = self._schemas.get(function, {}).get("properties", {}).get(param, {})
         kind = spec.get("type") if isinstance(spec, dict) else None
-        if kind != "string" and not (isinstance(kind, list) and "string" in kind):
+        kinds = kind if isinstance(kind, list) else [kind]
+        if "boolean" in kinds and text.strip().lower() in ("true", "false"):
+            return text.strip().lower()  # a coder writes Python's True and False
+        if "string" not in kinds:
             try:
                 # NaN, Infinity and numbers too large for a float read as Python's JSON
                 # reader allows, but no client's reader takes them back: they are text.
