@@ -53,6 +53,15 @@ FAMILIES: dict[str, tuple[str, str | None, str, str, str]] = {
         f"<|start|>assistant<|channel|>final<|message|>{ANSWER}<|return|>",
         "Need the weather tool.",
     ),
+    # The prompt ends with "<|start|>assistant": a call as the reply's first message goes
+    # on with that header, its recipient before the channel, as the template renders calls.
+    "harmony-call-first": (
+        "openai-gpt-oss-120b.jinja",
+        "harmony",
+        ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>',
+        f"<|channel|>final<|message|>{ANSWER}<|return|>",
+        "",
+    ),
     "qwen3-coder": (
         "Qwen3-Coder.jinja",
         "qwen3_coder",

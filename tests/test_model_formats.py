@@ -9,6 +9,7 @@ by its markers."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -20,6 +21,9 @@ import pytest
 from ovtrio.parsing import (
     PARSERS,
     HarmonyParser,
+    HermesToolParser,
+    JsonToolCallsParser,
+    Llama3JsonToolParser,
     MistralToolParser,
     ParsedDelta,
     Phi4MiniToolParser,
@@ -152,6 +156,28 @@ SAMPLES += [
         HARMONY_REASONING,
     ),
     Sample(
+        # The prompt ends with "<|start|>assistant": a call as the reply's first message
+        # goes on with that header, as the template renders past calls.
+        "harmony-recipient-in-the-prompt's-header",
+        HarmonyParser,
+        " to=functions.get_weather<|channel|>commentary json<|message|>"
+        + '{"city": "Paris", "unit": "celsius"}<|call|>',
+        "",
+        [("get_weather", WEATHER)],
+    ),
+    Sample(
+        "harmony-text-starting-with-to=",
+        HarmonyParser,
+        "to=do: nothing, no header here.",
+        "to=do: nothing, no header here.",
+    ),
+    Sample(
+        "harmony-call-without-a-name",  # no call to show: its arguments are content
+        HarmonyParser,
+        '<|channel|>commentary to=functions. <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+        '{"city": "Paris"}',
+    ),
+    Sample(
         "harmony-builtin-tool-is-reasoning",
         HarmonyParser,
         '<|channel|>analysis to=browser.search code<|message|>{"query": "paris"}<|call|>',
@@ -226,6 +252,18 @@ SAMPLES += [
         "Sure.\n<tool_call>\n<function=get_wea",
     ),
     Sample(
+        "qwen3_coder-name-broken-by-a-newline",  # a name is one line, however it arrives
+        Qwen3CoderToolParser,
+        "<tool_call>\n<function=\nget_time>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=\nget_time>\n</function>\n</tool_call>",
+    ),
+    Sample(
+        "qwen3_coder-name-too-long",
+        Qwen3CoderToolParser,
+        "<function=" + "f" * 300 + "></function>",
+        "<function=" + "f" * 300 + "></function>",
+    ),
+    Sample(
         "qwen3_coder-not-xml",
         Qwen3CoderToolParser,
         '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
@@ -245,6 +283,12 @@ SAMPLES += [
         '<|tool_call|>{"name": "get_time", "arguments": {"timezone": "Europe/Paris"}}<|/tool_call|>',
         "",
         [("get_weather", WEATHER), ("get_time", TIME)],
+    ),
+    Sample(
+        "phi4_mini-empty-list",  # no calls, and no tag left over
+        Phi4MiniToolParser,
+        "<|tool_call|>[]<|/tool_call|>Nothing to call.",
+        "Nothing to call.",
     ),
     Sample(
         "phi4_mini-functools",
@@ -381,6 +425,46 @@ def test_qwen3_coder_types_values_by_the_tools_schema() -> None:
     assert json.loads(calls[0].arguments) == {"code": 42, "count": 7, "flag": True}
 
 
+def test_qwen3_coder_reads_python_booleans_where_the_schema_wants_a_boolean() -> None:
+    # A coder writes Python: True and False, as vLLM reads them too.
+    text = qwen3_coder_call("f", {"flag": "True", "other": "FALSE", "name": "True"})
+    schema = {"f": {"properties": {"flag": {"type": "boolean"}, "other": {"type": ["boolean", "null"]}}}}
+    _, calls = Qwen3CoderToolParser.for_request(schema)().parse(text)
+    assert json.loads(calls[0].arguments) == {"flag": True, "other": False, "name": "True"}
+
+
+def strict_json(text: str) -> Any:
+    """JSON as a client's parser reads it: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+NUMBERS_NOT_JSON: Args = {"a": "NaN", "b": "Infinity", "c": "-Infinity", "d": "1e999", "e": "[1, NaN]"}
+
+
+@pytest.mark.parametrize(
+    "make, text, content, expected",
+    [
+        (Qwen3CoderToolParser, qwen3_coder_call("f", NUMBERS_NOT_JSON), "", NUMBERS_NOT_JSON),
+        (
+            Qwen3CoderToolParser.for_request({"f": {"properties": {"a": {"type": "number"}, "d": {"type": "number"}}}}),
+            qwen3_coder_call("f", NUMBERS_NOT_JSON),
+            "",
+            NUMBERS_NOT_JSON,
+        ),
+        # A literal with no JSON form ends the calls, as any argument that does not read.
+        (PythonicToolParser, "[f(a=1, b=1e999, c=2)]", "b=1e999, c=2)]", {"a": 1}),
+    ],
+)
+def test_arguments_are_json_without_nan_or_infinity(make, text: str, content: str, expected: Args) -> None:
+    assert run(make, [text])[0] == content
+    (call,) = make().parse(text)[1]
+    assert strict_json(call.arguments) == expected
+
+
 def test_qwen3_coder_streams_each_parameter_as_it_closes() -> None:
     parser = Qwen3CoderToolParser()
     first = parser.feed("<tool_call>\n<function=get_weather>\n<parameter=city>\nPa")
@@ -402,6 +486,76 @@ def test_harmony_without_tools_gives_calls_as_content() -> None:
     text = HARMONY_THINKING + harmony_call("get_weather", WEATHER)
     content, calls = HarmonyParser.for_request({})().parse(text)
     assert (content, calls) == (json.dumps(WEATHER), [])
+
+
+# --- Long replies, a character at a time -----------------------------------------------
+
+# Where a reader waits on whitespace (or a name) to see what follows it. A reply may go
+# on with newlines for as long as max_tokens lets it; the reader runs on the server's
+# event loop, so looking again at what it has already seen would hold every stream up.
+LONG_RUNS = [
+    (HermesToolParser, "", " "),
+    (HermesToolParser, '<tool_call>{"name": "f", "arguments": {}}', "\n"),
+    (JsonToolCallsParser, "", "\n"),
+    (JsonToolCallsParser, '{"tool_calls": []}', " "),
+    (Llama3JsonToolParser, "", " "),
+    (Llama3JsonToolParser, "<|python_tag|>", " "),
+    (Llama3JsonToolParser, '{"name": "f", "parameters": {}};', " "),
+    (MistralToolParser, '[TOOL_CALLS][{"name": "f", "arguments": {}}', " "),
+    (Phi4MiniToolParser, '<|tool_call|>[{"name": "f", "arguments": {}}]', "\n"),
+    (PythonicToolParser, "", "\n"),
+    (PythonicToolParser, "<|python_start|>", " "),
+    (PythonicToolParser, "[f", " "),
+    (PythonicToolParser, "[f(", " "),
+    (PythonicToolParser, "[f(", "a"),
+    (PythonicToolParser, "[f(a", " "),
+    (PythonicToolParser, "[f(a=1)", " "),
+    (PythonicToolParser, "[f(a=1)]", " "),
+    (HarmonyParser, '<|channel|>commentary to=functions.f<|message|>{"a":', " "),
+    (lambda: ReasoningSplitter(False), "", "\n"),
+]
+
+
+@pytest.mark.parametrize(
+    "make, head, filler", LONG_RUNS, ids=[f"{i}-{head[:12]}{filler!r}" for i, (_, head, filler) in enumerate(LONG_RUNS)]
+)
+def test_a_long_run_is_read_in_linear_time(make: Callable[[], Any], head: str, filler: str) -> None:
+    reader = make()
+    reader.feed(head)
+    # 200,000 characters take about a second when each is looked at once (and minutes
+    # when the run is read again for each): the bound leaves room for a busy machine.
+    deadline = time.perf_counter() + 5
+    for _ in range(200_000):
+        reader.feed(filler)
+        assert time.perf_counter() < deadline, "the reader reads the run again for each piece"
+    reader.finish()
+
+
+# Nesting deeper than Python's JSON reader goes (it raises RecursionError, not ValueError).
+DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.parametrize(
+    "make, text, calls",
+    [
+        (
+            Qwen3CoderToolParser,
+            f"<tool_call>\n<function=f>\n<parameter=a>\n{DEEP}\n</parameter>\n</function>\n</tool_call>",
+            [("f", {"a": DEEP})],
+        ),
+        (HermesToolParser, f'<tool_call>{{"name": {DEEP}, "arguments": {{}}}}</tool_call>', []),
+        (MistralToolParser, f'[TOOL_CALLS][{{"name": {DEEP}, "arguments": {{}}}}]', []),
+        (JsonToolCallsParser, f'{{"content": {DEEP}, "tool_calls": []}}', []),
+    ],
+    ids=["qwen3_coder-value", "hermes-name", "mistral-name", "json_tool_calls-content"],
+)
+def test_deep_nesting_is_read_not_raised(make, text: str, calls: list[tuple[str, Args]]) -> None:
+    """A value too deep to decode is text (a parameter's value) or not a call (a name, the
+    reply's content): the reply is still read, whole or a character at a time."""
+    for pieces in ([text], list(text)):
+        content, _, got, _ = run(make, pieces)
+        assert content == ("" if calls else text)
+        assert [(name, json.loads(arguments)) for name, arguments in got] == calls
 
 
 # --- Reasoning opened in the prompt (DeepSeek-R1 distills, Qwen3) ----------------------

@@ -21,6 +21,9 @@ _HEADER_STARTS = (START, CHANNEL)
 _BODY_ENDS = (END, CALL, RETURN, START, CHANNEL)
 _RECIPIENT = re.compile(r"\bto=(\S+?)(?=\s|<\||$)")
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
+# The reply may go on with the prompt's last header, "<|start|>assistant": its recipient.
+_HEADER_GOES_ON = re.compile(r"[ \t]{0,4}to=")
+_MAYBE_GOES_ON = re.compile(r"[ \t]{0,4}(t(o=?)?)?")
 _MAX_HEADER = 512  # a header is a role, a channel, a recipient and a format
 
 
@@ -38,6 +41,11 @@ class HarmonyParser(ToolCallParser):
     model's own business: reasoning. A call is announced when its header is complete, and
     its body, the arguments JSON, is streamed as written (trimmed). With `calls` off (the
     request has no tools), a message to a function is content.
+
+    The prompt ends with `<|start|>assistant`, so the reply may begin inside that header,
+    with the recipient the template writes there for past calls:
+
+        to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>
 
     A message ends at `<|end|>`, `<|call|>` or `<|return|>` (the last two end generation
     and may not be in the text), or where the next header begins. Text outside any
@@ -57,10 +65,21 @@ class HarmonyParser(ToolCallParser):
         self._read_calls = calls
         self._kind = "content"  # what the current message's body is: content, reasoning, call
         self._body = ""  # a call's arguments text so far, as streamed
-        self._space = ""  # whitespace after it, held back
+        self._space: list[str] = []  # whitespace after it, held back
 
     def _initial_state(self) -> State:
-        return self._between
+        return self._at_start
+
+    def _at_start(self, final: bool) -> bool:
+        """The prompt's header going on (a recipient), or the reply's own messages."""
+        if _HEADER_GOES_ON.match(self._buf):
+            self._open_call("")
+            self._state = self._header
+        elif final or not _MAYBE_GOES_ON.fullmatch(self._buf):
+            self._state = self._between
+        else:
+            return False  # "", " " or " to": wait
+        return True
 
     def _between(self, final: bool) -> bool:
         """Outside messages: the next header, or text, which is content."""
@@ -91,14 +110,15 @@ class HarmonyParser(ToolCallParser):
         recipient = _RECIPIENT.search(header)
         channel = _CHANNEL_NAME.search(header)
         name = channel[1] if channel else ""
-        to_function = recipient is not None and recipient[1].startswith("functions.")
-        if to_function and self._read_calls:
-            assert recipient is not None
-            self._announce(recipient[1][len("functions.") :])
-            self._kind, self._body, self._space = "call", "", ""
+        target = recipient[1] if recipient else ""
+        # A call to a function without a name is no call: its body is content.
+        function = target[len("functions.") :] if target.startswith("functions.") else None
+        if function and self._read_calls:
+            self._announce(function)
+            self._kind, self._body, self._space = "call", "", []
         else:
             self._call = None
-            self._kind = "content" if to_function or (not recipient and name != "analysis") else "reasoning"
+            self._kind = "content" if function is not None or (not recipient and name != "analysis") else "reasoning"
         self._state = self._body_text
         return True
 
@@ -132,11 +152,12 @@ class HarmonyParser(ToolCallParser):
         else:
             # The arguments as written, less the whitespace around them; whitespace is
             # held back until text follows it (only what is new is looked at).
-            if not self._body:
-                text = (self._space + text).lstrip()
-                self._space = ""
-            text, self._space = self._space + text, ""
             kept = text.rstrip()
-            self._space = text[len(kept) :]
-            self._body += kept
-            self._send_arguments(kept)
+            if not kept:
+                if self._body:
+                    self._space.append(text)
+                return
+            piece = "".join(self._space) + kept if self._body else kept.lstrip()
+            self._space = [text[len(kept) :]]
+            self._body += piece
+            self._send_arguments(piece)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ovtrio.parsing.json_scan import skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
 
@@ -34,7 +33,7 @@ class HermesToolParser(ToolCallParser):
 
     def _after_call(self, final: bool) -> bool:
         """After a call object: its close tag, or (if missing) content again."""
-        rest = self._buf[skip_space(self._buf) :]
+        rest = self._buf[self._space_end() :]
         if rest.startswith(self.CLOSE):
             self._buf = rest[len(self.CLOSE) :]
         elif not final and self.CLOSE.startswith(rest):

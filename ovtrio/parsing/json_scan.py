@@ -161,7 +161,7 @@ class CallObject:
         if self._key == "name" and self.name is None:
             try:
                 name = json.loads(self._token.text)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep to decode
                 name = None
             if not isinstance(name, str) or not name:
                 self.state = "failed"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ovtrio.parsing.json_scan import VALUE_STARTS, JsonValue, skip_space
+from ovtrio.parsing.json_scan import VALUE_STARTS, JsonValue
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
 
@@ -53,7 +53,7 @@ class JsonToolCallsParser(ToolCallParser):
                 self._content.append(self._text)
 
     def _at_start(self, final: bool) -> bool:
-        pos = skip_space(self._buf)
+        pos = self._space_end()
         if pos == len(self._buf) and not final:
             return False
         if self._buf.startswith("{", pos):
@@ -156,7 +156,7 @@ class JsonToolCallsParser(ToolCallParser):
             self._content_seen = True
             try:
                 text = json.loads(token.text)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep to decode
                 text = False  # unreadable: as unusable as any value but a string or null
             if isinstance(text, str):
                 if self._reply:
@@ -230,7 +230,7 @@ class JsonToolCallsParser(ToolCallParser):
 
     def _after_reply(self, final: bool) -> bool:
         """Text after the reply's closing brace is content, unless it is only whitespace."""
-        if skip_space(self._buf) == len(self._buf):
+        if self._space_end() == len(self._buf):
             if final:
                 self._buf = ""
             return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ovtrio.parsing.json_scan import skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
 
@@ -27,9 +26,9 @@ class Llama3JsonToolParser(ToolCallParser):
 
     def _at_start(self, final: bool) -> bool:
         buf = self._buf
-        pos = skip_space(buf)
+        pos = self._space_end()
         if buf.startswith(self.PYTHON_TAG, pos):
-            pos = skip_space(buf, pos + len(self.PYTHON_TAG))
+            pos = self._space_end(pos + len(self.PYTHON_TAG))
         elif not final and self.PYTHON_TAG.startswith(buf[pos:]):
             return False  # nothing yet, or a partial tag: wait
         if pos == len(buf) and not final:
@@ -45,9 +44,9 @@ class Llama3JsonToolParser(ToolCallParser):
 
     def _between_calls(self, final: bool) -> bool:
         """After a call: ";" (or just whitespace) and another call, or content."""
-        pos = skip_space(self._buf)
+        pos = self._space_end()
         if self._buf.startswith(";", pos):
-            after = skip_space(self._buf, pos + 1)
+            after = self._space_end(pos + 1)
             if after == len(self._buf):
                 if not final:
                     return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import string
 
 from ovtrio.parsing.ids import new_mistral_call_id
-from ovtrio.parsing.json_scan import VALUE_STARTS, JsonValue, skip_space
+from ovtrio.parsing.json_scan import VALUE_STARTS, JsonValue
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
 
@@ -86,7 +86,7 @@ class MistralToolParser(ToolCallParser):
 
     def _array_next(self, final: bool) -> bool:
         """After an object in the array: "," and the next one, or "]"."""
-        pos = skip_space(self._buf)
+        pos = self._space_end()
         if pos == len(self._buf) and not final:
             return False
         if self._buf.startswith(",", pos):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ovtrio.parsing.ids import new_call_id
-from ovtrio.parsing.json_scan import JsonValue, skip_space
+from ovtrio.parsing.json_scan import JsonValue
 from ovtrio.parsing.mistral import MistralToolParser
 from ovtrio.parsing.tool_calls import State
 
@@ -35,15 +35,19 @@ class Phi4MiniToolParser(MistralToolParser):
 
     def __init__(self) -> None:
         super().__init__()
-        self._close_due = False  # a call was read: its close tag may come next
+        self._close_due = False  # a call (or an empty list) was read: its close tag may come next
 
     def _close_call(self, name: str | None, args: JsonValue | None) -> None:
         super()._close_call(name, args)
         self._close_due = True
 
+    def _drop_call(self) -> None:
+        super()._drop_call()
+        self._close_due = True
+
     def _in_content(self, final: bool) -> bool:
         if self._close_due:  # after the calls, their close tag (possibly split) is not content
-            rest = self._buf[skip_space(self._buf) :]
+            rest = self._buf[self._space_end() :]
             if rest.startswith(self.CLOSE):
                 self._buf = rest[len(self.CLOSE) :]
             elif not final and self.CLOSE.startswith(rest):

@@ -7,7 +7,6 @@ import ast
 import json
 import string
 
-from ovtrio.parsing.json_scan import skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser
 
 _NAME_START = frozenset(string.ascii_letters + "_")
@@ -25,9 +24,9 @@ class PythonicToolParser(ToolCallParser):
     and a name and "(" is read as calls; anything else is content as generated. A call is
     announced at its "(", and each argument is streamed as `"name": value` (the literal
     as JSON: True as true, None as null, tuples as arrays) once its value ends. An
-    argument that is not a literal ends the calls: the calls read stay, and the text from
-    there on is content. Output cut off inside a value keeps what was written of it, as a
-    string.
+    argument that is not a literal, or has no JSON form (a set, 1e999), ends the calls:
+    the calls read stay, and the text from there on is content. Output cut off inside a
+    value keeps what was written of it, as a string.
     """
 
     START = "<|python_start|>"
@@ -49,9 +48,9 @@ class PythonicToolParser(ToolCallParser):
 
     def _at_start(self, final: bool) -> bool:
         buf = self._buf
-        pos = skip_space(buf)
+        pos = self._space_end()
         if buf.startswith(self.START, pos):
-            pos = skip_space(buf, pos + len(self.START))
+            pos = self._space_end(pos + len(self.START))
         elif not final and self.START.startswith(buf[pos:]):
             return False  # nothing yet, or a partial tag: wait
         if pos == len(buf) and not final:
@@ -86,7 +85,7 @@ class PythonicToolParser(ToolCallParser):
         if count == len(self._buf) and not final and count <= self._MAX_NAME:
             return False
         name = self._buf[:count]
-        rest = count + skip_space(self._buf[count:])
+        rest = self._space_end(count)
         if rest == len(self._buf) and not final:
             return False
         if count > self._MAX_NAME or not self._buf.startswith("(", rest):
@@ -100,7 +99,7 @@ class PythonicToolParser(ToolCallParser):
 
     def _before_key(self, final: bool) -> bool:
         """In the parentheses: the next keyword, or ")"."""
-        pos = skip_space(self._buf)
+        pos = self._space_end()
         if pos == len(self._buf):
             return self._end_call(final, "") if final else False
         if self._buf[pos] == ")":
@@ -109,9 +108,11 @@ class PythonicToolParser(ToolCallParser):
             self._state = self._after_call
             return True
         count = pos
-        while count < len(self._buf) and self._buf[count] in _NAME_CHARS:
+        while count < len(self._buf) and count - pos <= self._MAX_NAME and self._buf[count] in _NAME_CHARS:
             count += 1
-        after = skip_space(self._buf, count)
+        if count - pos > self._MAX_NAME:
+            return self._broken()
+        after = self._space_end(count)
         if after == len(self._buf) and not final:
             return False
         if count == pos or not self._buf.startswith("=", after):
@@ -148,7 +149,7 @@ class PythonicToolParser(ToolCallParser):
             return self._end_call(True, self._value) if final else False
         self._buf = self._buf[end + 1 :]
         try:
-            member = json.dumps(ast.literal_eval(self._value.strip()), ensure_ascii=False)
+            member = json.dumps(ast.literal_eval(self._value.strip()), ensure_ascii=False, allow_nan=False)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             self._buf = self._key + "=" + self._value + stop + self._buf
             return self._broken()
@@ -183,7 +184,7 @@ class PythonicToolParser(ToolCallParser):
 
     def _after_call(self, final: bool) -> bool:
         """After a call's ")": "," and the next call, or "]" and the end of the list."""
-        pos = skip_space(self._buf)
+        pos = self._space_end()
         if pos == len(self._buf):
             if final:
                 self._buf = ""
@@ -204,7 +205,7 @@ class PythonicToolParser(ToolCallParser):
 
     def _after_list(self, final: bool) -> bool:
         """After the list: Llama 4's end tag is not content."""
-        rest = self._buf[skip_space(self._buf) :]
+        rest = self._buf[self._space_end() :]
         if rest.startswith(self.END):
             self._buf = rest[len(self.END) :]
         elif not final and self.END.startswith(rest):

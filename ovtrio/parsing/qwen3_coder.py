@@ -7,10 +7,13 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from ovtrio.parsing.json_scan import skip_space
 from ovtrio.parsing.tool_calls import State, ToolCallParser, partial_tag_at_end
 
 Schemas = dict[str, dict[str, Any]]
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 class Qwen3CoderToolParser(ToolCallParser):
@@ -28,11 +31,11 @@ class Qwen3CoderToolParser(ToolCallParser):
     the call is announced at `<function=NAME>`, and each parameter is streamed as
     `"name": value` once its close tag comes. A value is a JSON string unless the tool's
     schema (`schemas`, by function name) gives the parameter a type other than string and
-    the text reads as JSON; without a schema, text that reads as a JSON number, boolean,
-    null, object or array is that value. The newline the template writes on each side of
-    a value is not part of it. A missing `<tool_call>` before `<function=` is forgiven, as
-    are missing close tags. Output cut off inside a value keeps what was written of it,
-    as a string.
+    the text reads as JSON (a boolean also as Python's True or False); without a schema,
+    text that reads as a JSON number, boolean, null, object or array is that value. The
+    newline the template writes on each side of a value is not part of it. A missing
+    `<tool_call>` before `<function=` is forgiven, as are missing close tags. Output cut
+    off inside a value keeps what was written of it, as a string.
     """
 
     OPEN = "<tool_call>"
@@ -80,18 +83,17 @@ class Qwen3CoderToolParser(ToolCallParser):
         return True
 
     def _in_function_name(self, final: bool) -> bool:
-        end = self._buf.find(">")
-        if end < 0:
-            if final or len(self._buf) > self._MAX_NAME or "\n" in self._buf or "<" in self._buf:
-                self._give_back_call()
-                self._state = self._in_content
-                return True
-            return False
-        name = self._buf[:end].strip()
-        if not name or "<" in name or "\n" in name:
+        # A name is one line, up to ">": the same text is judged the same way, whether the
+        # ">" has come yet or not.
+        end = self._buf.find(">", 0, self._MAX_NAME + 1)
+        text = self._buf[: self._MAX_NAME + 1] if end < 0 else self._buf[:end]
+        name = text.strip()
+        if "<" in text or "\n" in text or len(text) > self._MAX_NAME or (end >= 0 and not name) or (end < 0 and final):
             self._give_back_call()
             self._state = self._in_content
             return True
+        if end < 0:
+            return False
         self._take_into_call(end + 1)
         self._announce(name)
         self._params = []
@@ -159,14 +161,18 @@ class Qwen3CoderToolParser(ToolCallParser):
         """The JSON text of a parameter's value."""
         spec = self._schemas.get(function, {}).get("properties", {}).get(param, {})
         kind = spec.get("type") if isinstance(spec, dict) else None
-        if kind != "string" and not (isinstance(kind, list) and "string" in kind):
+        kinds = kind if isinstance(kind, list) else [kind]
+        if "boolean" in kinds and text.strip().lower() in ("true", "false"):
+            return text.strip().lower()  # a coder writes Python's True and False
+        if "string" not in kinds:
             try:
-                value = json.loads(text)
-            except ValueError:
-                pass
-            else:
+                # NaN, Infinity and numbers too large for a float read as Python's JSON
+                # reader allows, but no client's reader takes them back: they are text.
+                value = json.loads(text, parse_constant=_not_json)
                 if not isinstance(value, str):
-                    return json.dumps(value, ensure_ascii=False)
+                    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+            except (ValueError, RecursionError):  # RecursionError: nested too deep to decode
+                pass
         return json.dumps(text, ensure_ascii=False)
 
     def _end_call(self) -> bool:
@@ -177,7 +183,7 @@ class Qwen3CoderToolParser(ToolCallParser):
 
     def _after_call(self, final: bool) -> bool:
         """After a function: the call's close tag if it is there, then content."""
-        rest = self._buf[skip_space(self._buf) :]
+        rest = self._buf[self._space_end() :]
         if rest.startswith(self.CLOSE):
             self._buf = rest[len(self.CLOSE) :]
         elif not final and (not rest or partial_tag_at_end(rest, self.CLOSE) == len(rest)):

@@ -22,6 +22,7 @@ unary and streamed responses agree. Rules:
 
 from __future__ import annotations
 
+from ovtrio.parsing.json_scan import skip_space
 from ovtrio.parsing.tool_calls import partial_tag_at_end
 
 # The tags thinking models write around their reasoning.
@@ -39,6 +40,7 @@ class ReasoningSplitter:
         self._buf = ""
         self._mode = "start"  # "start" (the open tag may still come), "reasoning", "content"
         self._strip_space = False  # content just began after the close tag
+        self._blank = 0  # leading whitespace seen at the start (the buffer only grows there)
 
     def feed(self, text: str) -> tuple[str, str]:
         """The next piece of generated text: (reasoning_delta, content_delta)."""
@@ -67,7 +69,8 @@ class ReasoningSplitter:
 
     def _at_start(self, final: bool) -> None:
         """Look for the open tag at the start; until known, hold the text back."""
-        rest = self._buf.lstrip()
+        self._blank = skip_space(self._buf, self._blank)
+        rest = self._buf[self._blank :]
         if rest.startswith(self.open_tag):
             self._buf = rest[len(self.open_tag) :]
             self._mode = "reasoning"

@@ -124,6 +124,7 @@ class ToolCallParser:
         self._object: CallObject | None = None
         self._held_space = ""  # whitespace at the start of a content stretch
         self._stretch_has_text = False
+        self._blank: dict[int, str] = {}  # see _space_end
 
     # Public interface
 
@@ -161,7 +162,7 @@ class ToolCallParser:
 
     def _run(self, final: bool) -> None:
         while self._state(final):
-            pass
+            self._blank.clear()
 
     def _take(self) -> ParsedDelta:
         delta = ParsedDelta("".join(self._content), self._deltas, "".join(self._reasoning))
@@ -177,9 +178,21 @@ class ToolCallParser:
             self._content.append(text)
             return
         self._held_space += text
-        if self._held_space.strip():
+        if text.strip():  # what was held is whitespace: only the new text can end it
             self._content.append(self._held_space)
             self._held_space, self._stretch_has_text = "", True
+
+    def _space_end(self, start: int = 0) -> int:
+        """`skip_space(self._buf, start)`, for states that wait while the buffer holds only
+        whitespace there (after a call, before a list): such a state runs again on the
+        same buffer with more text after it, so the whitespace it has seen is remembered
+        and not read again (a reply of endless newlines would take quadratic time). What
+        is remembered is the text itself, so it holds whatever the buffer went through
+        since; it is forgotten when a state moves on."""
+        seen = self._blank.get(start, "")
+        end = skip_space(self._buf, len(seen) if len(seen) > start and self._buf.startswith(seen) else start)
+        self._blank[start] = self._buf[:end]
+        return end
 
     def _pass_content_until(self, marker: str, final: bool) -> bool:
         """Content state for formats whose calls begin with `marker`: emit the text
