@@ -130,3 +130,33 @@ class SchedulerCollector(Collector):
             for model_name, numbers in stats:
                 family.add_metric([model_name, ENGINE], value(numbers))
             yield family
+
+
+# What a generation model's state is, as the gauge ovtrio_model_state shows it.
+MODEL_STATES = ("unloaded", "loading", "loaded", "failed", "unloading")
+
+
+class ModelStateCollector(Collector):
+    """Each generation model's state at scrape time: ovtrio_model_loaded (1 when it
+    serves) and ovtrio_model_state (1 for its state, 0 for the others)."""
+
+    def __init__(self, models: ModelRegistry) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[Any]:
+        services = list(self._models.services)
+        if not services:
+            return
+        loaded = GaugeMetricFamily(
+            "ovtrio_model_loaded", "1 when the model is loaded and serves, else 0", labels=("model_name",)
+        )
+        state = GaugeMetricFamily(
+            "ovtrio_model_state", "The model's state: 1 for the one it is in", labels=("model_name", "state")
+        )
+        for service in services:
+            now = service.state
+            loaded.add_metric([service.model_name], 1.0 if now == "loaded" else 0.0)
+            for name in MODEL_STATES:
+                state.add_metric([service.model_name, name], 1.0 if now == name else 0.0)
+        yield loaded
+        yield state

@@ -1,4 +1,5 @@
-"""The model service: loads one model off the event loop, then runs its scheduler.
+"""The model service: loads one model off the event loop, then runs its scheduler, until
+it is unloaded (ovtrio/serving/residency.py decides when) and maybe loaded again.
 
 Routes open before the model is loaded (readiness answers 503 meanwhile), so loading
 happens in a task of the app's nursery, or, under `ovtrio serve`, in a thread started
@@ -130,22 +131,39 @@ class ModelService:
         settings: Settings,
         observer: ObserverFactory | None = None,
         loading: Future[tuple[LoadedModel, int]] | None = None,
+        on_demand: bool = False,
     ) -> None:
         """`observer`, when given, makes what the scheduler reports each request's
         timings and end to (the metrics), once the model is known. `loading`, when
         given, is the load already under way (start_loading) of the model that
-        `settings` name; it may also be set later, before `run`."""
+        `settings` name; it may also be set later, before `run`. `on_demand`: the
+        model waits for its first request to load."""
         self.settings = settings
         self._observer = observer
         self.loading = loading
+        # Loaded on the first request that names it (a models_dir's model), not at start.
+        self.on_demand = loading is None and on_demand
         self.source: ModelSource | None = None
         self.serving: ServingModel | None = None  # set when ready
+        # Each load is a cycle of its own, with fresh events: `ready` once it serves,
+        # `failed` (with `failure`) if its load or its scheduler failed.
+        self.cycles = 0
         self.ready = trio.Event()
         self.failed = trio.Event()
         self.failure: str | None = None
+        self.refusal: str | None = None  # why the last load could not begin (refuse)
+        # Seconds the last load took (loaded and warmed up), for the metrics and the list.
+        self.load_seconds: float | None = None
         self._running = trio.CancelScope()
         self._stopped = trio.Event()
         self._started = False
+        self._in_cycle = False  # a load has begun and its serving has not ended
+        self._unloading = False
+        # When a request last named the model (trio's clock), and how long it may stay
+        # loaded idle after that when a request said so (its keep_alive; None: the
+        # server's model_idle_unload).
+        self.last_used = 0.0
+        self.keep_alive: float | None = None
         self.started_at = time.time()
         # Where clients reach the server, when the launcher knows it (`ovtrio serve`
         # does; under a bare `hypercorn` the address is in hypercorn's own log line).
@@ -153,13 +171,69 @@ class ModelService:
 
     @property
     def model_name(self) -> str:
-        assert self.source is not None, "check() runs before serving"
+        if self.source is None:  # a models_dir's model whose file is unusable: named after it
+            assert self.settings.served_model_name is not None, "check() runs before serving"
+            return self.settings.served_model_name
         return self.source.name
 
     def check(self) -> ModelSource:
         """Resolve and check the model path; raises ModelLoadError (one line) if unusable."""
         self.source = resolve_model(self.settings)
         return self.source
+
+    @property
+    def state(self) -> str:
+        """unloaded, loading, loaded, failed or unloading (llama-server's router words,
+        and the failure of the last load)."""
+        if self._unloading:
+            return "unloading"
+        if self.failed.is_set():
+            return "failed"
+        if self.ready.is_set() and self.serving is not None:
+            return "loaded"
+        if self._in_cycle or (self.cycles == 0 and not self.on_demand):
+            return "loading"
+        return "unloaded"
+
+    @property
+    def in_flight(self) -> int:
+        """Requests the loaded model runs or queues (0 when it is not loaded)."""
+        serving = self.serving
+        return serving.scheduler.in_flight if serving is not None else 0
+
+    def begin_cycle(self) -> None:
+        """A new load begins (run follows): fresh events, the model now "loading"."""
+        if self.cycles:
+            self.ready = trio.Event()
+            self.failed = trio.Event()
+            self.failure = None
+        self.refusal = None
+        self.cycles += 1
+        self._in_cycle = True
+        self._running = trio.CancelScope()
+        self._stopped = trio.Event()
+
+    def refuse(self, reason: str) -> None:
+        """End a cycle that could not load (no room for it): its waiters hear `reason`
+        (`refusal`), and the model is unloaded again, not failed."""
+        self.refusal = reason
+        self._in_cycle = False
+        failed, self.failed = self.failed, trio.Event()
+        failed.set()
+
+    async def settled(self) -> None:
+        """Return once the current load has ended: ready or failed."""
+        ready, failed = self.ready, self.failed
+        if ready.is_set() or failed.is_set():
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def wait(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(wait, ready)
+            nursery.start_soon(wait, failed)
 
     async def close(self) -> None:
         """Stop the scheduler and let the engine go; for the app's lifespan shutdown, once
@@ -168,8 +242,43 @@ class ModelService:
         if self._started:
             await self._stopped.wait()
 
+    async def unload(self, drain_timeout: float, message: str, code: str) -> int:
+        """Take no new requests, let those in flight finish for up to `drain_timeout`
+        seconds, end the rest with Failed(`message`, `code`), then stop the scheduler
+        and let the engine go; how many requests were ended. A load under way finishes
+        first."""
+        if not self._in_cycle:
+            if self.failed.is_set():  # forget the failed load: the next request tries again
+                self.failed = trio.Event()
+                self.failure = None
+            return 0
+        self._unloading = True
+        try:
+            await self.settled()
+            cut = 0
+            serving = self.serving
+            if serving is not None:
+                serving.scheduler.drain()
+                with trio.move_on_after(drain_timeout):
+                    await serving.scheduler.idle()
+                cut = serving.scheduler.fail_all(message, code)
+            del serving
+            await self.close()
+            self.ready = trio.Event()
+            if self.failed.is_set():
+                self.failed = trio.Event()
+                self.failure = None
+        finally:
+            self._unloading = False
+        # What the engine held is freed now; glibc keeps it unless asked to return it.
+        gc.collect()
+        await memory.return_free_memory()
+        return cut
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         source = self.source or self.check()
+        if not self._in_cycle:
+            self.begin_cycle()
         self._started = True
         task_status.started()
         try:
@@ -178,6 +287,7 @@ class ModelService:
         finally:
             released = self.serving is not None
             self.serving = None  # the last reference outside the handlers: the pipeline goes
+            self._in_cycle = False
             self._stopped.set()
             if released:
                 log.info("engine released (%s)", source.name)
@@ -198,9 +308,11 @@ class ModelService:
             self.failed.set()
 
     async def _serve(self, source: ModelSource) -> None:
+        began = time.perf_counter()
         try:
             if self.loading is not None:
-                model, kv_capacity = await trio.to_thread.run_sync(self.loading.result)
+                loading, self.loading = self.loading, None  # the future would keep the pipeline after an unload
+                model, kv_capacity = await trio.to_thread.run_sync(loading.result)
             else:
                 model, kv_capacity = await trio.to_thread.run_sync(load_and_warm_up, source, self.settings)
             stateful = engine_backend(self.settings) == "stateful"
@@ -220,6 +332,7 @@ class ModelService:
             log.error("%s", exc)
             self.failed.set()
             return
+        self.load_seconds = time.perf_counter() - began
         log.info("%s", load_summary(model))
         limit = sequence_limit(source, kv_capacity, self.settings)
         if 0 < kv_capacity < source.context_length:
@@ -315,10 +428,13 @@ class ModelService:
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(self._run_scheduler, scheduler)
-            # What exists now (modules, the model's objects) lives as long as the server:
-            # out of the collector's sight, a full collection no longer walks it and
-            # pauses the event loop for that long.
-            gc.freeze()
+            if not self.on_demand and self.cycles == 1:
+                # What exists now (modules, the model's objects) lives as long as the
+                # server: out of the collector's sight, a full collection no longer walks
+                # it and pauses the event loop for that long. Not so for a model loaded
+                # on demand, which may be unloaded (and what was frozen is never
+                # collected).
+                gc.freeze()
             # Loading and warming up freed much that glibc would otherwise keep.
             await memory.return_free_memory()
             self.ready.set()
