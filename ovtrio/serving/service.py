@@ -13,111 +13,27 @@ own (ovtrio/serving/registry.py holds them).
 from __future__ import annotations
 
 import gc
-import hashlib
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import trio
 
-from ovtrio import __version__
-from ovtrio.images import ImageLimits
 from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
-from ovtrio.model.backend import Capabilities, capabilities_for, engine_backend
-from ovtrio.model.chat_format import thinks, tool_parser_for
+from ovtrio.model.backend import engine_backend
 from ovtrio.model.engine_errors import client_reason
-from ovtrio.model.grammar_check import GrammarLimits
-from ovtrio.model.limits import (
-    RequestCaps,
-    SequenceLimit,
-    ServerDefaults,
-    prefill_slice_tokens,
-    request_caps,
-    sequence_limit,
-    server_defaults,
-    work_limits,
-)
-from ovtrio.model.loading import block_tokens, engine_properties
-from ovtrio.model.prompts import PromptBuilder
 from ovtrio.model.speculation import apply_defaults
-from ovtrio.model.vision import VisionModel
-from ovtrio.parsing import ToolCallParser
-from ovtrio.scheduler import AdmissionLimits, GenerationScheduler, RequestObserver, Scheduler, StatefulScheduler
+from ovtrio.scheduler import GenerationScheduler, RequestObserver
 from ovtrio.scheduler.engine_step import choose_step
-from ovtrio.scoring import Scorer, ScoringEngine
 from ovtrio.serving import memory
+from ovtrio.serving.serving_model import ServingModel, load_summary, serving_model
 from ovtrio.settings.server import Settings
 
+__all__ = ["ModelService", "ObserverFactory", "ServingModel"]
+
 log = logging.getLogger("ovtrio")
-
-
-@dataclass(frozen=True)
-class ServingModel:
-    """The loaded model and its running scheduler: what every generation request uses."""
-
-    name: str
-    system_fingerprint: str
-    scheduler: GenerationScheduler
-    prompts: PromptBuilder
-    sequence_limit: SequenceLimit
-    caps: RequestCaps
-    defaults: ServerDefaults
-    tool_parser: type[ToolCallParser] | None  # None: the model's tool calls are not read
-    reasoning: bool  # replies start with <think> reasoning
-    # The scoring path (prompt logprobs, top logprobs); None where the backend has none.
-    scorer: Scorer | None
-    # What the engine backend can do for a request (the API refuses the rest).
-    capabilities: Capabilities = Capabilities()
-    # A vision-language model: it takes images, and its prompts go to the engine as text.
-    vision: VisionModel | None = None
-    image_limits: ImageLimits = ImageLimits()
-    # Hears the time each image took to read and decode (the metrics).
-    image_prepared: Callable[[float], None] = lambda seconds: None
-
-
-def system_fingerprint(path: Path | None, device: str) -> str:
-    digest = hashlib.sha256(f"{__version__}|{path}|{device}".encode())
-    return "fp_" + digest.hexdigest()[:10]
-
-
-def load_summary(model: LoadedModel) -> str:
-    """One line: the load time per phase, and where the engine's models came from."""
-    total = sum(model.phases.values())
-    phases = ", ".join(
-        f"{name} {seconds:.1f} s" + (f" ({model.origin})" if name == "model" and model.origin else "")
-        for name, seconds in model.phases.items()
-    )
-    return f"loaded in {total:.1f} s: {phases}"
-
-
-def scorer_for(model: LoadedModel, settings: Settings, scheduler: Scheduler) -> Scorer:
-    """The scoring path of `model`: its IR compiled with the engine's precision hints
-    and plugin properties (so its scores are the engine's arithmetic), on the first
-    scoring request."""
-    xml = model.model_xml
-    if model.vision is not None:
-        return Scorer(
-            None,
-            scheduler.reserve,
-            "scoring (prompt log-probabilities, top log-probabilities) is not available for a vision-language"
-            " model: its language model reads embeddings, not token ids",
-        )
-    if xml is None:
-        return Scorer(
-            None,
-            scheduler.reserve,
-            "scoring needs the model as OpenVINO IR, and this GGUF file was converted without the model cache"
-            " (start the server without --no-model-cache, with a writable --cache-dir)",
-        )
-
-    def load() -> ScoringEngine:
-        return ScoringEngine(xml, model.device, engine_properties(settings), settings.scoring_chunk_tokens)
-
-    return Scorer(load, scheduler.reserve)
 
 
 # Makes the observer of a model's requests from its served name, its context length and
@@ -334,98 +250,11 @@ class ModelService:
             return
         self.load_seconds = time.perf_counter() - began
         log.info("%s", load_summary(model))
-        limit = sequence_limit(source, kv_capacity, self.settings)
-        if 0 < kv_capacity < source.context_length:
-            log.warning(
-                "the KV cache holds %d tokens, less than the model's context of %d", kv_capacity, source.context_length
-            )
-        template = model.tokenizer.chat_template or ""
-        work = work_limits(self.settings, kv_capacity)
-        caps = request_caps(self.settings, source, kv_capacity, work)
-        limits = AdmissionLimits(
-            max_running_sequences=work.running_sequences,
-            max_queued_requests=work.queued_requests,
-            slow_reader_buffer=self.settings.slow_reader_buffer,
-            slow_reader_timeout=self.settings.slow_reader_timeout,
-        )
-        if stateful:
-            log.info(
-                "stateful backend: one request at a time, %d waiting at most; prompts of at most %d tokens,"
-                " %d tokens with the reply",
-                work.queued_requests,
-                capabilities_for(self.settings).max_prompt_tokens or limit.tokens,
-                limit.tokens,
-            )
-        else:
-            log.info(
-                "admission: %d sequences running and %d requests waiting at most (KV cache %d tokens);"
-                " per request at most %d prompts, %d choices, %d prompt tokens",
-                work.running_sequences,
-                work.queued_requests,
-                kv_capacity,
-                caps.prompts,
-                caps.choices,
-                caps.prompt_tokens,
-            )
         observer = (
             self._observer(source.name, source.context_length, model.speculation.enabled) if self._observer else None
         )
-        scheduler: GenerationScheduler
-        if step is None:
-            scheduler = StatefulScheduler(
-                model.pipeline, model.tokenizer, model.vocabulary, self.settings.stream_interval, limits, observer
-            )
-        else:
-            slice_tokens = prefill_slice_tokens(self.settings, model.device)
-            if slice_tokens:
-                log.info("prompts longer than %d tokens are prefilled in slices of at most that size", slice_tokens)
-            scheduler = Scheduler(
-                model.pipeline,
-                model.tokenizer,
-                model.vocabulary,
-                stream_interval=self.settings.stream_interval,
-                step=step,
-                limits=limits,
-                observer=observer,
-                prefill_slice_tokens=slice_tokens,
-                step_tokens=self.settings.max_num_batched_tokens,
-                kv_block_tokens=block_tokens(model.device),
-                grammar_limits=GrammarLimits(seconds=self.settings.grammar_compile_seconds),
-            )
-        self.serving = ServingModel(
-            name=source.name,
-            system_fingerprint=system_fingerprint(source.path, self.settings.device),
-            scheduler=scheduler,
-            prompts=PromptBuilder(
-                model.tokenizer,
-                source.vocab_size,
-                model.vocabulary,
-                cut_at=source.context_length,
-                plain_text=model.plain_text,
-                parse_special_in_content=self.settings.parse_special_in_content,
-            ),
-            sequence_limit=limit,
-            caps=caps,
-            defaults=server_defaults(source, self.settings),
-            tool_parser=tool_parser_for(self.settings, template),
-            reasoning=thinks(self.settings, template),
-            scorer=None if isinstance(scheduler, StatefulScheduler) else scorer_for(model, self.settings, scheduler),
-            capabilities=capabilities_for(self.settings, vision=source.vision),
-            vision=model.vision,
-            image_limits=ImageLimits(
-                max_images=self.settings.max_images_per_request,
-                max_bytes=self.settings.max_image_bytes,
-                max_side=self.settings.max_image_side,
-                max_pixels=self.settings.max_image_pixels,
-                decodes=self.settings.image_decodes,
-                fetch_urls=self.settings.image_urls,
-                fetch_timeout=self.settings.image_fetch_timeout,
-                fetch_private=self.settings.image_fetch_private_addresses,
-                model_short_side=model.vision.short_side if model.vision else None,
-                model_max_pixels=model.vision.max_pixels if model.vision else None,
-            ),
-            image_prepared=getattr(observer, "image_prepared", lambda seconds: None),
-        )
+        self.serving = serving_model(source, self.settings, model, kv_capacity, step, observer)
+        scheduler = self.serving.scheduler
         async with trio.open_nursery() as nursery:
             await nursery.start(self._run_scheduler, scheduler)
             if not self.on_demand and self.cycles == 1:
