@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import trio
 
+from ovtrio.model import ModelLoadError
+from ovtrio.model.engine_errors import client_reason
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.service import ModelService, ServingModel
 
@@ -123,6 +125,13 @@ class Residency:
         in a task of the residency's nursery for the work."""
         if service.state in ("loading", "loaded", "unloading"):
             return
+        if service.source is None:  # a file that was unusable when found: look again
+            try:
+                service.check()
+            except ModelLoadError as exc:
+                service.failure = str(exc)
+                service.failed.set()
+                return
         assert self._nursery is not None, "the residency runs before requests are served"
         service.begin_cycle()
         self._nursery.start_soon(self._load, service)
@@ -148,6 +157,13 @@ class Residency:
         return cut
 
     async def _load(self, service: ModelService) -> None:
+        try:
+            await self._load_in_turn(service)
+        except Exception as exc:  # whatever a load does, the other models and loads go on
+            log.exception("loading %s failed", service.model_name)
+            service.fail(f"{type(exc).__name__}: {client_reason(exc)}")
+
+    async def _load_in_turn(self, service: ModelService) -> None:
         async with self._lock:
             if not await self._make_room(service):
                 busy = [s.model_name for s in self._resident(service)]
@@ -159,7 +175,7 @@ class Residency:
                 log.warning("no room to load %s: every loaded model runs requests", service.model_name)
                 return
             assert self._nursery is not None
-            self._nursery.start_soon(service.run)
+            self._nursery.start_soon(self._serve, service)
             await service.settled()
             service.last_used = trio.current_time()
         if self._metrics is not None:
@@ -167,6 +183,15 @@ class Residency:
                 self._metrics.loaded(service.model_name, service.load_seconds)
             else:
                 self._metrics.load_failed(service.model_name)
+
+    async def _serve(self, service: ModelService) -> None:
+        """Run `service` (ModelService.run) until it is unloaded; whatever it raises fails
+        that model alone."""
+        try:
+            await service.run()
+        except Exception as exc:
+            log.exception("the model %s stopped", service.model_name)
+            service.fail(f"{type(exc).__name__}: {client_reason(exc)}")
 
     def _resident(self, loading: ModelService) -> list[ModelService]:
         """The models that hold an engine, or soon will, beside `loading`."""

@@ -137,6 +137,12 @@ class ModelService:
         failed, self.failed = self.failed, trio.Event()
         failed.set()
 
+    def fail(self, reason: str) -> None:
+        """The current load or serving ended with an error other than the engine's refusal."""
+        self.failure = reason
+        self._in_cycle = False
+        self.failed.set()
+
     async def settled(self) -> None:
         """Return once the current load has ended: ready or failed."""
         ready, failed = self.ready, self.failed
