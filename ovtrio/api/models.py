@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import trio
+import trio.lowlevel
 from pydantic import BaseModel, ConfigDict
 from quart import Blueprint
 
@@ -43,11 +45,17 @@ def _model_card(service: ModelService) -> dict[str, Any]:
     return card
 
 
-def _encoder_card(encoder: EncoderService) -> dict[str, Any]:
-    state = "failed" if encoder.failure else "loaded" if encoder.loaded.is_set() else "unloaded"
-    status: dict[str, Any] = {"value": state}
+def _encoder_status(encoder: EncoderService) -> dict[str, Any]:
+    status: dict[str, Any] = {"value": encoder.state}
     if encoder.failure:
         status.update(failed=True, reason=encoder.failure)
+    if encoder.load_seconds is not None:
+        status["load_seconds"] = round(encoder.load_seconds, 3)
+    return status
+
+
+def _encoder_card(encoder: EncoderService) -> dict[str, Any]:
+    status = _encoder_status(encoder)
     return {
         "id": encoder.name,
         "object": "model",
@@ -108,6 +116,20 @@ async def unload_model() -> Any:
     """Unload the model: its requests finish first (up to the drain timeout), or with
     `"drain": false` the unload is refused while it runs any."""
     body = await parse_body(UnloadRequest)
+    registry = model_registry()
+    encoder = next((encoder for encoder in registry.encoders if encoder.name == body.model), None)
+    if encoder is not None:
+        if encoder.state == "loaded":
+            if not encoder.unload():
+                raise APIError(
+                    409,
+                    f"The model '{encoder.name}' is computing requests; retry once they end.",
+                    param="model",
+                    code="model_busy",
+                )
+            registry.residency.encoder_unloaded(encoder, "request")
+            await trio.lowlevel.checkpoint()  # its serving task ends at its next checkpoint
+        return {"success": True, "model": encoder.name, "status": _encoder_status(encoder), "ended_requests": 0}
     service = model_service(body.model)
     try:
         cut = await model_registry().residency.unload(service, "request", wait=body.drain)

@@ -15,9 +15,11 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ovtrio.embedding.service import EncoderService
 from ovtrio.scheduler import SchedulerStats
 from ovtrio.serving.metrics import ENGINE, LABELS
 from ovtrio.serving.registry import ModelRegistry
+from ovtrio.serving.service import ModelService
 
 # A series read off the scheduler: name, help, gauge or counter, and its value.
 _Series = tuple[str, str, type[GaugeMetricFamily] | type[CounterMetricFamily], Callable[[SchedulerStats], float]]
@@ -137,14 +139,14 @@ MODEL_STATES = ("unloaded", "loading", "loaded", "failed", "unloading")
 
 
 class ModelStateCollector(Collector):
-    """Each generation model's state at scrape time: ovtrio_model_loaded (1 when it
+    """Each model's state at scrape time (the embedding and rerank models' too): ovtrio_model_loaded (1 when it
     serves) and ovtrio_model_state (1 for its state, 0 for the others)."""
 
     def __init__(self, models: ModelRegistry) -> None:
         self._models = models
 
     def collect(self) -> Iterator[Any]:
-        services = list(self._models.services)
+        services: list[ModelService | EncoderService] = [*self._models.services, *self._models.encoders]
         if not services:
             return
         loaded = GaugeMetricFamily(
@@ -155,8 +157,9 @@ class ModelStateCollector(Collector):
         )
         for service in services:
             now = service.state
-            loaded.add_metric([service.model_name], 1.0 if now == "loaded" else 0.0)
-            for name in MODEL_STATES:
-                state.add_metric([service.model_name, name], 1.0 if now == name else 0.0)
+            name = service.model_name if isinstance(service, ModelService) else service.name
+            loaded.add_metric([name], 1.0 if now == "loaded" else 0.0)
+            for each in MODEL_STATES:
+                state.add_metric([name, each], 1.0 if now == each else 0.0)
         yield loaded
         yield state

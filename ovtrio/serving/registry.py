@@ -88,6 +88,7 @@ class ModelRegistry:
             lambda: self.services,
             rules or ResidencyRules(0, True, 30.0, None, drain_timeout),
             lifecycle,
+            self.encoders,
         )
         # Set when every model has failed to load: the server has nothing to serve.
         self.failed = trio.Event()

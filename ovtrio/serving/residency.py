@@ -2,6 +2,9 @@
 it has been idle for its keep-alive time, when room is needed for another
 (--models-max: the least recently used one running no request), or when a client asks
 (POST /models/unload). llama-server's router mode and Ollama's keep_alive work so.
+The embedding and rerank models unload by the same idle rule and by request (they
+load on their first request already, ovtrio/embedding/service.py); --models-max
+counts generation models only.
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
 both, and --models-max is kept by counting what is loaded while nothing else loads.
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 
 import trio
 
+from ovtrio.embedding.service import EncoderService
 from ovtrio.model import ModelLoadError
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.serving.metrics import LifecycleMetrics
@@ -38,7 +42,7 @@ log = logging.getLogger("ovtrio")
 MODEL_UNLOADED = "model_unloaded"
 
 # Seconds after a request named a model during which the model counts as in use.
-GRACE = 1.0
+GRACE = 3.0
 # How often idle models are looked for, and a waiting load looks for room, in seconds.
 IDLE_CHECK = 0.25
 ROOM_CHECK = 0.1
@@ -79,8 +83,10 @@ class Residency:
         services: Callable[[], Sequence[ModelService]],
         rules: ResidencyRules,
         metrics: LifecycleMetrics | None = None,
+        encoders: Sequence[EncoderService] = (),
     ) -> None:
         self._services = services
+        self._encoders = encoders
         self.rules = rules
         self._metrics = metrics
         self._lock = trio.Lock()
@@ -233,3 +239,14 @@ class Residency:
                     continue
                 if now - service.last_used >= max(keep, GRACE):
                     await self.unload(service, "idle")
+            # The embedding and rerank models load on their first request already
+            # (ovtrio/embedding/service.py); they unload when idle by the same rule.
+            keep = self.rules.idle_unload
+            for encoder in self._encoders:
+                idle = keep is not None and keep >= 0 and encoder.idle
+                if idle and now - encoder.last_used >= max(keep or 0.0, GRACE) and encoder.unload():
+                    self.encoder_unloaded(encoder, "idle")
+
+    def encoder_unloaded(self, encoder: EncoderService, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.unloaded(encoder.name, reason)
