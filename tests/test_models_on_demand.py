@@ -298,3 +298,43 @@ def test_the_embedding_model_unloads_when_idle_and_loads_again(by_hand):
     assert again.json()["data"][0]["embedding"] == first.json()["data"][0]["embedding"]
     # And by hand.
     assert unload(by_hand, EMBEDDED_EMBEDDER_NAME).json()["status"]["value"] == "unloaded"
+
+
+# One model at a time, and a load waits at most 1 s for room.
+one_at_a_time = server_fixture(
+    "one_at_a_time",
+    "--models-dir",
+    "{folder}/models",
+    "--models-max",
+    "1",
+    "--models-load-wait",
+    "1",
+    "--num-kv-blocks",
+    KV_BLOCKS,
+    "--no-embeddings",
+    prepare=models_folder,
+)
+
+
+def test_a_load_with_no_room_waits_then_is_a_503_with_retry_after(one_at_a_time):
+    server = one_at_a_time
+    assert chat(server, "alpha").status_code == 200
+    done: list[httpx.Response] = []
+    running = threading.Thread(target=lambda: done.append(chat(server, "alpha", max_tokens=150)))
+    running.start()
+    deadline = time.monotonic() + 30
+    while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    refused = chat(server, "beta")
+    running.join()
+    assert refused.status_code == 503, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "model_unavailable" and "--models-max 1" in error["message"]
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert done[0].status_code == 200
+    # Once alpha is idle (and past its grace), beta takes its place.
+    time.sleep(GRACE)
+    assert chat(server, "beta").status_code == 200
+    now = states(server)
+    assert (now["alpha"]["value"], now["beta"]["value"]) == ("unloaded", "loaded")
