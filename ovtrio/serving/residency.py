@@ -105,11 +105,13 @@ class Residency:
         NotLoaded, LoadFailed or NoRoom."""
         while True:
             state = service.state
-            if state == "loaded":
-                assert service.serving is not None
+            serving = service.serving
+            if state == "loaded" and serving is not None:
                 service.last_used = trio.current_time()
                 service.keep_alive = keep_alive
-                return service.serving
+                return serving
+            if state == "loaded":  # its serving has just ended (the server stops)
+                raise LoadFailed(service.failure or "it stopped serving")
             if state == "unloading":
                 await trio.sleep(ROOM_CHECK)
                 continue

@@ -105,7 +105,7 @@ class ModelService:
             return "unloading"
         if self.failed.is_set():
             return "failed"
-        if self.ready.is_set() and self.serving is not None:
+        if self.ready.is_set():
             return "loaded"
         if self._in_cycle or (self.cycles == 0 and not self.on_demand):
             return "loading"
