@@ -158,10 +158,22 @@ def test_the_least_recently_used_idle_model_makes_room(server):
 
 
 def test_concurrent_first_requests_share_one_load_while_health_stays_fast(server):
+    """Four requests for an unloaded model and one that leaves while it loads: one load."""
     assert chat(server, "beta").status_code == 200
     before = loads(server, "alpha")
     replies: list[httpx.Response] = []
+    left: list[Exception] = []
+
+    def leave() -> None:
+        """A client that gives up while the model loads."""
+        body = {"model": "alpha", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        try:
+            loopback.post(server.base_url + "/v1/chat/completions", json=body, timeout=0.3)
+        except httpx.TimeoutException as exc:
+            left.append(exc)
+
     threads = [threading.Thread(target=lambda: replies.append(chat(server, "alpha"))) for _ in range(4)]
+    threads.append(threading.Thread(target=leave))
     for thread in threads:
         thread.start()
     # While alpha loads, the event loop answers probes at once and beta serves.
@@ -174,6 +186,7 @@ def test_concurrent_first_requests_share_one_load_while_health_stays_fast(server
     for thread in threads:
         thread.join()
     assert [reply.status_code for reply in replies] == [200] * 4, [reply.text for reply in replies]
+    assert len(left) == 1  # it left, and the load went on for the others
     assert loads(server, "alpha") == before + 1
     assert slowest < 1.0
 
@@ -338,3 +351,21 @@ def test_a_load_with_no_room_waits_then_is_a_503_with_retry_after(one_at_a_time)
     assert chat(server, "beta").status_code == 200
     now = states(server)
     assert (now["alpha"]["value"], now["beta"]["value"]) == ("unloaded", "loaded")
+
+
+def test_a_cached_model_loads_from_its_entry_with_engine_properties(tmp_path):
+    """A load from the model cache lets the pipeline read the tokenizer itself (its
+    constructor takes the properties as one mapping): precision hints and the compile
+    cache go with it, and the entry loads as it is, not converted again."""
+    from ovtrio.model import load_model, resolve_model
+    from ovtrio.model.loading import compile_cache_folder, convert_into_cache
+    from ovtrio.settings.server import Settings
+
+    settings = Settings(cache_dir=str(tmp_path), num_kv_blocks=4, inference_precision="f32", compile_cache=True)
+    source = resolve_model(settings)
+    convert_into_cache(source, settings)
+    model = load_model(source, settings)
+    assert model.origin.startswith("cached in "), model.origin
+    assert "tokenizer" not in model.phases  # read by the pipeline, in the same call
+    assert model.tokenizer.encode("Hi").input_ids.data.size >= 1
+    assert any(compile_cache_folder(settings).glob("*.blob"))

@@ -120,17 +120,22 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
         pipeline = openvino_genai.LLMPipeline(
             str(path), tokenizer, settings.device, **hints, **stateful_properties(settings), **extra
         )
+    elif tokenizer is None:
+        # This constructor takes the properties as one mapping, not as keywords.
+        pipeline = openvino_genai.ContinuousBatchingPipeline(
+            str(path), _scheduler_config(settings), settings.device, {**hints, **pipeline_properties(settings, hints)}
+        )
+        tokenizer = pipeline.get_tokenizer()
     else:
         pipeline = openvino_genai.ContinuousBatchingPipeline(
             str(path),
-            *([tokenizer] if tokenizer is not None else []),
+            tokenizer,
             _scheduler_config(settings),
             settings.device,
             **hints,
             **pipeline_properties(settings, hints),
             **extra,
         )
-        tokenizer = tokenizer or pipeline.get_tokenizer()
     phases["model"] = time.perf_counter() - started
     return tokenizer, pipeline
 
