@@ -10,6 +10,7 @@ writes: requests force their length with max_tokens and ignore_eos.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -309,8 +310,9 @@ def test_the_embedding_model_unloads_when_idle_and_loads_again(by_hand):
     again = embed()
     assert again.status_code == 200
     assert again.json()["data"][0]["embedding"] == first.json()["data"][0]["embedding"]
-    # And by hand.
-    assert unload(by_hand, EMBEDDED_EMBEDDER_NAME).json()["status"]["value"] == "unloaded"
+    # And by hand (or by the idle rule, whichever comes first).
+    assert unload(by_hand, EMBEDDED_EMBEDDER_NAME).status_code == 200
+    wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded", timeout=10)
 
 
 # One model at a time, and a load waits at most 1 s for room.
@@ -369,3 +371,37 @@ def test_a_cached_model_loads_from_its_entry_with_engine_properties(tmp_path):
     assert "tokenizer" not in model.phases  # read by the pipeline, in the same call
     assert model.tokenizer.encode("Hi").input_ids.data.size >= 1
     assert any(compile_cache_folder(settings).glob("*.blob"))
+
+
+def test_sigterm_drains_the_loaded_models_and_loads_no_other(tmp_path):
+    from conftest import start_server
+
+    models_folder(tmp_path)
+    server = start_server(
+        tmp_path, "--models-dir", str(tmp_path / "models"), "--num-kv-blocks", KV_BLOCKS, "--no-embeddings"
+    )
+    try:
+        assert chat(server, "alpha").status_code == 200
+        done: list[httpx.Response] = []
+        running = threading.Thread(target=lambda: done.append(chat(server, "alpha", max_tokens=100)))
+        running.start()
+        deadline = time.monotonic() + 30
+        while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGTERM)
+        wait_for_state(server, "alpha", "loaded")  # still listening while it drains
+        refused = chat(server, "beta")
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
+        running.join()
+        assert done[0].status_code == 200 and done[0].json()["choices"][0]["finish_reason"] == "length"
+        assert server.process.wait(timeout=60) == 0
+        assert states_logged(server) == 0, "beta was loaded during the drain"
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+
+
+def states_logged(server: RunningServer) -> int:
+    """How many times the server's log says it loaded beta."""
+    return server.log_path.read_text().count("models/beta.gguf (gguf)")

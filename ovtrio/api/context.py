@@ -12,7 +12,7 @@ from quart import Quart, current_app
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.serving.registry import ModelRegistry
-from ovtrio.serving.residency import LoadFailed, NoRoom, NotLoaded
+from ovtrio.serving.residency import LoadFailed, NoRoom, NotLoaded, Stopping
 from ovtrio.serving.service import ModelService, ServingModel
 
 _MODELS = "OVTRIO_MODELS"
@@ -86,6 +86,8 @@ async def ready_model(name: str | None = None, keep_alive: float | None = None) 
         ) from None
     except NoRoom as exc:
         raise APIError(503, str(exc), code="model_unavailable", retry_after=exc.retry_after) from None
+    except Stopping:
+        raise shutting_down() from None
 
 
 async def generation_model(name: str, keep_alive: float | None = None) -> ServingModel:

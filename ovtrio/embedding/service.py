@@ -264,7 +264,7 @@ class EncoderService:
         self.loaded = trio.Event()
         self.model = None
         del model
-        log.info("unloaded %s model '%s' (idle)", self.kind, self.name)
+        log.info("unloaded %s model '%s'", self.kind, self.name)
         return True
 
 

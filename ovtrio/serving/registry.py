@@ -89,6 +89,7 @@ class ModelRegistry:
             rules or ResidencyRules(0, True, 30.0, None, drain_timeout),
             lifecycle,
             self.encoders,
+            self.shutdown.draining,
         )
         # Set when every model has failed to load: the server has nothing to serve.
         self.failed = trio.Event()

@@ -64,6 +64,10 @@ class NoRoom(Exception):
         self.retry_after = retry_after
 
 
+class Stopping(Exception):
+    """The server is shutting down: no load begins."""
+
+
 class Busy(Exception):
     """An unload that may not wait was asked of a model running requests."""
 
@@ -84,9 +88,12 @@ class Residency:
         rules: ResidencyRules,
         metrics: LifecycleMetrics | None = None,
         encoders: Sequence[EncoderService] = (),
+        stopping: trio.Event | None = None,
     ) -> None:
+        """`stopping`: set when the server begins to shut down (its drain)."""
         self._services = services
         self._encoders = encoders
+        self._stopping = stopping if stopping is not None else trio.Event()
         self.rules = rules
         self._metrics = metrics
         self._lock = trio.Lock()
@@ -116,6 +123,8 @@ class Residency:
                 await trio.sleep(ROOM_CHECK)
                 continue
             if state in ("unloaded", "failed"):
+                if self._stopping.is_set():
+                    raise Stopping()
                 if not self.rules.autoload:
                     if state == "failed":
                         raise LoadFailed(service.failure or "it failed to load")
@@ -125,6 +134,8 @@ class Residency:
             if service.ready.is_set():
                 continue
             if service.refusal is not None:
+                if self._stopping.is_set():
+                    raise Stopping()
                 raise NoRoom(service.refusal, max(1, round(self.rules.load_wait / 2)))
             raise LoadFailed(service.failure or "it failed to load")
 
@@ -173,6 +184,9 @@ class Residency:
 
     async def _load_in_turn(self, service: ModelService) -> None:
         async with self._lock:
+            if self._stopping.is_set():
+                service.refuse("The server is shutting down and loads no model; retry shortly.")
+                return
             if not await self._make_room(service):
                 busy = [s.model_name for s in self._resident(service)]
                 service.refuse(

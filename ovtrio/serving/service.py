@@ -190,11 +190,11 @@ class ModelService:
             if self.failed.is_set():
                 self.failed = trio.Event()
                 self.failure = None
+            # What the engine held is freed now; glibc keeps it unless asked to return it.
+            gc.collect()
+            await memory.return_free_memory()
         finally:
             self._unloading = False
-        # What the engine held is freed now; glibc keeps it unless asked to return it.
-        gc.collect()
-        await memory.return_free_memory()
         return cut
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
