@@ -12,6 +12,7 @@ from quart import Quart, current_app
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.serving.registry import ModelRegistry
+from ovtrio.serving.residency import LoadFailed, NoRoom, NotLoaded, Stopping
 from ovtrio.serving.service import ModelService, ServingModel
 
 _MODELS = "OVTRIO_MODELS"
@@ -36,6 +37,8 @@ def model_service(name: str | None = None) -> ModelService:
     endpoints where `model` is optional); a 404 naming it if the server has none."""
     models = model_registry()
     if name is None:
+        if models.default is None:
+            raise invalid("Name the model this request is for in 'model' (see GET /v1/models).", "model")
         return models.default
     service = models.find(name)
     if service is None:
@@ -52,27 +55,49 @@ def model_service(name: str | None = None) -> ModelService:
     return service
 
 
-def ready_model(name: str | None = None) -> ServingModel:
-    """The loaded model named `name` and its scheduler (see model_service); a 404 for an
-    unknown one, a 503 while it is still loading or when it failed to load."""
+async def ready_model(name: str | None = None, keep_alive: float | None = None) -> ServingModel:
+    """The loaded model named `name` and its scheduler (see model_service), once loaded:
+    a model that loads at start is waited for as one that loads on demand
+    (ovtrio/serving/residency.py). A 404 for an unknown model, or an unloaded one when
+    the server loads models only when asked; a 503 when its load failed or found no
+    room. `keep_alive`: the request's (seconds the model stays loaded after it)."""
     service = model_service(name)
-    if service.failed.is_set():
-        # Ready before it failed: its scheduler's loop stopped while serving (serving/service.py).
+    models = model_registry()
+    if service.failed.is_set() and (service.ready.is_set() or models.counts_for_readiness(service)):
+        # Ready before it failed: it stopped while serving (serving/service.py).
         what = "is unavailable" if service.ready.is_set() else "failed to load"
         raise APIError(503, f"The model '{service.model_name}' {what}: {service.failure}", code="model_unavailable")
-    serving = service.serving
-    if serving is None or not service.ready.is_set():
+    if models.counts_for_readiness(service):
+        # Loading at start: the server is not ready yet, and says so to each request as
+        # its readiness does (a load balancer sends them elsewhere meanwhile).
         raise APIError(503, "The model is still loading; retry shortly.", code="model_loading")
-    return serving
+    try:
+        return await models.acquire(service, keep_alive)
+    except NotLoaded:
+        raise APIError(
+            404,
+            f"The model '{service.model_name}' is not loaded, and this server loads models only when asked"
+            f' (--no-models-autoload): load it with POST /models/load {{"model": "{service.model_name}"}}.',
+            param="model",
+            code="model_not_loaded",
+        ) from None
+    except LoadFailed as exc:
+        raise APIError(
+            503, f"The model '{service.model_name}' failed to load: {exc}", code="model_unavailable"
+        ) from None
+    except NoRoom as exc:
+        raise APIError(503, str(exc), code="model_unavailable", retry_after=exc.retry_after) from None
+    except Stopping:
+        raise shutting_down() from None
 
 
-def generation_model(name: str) -> ServingModel:
+async def generation_model(name: str, keep_alive: float | None = None) -> ServingModel:
     """The ready model named `name`, for a new generation request; also a 503 once the
     server has begun to shut down (ovtrio/serving/shutdown.py): those in flight may finish, new
     ones go elsewhere."""
     if model_registry().shutdown.draining.is_set():
         raise shutting_down()
-    return ready_model(name)
+    return await ready_model(name, keep_alive)
 
 
 def response_store() -> ResponseStore:

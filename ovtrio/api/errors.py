@@ -21,6 +21,7 @@ from werkzeug.exceptions import HTTPException
 
 from ovtrio.errors import FieldError
 from ovtrio.scheduler import SHUTTING_DOWN, Failed, NotAccepting, Overloaded
+from ovtrio.serving.residency import MODEL_UNLOADED
 
 log = logging.getLogger("ovtrio")
 
@@ -111,6 +112,8 @@ def api_error(error: BaseException | Failed) -> APIError:
     if isinstance(error, Failed):
         if error.code == SHUTTING_DOWN:
             return shutting_down(cut=True)
+        if error.code == MODEL_UNLOADED:
+            return APIError(503, error.message, code=MODEL_UNLOADED, retry_after=SHUTDOWN_RETRY_AFTER)
         if error.code == "out_of_memory":
             return APIError(503, error.message, code="out_of_memory")
         if error.code == "slow_reader_timeout":

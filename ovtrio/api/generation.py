@@ -23,8 +23,8 @@ from quart import Response, request
 
 from ovtrio.api.capabilities import check_capabilities, check_constraint, check_prompt_length
 from ovtrio.api.chunks import Envelope
-from ovtrio.api.context import generation_model
-from ovtrio.api.errors import APIError, api_error, from_validation_error, invalid
+from ovtrio.api.context import generation_model, model_registry
+from ovtrio.api.errors import SHUTDOWN_RETRY_AFTER, APIError, api_error, from_validation_error, invalid
 from ovtrio.api.lifted_strings import lift_data_urls
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sampling import sampling_params
@@ -36,12 +36,14 @@ from ovtrio.scheduler import (
     Failed,
     GenerationRequest,
     GenerationScheduler,
+    NotAccepting,
     OutputConstraint,
     RequestStream,
     TextPrompt,
     UnsupportedParams,
     sequences_per_prompt,
 )
+from ovtrio.serving.residency import MODEL_UNLOADED
 from ovtrio.serving.service import ServingModel
 
 
@@ -110,7 +112,7 @@ async def accept(model_type: type[Routed]) -> tuple[Routed, ServingModel]:
     """The request's body, validated, and the ready model it names (a 404 for a model the
     server does not serve), which has room for it (Overloaded otherwise: a 429)."""
     body = await parse_body(model_type)
-    model = generation_model(body.model)
+    model = await generation_model(body.model, getattr(body, "keep_alive", None))
     model.scheduler.check_capacity()
     return body, model
 
@@ -197,6 +199,16 @@ async def submitted(scheduler: GenerationScheduler, generation: GenerationReques
             raise
         param = "response_format" if generation.params.constraint is not None else None
         raise UnsupportedParams(str(exc), param) from None
+    except NotAccepting:
+        if model_registry().shutdown.draining.is_set():
+            raise
+        # The model began to unload between the request naming it and reaching it.
+        raise APIError(
+            503,
+            "The model was being unloaded when this request reached it; retry it (it loads again).",
+            code=MODEL_UNLOADED,
+            retry_after=SHUTDOWN_RETRY_AFTER,
+        ) from None
 
 
 async def written(stream: RequestStream, stage: OutputStage, writer: Writer[Written]) -> AsyncIterator[list[Written]]:

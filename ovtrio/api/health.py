@@ -3,8 +3,10 @@
 Protocol and OVMS have it), and every model's status as OVMS's config status API
 (/v1/config) reports it.
 
-The server is ready when every model it serves is. Each readiness body lists the
-models with their status: loading, ready, failed (with the reason), or draining. A model
+The server is ready when every model it loads at start is (models loaded on demand, as
+those of --models-dir, do not count: the server takes requests for them unloaded). Each
+readiness body lists the models with their status: loading, ready, failed (with the
+reason), draining, unloaded or unloading. A model
 that failed to load keeps the server unready while the others serve; liveness fails
 only when every model has failed (the server then exits).
 
@@ -45,15 +47,19 @@ async def liveness() -> Any:
 @blueprint.get("/ready")
 @blueprint.get("/v2/health/ready")
 async def readiness() -> Any:
-    """200 once every model serves; else 503, with the server's status the first of
-    failed, draining and loading that applies."""
+    """200 once every model loaded at start serves (those loaded on demand do not
+    count, in whatever state); else 503, with the server's status the first of failed,
+    draining and loading that applies."""
     models = model_registry()
     statuses = [_model_status(service) for service in models.services]
     body: dict[str, Any] = {"status": "ready", "models": statuses}
     if len(statuses) == 1:
         body["model"] = statuses[0]["id"]
+    counted = [_model_status(service) for service in models.services if models.counts_for_readiness(service)]
+    if models.shutdown.draining.is_set():
+        counted = statuses
     for status in ("failed", "draining", "loading"):
-        failing = [s for s in statuses if s["status"] == status]
+        failing = [s for s in counted if s["status"] == status]
         if failing:
             body["status"] = status
             if status == "failed" and len(statuses) == 1:
@@ -72,7 +78,14 @@ async def model_readiness(model_name: str) -> Any:
 
 # OVMS's model states (TensorFlow Serving's) for ours; a model that failed to load has
 # ended, with the reason as its error.
-_OVMS_STATES = {"loading": "LOADING", "ready": "AVAILABLE", "draining": "UNLOADING", "failed": "END"}
+_OVMS_STATES = {
+    "loading": "LOADING",
+    "ready": "AVAILABLE",
+    "draining": "UNLOADING",
+    "unloading": "UNLOADING",
+    "unloaded": "END",
+    "failed": "END",
+}
 
 
 @blueprint.get("/v1/config")

@@ -3,7 +3,9 @@
 Four sources share one registry per app (ovtrio.serving.metrics.ServerMetrics):
 
 - gauges and totals read from each model's `Scheduler.stats()` at scrape time
-  (ovtrio.serving.collector.SchedulerCollector);
+  (ovtrio.serving.collector.SchedulerCollector), and each model's state
+  (ModelStateCollector), beside the counts of its loads and unloads
+  (ovtrio.serving.metrics.LifecycleMetrics);
 - request histograms and finish counts, recorded by the scheduler as requests run
   (ovtrio.serving.metrics.ModelMetrics);
 - HTTP responses by route and status, counted here as each response is made (`install`);
@@ -23,7 +25,7 @@ from quart import Blueprint, Quart, Response, request
 from ovtrio.api.context import metrics_registry
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.model import grammar_cache
-from ovtrio.serving.collector import SchedulerCollector
+from ovtrio.serving.collector import ModelStateCollector, SchedulerCollector
 from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.serving.registry import ModelRegistry
 
@@ -58,6 +60,7 @@ def registry_for(
     """The app's registry: what `metrics` records, the schedulers' numbers, and the
     memory kept between requests."""
     metrics.registry.register(SchedulerCollector(models))
+    metrics.registry.register(ModelStateCollector(models))
     metrics.registry.register(MemoryCollector(store))
     return metrics.registry
 

@@ -1,18 +1,39 @@
 """GET /v1/models, /v3/models and /v1/models/{id} in OpenAI's list format: every served
-model, loaded or still loading."""
+model, loaded or not, each with its state as llama-server's router lists it
+(`status.value`: unloaded, loading, loaded, failed with the reason, unloading); and
+POST /models/load and /models/unload, the router's routes to load and unload a model by
+hand (ovtrio/serving/residency.py). The list looks in --models-dir again first, so a
+model copied in since shows up."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import trio
+import trio.lowlevel
+from pydantic import BaseModel, ConfigDict
 from quart import Blueprint
 
-from ovtrio.api.context import model_registry, model_service
+from ovtrio.api.context import model_registry, model_service, ready_model
+from ovtrio.api.errors import APIError
+from ovtrio.api.generation import parse_body
 from ovtrio.audio.service import TranscriptionService
 from ovtrio.embedding.service import EncoderService
+from ovtrio.serving.residency import Busy
 from ovtrio.serving.service import ModelService
 
 blueprint = Blueprint("models", __name__)
+
+
+def _status(service: ModelService) -> dict[str, Any]:
+    state = service.state
+    status: dict[str, Any] = {"value": state}
+    if state == "failed":
+        status["failed"] = True
+        status["reason"] = service.failure
+    if service.load_seconds is not None:
+        status["load_seconds"] = round(service.load_seconds, 3)
+    return status
 
 
 def _model_card(service: ModelService) -> dict[str, Any]:
@@ -22,6 +43,7 @@ def _model_card(service: ModelService) -> dict[str, Any]:
     vision = service.source is not None and service.source.vision
     card["input_modalities"] = ["text", "image"] if vision else ["text"]
     card["kind"] = "generation"
+    card["status"] = _status(service)
     # How its replies are read: the tool-call and reasoning formats, and what chose them.
     serving = service.serving
     if serving is not None:
@@ -29,9 +51,19 @@ def _model_card(service: ModelService) -> dict[str, Any]:
     return card
 
 
+def _encoder_status(encoder: EncoderService | TranscriptionService) -> dict[str, Any]:
+    status: dict[str, Any] = {"value": encoder.state}
+    if encoder.failure:
+        status.update(failed=True, reason=encoder.failure)
+    if encoder.load_seconds is not None:
+        status["load_seconds"] = round(encoder.load_seconds, 3)
+    return status
+
+
 def _encoder_card(encoder: EncoderService | TranscriptionService) -> dict[str, Any]:
     # `kind` says which routes serve the model (generation, embedding, rerank,
     # transcription): a client finds the audio model by it.
+    status = _encoder_status(encoder)
     return {
         "id": encoder.name,
         "object": "model",
@@ -39,13 +71,16 @@ def _encoder_card(encoder: EncoderService | TranscriptionService) -> dict[str, A
         "owned_by": "ovtrio",
         "input_modalities": ["audio"] if encoder.kind == "transcription" else ["text"],
         "kind": encoder.kind,
+        "status": status,
     }
 
 
 @blueprint.get("/v1/models")
 @blueprint.get("/v3/models")
+@blueprint.get("/models")
 async def list_models() -> Any:
     registry = model_registry()
+    registry.rescan()
     cards = [_model_card(service) for service in registry.services]
     return {"object": "list", "data": cards + [_encoder_card(encoder) for encoder in registry.encoders]}
 
@@ -57,3 +92,69 @@ async def retrieve_model(model_id: str) -> Any:
         if encoder.name == model_id:
             return _encoder_card(encoder)
     return _model_card(model_service(model_id))
+
+
+class LoadRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    model: str
+
+
+class UnloadRequest(LoadRequest):
+    # False: refuse (409) while the model runs requests, instead of letting them finish.
+    drain: bool = True
+
+
+@blueprint.post("/models/load")
+async def load_model() -> Any:
+    """Load the model (wait for it) unless it is loaded; as a request naming it would,
+    whether or not the server loads models on demand."""
+    body = await parse_body(LoadRequest)
+    service = model_service(body.model)
+    registry = model_registry()
+    if registry.shutdown.draining.is_set():
+        return await ready_model(body.model)  # refused as any request is while draining
+    if service.state in ("unloaded", "failed"):
+        registry.residency.load(service)
+    await ready_model(body.model)
+    return {"success": True, "model": service.model_name, "status": _status(service)}
+
+
+@blueprint.post("/models/unload")
+async def unload_model() -> Any:
+    """Unload the model: its requests finish first (up to the drain timeout), or with
+    `"drain": false` the unload is refused while it runs any."""
+    body = await parse_body(UnloadRequest)
+    registry = model_registry()
+    encoder = next((encoder for encoder in registry.encoders if encoder.name == body.model), None)
+    if isinstance(encoder, TranscriptionService):
+        raise APIError(
+            400,
+            f"The transcription model '{encoder.name}' loads on its first request and stays loaded;"
+            " it cannot be unloaded by hand.",
+            param="model",
+            code="model_not_unloadable",
+        )
+    if encoder is not None:
+        if encoder.state == "loaded":
+            if not encoder.unload():
+                raise APIError(
+                    409,
+                    f"The model '{encoder.name}' is computing requests; retry once they end.",
+                    param="model",
+                    code="model_busy",
+                )
+            registry.residency.encoder_unloaded(encoder, "request")
+            await trio.lowlevel.checkpoint()  # its serving task ends at its next checkpoint
+        return {"success": True, "model": encoder.name, "status": _encoder_status(encoder), "ended_requests": 0}
+    service = model_service(body.model)
+    try:
+        cut = await model_registry().residency.unload(service, "request", wait=body.drain)
+    except Busy as exc:
+        raise APIError(
+            409,
+            f'{exc} Retry once they end, or unload with "drain": true to let them finish first.',
+            param="drain",
+            code="model_busy",
+        ) from None
+    return {"success": True, "model": service.model_name, "status": _status(service), "ended_requests": cut}

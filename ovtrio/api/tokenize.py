@@ -54,7 +54,7 @@ class DetokenizeRequest(Body):
 @blueprint.post("/v3/tokenize")
 async def tokenize() -> Any:
     body = await parse_body(TokenizeRequest)
-    model = ready_model(body.model)
+    model = await ready_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise invalid("Send either 'prompt' or 'messages'.", "prompt" if body.prompt is not None else "messages")
     if body.messages is not None:
@@ -119,7 +119,7 @@ def _json_in_parts(reply: dict[str, Any]) -> str:
 @blueprint.post("/v3/detokenize")
 async def detokenize() -> Any:
     body = await parse_body(DetokenizeRequest)
-    model = ready_model(body.model)
+    model = await ready_model(body.model)
     return {"prompt": model.prompts.decode(model.prompts.checked_ids(body.tokens, "tokens"))}
 
 
@@ -127,7 +127,7 @@ async def detokenize() -> Any:
 @blueprint.get("/v1/tokenizer_info")
 @blueprint.get("/v3/tokenizer_info")
 async def tokenizer_info() -> Any:
-    model = ready_model(request.args.get("model"))
+    model = await ready_model(request.args.get("model"))
     return {
         "tokenizer_class": "openvino_genai.Tokenizer",
         "model": model.name,

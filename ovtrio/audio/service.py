@@ -121,6 +121,7 @@ class TranscriptionService:
         self.started_at = time.time()
         self.model: Transcriber | None = None
         self.failure: str | None = None
+        self.load_seconds: float | None = None
         self.loaded = trio.Event()
         self._wanted = trio.Event()
         # Read from the folder's files, so that requests are checked before the model loads.
@@ -139,6 +140,15 @@ class TranscriptionService:
 
     def stats(self) -> WorkerStats:
         return self.worker.stats()
+
+    @property
+    def state(self) -> str:
+        """unloaded, loading, loaded or failed, as an embedder's (EncoderService.state)."""
+        if self.failure is not None:
+            return "failed"
+        if self.loaded.is_set():
+            return "loaded"
+        return "loading" if self._wanted.is_set() else "unloaded"
 
     def enqueue(self, work: TranscriptionWork) -> Job:
         """Queue `work`, loading the model first if it is not yet. Raises Overloaded when
@@ -175,6 +185,7 @@ class TranscriptionService:
             self.worker.close(EncoderUnavailable(f"The model '{self.name}' failed to load: {exc}", "model_unavailable"))
             return
         self.model = model
+        self.load_seconds = model.load_seconds
         self.words_available = model.words_available  # False if the graph did not allow them
         self.loaded.set()
         log.info("serving transcription model '%s' (loaded in %.2f s)", self.name, model.load_seconds)

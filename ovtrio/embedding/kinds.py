@@ -150,10 +150,13 @@ def max_input_tokens(folder: Path) -> int:
 
 def served_models(settings: Settings) -> tuple[list[Settings], list[tuple[Settings, ModelKind]]]:
     """The generation models and the encoders of the config file (or of the flags' one
-    model). Raises SettingsError when no generation model is left."""
+    model); none with a models_dir and neither. Raises SettingsError when no generation
+    model is left."""
     from ovtrio.settings.config_file import model_settings
     from ovtrio.settings.server import SettingsError
 
+    if settings.models_dir and settings.model is None and settings.config is None:
+        return [], []  # only the folder's models (ovtrio/serving/discovery.py), not the embedded one
     generation, encoders = split_by_kind(model_settings(settings))
     if not generation:
         raise SettingsError(

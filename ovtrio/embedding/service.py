@@ -148,6 +148,11 @@ class EncoderService:
         self.failure: str | None = None
         self.loaded = trio.Event()
         self._wanted = trio.Event()
+        # When a request last came (trio's clock), and the scope its serving runs in:
+        # cancelled, the model is unloaded (unload), and loads again on the next request.
+        self.last_used = 0.0
+        self.load_seconds: float | None = None
+        self._serving = trio.CancelScope()
         self._observer = observer(name, kind) if observer else None
         self.worker: EncoderWorker[Any] = EncoderWorker(
             _embed_batch if kind == "embedding" else _rerank_batch,
@@ -167,7 +172,33 @@ class EncoderService:
     async def submit(self, work: EmbeddingWork | RerankWork, size: int) -> Job:
         """Compute `work` (`size` inputs); loads the model first if it is not yet."""
         self._wanted.set()
-        return await self.worker.submit(Job(work, size))
+        self.last_used = trio.current_time()
+        try:
+            return await self.worker.submit(Job(work, size))
+        finally:
+            self.last_used = trio.current_time()
+
+    @property
+    def state(self) -> str:
+        """unloaded, loading, loaded or failed, as a generation model's (ModelService.state)."""
+        if self.failure is not None:
+            return "failed"
+        if self.loaded.is_set():
+            return "loaded"
+        return "loading" if self._wanted.is_set() else "unloaded"
+
+    @property
+    def idle(self) -> bool:
+        stats = self.worker.stats()
+        return self.loaded.is_set() and not stats.queued and not stats.running
+
+    def unload(self) -> bool:
+        """Unload the model if it computes nothing now (its worker then waits for the
+        next load); whether it did."""
+        if not self.idle:
+            return False
+        self._serving.cancel()
+        return True
 
     def _load(self) -> Embedder | Reranker:
         settings = self.settings
@@ -194,7 +225,21 @@ class EncoderService:
         task_status.started()
         if self.settings.encoder_preload:
             self._wanted.set()
-        await self._wanted.wait()
+        try:
+            while True:
+                await self._wanted.wait()
+                if not await self._serve():
+                    return
+                # Unloaded (idle): requests that come now wait in the queue for the next load.
+                self._wanted = trio.Event()
+                if self.worker.stats().queued:
+                    self._wanted.set()
+        finally:
+            self.worker.close(EncoderUnavailable("The server is shutting down; retry shortly.", "shutting_down"))
+            self.model = None
+
+    async def _serve(self) -> bool:
+        """Load the model and compute requests until unloaded; False if the load failed."""
         log.info("loading %s model '%s'", self.kind, self.name)
         try:
             model = await trio.to_thread.run_sync(self._load)
@@ -202,8 +247,9 @@ class EncoderService:
             self.failure = str(exc)
             log.error("%s", exc)
             self.worker.close(EncoderUnavailable(f"The model '{self.name}' failed to load: {exc}", "model_unavailable"))
-            return
+            return False
         self.model = model
+        self.load_seconds = model.load_seconds
         self.loaded.set()
         log.info(
             "serving %s model '%s' (loaded in %.2f s, inputs of at most %d tokens)",
@@ -212,11 +258,14 @@ class EncoderService:
             model.load_seconds,
             model.limit,
         )
-        try:
+        self._serving = trio.CancelScope()
+        with self._serving:
             await self.worker.run(model)
-        finally:
-            self.worker.close(EncoderUnavailable("The server is shutting down; retry shortly.", "shutting_down"))
-            self.model = None
+        self.loaded = trio.Event()
+        self.model = None
+        del model
+        log.info("unloaded %s model '%s'", self.kind, self.name)
+        return True
 
 
 def encoders_to_serve(

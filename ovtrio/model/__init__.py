@@ -9,9 +9,9 @@ from ovtrio.model.loading import (
     load_model,
     start_loading,
     start_loading_in_order,
-    warm_up,
 )
 from ovtrio.model.source import EMBEDDED_NAME, ModelLoadError, ModelSource, embedded_model_path, resolve_model
+from ovtrio.model.warm_up import warm_up
 
 __all__ = [
     "EMBEDDED_NAME",

@@ -24,9 +24,10 @@ from ovtrio.model.engine_file import openable_by_engine
 from ovtrio.model.gguf_converted import engine_readable
 from ovtrio.model.plain_text import PlainText, load_plain_text
 from ovtrio.model.source import ModelLoadError, ModelSource
-from ovtrio.model.speculation import Speculation, apply_defaults, pipeline_properties, speculation_for
+from ovtrio.model.speculation import Speculation, pipeline_properties, speculation_for
 from ovtrio.model.vision import VisionModel, is_vision_folder, measure_image_tokens
 from ovtrio.model.vocabulary import Vocabulary, load_vocabulary
+from ovtrio.model.warm_up import warm_up, warm_up_stateful
 from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
@@ -88,23 +89,45 @@ def _scheduler_config(settings: Settings) -> Any:
     return scheduler_config
 
 
+def compile_cache_folder(settings: Settings) -> Path:
+    """Where the engine keeps the models it compiled, with --compile-cache: OpenVINO's
+    CACHE_DIR, in the model cache. Measured on the embedded model (docs/models.md), a
+    compiled blob loads no faster than the IR compiles, so it is off by default."""
+    return cache_folder(settings.cache_dir, settings.data_dir) / "compiled"
+
+
 def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool = False) -> tuple[Any, Any]:
     """Tokenizer and pipeline from a GGUF file or IR folder at `path`; with `save`,
     the engine also writes the IR it converts from a GGUF file next to it."""
     import openvino_genai
 
     extra = {"enable_save_ov_model": True} if save else {}
-    started = time.perf_counter()
-    tokenizer = openvino_genai.Tokenizer(str(path), **extra)
-    phases["tokenizer"] = time.perf_counter() - started
+    # An IR folder's continuous-batching pipeline reads the tokenizer itself, and its
+    # constructor lets go of the GIL; the Tokenizer's constructor holds it throughout
+    # (0.1 s on a quiet 2-core machine, 0.65 s measured under load), which would pause
+    # the event loop of a server that loads a model while it serves others.
+    own_tokenizer = save or path.is_file() or engine_backend(settings) == "stateful"
+    tokenizer = None
+    if own_tokenizer:
+        started = time.perf_counter()
+        tokenizer = openvino_genai.Tokenizer(str(path), **extra)
+        phases["tokenizer"] = time.perf_counter() - started
     started = time.perf_counter()
     hints = engine_properties(settings)
+    if settings.compile_cache and "CACHE_DIR" not in hints:
+        hints["CACHE_DIR"] = str(compile_cache_folder(settings))
     if engine_backend(settings) == "stateful" and is_vision_folder(path):
         pipeline = openvino_genai.VLMPipeline(str(path), settings.device, **hints, **stateful_properties(settings))
     elif engine_backend(settings) == "stateful":
         pipeline = openvino_genai.LLMPipeline(
             str(path), tokenizer, settings.device, **hints, **stateful_properties(settings), **extra
         )
+    elif tokenizer is None:
+        # This constructor takes the properties as one mapping, not as keywords.
+        pipeline = openvino_genai.ContinuousBatchingPipeline(
+            str(path), _scheduler_config(settings), settings.device, {**hints, **pipeline_properties(settings, hints)}
+        )
+        tokenizer = pipeline.get_tokenizer()
     else:
         pipeline = openvino_genai.ContinuousBatchingPipeline(
             str(path),
@@ -343,49 +366,3 @@ def start_loading_in_order(models: Sequence[tuple[ModelSource, Settings]]) -> li
 
     threading.Thread(target=load, name="ovtrio-model-load", daemon=True).start()
     return futures
-
-
-def warm_up(model: LoadedModel) -> int:
-    """Run one tiny request and return the KV cache capacity in tokens.
-
-    The first request pays for the engine's first compilation of its kernels (see
-    docs/benchmarks.md#loading-a-model), so a warm-up spares the first client that.
-    While it holds exactly one cache block, the engine's cache usage (a percentage) also
-    tells how many blocks the cache has, which the engine does not report otherwise.
-    """
-    import openvino_genai
-
-    from ovtrio.model.tensors import prompt_tensor
-
-    config = apply_defaults(openvino_genai.GenerationConfig(), model.speculation)
-    config.max_new_tokens = 2
-    if model.source.vision:  # in VLM mode the engine takes prompts as text only
-        config.apply_chat_template = False
-        handle = model.pipeline.add_request(0, "Hi there, hello", [], config)
-    else:
-        handle = model.pipeline.add_request(0, prompt_tensor([0] * 4), config)
-    model.pipeline.step()
-    usage = model.pipeline.get_metrics().cache_usage
-    while model.pipeline.has_non_finished_requests():
-        model.pipeline.step()
-    del handle
-    blocks = round(100.0 / usage) if usage > 0 else 0
-    return blocks * block_tokens(model.device)
-
-
-def warm_up_stateful(model: LoadedModel) -> int:
-    """Run one tiny generation on the stateful pipeline, for the same reason as warm_up;
-    0: it has no paged KV cache whose size would matter."""
-    import openvino_genai
-
-    from ovtrio.model.tensors import prompt_tensor
-
-    config = openvino_genai.GenerationConfig()
-    config.max_new_tokens = 2
-    config.do_sample = False
-    if model.source.vision:
-        config.apply_chat_template = False
-        model.pipeline.generate("Hi there, hello", images=[], generation_config=config)
-    else:
-        model.pipeline.generate(prompt_tensor([0] * 4), config)
-    return 0

@@ -56,7 +56,7 @@ from ovtrio.server.hypercorn_patches import (
 from ovtrio.server.logs import configure_logging
 from ovtrio.serving import memory
 from ovtrio.serving.metrics import ServerMetrics
-from ovtrio.serving.registry import ModelRegistry
+from ovtrio.serving.registry import ModelRegistry, rules_of
 from ovtrio.settings.server import (
     Settings,
     api_keys,
@@ -116,7 +116,14 @@ def create_app(
         for name, model_settings, folder in transcribers
     ]
     registry = ModelRegistry(
-        each_model, settings.drain_timeout, observer=server_metrics.for_model, loading=loading, encoders=encoders
+        each_model,
+        settings.drain_timeout,
+        observer=server_metrics.for_model,
+        loading=loading,
+        encoders=encoders,
+        models_dir=settings if settings.models_dir else None,
+        rules=rules_of(settings),
+        lifecycle=server_metrics.lifecycle,
     )
     store_path = in_data_dir(settings, settings.response_store_path)
     if store_path is not None and settings.data_dir is not None:

@@ -15,9 +15,12 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ovtrio.audio.service import TranscriptionService
+from ovtrio.embedding.service import EncoderService
 from ovtrio.scheduler import SchedulerStats
 from ovtrio.serving.metrics import ENGINE, LABELS
 from ovtrio.serving.registry import ModelRegistry
+from ovtrio.serving.service import ModelService
 
 # A series read off the scheduler: name, help, gauge or counter, and its value.
 _Series = tuple[str, str, type[GaugeMetricFamily] | type[CounterMetricFamily], Callable[[SchedulerStats], float]]
@@ -130,3 +133,37 @@ class SchedulerCollector(Collector):
             for model_name, numbers in stats:
                 family.add_metric([model_name, ENGINE], value(numbers))
             yield family
+
+
+# What a generation model's state is, as the gauge ovtrio_model_state shows it.
+MODEL_STATES = ("unloaded", "loading", "loaded", "failed", "unloading")
+
+
+class ModelStateCollector(Collector):
+    """Each model's state at scrape time (the embedding and rerank models' too): ovtrio_model_loaded (1 when it
+    serves) and ovtrio_model_state (1 for its state, 0 for the others)."""
+
+    def __init__(self, models: ModelRegistry) -> None:
+        self._models = models
+
+    def collect(self) -> Iterator[Any]:
+        services: list[ModelService | EncoderService | TranscriptionService] = [
+            *self._models.services,
+            *self._models.encoders,
+        ]
+        if not services:
+            return
+        loaded = GaugeMetricFamily(
+            "ovtrio_model_loaded", "1 when the model is loaded and serves, else 0", labels=("model_name",)
+        )
+        state = GaugeMetricFamily(
+            "ovtrio_model_state", "The model's state: 1 for the one it is in", labels=("model_name", "state")
+        )
+        for service in services:
+            now = service.state
+            name = service.model_name if isinstance(service, ModelService) else service.name
+            loaded.add_metric([name], 1.0 if now == "loaded" else 0.0)
+            for each in MODEL_STATES:
+                state.add_metric([name, each], 1.0 if now == each else 0.0)
+        yield loaded
+        yield state

@@ -216,6 +216,7 @@ class ServerMetrics:
         )
         self.models: dict[str, ModelMetrics] = {}
         self._families: RequestFamilies | None = None
+        self.lifecycle = LifecycleMetrics(self.registry)
 
     def for_model(self, model_name: str, context_length: int, speculative: bool = False) -> ModelMetrics:
         """The observer of a model's scheduler; made once per model, when it is loaded.
@@ -229,3 +230,43 @@ class ServerMetrics:
 
     def response(self, method: str, route: str, status: int) -> None:
         self._responses.labels(method, route, str(status)).inc()
+
+
+LOAD_SECONDS_BUCKETS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+
+class LifecycleMetrics:
+    """Loads and unloads of each generation model (ovtrio/serving/residency.py); whether
+    each is loaded now is read at scrape time (collector.ModelStateCollector)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._loads = Counter(
+            "ovtrio_model_loads", "Loads of the model that ended serving it", ("model_name",), registry=registry
+        )
+        self._load_failures = Counter(
+            "ovtrio_model_load_failures", "Loads of the model that failed", ("model_name",), registry=registry
+        )
+        self._unloads = Counter(
+            "ovtrio_model_unloads",
+            "Unloads of the model, by reason: request (POST /models/unload), idle (its keep-alive time passed),"
+            " lru (room for another under --models-max)",
+            ("model_name", "reason"),
+            registry=registry,
+        )
+        self._load_seconds = Histogram(
+            "ovtrio_model_load_seconds",
+            "Time to load the model and warm it up, from the start of its load to serving",
+            ("model_name",),
+            buckets=LOAD_SECONDS_BUCKETS,
+            registry=registry,
+        )
+
+    def loaded(self, model_name: str, seconds: float) -> None:
+        self._loads.labels(model_name).inc()
+        self._load_seconds.labels(model_name).observe(seconds)
+
+    def load_failed(self, model_name: str) -> None:
+        self._load_failures.labels(model_name).inc()
+
+    def unloaded(self, model_name: str, reason: str) -> None:
+        self._unloads.labels(model_name, reason).inc()

@@ -11,6 +11,12 @@ any load). A model that fails while loading is logged in one line and stays fail
 requests for it get a 503 and readiness reports it, while the others serve. When every
 model has failed there is nothing to serve, and the launcher exits as it does for one.
 
+Models may also load on demand (ovtrio/serving/residency.py): those of a models_dir
+(ovtrio/serving/discovery.py) wait for their first request, and any model, one loaded
+at start included, may be unloaded and loaded again. Readiness counts only the models
+that load at start, and only their first load: a server whose folder models are
+unloaded takes requests.
+
 The shutdown state is the server's, shared by every model: the drain refuses new work
 for all of them and waits for the requests in flight on each (ovtrio/serving/shutdown.py).
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Literal
 
 import trio
@@ -28,13 +35,26 @@ from ovtrio.audio.service import TranscriptionService, check_transcription_folde
 from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
 from ovtrio.scheduler import RequestObserver
-from ovtrio.serving.service import ModelService, ObserverFactory
+from ovtrio.serving.discovery import folder_models, settings_for
+from ovtrio.serving.metrics import LifecycleMetrics
+from ovtrio.serving.residency import Residency, ResidencyRules
+from ovtrio.serving.service import ModelService, ObserverFactory, ServingModel
 from ovtrio.serving.shutdown import Shutdown
 from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 
-ModelStatus = Literal["loading", "ready", "failed", "draining"]
+ModelStatus = Literal["loading", "ready", "failed", "draining", "unloaded", "unloading"]
+
+
+def rules_of(settings: Settings) -> ResidencyRules:
+    return ResidencyRules(
+        models_max=settings.models_max,
+        autoload=settings.models_autoload,
+        load_wait=settings.models_load_wait,
+        idle_unload=settings.model_idle_unload,
+        drain_timeout=settings.drain_timeout,
+    )
 
 
 class ModelRegistry:
@@ -45,10 +65,15 @@ class ModelRegistry:
         observer: ObserverFactory | None = None,
         loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None,
         encoders: Sequence[EncoderService | TranscriptionService] = (),
+        models_dir: Settings | None = None,
+        rules: ResidencyRules | None = None,
+        lifecycle: LifecycleMetrics | None = None,
     ) -> None:
-        """`models`: each model's settings (config_file.model_settings). `observer` makes
-        each model's request observer (the metrics). `loading`, when given, is the load
-        of each model already under way (start_loading_in_order), in the same order."""
+        """`models`: each model's settings (config_file.model_settings), loaded at start.
+        `observer` makes each model's request observer (the metrics). `loading`, when
+        given, is the load of each model already under way (start_loading_in_order), in
+        the same order. `models_dir`: the settings whose models_dir holds more models,
+        loaded on demand (their defaults too). `rules`: when models load and unload."""
         self._observer = observer
         self._preloaded = loading is not None
         futures = list(loading) if loading is not None else [None] * len(models)
@@ -56,18 +81,30 @@ class ModelRegistry:
             ModelService(settings, observer=self._observer_of if observer else None, loading=future)
             for settings, future in zip(models, futures)
         ]
+        self._at_start = list(self.services)
+        self._folder_defaults = models_dir
         self.encoders = list(encoders)
         self.shutdown = Shutdown(drain_timeout)
+        self.residency = Residency(
+            lambda: self.services,
+            rules or ResidencyRules(0, True, 30.0, None, drain_timeout),
+            lifecycle,
+            # Transcription models stay loaded once loaded: idle unload covers embedders and rerankers.
+            [encoder for encoder in self.encoders if isinstance(encoder, EncoderService)],
+            self.shutdown.draining,
+        )
         # Set when every model has failed to load: the server has nothing to serve.
         self.failed = trio.Event()
         self._by_name: dict[str, ModelService] = {}
+        self._checked = False
         self._longest_context = 0
         self._running = trio.CancelScope()
 
     def check(self) -> None:
         """Resolve and check every model's path; raises ModelLoadError (one line) for the
         first unusable one, or when two models would be served under one name."""
-        for service in self.services:
+        self._checked = True
+        for service in self._at_start:
             source = service.check()
             if source.name in self._by_name:
                 raise ModelLoadError(f"two models are served as '{source.name}'; give each its own served_model_name")
@@ -82,14 +119,55 @@ class ModelRegistry:
             if encoder.name in names:
                 raise ModelLoadError(f"two models are served as '{encoder.name}'; give each its own served_model_name")
             names.add(encoder.name)
+        self.rescan()
+
+    def rescan(self) -> None:
+        """Serve the models of models_dir added since the last look, and forget those
+        whose file is gone and that are not loaded (discovery.py)."""
+        if self._folder_defaults is None or self._folder_defaults.models_dir is None:
+            return
+        folder = Path(self._folder_defaults.models_dir).expanduser()
+        found = {model.name: model for model in folder_models(folder)}
+        for service in list(self.services):
+            if service.on_demand and service.model_name not in found and service.state in ("unloaded", "failed"):
+                self.services.remove(service)
+                del self._by_name[service.model_name]
+        taken = {encoder.name for encoder in self.encoders}
+        for name, model in found.items():
+            if name in self._by_name or name in taken:
+                continue
+            service = ModelService(
+                settings_for(model, self._folder_defaults),
+                observer=self._observer_of if self._observer else None,
+                on_demand=True,
+            )
+            try:
+                source = service.check()
+            except ModelLoadError as exc:  # listed, failed, with the reason
+                service.failure = str(exc)
+                service.failed.set()
+            else:
+                self._longest_context = max(self._longest_context, source.context_length)
+            self.services.append(service)
+            self._by_name[name] = service
 
     @property
-    def default(self) -> ModelService:
-        """The first model: for the endpoints where `model` is optional (tokenize)."""
-        return self.services[0]
+    def default(self) -> ModelService | None:
+        """The first model: for the endpoints where `model` is optional (tokenize);
+        None when the server serves only a models_dir, and it is empty."""
+        return self.services[0] if self.services else None
 
     def find(self, name: str) -> ModelService | None:
-        return self._by_name.get(name)
+        """The model served as `name`, looking in models_dir again if it is unknown."""
+        service = self._by_name.get(name)
+        if service is None and self._folder_defaults is not None:
+            self.rescan()
+            service = self._by_name.get(name)
+        return service
+
+    async def acquire(self, service: ModelService, keep_alive: float | None = None) -> ServingModel:
+        """The loaded model of `service`, loaded first if need be (Residency.acquire)."""
+        return await self.residency.acquire(service, keep_alive)
 
     def find_encoder(self, name: str | None, kind: str) -> EncoderService | TranscriptionService | None:
         """The encoder of `kind` named `name` (None: the first of that kind)."""
@@ -99,11 +177,21 @@ class ModelRegistry:
         return None
 
     def status(self, service: ModelService) -> ModelStatus:
-        if service.failed.is_set():
+        state = service.state
+        if state == "failed":
             return "failed"
         if self.shutdown.draining.is_set():
             return "draining"
-        return "ready" if service.ready.is_set() else "loading"
+        if state == "loaded":
+            return "ready"
+        if state in ("unloaded", "unloading"):
+            return state  # type: ignore[return-value]
+        return "loading"
+
+    def counts_for_readiness(self, service: ModelService) -> bool:
+        """Whether the server waits for `service` before it is ready: a model loaded at
+        start, in its first load (failed or not)."""
+        return service in self._at_start and service.cycles <= 1 and service.state in ("loading", "failed")
 
     def set_base_url(self, base_url: str) -> None:
         """Where clients reach the server, for each model's "serving" log line."""
@@ -112,27 +200,31 @@ class ModelRegistry:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load and serve every model, each in a task of its own; started at once."""
-        if not self._by_name:
+        if not self._checked:
             self.check()
         if not self._preloaded:
             futures = start_loading_in_order(
-                [(service.source or service.check(), service.settings) for service in self.services]
+                [(service.source or service.check(), service.settings) for service in self._at_start]
             )
-            for service, future in zip(self.services, futures):
+            for service, future in zip(self._at_start, futures):
                 service.loading = future
         with self._running:
             async with trio.open_nursery() as nursery:
-                for service in self.services:
+                await nursery.start(self.residency.run)
+                for service in self._at_start:
                     await nursery.start(service.run)
                 for encoder in self.encoders:
                     await nursery.start(encoder.run)
-                nursery.start_soon(self._watch_failures)
+                if self._at_start and self._folder_defaults is None:
+                    nursery.start_soon(self._watch_failures)
                 task_status.started()
 
     async def _watch_failures(self) -> None:
-        for service in self.services:
+        """With no models_dir to serve from, a server whose every model failed at start
+        has nothing to serve."""
+        for service in self._at_start:
             await service.failed.wait()
-        if len(self.services) > 1:
+        if len(self._at_start) > 1:
             log.error("every model failed to load")
         self.failed.set()
 

@@ -36,6 +36,40 @@ class ServerSettings(BaseModel):
         description="JSON or TOML file listing several models to serve, each with its own settings (the other"
         " settings act as every model's defaults; see docs/configuration.md)",
     )
+    models_dir: str | None = Field(
+        None,
+        description="folder of models served on demand: each GGUF file and OpenVINO IR folder in it is a model,"
+        " named after the file (without .gguf) or folder, loaded on its first request; a file added later is"
+        " found without a restart (without --model or --config, only the folder's models are served)",
+    )
+    models_max: int = Field(
+        0,
+        ge=0,
+        description="most generation models loaded at once (0: no limit); loading one more first unloads the"
+        " least recently used one that runs no request",
+    )
+    models_autoload: bool = Field(
+        True,
+        description="load a model on the first request that names it (--no-models-autoload: only POST"
+        " /models/load loads one, and a request for an unloaded model gets 404 saying so)",
+    )
+    models_load_wait: float = Field(
+        30.0,
+        ge=0,
+        description="seconds a load waits for --models-max room (every loaded model running requests) before the"
+        " requests waiting for it get 503 with Retry-After",
+    )
+    model_idle_unload: float | None = Field(
+        None,
+        ge=0,
+        description="unload a model after this many seconds without a request (Ollama's keep_alive; a request's"
+        " keep_alive overrides it for its model; default: keep loaded)",
+    )
+    compile_cache: bool = Field(
+        False,
+        description="keep the engine's compiled models in cache_dir/compiled (OpenVINO's CACHE_DIR) and load"
+        " them from there on later loads",
+    )
     cache_dir: str | None = Field(
         None,
         description="folder that keeps the model and tokenizer converted from a GGUF file, for faster later starts"

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ovtrio.api.errors import invalid
 from ovtrio.api.messages.errors import THREAD_UNSUPPORTED
+from ovtrio.api.protocol.keep_alive import KeepAlive
 
 # Top-level fields accepted and ignored: service tiers, speed modes, effort, prompt-cache
 # breakpoints, code-execution containers, where inference runs, cache diagnostics and
@@ -289,6 +290,8 @@ class MessagesRequest(MessagesInput):
     """The body of POST /v1/messages."""
 
     max_tokens: Annotated[int, Field(ge=1)]
+    # Seconds the model stays loaded after this request (Ollama's keep_alive).
+    keep_alive: KeepAlive | None = None
     stop_sequences: (
         Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] | None
     ) = None

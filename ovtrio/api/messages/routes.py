@@ -35,4 +35,4 @@ async def create_message() -> Any:
 @blueprint.post("/v1/messages/count_tokens")
 async def count_message_tokens() -> Any:
     body = await parse_body(MessagesInput)
-    return {"input_tokens": await count_tokens(ready_model(body.model), body)}
+    return {"input_tokens": await count_tokens(await ready_model(body.model), body)}

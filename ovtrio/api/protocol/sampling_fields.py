@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol.body import Body
+from ovtrio.api.protocol.keep_alive import KeepAlive
 from ovtrio.api.protocol.metadata import check_metadata
 
 MAX_SEED = 4294967295
@@ -72,6 +73,8 @@ class SamplingFields(Body):
     served_fields: ClassVar[frozenset[str]] = frozenset()
 
     model: str
+    # Seconds the model stays loaded after this request (Ollama's keep_alive).
+    keep_alive: KeepAlive | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None

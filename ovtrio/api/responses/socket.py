@@ -167,7 +167,7 @@ async def _serve_frames(
             await send.send(frame_text(busy.event(stream_id)))
             continue
         try:
-            model = generation_model(body.model)
+            model = await generation_model(body.model, body.keep_alive)
             model.scheduler.check_capacity()
             ready = await prepare(model, body, local, response_store())
         except REQUEST_ERRORS as error:

@@ -1,0 +1,55 @@
+"""The models of a models_dir: each GGUF file and OpenVINO IR folder directly in it is a
+model served on demand, named after the file (without .gguf) or the folder, as
+llama-server's router names the files of its --models-dir.
+
+The folder is read again whenever a request names a model the server does not know and
+whenever the model list is asked for, so a file copied in later is served without a
+restart. Reading it is a directory listing and a GGUF header per new file: cheap enough
+for the event loop. A folder holding an embedding or rerank model is left out here (the
+encoders are configured with --embedding-model, --rerank-model or a config file).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ovtrio.embedding.kinds import detect_kind
+from ovtrio.model.vision import is_vision_folder
+from ovtrio.settings.server import Settings
+
+log = logging.getLogger("ovtrio")
+
+
+@dataclass(frozen=True)
+class FolderModel:
+    name: str
+    path: Path
+
+
+def folder_models(folder: Path) -> list[FolderModel]:
+    """The generation models directly in `folder`, by name; hidden entries skipped."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        log.warning("cannot read the models folder %s (%s)", folder, exc.strerror)
+        return []
+    found = []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_file() and entry.suffix.lower() == ".gguf":
+            found.append(FolderModel(entry.name[: -len(".gguf")], entry))
+        elif is_model_folder(entry) and detect_kind(entry) == "generation":
+            found.append(FolderModel(entry.name, entry))
+    return found
+
+
+def is_model_folder(entry: Path) -> bool:
+    return entry.is_dir() and ((entry / "openvino_model.xml").is_file() or is_vision_folder(entry))
+
+
+def settings_for(model: FolderModel, defaults: Settings) -> Settings:
+    """A folder model's settings: the server's, with its path and name."""
+    return defaults.model_copy(update={"model": str(model.path), "served_model_name": model.name, "config": None})

@@ -1,0 +1,268 @@
+"""Which models are loaded: a model loads when a request names it, and unloads when
+it has been idle for its keep-alive time, when room is needed for another
+(--models-max: the least recently used one running no request), or when a client asks
+(POST /models/unload). llama-server's router mode and Ollama's keep_alive work so.
+The embedding and rerank models unload by the same idle rule and by request (they
+load on their first request already, ovtrio/embedding/service.py); --models-max
+counts generation models only.
+
+One load at a time (a lock): on 2 cores a second compile beside the first only slows
+both, and --models-max is kept by counting what is loaded while nothing else loads.
+The load runs in a task of the residency's own nursery, never in a request's: the
+requests that want the model wait for it to settle (ModelService.settled), a request
+that leaves stops waiting and nothing more, and when the load fails each waiting
+request is told why, once. The engine work runs in a worker thread
+(ModelService._serve), so the event loop, /health and the other models go on serving
+meanwhile.
+
+A model is never unloaded to make room while it runs requests: the load waits, up to
+--models-load-wait seconds, for one to become idle, and then its waiters get a 503
+with Retry-After. A model named by a request in the last GRACE seconds is not idle
+either: the request may be tokenizing its prompt, not yet submitted. An unload lets the
+model's requests finish first (up to the drain timeout; ended with an error after).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from ovtrio.embedding.service import EncoderService
+from ovtrio.model import ModelLoadError
+from ovtrio.model.engine_errors import client_reason
+from ovtrio.serving.metrics import LifecycleMetrics
+from ovtrio.serving.service import ModelService, ServingModel
+
+log = logging.getLogger("ovtrio")
+
+# Failed.code of the requests an unload ended (the API layer words it for clients).
+MODEL_UNLOADED = "model_unloaded"
+
+# Seconds after a request named a model during which the model counts as in use.
+GRACE = 3.0
+# How often idle models are looked for, and a waiting load looks for room, in seconds.
+IDLE_CHECK = 0.25
+ROOM_CHECK = 0.1
+
+
+class NotLoaded(Exception):
+    """The model is not loaded and the server loads models only when asked to."""
+
+
+class LoadFailed(Exception):
+    """The model's load failed; the message is the reason."""
+
+
+class NoRoom(Exception):
+    """Every loaded model ran requests for as long as a load may wait for room."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Stopping(Exception):
+    """The server is shutting down: no load begins."""
+
+
+class Busy(Exception):
+    """An unload that may not wait was asked of a model running requests."""
+
+
+@dataclass(frozen=True)
+class ResidencyRules:
+    models_max: int  # 0: no limit
+    autoload: bool
+    load_wait: float
+    idle_unload: float | None  # None: keep loaded
+    drain_timeout: float
+
+
+class Residency:
+    def __init__(
+        self,
+        services: Callable[[], Sequence[ModelService]],
+        rules: ResidencyRules,
+        metrics: LifecycleMetrics | None = None,
+        encoders: Sequence[EncoderService] = (),
+        stopping: trio.Event | None = None,
+    ) -> None:
+        """`stopping`: set when the server begins to shut down (its drain)."""
+        self._services = services
+        self._encoders = encoders
+        self._stopping = stopping if stopping is not None else trio.Event()
+        self.rules = rules
+        self._metrics = metrics
+        self._lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._unload_idle)
+            task_status.started()
+
+    async def acquire(self, service: ModelService, keep_alive: float | None = None) -> ServingModel:
+        """The loaded model of `service`, loading it first if need be (and allowed).
+        `keep_alive`: seconds the model may stay loaded idle after this request (a
+        negative value: for good; None: the server's model_idle_unload). Raises
+        NotLoaded, LoadFailed or NoRoom."""
+        while True:
+            state = service.state
+            serving = service.serving
+            if state == "loaded" and serving is not None:
+                service.last_used = trio.current_time()
+                service.keep_alive = keep_alive
+                return serving
+            if state == "loaded":  # its serving has just ended (the server stops)
+                raise LoadFailed(service.failure or "it stopped serving")
+            if state == "unloading":
+                await trio.sleep(ROOM_CHECK)
+                continue
+            if state in ("unloaded", "failed"):
+                if self._stopping.is_set():
+                    raise Stopping()
+                if not self.rules.autoload:
+                    if state == "failed":
+                        raise LoadFailed(service.failure or "it failed to load")
+                    raise NotLoaded()
+                self.load(service)
+            await service.settled()
+            if service.ready.is_set():
+                continue
+            if service.refusal is not None:
+                if self._stopping.is_set():
+                    raise Stopping()
+                raise NoRoom(service.refusal, max(1, round(self.rules.load_wait / 2)))
+            raise LoadFailed(service.failure or "it failed to load")
+
+    def load(self, service: ModelService) -> None:
+        """Begin loading `service` (unless it is loaded or loading): at once in its state,
+        in a task of the residency's nursery for the work."""
+        if service.state in ("loading", "loaded", "unloading"):
+            return
+        if service.source is None:  # a file that was unusable when found: look again
+            try:
+                service.check()
+            except ModelLoadError as exc:
+                service.failure = str(exc)
+                service.failed.set()
+                return
+        assert self._nursery is not None, "the residency runs before requests are served"
+        service.begin_cycle()
+        self._nursery.start_soon(self._load, service)
+
+    async def unload(self, service: ModelService, reason: str, *, wait: bool = True) -> int:
+        """Unload `service` (see ModelService.unload); with `wait` False, refuse (Busy)
+        while it runs requests. `reason` (request, idle, lru) goes to the log and the
+        metrics. How many requests were ended."""
+        if service.state in ("unloaded", "unloading"):
+            return 0
+        if not wait and service.in_flight:
+            raise Busy(f"The model '{service.model_name}' runs {service.in_flight} requests.")
+        was_loaded = service.state == "loaded"
+        cut = await service.unload(
+            self.rules.drain_timeout,
+            f"The model '{service.model_name}' was unloaded before this request finished; retry it.",
+            MODEL_UNLOADED,
+        )
+        if was_loaded:
+            log.info("unloaded %s (%s)%s", service.model_name, reason, f", ending {cut} requests" if cut else "")
+            if self._metrics is not None:
+                self._metrics.unloaded(service.model_name, reason)
+        return cut
+
+    async def _load(self, service: ModelService) -> None:
+        try:
+            await self._load_in_turn(service)
+        except Exception as exc:  # whatever a load does, the other models and loads go on
+            log.exception("loading %s failed", service.model_name)
+            service.fail(f"{type(exc).__name__}: {client_reason(exc)}")
+
+    async def _load_in_turn(self, service: ModelService) -> None:
+        async with self._lock:
+            if self._stopping.is_set():
+                service.refuse("The server is shutting down and loads no model; retry shortly.")
+                return
+            if not await self._make_room(service):
+                busy = [s.model_name for s in self._resident(service)]
+                service.refuse(
+                    f"The model '{service.model_name}' cannot be loaded now: {len(busy)} models are loaded"
+                    f" (--models-max {self.rules.models_max}) and each runs requests ({', '.join(busy)})."
+                    " Retry shortly."
+                )
+                log.warning("no room to load %s: every loaded model runs requests", service.model_name)
+                return
+            assert self._nursery is not None
+            self._nursery.start_soon(self._serve, service)
+            await service.settled()
+            service.last_used = trio.current_time()
+        if self._metrics is not None:
+            if service.ready.is_set() and service.load_seconds is not None:
+                self._metrics.loaded(service.model_name, service.load_seconds)
+            else:
+                self._metrics.load_failed(service.model_name)
+
+    async def _serve(self, service: ModelService) -> None:
+        """Run `service` (ModelService.run) until it is unloaded; whatever it raises fails
+        that model alone."""
+        try:
+            await service.run()
+        except Exception as exc:
+            log.exception("the model %s stopped", service.model_name)
+            service.fail(f"{type(exc).__name__}: {client_reason(exc)}")
+
+    def _resident(self, loading: ModelService) -> list[ModelService]:
+        """The models that hold an engine, or soon will, beside `loading`."""
+        return [s for s in self._services() if s is not loading and s.state in ("loaded", "loading", "unloading")]
+
+    async def _make_room(self, service: ModelService) -> bool:
+        """Unload least recently used idle models until `service` fits under models_max;
+        False if none became idle within load_wait seconds."""
+        if not self.rules.models_max:
+            return True
+        deadline = trio.current_time() + self.rules.load_wait
+        while True:
+            resident = self._resident(service)
+            if len(resident) < self.rules.models_max:
+                return True
+            now = trio.current_time()
+            idle = [s for s in resident if s.state == "loaded" and not s.in_flight and now - s.last_used >= GRACE]
+            if idle:
+                await self.unload(min(idle, key=lambda s: s.last_used), "lru")
+                continue
+            if now >= deadline:
+                return False
+            await trio.sleep(ROOM_CHECK)
+
+    async def _unload_idle(self) -> None:
+        """Unload each model idle for longer than its keep-alive time. A model running
+        requests counts as used until they end."""
+        while True:
+            await trio.sleep(IDLE_CHECK)
+            now = trio.current_time()
+            for service in list(self._services()):
+                if service.state != "loaded":
+                    continue
+                if service.in_flight:
+                    service.last_used = now
+                    continue
+                keep = service.keep_alive if service.keep_alive is not None else self.rules.idle_unload
+                if keep is None or keep < 0:
+                    continue
+                if now - service.last_used >= max(keep, GRACE):
+                    await self.unload(service, "idle")
+            # The embedding and rerank models load on their first request already
+            # (ovtrio/embedding/service.py); they unload when idle by the same rule.
+            keep = self.rules.idle_unload
+            for encoder in self._encoders:
+                idle = keep is not None and keep >= 0 and encoder.idle
+                if idle and now - encoder.last_used >= max(keep or 0.0, GRACE) and encoder.unload():
+                    self.encoder_unloaded(encoder, "idle")
+
+    def encoder_unloaded(self, encoder: EncoderService, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.unloaded(encoder.name, reason)

@@ -1,0 +1,407 @@
+"""Models on demand (--models-dir, ovtrio/serving/residency.py), on real servers under
+both launchers: a folder of three models (the embedded GGUF linked under three names)
+and --models-max 2. Each model loads on its first request, concurrent first requests
+share one load, the least recently used idle model makes room, an unload lets the
+model's requests finish first, a file copied in later is served without a restart, and
+/v1/models and /metrics tell each model's state. Nothing here depends on what the model
+writes: requests force their length with max_tokens and ignore_eos.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import loopback
+from conftest import RunningServer
+from helpers import post
+from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME
+from ovtrio.model import embedded_model_path
+from ovtrio.serving.residency import GRACE
+from server_pool import server_fixture
+from test_startup import gguf_with_architecture
+
+NAMES = ("alpha", "beta", "gamma")
+# Small KV caches: two models loaded at once beside the other test servers.
+KV_BLOCKS = "64"
+
+
+def models_folder(folder: Path) -> None:
+    """The server's models: the embedded GGUF under three names (links: one model cache
+    entry for all), and one file the engine cannot read."""
+    models = folder / "models"
+    models.mkdir()
+    for name in NAMES:
+        (models / f"{name}.gguf").symlink_to(embedded_model_path())
+    gguf_with_architecture(models / "broken.gguf", "mamba")
+
+
+serve_on_demand = server_fixture(
+    "serve_on_demand",
+    "--models-dir",
+    "{folder}/models",
+    "--models-max",
+    "2",
+    "--num-kv-blocks",
+    KV_BLOCKS,
+    "--no-embeddings",
+    prepare=models_folder,
+)
+hypercorn_on_demand = server_fixture(
+    "hypercorn_on_demand",
+    env={
+        "OVTRIO_MODELS_DIR": "{folder}/models",
+        "OVTRIO_MODELS_MAX": "2",
+        "OVTRIO_NUM_KV_BLOCKS": KV_BLOCKS,
+        "OVTRIO_EMBEDDINGS": "false",
+    },
+    hypercorn=True,
+    prepare=models_folder,
+)
+# Loads only when asked, and unloads a model idle for 2 s (the embedded embedder too).
+by_hand = server_fixture(
+    "by_hand",
+    "--models-dir",
+    "{folder}/models",
+    "--no-models-autoload",
+    "--model-idle-unload",
+    "2",
+    "--num-kv-blocks",
+    KV_BLOCKS,
+    prepare=models_folder,
+)
+
+
+@pytest.fixture(params=["serve_on_demand", "hypercorn_on_demand"])
+def server(request: pytest.FixtureRequest) -> RunningServer:
+    """Each launcher's server, with every model unloaded."""
+    server = request.getfixturevalue(request.param)
+    for name in NAMES:
+        reply = unload(server, name)
+        assert reply.status_code == 200, reply.text
+    return server
+
+
+def chat(server: RunningServer, model: str, **params: Any) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "ignore_eos": True}
+    return post(server.base_url, "/v1/chat/completions", {**body, **params})
+
+
+def unload(server: RunningServer, model: str, **params: Any) -> httpx.Response:
+    return loopback.post(server.base_url + "/models/unload", json={"model": model, **params}, timeout=120)
+
+
+def states(server: RunningServer) -> dict[str, dict[str, Any]]:
+    models = loopback.get(server.base_url + "/v1/models", timeout=30).json()["data"]
+    return {model["id"]: model["status"] for model in models}
+
+
+def count(server: RunningServer, name: str, **labels: str) -> float:
+    """A counter's value; 0 before its first increment (a series is made then)."""
+    try:
+        return server.metric(name, **labels)
+    except KeyError:
+        return 0.0
+
+
+def loads(server: RunningServer, model: str) -> float:
+    return count(server, "ovtrio_model_loads_total", model_name=model)
+
+
+def wait_for_state(server: RunningServer, model: str, state: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while states(server)[model]["value"] != state:
+        assert time.monotonic() < deadline, f"{model} is {states(server)[model]}, not {state}"
+        time.sleep(0.1)
+
+
+def test_the_folder_is_listed_with_each_state_and_a_model_loads_on_its_first_request(server):
+    listed = states(server)
+    assert {name: listed[name]["value"] for name in NAMES} == dict.fromkeys(NAMES, "unloaded")
+    # A file the engine cannot read is listed as failed, with the reason; asking for it is a 503 naming it.
+    assert listed["broken"]["value"] == "failed" and "mamba" in listed["broken"]["reason"]
+    refused = chat(server, "broken")
+    assert refused.status_code == 503 and "mamba" in refused.json()["error"]["message"]
+    # The server takes requests with every model unloaded.
+    assert loopback.get(server.base_url + "/health/ready", timeout=10).status_code == 200
+
+    reply = chat(server, "alpha")
+    assert reply.status_code == 200 and reply.json()["model"] == "alpha"
+    assert reply.json()["usage"]["completion_tokens"] == 2
+    assert states(server)["alpha"]["value"] == "loaded" and states(server)["beta"]["value"] == "unloaded"
+    assert server.metric("ovtrio_model_loaded", model_name="alpha") == 1
+    assert server.metric("ovtrio_model_loaded", model_name="beta") == 0
+    assert server.metric("ovtrio_model_load_seconds_count", model_name="alpha") >= 1
+    # Unloaded by hand, as the router's route does it.
+    before = count(server, "ovtrio_model_unloads_total", model_name="alpha", reason="request")
+    assert unload(server, "alpha").json()["success"] is True
+    assert states(server)["alpha"]["value"] == "unloaded"
+    assert server.metric("ovtrio_model_unloads_total", model_name="alpha", reason="request") == before + 1
+
+
+def test_the_least_recently_used_idle_model_makes_room(server):
+    for name in ("alpha", "beta"):
+        assert chat(server, name).status_code == 200
+    time.sleep(GRACE + 0.5)  # past the grace a model just named keeps
+    assert chat(server, "alpha").status_code == 200  # beta is now the least recently used
+    time.sleep(GRACE + 0.5)
+    assert chat(server, "gamma").status_code == 200
+    now = states(server)
+    assert {name: now[name]["value"] for name in NAMES} == {"alpha": "loaded", "beta": "unloaded", "gamma": "loaded"}
+    assert server.metric("ovtrio_model_unloads_total", model_name="beta", reason="lru") >= 1
+
+
+def test_concurrent_first_requests_share_one_load_while_health_stays_fast(server):
+    """Four requests for an unloaded model and one that leaves while it loads: one load."""
+    assert chat(server, "beta").status_code == 200
+    before = loads(server, "alpha")
+    replies: list[httpx.Response] = []
+    left: list[Exception] = []
+
+    def leave() -> None:
+        """A client that gives up while the model loads."""
+        body = {"model": "alpha", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        try:
+            loopback.post(server.base_url + "/v1/chat/completions", json=body, timeout=0.3)
+        except httpx.TimeoutException as exc:
+            left.append(exc)
+
+    threads = [threading.Thread(target=lambda: replies.append(chat(server, "alpha"))) for _ in range(4)]
+    threads.append(threading.Thread(target=leave))
+    for thread in threads:
+        thread.start()
+    # While alpha loads, the event loop answers probes at once and beta serves.
+    slowest = 0.0
+    while any(thread.is_alive() for thread in threads):
+        began = time.monotonic()
+        assert loopback.get(server.base_url + "/health", timeout=10).status_code == 200
+        slowest = max(slowest, time.monotonic() - began)
+        assert chat(server, "beta").status_code == 200
+    for thread in threads:
+        thread.join()
+    assert [reply.status_code for reply in replies] == [200] * 4, [reply.text for reply in replies]
+    assert len(left) == 1  # it left, and the load went on for the others
+    assert loads(server, "alpha") == before + 1
+    assert slowest < 1.0
+
+
+def test_a_request_during_its_models_unload_gets_a_clear_answer(server):
+    assert chat(server, "alpha").status_code == 200
+    finish: list[Any] = []
+
+    def long_request() -> None:
+        reply = chat(server, "alpha", max_tokens=150)
+        finish.append(reply.json()["choices"][0]["finish_reason"] if reply.status_code == 200 else reply.text)
+
+    running = threading.Thread(target=long_request)
+    running.start()
+    deadline = time.monotonic() + 30
+    while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # Refused while it runs a request, when the unload may not wait...
+    busy = unload(server, "alpha", drain=False)
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "model_busy", busy.text
+    # ... and by default the request finishes before the engine goes.
+    unloading: list[httpx.Response] = []
+    unloader = threading.Thread(target=lambda: unloading.append(unload(server, "alpha")))
+    unloader.start()
+    wait_for_state(server, "alpha", "unloading")
+    # A request that comes meanwhile waits for the unload, then loads the model again.
+    during = chat(server, "alpha")
+    unloader.join()
+    running.join()
+    assert finish == ["length"]
+    assert unloading[0].status_code == 200 and unloading[0].json()["ended_requests"] == 0
+    assert during.status_code == 200, during.text
+    assert states(server)["alpha"]["value"] == "loaded"
+
+
+def test_a_model_copied_in_later_is_served_without_a_restart(server):
+    folder = Path(states_folder(server))
+    added = folder / "delta.gguf"
+    if not added.exists():
+        added.symlink_to(embedded_model_path())
+    assert states(server)["delta"]["value"] == "unloaded"
+    reply = chat(server, "delta")
+    assert reply.status_code == 200 and reply.json()["model"] == "delta"
+    assert unload(server, "delta").status_code == 200
+
+
+def states_folder(server: RunningServer) -> str:
+    """The models folder of `server` (beside its log)."""
+    return str(server.log_path.parent / "models")
+
+
+def test_without_autoload_a_model_is_loaded_by_hand_and_unloads_when_idle(by_hand):
+    refused = chat(by_hand, "beta")
+    assert refused.status_code == 404
+    error = refused.json()["error"]
+    assert error["code"] == "model_not_loaded" and error["param"] == "model"
+    assert "POST /models/load" in error["message"]
+    loaded = loopback.post(by_hand.base_url + "/models/load", json={"model": "beta"}, timeout=120)
+    assert loaded.status_code == 200 and loaded.json()["status"]["value"] == "loaded"
+    assert chat(by_hand, "beta").status_code == 200
+    # Idle for --model-idle-unload seconds: unloaded.
+    wait_for_state(by_hand, "beta", "unloaded", timeout=30)
+    assert by_hand.metric("ovtrio_model_unloads_total", model_name="beta", reason="idle") >= 1
+    unknown = loopback.post(by_hand.base_url + "/models/load", json={"model": "nothing"}, timeout=10)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_keep_alive_zero_unloads_the_model_after_its_request(serve_on_demand):
+    server = serve_on_demand
+    reply = chat(server, "gamma", keep_alive=0)
+    assert reply.status_code == 200
+    wait_for_state(server, "gamma", "unloaded", timeout=30)
+    assert server.metric("ovtrio_model_unloads_total", model_name="gamma", reason="idle") >= 1
+    bad = chat(server, "gamma", keep_alive="soon")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+
+
+def _worker_pid(server: RunningServer) -> int:
+    """The process that serves: `ovtrio serve` itself, or hypercorn's one worker."""
+    pid = server.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(children[0]) if children else pid
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+# What 20 load/unload cycles may leave behind, in MB (measured: about 2 MB over 18; docs/models.md).
+RSS_BOUND_MB = 30
+CYCLES = int(os.environ.get("OVTRIO_TEST_CYCLES", "20"))
+
+
+def test_memory_returns_after_twenty_load_and_unload_cycles(server):
+    pid = _worker_pid(server)
+    # One cycle first: what the first load brings for good (modules, the tokenizer's
+    # libraries) is not what an unload should return.
+    assert chat(server, "alpha").status_code == 200
+    assert unload(server, "alpha").status_code == 200
+    before = _rss_mb(pid)
+    for _ in range(CYCLES):
+        assert chat(server, "alpha").status_code == 200
+        assert unload(server, "alpha").status_code == 200
+    after = _rss_mb(pid)
+    assert after - before < RSS_BOUND_MB, (before, after)
+
+
+def test_the_embedding_model_unloads_when_idle_and_loads_again(by_hand):
+    def embed() -> httpx.Response:
+        return post(by_hand.base_url, "/v1/embeddings", {"model": EMBEDDED_EMBEDDER_NAME, "input": "a loaf of bread"})
+
+    first = embed()
+    assert first.status_code == 200, first.text
+    wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded", timeout=30)
+    assert by_hand.metric("ovtrio_model_unloads_total", model_name=EMBEDDED_EMBEDDER_NAME, reason="idle") >= 1
+    again = embed()
+    assert again.status_code == 200
+    assert again.json()["data"][0]["embedding"] == first.json()["data"][0]["embedding"]
+    # And by hand (or by the idle rule, whichever comes first).
+    assert unload(by_hand, EMBEDDED_EMBEDDER_NAME).status_code == 200
+    wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded", timeout=10)
+
+
+# One model at a time, and a load waits at most 1 s for room.
+one_at_a_time = server_fixture(
+    "one_at_a_time",
+    "--models-dir",
+    "{folder}/models",
+    "--models-max",
+    "1",
+    "--models-load-wait",
+    "1",
+    "--num-kv-blocks",
+    KV_BLOCKS,
+    "--no-embeddings",
+    prepare=models_folder,
+)
+
+
+def test_a_load_with_no_room_waits_then_is_a_503_with_retry_after(one_at_a_time):
+    server = one_at_a_time
+    assert chat(server, "alpha").status_code == 200
+    done: list[httpx.Response] = []
+    running = threading.Thread(target=lambda: done.append(chat(server, "alpha", max_tokens=150)))
+    running.start()
+    deadline = time.monotonic() + 30
+    while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    refused = chat(server, "beta")
+    running.join()
+    assert refused.status_code == 503, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "model_unavailable" and "--models-max 1" in error["message"]
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert done[0].status_code == 200
+    # Once alpha is idle (and past its grace), beta takes its place.
+    time.sleep(GRACE)
+    assert chat(server, "beta").status_code == 200
+    now = states(server)
+    assert (now["alpha"]["value"], now["beta"]["value"]) == ("unloaded", "loaded")
+
+
+def test_a_cached_model_loads_from_its_entry_with_engine_properties(tmp_path):
+    """A load from the model cache lets the pipeline read the tokenizer itself (its
+    constructor takes the properties as one mapping): precision hints and the compile
+    cache go with it, and the entry loads as it is, not converted again."""
+    from ovtrio.model import load_model, resolve_model
+    from ovtrio.model.loading import compile_cache_folder, convert_into_cache
+    from ovtrio.settings.server import Settings
+
+    settings = Settings(cache_dir=str(tmp_path), num_kv_blocks=4, inference_precision="f32", compile_cache=True)
+    source = resolve_model(settings)
+    convert_into_cache(source, settings)
+    model = load_model(source, settings)
+    assert model.origin.startswith("cached in "), model.origin
+    assert "tokenizer" not in model.phases  # read by the pipeline, in the same call
+    assert model.tokenizer.encode("Hi").input_ids.data.size >= 1
+    assert any(compile_cache_folder(settings).glob("*.blob"))
+
+
+def test_sigterm_drains_the_loaded_models_and_loads_no_other(tmp_path):
+    from conftest import start_server
+
+    models_folder(tmp_path)
+    server = start_server(
+        tmp_path, "--models-dir", str(tmp_path / "models"), "--num-kv-blocks", KV_BLOCKS, "--no-embeddings"
+    )
+    try:
+        assert chat(server, "alpha").status_code == 200
+        done: list[httpx.Response] = []
+        running = threading.Thread(target=lambda: done.append(chat(server, "alpha", max_tokens=100)))
+        running.start()
+        deadline = time.monotonic() + 30
+        while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGTERM)
+        wait_for_state(server, "alpha", "loaded")  # still listening while it drains
+        refused = chat(server, "beta")
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
+        running.join()
+        assert done[0].status_code == 200 and done[0].json()["choices"][0]["finish_reason"] == "length"
+        assert server.process.wait(timeout=60) == 0
+        assert states_logged(server) == 0, "beta was loaded during the drain"
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+
+
+def states_logged(server: RunningServer) -> int:
+    """How many times the server's log says it loaded beta."""
+    return server.log_path.read_text().count("models/beta.gguf (gguf)")
