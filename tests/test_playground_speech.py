@@ -15,20 +15,36 @@ import time
 import httpx
 import pytest
 
+import tiny_whisper
 from audio_files import tone, wav
 from browser import browser, media_browser  # noqa: F401 (the fixtures)
+from server_pool import server_fixture
 from test_audio import WHISPER, audio_server  # noqa: F401 (the fixture: one server for both modules)
-from test_playground import DONE, open_page, page_ready
+from test_playground import API_KEY, DONE, open_page, page_ready
 
 pytestmark = pytest.mark.browser
 
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
+
+keyed_speech_server = server_fixture(
+    "keyed_speech_server",
+    "--transcription-model",
+    "{folder}/" + WHISPER,
+    "--api-key",
+    API_KEY,
+    "--no-embeddings",
+    prepare=lambda folder: tiny_whisper.build(folder / WHISPER),
+)
 SPEECH = wav(tone(3.0, hertz=330))
 
 
-def text_of(server, data: bytes, name: str = "speech.wav") -> str:
+def text_of(server, data: bytes, name: str = "speech.wav", key: str | None = None) -> str:
     response = httpx.post(
-        server.base_url + TRANSCRIPTIONS, data={"model": WHISPER}, files={"file": (name, data)}, timeout=120
+        server.base_url + TRANSCRIPTIONS,
+        data={"model": WHISPER},
+        files={"file": (name, data)},
+        headers={"Authorization": f"Bearer {key}"} if key else {},
+        timeout=120,
     )
     assert response.status_code == 200, response.text
     return response.json()["text"]
@@ -46,7 +62,12 @@ def speech_page(browser, audio_server):
 
 
 def wait_for_transcription(page) -> None:
-    page.wait_for_function("() => document.querySelector('#speech-status').hidden")
+    """Waits until the page has the text (or says why not, which fails the test)."""
+    page.wait_for_function(
+        "() => { const status = document.querySelector('#speech-status');"
+        " return status.hidden || status.classList.contains('error'); }"
+    )
+    assert page.is_hidden("#speech-status"), page.inner_text("#speech-status")
 
 
 def test_without_a_transcription_model_there_is_neither_button(browser, server):
@@ -155,3 +176,24 @@ def test_a_file_that_is_not_audio_shows_the_servers_refusal(speech_page, audio_s
     page.wait_for_selector("#speech-status.error")
     assert page.inner_text("#speech-status") == f"Not transcribed: notes.wav: {message}"
     assert page.input_value("#prompt") == "kept"
+
+
+def test_with_an_api_key_the_page_sends_it_with_the_audio(browser, keyed_speech_server):
+    assert httpx.post(keyed_speech_server.base_url + TRANSCRIPTIONS, timeout=30).status_code == 401
+    expected = text_of(keyed_speech_server, SPEECH, key=API_KEY)
+    watched = open_page(browser, keyed_speech_server)
+    page = watched.page
+    try:
+        page.locator("#key-banner").wait_for()
+        assert page.is_hidden("#attach-audio"), "not offered before the key lists the models"
+        page.fill("#api-key", API_KEY)
+        page.click("#key-form button[type=submit]")
+        page_ready(page)
+        page.set_input_files(
+            "#attach-audio-file", files=[{"name": "speech.wav", "mimeType": "audio/wav", "buffer": SPEECH}]
+        )
+        wait_for_transcription(page)
+        assert page.input_value("#prompt") == expected
+        watched.check(allow_refused_key=True)
+    finally:
+        page.context.close()
