@@ -21,6 +21,7 @@ from browser import browser, media_browser  # noqa: F401 (the fixtures)
 from server_pool import server_fixture
 from test_audio import WHISPER, audio_server  # noqa: F401 (the fixture: one server for both modules)
 from test_playground import API_KEY, DONE, open_page, page_ready
+from test_playground_ui import axe_violations
 
 pytestmark = pytest.mark.browser
 
@@ -176,6 +177,10 @@ def test_a_file_that_is_not_audio_shows_the_servers_refusal(speech_page, audio_s
     page.wait_for_selector("#speech-status.error")
     assert page.inner_text("#speech-status") == f"Not transcribed: notes.wav: {message}"
     assert page.input_value("#prompt") == "kept"
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        page.wait_for_timeout(600)  # the colours' transitions
+        assert not axe_violations(page), scheme
 
 
 def test_with_an_api_key_the_page_sends_it_with_the_audio(browser, keyed_speech_server):
