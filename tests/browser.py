@@ -90,6 +90,23 @@ def browser() -> Iterator[Any]:
                 _shared.clear()
 
 
+# A microphone that is a fake device (a beep every second) which pages may use without
+# the permission prompt a headless browser could never answer.
+FAKE_MEDIA_ARGS = ("--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream")
+
+
+@pytest.fixture(scope="session")
+def media_browser(browser: Any) -> Iterator[Any]:
+    """A second headless Chromium, on the session's Playwright, with a fake microphone."""
+    chromium = _shared["playwright"].chromium.launch(
+        executable_path=shutil.which("chromium"), args=[*CHROMIUM_ARGS, *FAKE_MEDIA_ARGS]
+    )
+    try:
+        yield chromium
+    finally:
+        chromium.close()
+
+
 class PageServer:
     """Static pages on 127.0.0.1:`port`, a web origin other than the server's."""
 

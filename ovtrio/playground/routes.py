@@ -6,7 +6,9 @@ served from memory with an ETag. Every answer carries a Content-Security-Policy 
 lets the page load and connect to its own origin only (images also from data: URLs,
 the ones a user attaches; fonts: KaTeX's), and run no inline script: the
 page inserts model and user text as text, and the policy is the second line of defence
-should a bug ever let markup through.
+should a bug ever let markup through. The microphone (recorded for transcription) needs
+no source in the policy: the recording is posted to the page's own origin, never played;
+no Permissions-Policy is sent, so the browser's default lets the page's own origin ask.
 """
 
 from __future__ import annotations

@@ -216,6 +216,18 @@ export async function getJSON(path, key, signal) {
   return response.json();
 }
 
+// The text of an audio file or recording (a File or a named Blob) by OpenAI's multipart
+// /v1/audio/transcriptions; a refusal (a 4xx naming the file) is thrown as an ApiError.
+export async function transcribe(audio, name, model, key, signal) {
+  const form = new FormData();
+  form.append("model", model);
+  form.append("file", audio, name);
+  const response = await fetch("/v1/audio/transcriptions", { method: "POST", body: form, headers: key ? { Authorization: "Bearer " + key } : {}, signal });
+  if (!response.ok) throw await errorOf(response);
+  const body = await response.json();
+  return String((body && body.text) || "");
+}
+
 // Server-sent events of a fetch response: {event, data} for each.
 async function* serverSentEvents(response) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();

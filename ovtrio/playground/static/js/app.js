@@ -5,7 +5,7 @@
 
 import { $, h, copyText, flash } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
-import { API_MODES, ApiError, ResponsesSocket, buildRequest, continueRequest, getJSON, runDemoTool, send, DEMO_TOOL } from "./api.js";
+import { API_MODES, ApiError, ResponsesSocket, buildRequest, continueRequest, getJSON, runDemoTool, send, transcribe, DEMO_TOOL } from "./api.js";
 import { ServerPanel } from "./metrics.js";
 import { curlSnippet, pythonSnippet } from "./snippets.js";
 import { installTokenTips, renderTokens } from "./tokens.js";
@@ -13,6 +13,7 @@ import { branch, switchVersion } from "./versions.js";
 import { enhance, pdfText } from "./vendor.js";
 import { TEXT_LIMIT, fileChips, isPdf, isText, readAsDataURL, thumbnails } from "./attachments.js";
 import { splitThinking, statsView } from "./replies.js";
+import { Recording, canRecord, insertAtCursor, isAudio } from "./speech.js";
 import * as store from "./store.js";
 
 const state = {
@@ -22,6 +23,8 @@ const state = {
   key: store.rememberedKey(),
   models: [],
   modelCards: [],
+  transcriber: null, // the id of a model of kind "transcription", when one is served
+  recording: null, // the microphone's Recording while it records
   modelsProblem: null, // "key" when /v1/models refused the key (or its absence)
   images: [], // data URLs waiting for the next message
   files: [], // text files ({name, text}) waiting for the next message
@@ -42,6 +45,9 @@ const ui = {
   attach: $("#attach"),
   picker: $("#attach-file"),
   pendingImages: $("#pending-images"),
+  audioButton: $("#attach-audio"),
+  mic: $("#mic"),
+  speechStatus: $("#speech-status"),
   composer: $("#composer"),
   send: $("#send"),
   stop: $("#stop"),
@@ -744,6 +750,8 @@ async function loadModels() {
     // transcription models, each card's `kind` says which.
     state.modelCards = (list.data || []).filter((m) => !m.kind || m.kind === "generation");
     state.models = state.modelCards.map((m) => m.id);
+    const ears = (list.data || []).find((m) => m.kind === "transcription");
+    state.transcriber = ears ? ears.id : null;
     state.modelsProblem = null;
     hideKeyBanner();
   } catch (error) {
@@ -762,6 +770,7 @@ async function loadModels() {
   if (state.models.includes(wanted)) ui.model.value = wanted;
   ui.model.disabled = !state.models.length;
   showAttach();
+  showSpeech();
 }
 
 function showKeyBanner(sentence) {
@@ -1024,6 +1033,11 @@ function showPendingImages() {
 // Files picked, pasted or dropped: images (for a model that reads them) and text files
 // are attached; anything else is refused here with a sentence and never sent.
 async function attachImages(files) {
+  if (state.transcriber) {
+    const audio = files.filter(isAudio);
+    if (audio.length) transcribeFiles(audio);
+    files = files.filter((file) => !isAudio(file));
+  }
   if (!files.length) return;
   const images = files.filter((file) => file.type.startsWith("image/"));
   if (images.length && !modelTakesImages()) {
@@ -1101,6 +1115,82 @@ function bindImages() {
   showPendingImages();
 }
 
+// ---- speech ---------------------------------------------------------------------------------
+// When /v1/models lists a model of kind "transcription", the microphone button records
+// and an audio file (picked, pasted or dropped) is sent to /v1/audio/transcriptions: the
+// text comes back into the message box at its cursor, to be read and sent. What happens
+// meanwhile, and a refusal (the server's sentence), shows above the box.
+
+function showSpeech() {
+  const offered = Boolean(state.transcriber);
+  ui.audioButton.hidden = !offered;
+  ui.mic.hidden = !offered || !canRecord();
+  if (!offered) speechStatus("");
+}
+
+function speechStatus(text, error = false) {
+  ui.speechStatus.textContent = text;
+  ui.speechStatus.hidden = !text;
+  ui.speechStatus.classList.toggle("error", error);
+}
+
+// One audio file after another, each into the box where the cursor is.
+async function transcribeFiles(files) {
+  for (const file of files) await transcribeInto(file, file.name || "audio");
+}
+
+async function transcribeInto(audio, name) {
+  speechStatus(`Transcribing ${name}…`);
+  ui.mic.disabled = true;
+  const reading = transcribe(audio, name, state.transcriber, state.key);
+  state.reading.add(reading); // a send meanwhile waits for the text
+  try {
+    const text = await reading;
+    insertAtCursor(ui.prompt, text);
+    speechStatus("");
+    ui.prompt.focus();
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 401) keyRefused(error);
+    speechStatus(`Not transcribed: ${name}: ${error.message || error}`, true);
+  } finally {
+    state.reading.delete(reading);
+    ui.mic.disabled = false;
+  }
+}
+
+async function toggleRecording() {
+  if (state.recording) {
+    const recording = state.recording;
+    state.recording = null;
+    ui.mic.setAttribute("aria-pressed", "false");
+    ui.mic.textContent = "Mic";
+    const { blob, name } = await recording.stop();
+    await transcribeInto(blob, name);
+    return;
+  }
+  const recording = new Recording();
+  try {
+    await recording.start();
+  } catch (error) {
+    speechStatus(`The microphone is not available: ${error.message || error.name || error}`, true);
+    return;
+  }
+  state.recording = recording;
+  ui.mic.setAttribute("aria-pressed", "true");
+  ui.mic.textContent = "Stop recording";
+  speechStatus("Recording… press Stop recording to transcribe.");
+}
+
+function bindSpeech() {
+  const picker = $("#attach-audio-file");
+  ui.audioButton.addEventListener("click", () => picker.click());
+  picker.addEventListener("change", () => {
+    transcribeFiles([...picker.files]);
+    picker.value = "";
+  });
+  ui.mic.addEventListener("click", toggleRecording);
+}
+
 // ---- little things --------------------------------------------------------------------------
 
 let toastTimer = null;
@@ -1175,6 +1265,7 @@ async function init() {
   bindComposer();
   bindSettings();
   bindImages();
+  bindSpeech();
   $("#new-chat").addEventListener("click", startNew);
   $("#export").addEventListener("click", exportConversations);
   const importFile = $("#import-file");
