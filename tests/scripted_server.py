@@ -24,7 +24,8 @@ from typing import Any
 
 # Run as a script: its own folder (the fake engine) and the checkout (ovtrio, when it is
 # not installed) are not on the path by themselves.
-sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]
+sys.path.insert(0, str(Path(__file__).parent.parent))
+sys.path.insert(0, str(Path(__file__).parent))
 
 from fake_engine import FakeHandle, FakeOutput, FakePipeline, Reason, Status
 

@@ -145,6 +145,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", nargs="+", default=["embedded"], help="GGUF files to serve ('embedded': the embedded model)"
     )
+    parser.add_argument(
+        "--label",
+        default="",
+        help="what sets these models apart from the usual pair (e.g. 'GGUF types'): the tables keep the run"
+        " in a column of its own and the chart and README leave it out",
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="requests each client sends per turn")
@@ -180,5 +186,6 @@ def run(args: argparse.Namespace) -> Outcome:
                 summary[f"{gguf.name}: ovtrio/llama-server, {streams(c)}"] = ours["tok_s"] / peer["tok_s"]
     elapsed = time.perf_counter() - started
     print(f"(ratio: ovtrio / llama-server output tok/s; diff: ovtrio TTFT p50 - llama-server's; {elapsed:.0f} s)")
-    variant = "both servers narrowed to AVX2" if args.isa == "avx2" else ""
+    apart = ["both servers narrowed to AVX2"] if args.isa == "avx2" else []
+    variant = "; ".join(apart + ([args.label] if args.label else []))
     return Outcome(summary, {"isa": args.isa, "machine": machine, "figures": results}, variant)
