@@ -7,6 +7,7 @@ tool call on gpt-oss's harmony format."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -444,7 +445,10 @@ def test_the_agents_runner_completes_a_tool_call_on_harmony(scripted, api):
     else:
         model = agents.OpenAIChatCompletionsModel(model="gpt-oss", openai_client=sdk)
     agent = agents.Agent(name="weather", instructions="Answer with the tool.", model=model, tools=[get_weather])
-    outcome = agents.Runner.run_sync(agent, question("gpt-oss"))
+    # In a thread of its own: a browser test's sync Playwright can leave an asyncio loop
+    # marked running in this one, where run_sync refuses to start.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        outcome = pool.submit(agents.Runner.run_sync, agent, question("gpt-oss")).result(timeout=120)
     assert seen == ["Paris"]
     assert outcome.final_output == ANSWER
 
