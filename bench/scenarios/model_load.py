@@ -1,6 +1,6 @@
 """What a model's load costs, now that a load is a request's latency (models on demand).
 
-    python bench/model_load.py [--runs 3] [--model PATH] [--server-arg=--flag ...]
+    python -m bench model_load [--runs 3] [--model PATH] [--server-arg=--flag ...]
 
 Three measurements, each `--runs` times (medians reported, each run printed):
 
@@ -13,7 +13,7 @@ Three measurements, each `--runs` times (medians reported, each run printed):
    unloaded model to its first streamed token, the model unloaded between runs
    (POST /models/unload); without and with --compile-cache.
 
-`run(args) -> dict` does it all and returns the figures; main() prints them as JSON.
+Figures are medians over the runs; each run's are printed too.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serving import free_port, ready_by_http
-from start_time import first_token
+from bench.driver.results import Outcome
+from bench.driver.server import free_port, ready_by_http
+from bench.scenarios.start_time import first_token
 
 PHASES_SCRIPT = """
 import json, sys
@@ -113,7 +114,7 @@ def first_requests(
             process.wait(timeout=30)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="ovtrio-load-") as folder:
         cache = Path(folder) / "cache"
         load_phases(cache, args.model, False)  # converts a GGUF file into this cache
@@ -134,21 +135,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def medians(rows: list[dict[str, float]]) -> dict[str, float]:
         return {key: round(statistics.median(row[key] for row in rows), 3) for key in rows[0]}
 
-    return {
-        "runs": args.runs,
-        "load_phases_s": {which: medians(rows) for which, rows in phases.items()},
-        "serve_to_first_token_s": round(statistics.median(starts), 3),
-        "first_request_to_first_token_s": {which: round(statistics.median(v), 3) for which, v in first.items()},
-    }
+    load = {which: medians(rows) for which, rows in phases.items()}
+    summary: dict[str, Any] = {}
+    for which, label in (("plain", ""), ("compile_cache", ", compile cache")):
+        for phase, seconds in load[which].items():
+            summary[f"load: {phase} s{label}"] = seconds
+    summary["serve to first token s"] = round(statistics.median(starts), 3)
+    summary["first request to first token s"] = round(statistics.median(first["plain"]), 3)
+    summary["first request to first token s, compile cache"] = round(statistics.median(first["compile_cache"]), 3)
+    return Outcome(summary, {"runs": args.runs, "load_phases_s": phases, "serve_s": starts, "first_request_s": first})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--model", help="GGUF file or IR folder (default: the embedded model)")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `ovtrio serve` flag (repeatable)")
-    print(json.dumps(run(parser.parse_args()), indent=2))
-
-
-if __name__ == "__main__":
-    main()
