@@ -18,6 +18,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,15 +126,22 @@ def open_page(browser, server: RunningServer, setup=None, **context_options) -> 
     return watched
 
 
-@pytest.fixture
-def watched(browser, server):
+@contextmanager
+def ready_page(browser, server: RunningServer) -> Iterator[Watched]:
+    """A page of `server` once it lists its models; checked for page errors, then closed."""
     watched = open_page(browser, server)
     page_ready(watched.page)
-    yield watched
     try:
+        yield watched
         watched.check()
     finally:
         watched.page.context.close()
+
+
+@pytest.fixture
+def watched(browser, server):
+    with ready_page(browser, server) as page:
+        yield page
 
 
 def page_ready(page) -> None:

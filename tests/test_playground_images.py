@@ -29,8 +29,8 @@ from test_playground import (
     conversation,
     forced,
     last_reply,
-    open_page,
     page_ready,
+    ready_page,
     send,
     wait_for_reply,
 )
@@ -116,25 +116,15 @@ def api_sent(watched) -> list[dict]:
 
 @pytest.fixture
 def vlm_page(browser, vlm_server):
-    watched = open_page(browser, vlm_server)
-    page_ready(watched.page)
-    watched.page.wait_for_selector("#attach:not([hidden])")
-    yield watched
-    try:
-        watched.check()
-    finally:
-        watched.page.context.close()
+    with ready_page(browser, vlm_server) as watched:
+        watched.page.wait_for_selector("#attach:not([hidden])")
+        yield watched
 
 
 @pytest.fixture
 def text_page(browser, server):
-    watched = open_page(browser, server)
-    page_ready(watched.page)
-    yield watched
-    try:
-        watched.check()
-    finally:
-        watched.page.context.close()
+    with ready_page(browser, server) as watched:
+        yield watched
 
 
 # ---- a vision-language model ----------------------------------------------------------------

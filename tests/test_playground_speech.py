@@ -20,7 +20,7 @@ from audio_files import tone, wav
 from browser import browser, media_browser  # noqa: F401 (the fixtures)
 from server_pool import server_fixture
 from test_audio import WHISPER, audio_server  # noqa: F401 (the fixture: one server for both modules)
-from test_playground import API_KEY, DONE, open_page, page_ready
+from test_playground import API_KEY, DONE, open_page, page_ready, ready_page
 from test_playground_ui import axe_violations
 
 pytestmark = pytest.mark.browser
@@ -53,13 +53,8 @@ def text_of(server, data: bytes, name: str = "speech.wav", key: str | None = Non
 
 @pytest.fixture
 def speech_page(browser, audio_server):
-    watched = open_page(browser, audio_server)
-    page_ready(watched.page)
-    yield watched
-    try:
-        watched.check()
-    finally:
-        watched.page.context.close()
+    with ready_page(browser, audio_server) as watched:
+        yield watched
 
 
 def wait_for_transcription(page) -> None:
