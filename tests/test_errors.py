@@ -173,6 +173,13 @@ def test_unknown_model_is_404(server, path, body):
     assert "gpt-nope" in error["message"]
 
 
+def test_a_long_unknown_model_name_is_not_sent_back_whole(server):
+    name = "gpt-" + "x" * 100_000
+    response = post(server.base_url, CHAT, chat_body(max_tokens=4) | {"model": name})
+    error = assert_error(response, 404, param="model", code="model_not_found")
+    assert name[:200] in error["message"] and len(response.content) < 1_000, len(response.content)
+
+
 @pytest.mark.parametrize("path", ["/v1/models/nope", "/v3/models/nope"])
 def test_unknown_model_card_is_404(server, path):
     assert_error(loopback.get(server.base_url + path), 404, param="model", code="model_not_found")

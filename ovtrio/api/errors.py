@@ -158,10 +158,16 @@ def shutting_down(*, cut: bool = False) -> APIError:
     return APIError(503, message, code="server_shutting_down", retry_after=SHUTDOWN_RETRY_AFTER)
 
 
+# How much of a requested model name an error message repeats: enough to recognise it,
+# without sending a megabyte-long name back.
+SHOWN_NAME_CHARS = 200
+
+
 def model_not_found(name: str) -> APIError:
+    shown = name if len(name) <= SHOWN_NAME_CHARS else name[:SHOWN_NAME_CHARS] + "…"
     return APIError(
         404,
-        f"The model '{name}' does not exist or you do not have access to it.",
+        f"The model '{shown}' does not exist or you do not have access to it.",
         param="model",
         code="model_not_found",
     )
