@@ -405,3 +405,21 @@ def test_sigterm_drains_the_loaded_models_and_loads_no_other(tmp_path):
 def states_logged(server: RunningServer) -> int:
     """How many times the server's log says it loaded beta."""
     return server.log_path.read_text().count("models/beta.gguf (gguf)")
+
+
+def test_the_counters_of_a_model_go_on_across_its_unload_and_next_load(serve_on_demand):
+    """A counter read off the scheduler neither vanishes while its model is unloaded nor
+    starts again from zero when it is loaded again (one Prometheus counter per model)."""
+    server = serve_on_demand
+    assert chat(server, "beta", max_tokens=3).status_code == 200
+    first = server.metric("ovtrio_generated_tokens_total", model_name="beta")
+    steps = server.metric("ovtrio_engine_steps_total", model_name="beta")
+    assert first >= 3
+    assert unload(server, "beta").status_code == 200
+    assert server.metric("ovtrio_generated_tokens_total", model_name="beta") == first
+    assert server.metric("vllm:generation_tokens_total", model_name="beta", engine="0") == first
+    with pytest.raises(KeyError):  # nothing runs in an unloaded model: no gauge
+        server.metric("ovtrio_requests_running", model_name="beta")
+    assert chat(server, "beta", max_tokens=3).status_code == 200
+    assert server.metric("ovtrio_generated_tokens_total", model_name="beta") >= first + 3
+    assert server.metric("ovtrio_engine_steps_total", model_name="beta") > steps

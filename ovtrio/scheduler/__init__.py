@@ -14,7 +14,7 @@ of HTTP or of metrics formats."""
 
 from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting
-from ovtrio.scheduler.interface import GenerationScheduler, SchedulerStats, waiting_requests
+from ovtrio.scheduler.interface import GenerationScheduler, SchedulerStats, added_to, waiting_requests
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
 from ovtrio.scheduler.outputs import Completed, Delta, Failed, RequestOutput
 from ovtrio.scheduler.params import (
@@ -51,6 +51,7 @@ __all__ = [
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",
+    "added_to",
     "SpeculativeDecoding",
     "StatefulScheduler",
     "TaggedRegion",

@@ -4,6 +4,7 @@ continuous-batching Scheduler (scheduler.py) or the one-at-a-time StatefulSchedu
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +34,27 @@ class SchedulerStats:
     steps_started: int  # engine steps entered, empty ones included
     step_in_flight: bool  # the engine is inside a step right now
     step_releases_gil: bool
+
+
+# The fields of SchedulerStats that only grow. A model loaded again runs a new scheduler;
+# its metrics go on from the totals of its earlier loads (added_to).
+COUNTER_FIELDS = (
+    "rejected",
+    "slow_readers_cancelled",
+    "steps",
+    "step_seconds",
+    "prompt_tokens",
+    "generated_tokens",
+    "steps_started",
+)
+
+
+def added_to(earlier: SchedulerStats | None, stats: SchedulerStats) -> SchedulerStats:
+    """`stats` with the counters of `earlier` (the totals of a model's earlier loads) added."""
+    if earlier is None:
+        return stats
+    totals = {name: getattr(earlier, name) + getattr(stats, name) for name in COUNTER_FIELDS}
+    return dataclasses.replace(stats, **totals)
 
 
 def waiting_requests(queued: int, engine_requests: int, engine_scheduled: int) -> int:

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from ovtrio.audio.service import TranscriptionService
 from ovtrio.embedding.service import EncoderService
-from ovtrio.scheduler import SchedulerStats
+from ovtrio.scheduler import SchedulerStats, added_to
 from ovtrio.serving.metrics import ENGINE, LABELS
 from ovtrio.serving.registry import ModelRegistry
 from ovtrio.serving.service import ModelService
@@ -116,22 +116,28 @@ class SchedulerCollector(Collector):
         self._models = models
 
     def collect(self) -> Iterator[Any]:
-        stats = [
-            (service.serving.name, service.serving.scheduler.stats())
-            for service in self._models.services
-            if service.serving is not None
-        ]
-        if not stats:
+        # A loaded model's numbers, its counters going on from its earlier loads; an
+        # unloaded one's counters only (it has nothing running or waiting).
+        rows: list[tuple[str, SchedulerStats, bool]] = []
+        for service in self._models.services:
+            serving = service.serving
+            if serving is not None:
+                rows.append((serving.name, added_to(service.earlier_totals, serving.scheduler.stats()), True))
+            elif service.earlier_totals is not None:
+                rows.append((service.model_name, service.earlier_totals, False))
+        if not rows:
             return
         for name, documentation, kind, value in _OVTRIO_SERIES:
             family = kind(name, documentation, labels=("model_name",))
-            for model_name, numbers in stats:
-                family.add_metric([model_name], value(numbers))
+            for model_name, numbers, loaded in rows:
+                if loaded or kind is CounterMetricFamily:
+                    family.add_metric([model_name], value(numbers))
             yield family
         for name, documentation, kind, value in _VLLM_SERIES:
             family = kind(name, documentation, labels=LABELS)
-            for model_name, numbers in stats:
-                family.add_metric([model_name, ENGINE], value(numbers))
+            for model_name, numbers, loaded in rows:
+                if loaded or kind is CounterMetricFamily:
+                    family.add_metric([model_name, ENGINE], value(numbers))
             yield family
 
 

@@ -25,7 +25,7 @@ from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm
 from ovtrio.model.backend import engine_backend
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.speculation import apply_defaults
-from ovtrio.scheduler import GenerationScheduler, RequestObserver
+from ovtrio.scheduler import GenerationScheduler, RequestObserver, SchedulerStats, added_to
 from ovtrio.scheduler.engine_step import choose_step
 from ovtrio.serving import memory
 from ovtrio.serving.serving_model import ServingModel, load_summary, serving_model
@@ -70,6 +70,8 @@ class ModelService:
         self.refusal: str | None = None  # why the last load could not begin (refuse)
         # Seconds the last load took (loaded and warmed up), for the metrics and the list.
         self.load_seconds: float | None = None
+        # The scheduler counters of the earlier loads, which /metrics carries on from.
+        self.earlier_totals: SchedulerStats | None = None
         self._running = trio.CancelScope()
         self._stopped = trio.Event()
         self._started = False
@@ -208,6 +210,8 @@ class ModelService:
                 await self._serve(source)
         finally:
             released = self.serving is not None
+            if self.serving is not None:
+                self.earlier_totals = added_to(self.earlier_totals, self.serving.scheduler.stats())
             self.serving = None  # the last reference outside the handlers: the pipeline goes
             self._in_cycle = False
             self._stopped.set()
