@@ -91,8 +91,11 @@ def _scheduler_config(settings: Settings) -> Any:
 
 def compile_cache_folder(settings: Settings) -> Path:
     """Where the engine keeps the models it compiled, with --compile-cache: OpenVINO's
-    CACHE_DIR, in the model cache. Measured on the embedded model (docs/models.md), a
-    compiled blob loads no faster than the IR compiles, so it is off by default."""
+    CACHE_DIR, in the model cache. Off by default: OpenVINO's CPU plugin (2026.4) writes
+    the continuous-batching pipeline's paged-attention model there but cannot import it
+    back (the blob lacks the attention nodes' k_head_size and num_k_heads), so on CPU
+    every load hashes the model, fails the import, compiles anyway and writes the blob
+    again (docs/models.md)."""
     return cache_folder(settings.cache_dir, settings.data_dir) / "compiled"
 
 
@@ -116,6 +119,11 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
     hints = engine_properties(settings)
     if settings.compile_cache and "CACHE_DIR" not in hints:
         hints["CACHE_DIR"] = str(compile_cache_folder(settings))
+        if settings.device.upper().startswith("CPU") and engine_backend(settings) != "stateful":
+            log.warning(
+                "--compile-cache on CPU makes loads slower, not faster: the CPU plugin cannot import the"
+                " paged-attention model it compiled, so it compiles it again each time"
+            )
     if engine_backend(settings) == "stateful" and is_vision_folder(path):
         pipeline = openvino_genai.VLMPipeline(str(path), settings.device, **hints, **stateful_properties(settings))
     elif engine_backend(settings) == "stateful":
