@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from ovtrio.model.plain_text import PlainText, load_plain_text
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, pipeline_properties, speculation_for
 from ovtrio.model.vision import VisionModel, is_vision_folder, measure_image_tokens
-from ovtrio.model.vocabulary import Vocabulary, load_vocabulary
+from ovtrio.model.vocabulary import Vocabulary, checked_vocabulary, read_vocabulary
 from ovtrio.model.warm_up import warm_up, warm_up_stateful
 from ovtrio.settings.server import Settings
 
@@ -91,8 +91,11 @@ def _scheduler_config(settings: Settings) -> Any:
 
 def compile_cache_folder(settings: Settings) -> Path:
     """Where the engine keeps the models it compiled, with --compile-cache: OpenVINO's
-    CACHE_DIR, in the model cache. Measured on the embedded model (docs/models.md), a
-    compiled blob loads no faster than the IR compiles, so it is off by default."""
+    CACHE_DIR, in the model cache. Off by default: OpenVINO's CPU plugin (2026.4) writes
+    the continuous-batching pipeline's paged-attention model there but cannot import it
+    back (the blob lacks the attention nodes' k_head_size and num_k_heads), so on CPU
+    every load hashes the model, fails the import, compiles anyway and writes the blob
+    again (docs/models.md)."""
     return cache_folder(settings.cache_dir, settings.data_dir) / "compiled"
 
 
@@ -116,6 +119,11 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
     hints = engine_properties(settings)
     if settings.compile_cache and "CACHE_DIR" not in hints:
         hints["CACHE_DIR"] = str(compile_cache_folder(settings))
+        if settings.device.upper().startswith("CPU") and engine_backend(settings) != "stateful":
+            log.warning(
+                "--compile-cache on CPU makes loads slower, not faster: the CPU plugin cannot import the"
+                " paged-attention model it compiled, so it compiles it again each time"
+            )
     if engine_backend(settings) == "stateful" and is_vision_folder(path):
         pipeline = openvino_genai.VLMPipeline(str(path), settings.device, **hints, **stateful_properties(settings))
     elif engine_backend(settings) == "stateful":
@@ -241,24 +249,73 @@ def convert_into_cache(source: ModelSource, settings: Settings) -> str:
 
 def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     """Build the backend's pipeline. Blocking; releases the GIL while compiling."""
+    return _load(source, settings, warm=False)[0]
+
+
+def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedModel, int]:
+    """load_model, then warm_up (timed as a phase of the load); the model and its KV
+    cache capacity in tokens."""
+    log.info("loading %s (%s) on %s", source.path, source.kind, settings.device)
+    model, kv_capacity = _load(source, settings, warm=True)
+    if source.vision:
+        model.vision = _measure_images(model, engine_backend(settings) == "stateful")
+    return model, kv_capacity
+
+
+def _load(source: ModelSource, settings: Settings, warm: bool) -> tuple[LoadedModel, int]:
+    """The engine's pipeline, the tables read from the model's files, and (with `warm`)
+    the warm-up. The engine lets go of the GIL while it compiles and warms up, on one
+    core; the Python work of a load (the compiled-grammar seam, the vocabulary, the
+    plain-text tokenizer: 0.2-0.3 s) runs beside it on another thread, off the load's
+    critical path (measured with `python -m bench model_load`)."""
     started = time.perf_counter()
     phases: dict[str, float] = {}
-    # Before any pipeline can compile a grammar (its first structured request).
-    grammar_cache.install(settings.grammar_cache_bytes)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ovtrio-load-beside") as beside:
+        # Before any pipeline can compile a grammar (its first structured request).
+        bounded = beside.submit(grammar_cache.install, settings.grammar_cache_bytes)
+        table = beside.submit(read_vocabulary, source.path, source.kind)
+        tokenizer, pipeline, origin, ir_folder = _engine(source, settings, phases)
+        if settings.chat_template:
+            try:
+                template = Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ModelLoadError(f"cannot read chat template {settings.chat_template}: {exc.strerror}") from None
+            tokenizer.set_chat_template(template)
+        # The tokenizer's IR: an IR folder's own, or the GGUF file's cache entry.
+        tokenizer_folder = source.path if source.kind != "gguf" else ir_folder
+        tables = beside.submit(_tokenizer_tables, table, tokenizer, tokenizer_folder)
+        model = LoadedModel(
+            source=source,
+            pipeline=pipeline,
+            tokenizer=tokenizer,
+            device=settings.device,
+            load_seconds=0.0,
+            phases=phases,
+            origin=origin,
+            speculation=speculation_for(settings, source),
+            model_xml=ir_folder / "openvino_model.xml" if ir_folder is not None else None,
+        )
+        kv_capacity = _warm_up(model, settings) if warm else 0
+        model.vocabulary, model.plain_text, phases["vocabulary"] = tables.result()
+        bounded.result()
+    model.load_seconds = time.perf_counter() - started
+    return model, kv_capacity
+
+
+def _engine(source: ModelSource, settings: Settings, phases: dict[str, float]) -> tuple[Any, Any, str, Path | None]:
+    """Tokenizer and pipeline, where the engine's models came from, and the IR folder
+    the engine serves (None: a GGUF file converted in memory only, or a vision model)."""
     try:
-        ir_folder: Path | None = None
         if source.kind == "gguf" and settings.model_cache:
             with engine_readable(source, settings, phases) as readable:
-                tokenizer, pipeline, origin, ir_folder = _build_with_cache(readable, settings, phases)
-        elif source.kind == "gguf":
+                return _build_with_cache(readable, settings, phases)
+        if source.kind == "gguf":
             with engine_readable(source, settings, phases) as readable, openable_by_engine(readable.path) as path:
                 tokenizer, pipeline = _build(path, settings, phases)
-            origin = "converted"
-        else:
-            tokenizer, pipeline = _build(source.path, settings, phases)
-            origin = "IR"
-            # A vision-language model's language model takes embeddings: nothing to score with.
-            ir_folder = None if source.vision else source.path
+            return tokenizer, pipeline, "converted", None
+        tokenizer, pipeline = _build(source.path, settings, phases)
+        # A vision-language model's language model takes embeddings: nothing to score with.
+        return tokenizer, pipeline, "IR", None if source.vision else source.path
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
@@ -267,53 +324,34 @@ def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
         raise ModelLoadError(
             f"cannot load model {source.path} on {settings.device}{with_hints}: {client_reason(exc)}"
         ) from None
-    if settings.chat_template:
-        try:
-            template = Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ModelLoadError(f"cannot read chat template {settings.chat_template}: {exc.strerror}") from None
-        tokenizer.set_chat_template(template)
-    vocabulary_started = time.perf_counter()
-    vocabulary = load_vocabulary(source.path, source.kind, tokenizer)
-    # The tokenizer's IR: an IR folder's own, or the GGUF file's cache entry.
-    tokenizer_folder = source.path if source.kind != "gguf" else ir_folder
+
+
+def _tokenizer_tables(
+    table: Future[Vocabulary | None], tokenizer: Any, tokenizer_folder: Path | None
+) -> tuple[Vocabulary | None, PlainText, float]:
+    """The checked vocabulary, the plain-text tokenizer and the seconds they took."""
+    started = time.perf_counter()
+    vocabulary = checked_vocabulary(table.result(), tokenizer)
     plain_text = load_plain_text(tokenizer_folder, tokenizer, _special_texts(vocabulary))
-    phases["vocabulary"] = time.perf_counter() - vocabulary_started
-    return LoadedModel(
-        source=source,
-        pipeline=pipeline,
-        tokenizer=tokenizer,
-        device=settings.device,
-        load_seconds=time.perf_counter() - started,
-        vocabulary=vocabulary,
-        phases=phases,
-        origin=origin,
-        speculation=speculation_for(settings, source),
-        model_xml=ir_folder / "openvino_model.xml" if ir_folder is not None else None,
-        plain_text=plain_text,
-    )
+    return vocabulary, plain_text, time.perf_counter() - started
+
+
+def _warm_up(model: LoadedModel, settings: Settings) -> int:
+    started = time.perf_counter()
+    try:
+        kv_capacity = warm_up_stateful(model) if engine_backend(settings) == "stateful" else warm_up(model)
+    except RuntimeError as exc:  # the compiled model cannot run on this device: one line, as a load failure
+        raise ModelLoadError(
+            f"cannot run model {model.source.path} on {settings.device}: {client_reason(exc)}"
+        ) from None
+    model.phases["warm-up"] = time.perf_counter() - started
+    return kv_capacity
 
 
 def _special_texts(vocabulary: Vocabulary | None) -> list[str]:
     if vocabulary is None or not vocabulary.pieces:
         return []
     return [vocabulary.pieces[i] for i in vocabulary.special_ids if i < len(vocabulary.pieces)]
-
-
-def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedModel, int]:
-    """load_model, then warm_up (timed as a phase of the load); the model and its KV
-    cache capacity in tokens."""
-    log.info("loading %s (%s) on %s", source.path, source.kind, settings.device)
-    model = load_model(source, settings)
-    started = time.perf_counter()
-    try:
-        kv_capacity = warm_up_stateful(model) if engine_backend(settings) == "stateful" else warm_up(model)
-    except RuntimeError as exc:  # the compiled model cannot run on this device: one line, as a load failure
-        raise ModelLoadError(f"cannot run model {source.path} on {settings.device}: {client_reason(exc)}") from None
-    model.phases["warm-up"] = time.perf_counter() - started
-    if source.vision:
-        model.vision = _measure_images(model, engine_backend(settings) == "stateful")
-    return model, kv_capacity
 
 
 def _measure_images(model: LoadedModel, stateful: bool) -> VisionModel:

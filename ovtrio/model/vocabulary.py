@@ -114,13 +114,18 @@ SAMPLES = [
 ]
 
 
-def load_vocabulary(model_path: Path, kind: str, tokenizer: Any) -> Vocabulary | None:
-    """The model's byte table if it has one and it decodes exactly as the engine does."""
+def read_vocabulary(model_path: Path, kind: str) -> Vocabulary | None:
+    """The model's byte table if it has one, read from its files alone (no tokenizer:
+    the load reads it while the engine compiles), not yet checked."""
     try:
-        vocabulary = _from_gguf(model_path) if kind == "gguf" else _from_tokenizer_json(model_path)
+        return _from_gguf(model_path) if kind == "gguf" else _from_tokenizer_json(model_path)
     except Exception:  # an unreadable vocabulary only means the slower path
         log.debug("no byte-level vocabulary", exc_info=True)
         return None
+
+
+def checked_vocabulary(vocabulary: Vocabulary | None, tokenizer: Any) -> Vocabulary | None:
+    """`vocabulary` if it decodes exactly as the engine's detokenizer does, else None."""
     if vocabulary is None:
         return None
     for sample in SAMPLES:
@@ -132,3 +137,8 @@ def load_vocabulary(model_path: Path, kind: str, tokenizer: Any) -> Vocabulary |
                 log.info("byte-level vocabulary disagrees with the model's detokenizer; not using it")
                 return None
     return vocabulary
+
+
+def load_vocabulary(model_path: Path, kind: str, tokenizer: Any) -> Vocabulary | None:
+    """The model's byte table if it has one and it decodes exactly as the engine does."""
+    return checked_vocabulary(read_vocabulary(model_path, kind), tokenizer)

@@ -283,7 +283,7 @@ class ModelService:
                 source.path.name,
                 source.name,
                 model.device,
-                model.load_seconds + model.phases["warm-up"],
+                model.load_seconds,
                 source.context_length,
                 where,
             )

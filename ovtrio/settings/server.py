@@ -68,7 +68,8 @@ class ServerSettings(BaseModel):
     compile_cache: bool = Field(
         False,
         description="keep the engine's compiled models in cache_dir/compiled (OpenVINO's CACHE_DIR) and load"
-        " them from there on later loads",
+        " them from there on later loads (not on CPU with the continuous-batching backend: its CPU plugin cannot"
+        " import what it compiled, and every load gets slower)",
     )
     cache_dir: str | None = Field(
         None,
