@@ -161,6 +161,10 @@ class EncoderWorker(Generic[Model]):
             job.error = reason
             job.done.set()
 
+    def reopen(self) -> None:
+        """Take jobs again after a close (the model is to be loaded once more)."""
+        self._closed = None
+
     def _next_batch(self) -> list[Job]:
         batch: list[Job] = []
         inputs = 0

@@ -4,9 +4,13 @@ llama-server's router names the files of its --models-dir.
 
 The folder is read again whenever a request names a model the server does not know and
 whenever the model list is asked for, so a file copied in later is served without a
-restart. Reading it is a directory listing and a GGUF header per new file: cheap enough
-for the event loop. A folder holding an embedding or rerank model is left out here (the
-encoders are configured with --embedding-model, --rerank-model or a config file).
+restart. Reading it is a directory listing, a GGUF header per new file and an IR's XML
+outputs per new folder: cheap enough for the event loop.
+
+A folder may hold any kind of model: a generation model (GGUF or IR, vision-language
+included), an embedding model, a reranker (told apart by their IR's outputs,
+ovtrio/embedding/kinds.py) or a Whisper model. Each is served as its kind, under its
+folder's name, by the same rules (loaded on demand, unloaded when idle or by hand).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ovtrio.embedding.kinds import detect_kind
+from ovtrio.embedding.kinds import ModelKind, detect_kind
 from ovtrio.model.vision import is_vision_folder
 from ovtrio.settings.server import Settings
 
@@ -26,10 +30,12 @@ log = logging.getLogger("ovtrio")
 class FolderModel:
     name: str
     path: Path
+    kind: ModelKind = "generation"
 
 
 def folder_models(folder: Path) -> list[FolderModel]:
-    """The generation models directly in `folder`, by name; hidden entries skipped."""
+    """The models directly in `folder`, by name; hidden entries, and folders holding no
+    model the server knows, skipped."""
     try:
         entries = sorted(folder.iterdir())
     except OSError as exc:
@@ -41,8 +47,10 @@ def folder_models(folder: Path) -> list[FolderModel]:
             continue
         if entry.is_file() and entry.suffix.lower() == ".gguf":
             found.append(FolderModel(entry.name[: -len(".gguf")], entry))
-        elif is_model_folder(entry) and detect_kind(entry) == "generation":
-            found.append(FolderModel(entry.name, entry))
+        elif entry.is_dir():
+            kind = detect_kind(entry)
+            if kind != "generation" or is_model_folder(entry):
+                found.append(FolderModel(entry.name, entry, kind))
     return found
 
 

@@ -2,9 +2,9 @@
 it has been idle for its keep-alive time, when room is needed for another
 (--models-max: the least recently used one running no request), or when a client asks
 (POST /models/unload). llama-server's router mode and Ollama's keep_alive work so.
-The embedding and rerank models unload by the same idle rule and by request (they
-load on their first request already, ovtrio/embedding/service.py); --models-max
-counts generation models only.
+The encoders (embedding, rerank and Whisper models) unload by the same idle rule and by
+request (they load on their first request already, ovtrio/embedding/on_demand.py);
+--models-max counts generation models only.
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
 both, and --models-max is kept by counting what is loaded while nothing else loads.
@@ -27,10 +27,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
-from ovtrio.embedding.service import EncoderService
+from ovtrio.embedding.on_demand import OnDemandEncoder
 from ovtrio.model import ModelLoadError
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.serving.metrics import LifecycleMetrics
@@ -87,10 +88,11 @@ class Residency:
         services: Callable[[], Sequence[ModelService]],
         rules: ResidencyRules,
         metrics: LifecycleMetrics | None = None,
-        encoders: Sequence[EncoderService] = (),
+        encoders: Callable[[], Sequence[OnDemandEncoder[Any]]] = list,
         stopping: trio.Event | None = None,
     ) -> None:
-        """`stopping`: set when the server begins to shut down (its drain)."""
+        """`services` and `encoders` give the models as they are now (a models_dir's
+        change). `stopping`: set when the server begins to shut down (its drain)."""
         self._services = services
         self._encoders = encoders
         self._stopping = stopping if stopping is not None else trio.Event()
@@ -255,14 +257,14 @@ class Residency:
                     continue
                 if now - service.last_used >= max(keep, GRACE):
                     await self.unload(service, "idle")
-            # The embedding and rerank models load on their first request already
-            # (ovtrio/embedding/service.py); they unload when idle by the same rule.
+            # The encoders load on their first request already
+            # (ovtrio/embedding/on_demand.py); they unload when idle by the same rule.
             keep = self.rules.idle_unload
-            for encoder in self._encoders:
+            for encoder in list(self._encoders()):
                 idle = keep is not None and keep >= 0 and encoder.idle
                 if idle and now - encoder.last_used >= max(keep or 0.0, GRACE) and encoder.unload():
                     self.encoder_unloaded(encoder, "idle")
 
-    def encoder_unloaded(self, encoder: EncoderService, reason: str) -> None:
+    def encoder_unloaded(self, encoder: OnDemandEncoder[Any], reason: str) -> None:
         if self._metrics is not None:
             self._metrics.unloaded(encoder.name, reason)

@@ -38,9 +38,10 @@ class ServerSettings(BaseModel):
     )
     models_dir: str | None = Field(
         None,
-        description="folder of models served on demand: each GGUF file and OpenVINO IR folder in it is a model,"
-        " named after the file (without .gguf) or folder, loaded on its first request; a file added later is"
-        " found without a restart (without --model or --config, only the folder's models are served)",
+        description="folder of models served on demand: each GGUF file and OpenVINO IR folder in it is a model"
+        " (generation, vision, embedding, rerank or Whisper, told by its files), named after the file (without"
+        " .gguf) or folder, loaded on its first request; a file added later is found without a restart (without"
+        " --model or --config, only the folder's models are served)",
     )
     models_max: int = Field(
         0,
@@ -131,7 +132,7 @@ class ServerSettings(BaseModel):
     embeddings: bool = Field(
         True,
         description="serve the embedded all-MiniLM-L6-v2 at /v1/embeddings when no other embedding model is"
-        " configured (--no-embeddings turns it off)",
+        " configured or in --models-dir at start (--no-embeddings turns it off)",
     )
     embedding_model: str | None = Field(
         None,
