@@ -141,18 +141,15 @@ async def unload_model() -> Any:
     registry = model_registry()
     encoder = _named(body.model)
     if not isinstance(encoder, ModelService):
-        was = encoder.state
-        if was in ("loaded", "failed"):
-            if not encoder.unload():
-                raise APIError(
-                    409,
-                    f"The model '{encoder.name}' is computing requests; retry once they end.",
-                    param="model",
-                    code="model_busy",
-                )
-            if was == "loaded":
-                registry.residency.encoder_unloaded(encoder, "request")
-                await encoder.unloaded()
+        if encoder.state == "failed":
+            encoder.unload()  # forgets the failure: the next request tries again
+        elif encoder.state == "loaded" and not await registry.residency.unload_encoder(encoder, "request"):
+            raise APIError(
+                409,
+                f"The model '{encoder.name}' is computing requests; retry once they end.",
+                param="model",
+                code="model_busy",
+            )
         return {"success": True, "model": encoder.name, "status": _encoder_status(encoder), "ended_requests": 0}
     service = model_service(body.model)
     try:

@@ -34,6 +34,7 @@ import trio
 from ovtrio.embedding.on_demand import OnDemandEncoder
 from ovtrio.model import ModelLoadError
 from ovtrio.model.engine_errors import client_reason
+from ovtrio.serving import memory
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.service import ModelService, ServingModel
 
@@ -262,9 +263,16 @@ class Residency:
             keep = self.rules.idle_unload
             for encoder in list(self._encoders()):
                 idle = keep is not None and keep >= 0 and encoder.idle
-                if idle and now - encoder.last_used >= max(keep or 0.0, GRACE) and encoder.unload():
-                    self.encoder_unloaded(encoder, "idle")
+                if idle and now - encoder.last_used >= max(keep or 0.0, GRACE):
+                    await self.unload_encoder(encoder, "idle")
 
-    def encoder_unloaded(self, encoder: OnDemandEncoder[Any], reason: str) -> None:
+    async def unload_encoder(self, encoder: OnDemandEncoder[Any], reason: str) -> bool:
+        """Unload `encoder` unless it computes or has requests queued (whether it did),
+        and return the memory it held to the system, as a generation model's unload does."""
+        if not encoder.unload():
+            return False
         if self._metrics is not None:
             self._metrics.unloaded(encoder.name, reason)
+        await encoder.unloaded()
+        await memory.return_free_memory()
+        return True
