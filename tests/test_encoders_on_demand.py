@@ -14,6 +14,7 @@ import base64
 import io
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from conftest import SESSION_CACHE, RunningServer
 from helpers import beside_innocent_streams, post
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME, embedded_embedder_folder
 from ovtrio.model import embedded_model_path
+from ovtrio.serving.residency import GRACE
 from server_pool import server_fixture
 from test_models_on_demand import (
     CYCLES,
@@ -37,6 +39,7 @@ from test_models_on_demand import (
     RSS_BOUND_MB,
     _rss_mb,
     _worker_pid,
+    chat,
     count,
     loads,
     states,
@@ -271,6 +274,67 @@ def test_encoders_of_the_folder_unload_when_idle_and_load_again(idle_encoders):
         assert server.metric("ovtrio_model_unloads_total", model_name=name, reason="idle") >= 1
     again = transcribe(server)
     assert again.status_code == 200 and again.json()["text"] == first.json()["text"]
+
+
+def generation_and_embedder(folder: Path) -> None:
+    models = folder / "models"
+    models.mkdir()
+    (models / "alpha.gguf").symlink_to(embedded_model_path())
+    link_embedder(models / EMBEDDER)
+
+
+def one_model_at_a_time(name: str, hypercorn: bool) -> Any:
+    """Room for one model, an encoder or not, and a load waits at most 1 s for it."""
+    if hypercorn:
+        env = {
+            "OVTRIO_MODELS_DIR": "{folder}/models",
+            "OVTRIO_MODELS_MAX": "1",
+            "OVTRIO_MODELS_LOAD_WAIT": "1",
+            "OVTRIO_NUM_KV_BLOCKS": KV_BLOCKS,
+        }
+        return server_fixture(name, env=env, hypercorn=True, prepare=generation_and_embedder)
+    flags = ("--models-max", "1", "--models-load-wait", "1", "--num-kv-blocks", KV_BLOCKS)
+    return server_fixture(name, "--models-dir", "{folder}/models", *flags, prepare=generation_and_embedder)
+
+
+serve_one_model = one_model_at_a_time("serve_one_model", hypercorn=False)
+hypercorn_one_model = one_model_at_a_time("hypercorn_one_model", hypercorn=True)
+
+
+@pytest.mark.parametrize("launcher", ["serve_one_model", "hypercorn_one_model"])
+def test_models_max_counts_the_encoders(launcher, request):
+    server = request.getfixturevalue(launcher)
+    assert chat(server, "alpha").status_code == 200
+    time.sleep(GRACE + 0.5)  # past the grace a model just named keeps
+    # The embedder takes the generation model's place, and then gives it back.
+    assert embed(server).status_code == 200
+    now = states(server)
+    assert (now["alpha"]["value"], now[EMBEDDER]["value"]) == ("unloaded", "loaded")
+    assert server.metric("ovtrio_model_unloads_total", model_name="alpha", reason="lru") >= 1
+    time.sleep(GRACE + 0.5)
+    assert chat(server, "alpha").status_code == 200
+    now = states(server)
+    assert (now["alpha"]["value"], now[EMBEDDER]["value"]) == ("loaded", "unloaded")
+    assert server.metric("ovtrio_model_unloads_total", model_name=EMBEDDER, reason="lru") >= 1
+    # While the generation model runs a request, the embedder finds no room: 503 with
+    # Retry-After after --models-load-wait, and it stays unloaded, not failed.
+    done: list[httpx.Response] = []
+    running = threading.Thread(target=lambda: done.append(chat(server, "alpha", max_tokens=150)))
+    running.start()
+    deadline = time.monotonic() + 30
+    while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    refused = embed(server)
+    by_hand = loopback.post(server.base_url + "/models/load", json={"model": EMBEDDER}, timeout=60)
+    running.join()
+    for reply in (refused, by_hand):
+        assert reply.status_code == 503, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "model_unavailable" and "--models-max 1" in error["message"], error
+        assert int(reply.headers["Retry-After"]) >= 1
+    assert done[0].status_code == 200
+    assert states(server)[EMBEDDER]["value"] == "unloaded"
 
 
 # A text limit small enough for one image to pass it.

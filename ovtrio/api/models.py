@@ -120,7 +120,9 @@ async def load_model() -> Any:
     if not isinstance(model, ModelService):
         if registry.shutdown.draining.is_set():
             raise shutting_down()
-        await model.settled()
+        refused = await model.settled()
+        if refused is not None:
+            raise APIError(503, str(refused), code="model_unavailable", retry_after=refused.retry_after)
         if model.failure is not None:
             raise APIError(503, f"The model '{model.name}' failed to load: {model.failure}", code="model_unavailable")
         return {"success": True, "model": model.name, "status": _encoder_status(model)}

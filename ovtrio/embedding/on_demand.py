@@ -14,6 +14,8 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -36,6 +38,19 @@ class LoadObserver(Protocol):
     def loaded(self, model_name: str, seconds: float) -> None: ...
 
     def load_failed(self, model_name: str) -> None: ...
+
+
+class Refusal(Exception):
+    """No room to load the model now (--models-max); the message says why."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+# Holds a load's turn (and its room under --models-max) while the model loads; raises
+# Refusal when there is no room. Set by the registry (Residency.room_for).
+Admission = Callable[["OnDemandEncoder[Any]"], AbstractAsyncContextManager[None]]
 
 
 class OnDemandEncoder(Generic[Model]):
@@ -61,6 +76,9 @@ class OnDemandEncoder(Generic[Model]):
         self._changed = trio.Event()
         # Told of each load's end; set by the registry (the lifecycle metrics).
         self.load_observer: LoadObserver | None = None
+        # What a load waits for first (its turn, and room for it); None: it loads at once.
+        self.admission: Admission | None = None
+        self._refused: Refusal | None = None  # why the last load found no room
 
     def stats(self) -> WorkerStats:
         return self.worker.stats()
@@ -100,11 +118,15 @@ class OnDemandEncoder(Generic[Model]):
         self._serving.cancel()
         return True
 
-    async def settled(self) -> None:
-        """Return once the model is loaded or its load has failed (loading it first)."""
+    async def settled(self) -> Refusal | None:
+        """Return once the model is loaded or its load has failed (loading it first);
+        the refusal when its load found no room."""
         self.want()
         while not self.loaded.is_set() and self.failure is None:
             await self._changed.wait()
+            if self._refused is not None:
+                return self._refused
+        return None
 
     async def unloaded(self) -> None:
         """Return once the model is no longer loaded (after unload)."""
@@ -143,10 +165,26 @@ class OnDemandEncoder(Generic[Model]):
             self.model = None
 
     async def _serve(self) -> None:
-        """Load the model and compute requests until unloaded (or the load fails)."""
+        """Load the model and compute requests until unloaded (or the load fails, or
+        finds no room)."""
+        self._refused = None
+        try:
+            async with self.admission(self) if self.admission is not None else nullcontext():
+                model = await self._load_in_thread()
+        except Refusal as exc:  # the requests waiting hear why; the model stays unloaded
+            log.warning("no room to load %s model '%s'", self.kind, self.name)
+            self.worker.fail_queued(EncoderUnavailable(str(exc), "model_unavailable", exc.retry_after))
+            self._refused = exc
+            self._announce()
+            return
+        if model is not None:
+            await self._serve_loaded(model)
+
+    async def _load_in_thread(self) -> Model | None:
+        """The model, loaded; None (and the model failed) if its load failed."""
         log.info("loading %s model '%s'", self.kind, self.name)
         try:
-            model = await trio.to_thread.run_sync(self._load)
+            return await trio.to_thread.run_sync(self._load)
         except Exception as exc:  # whatever a load raises fails this model alone
             reason = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {client_reason(exc)}"
             if not isinstance(exc, ModelLoadError):
@@ -159,7 +197,10 @@ class OnDemandEncoder(Generic[Model]):
             if self.load_observer is not None:
                 self.load_observer.load_failed(self.name)
             self._announce()
-            return
+            return None
+
+    async def _serve_loaded(self, model: Model) -> None:
+        """Compute requests on the loaded `model` until it is unloaded."""
         self.model = model
         self.load_seconds = getattr(model, "load_seconds", None)
         self._serving_now(model)

@@ -95,8 +95,6 @@ class ModelRegistry:
         self.encoders: list[Encoder] = list(encoders)
         self._lifecycle = lifecycle
         self._encoder_observer = encoder_observer
-        for encoder in self.encoders:
-            encoder.load_observer = lifecycle
         # The encoders found in models_dir, each with the scope of its task (cancelled
         # when its folder is gone), and those whose task has yet to start.
         self._found_encoders: dict[str, trio.CancelScope] = {}
@@ -110,6 +108,8 @@ class ModelRegistry:
             lambda: self.encoders,
             self.shutdown.draining,
         )
+        for encoder in self.encoders:
+            self._govern(encoder)
         # Set when every model has failed to load: the server has nothing to serve.
         self.failed = trio.Event()
         self._by_name: dict[str, ModelService] = {}
@@ -199,13 +199,19 @@ class ModelRegistry:
         else:
             encoder = EncoderService(model.name, model.kind, settings, model.path, observer=self._encoder_observer)
         encoder.failure = failure
-        encoder.load_observer = self._lifecycle
+        self._govern(encoder)
         self.encoders.append(encoder)
         scope = self._found_encoders[encoder.name] = trio.CancelScope()
         if self._nursery is not None:
             self._nursery.start_soon(self._run_encoder, encoder, scope)
         else:
             self._unstarted.append(encoder)
+
+    def _govern(self, encoder: Encoder) -> None:
+        """Put `encoder` under the residency's rules: its loads reported, and taking their
+        turn and room (Residency.room_for)."""
+        encoder.load_observer = self._lifecycle
+        encoder.admission = self.residency.room_for
 
     async def _run_encoder(self, encoder: Encoder, scope: trio.CancelScope) -> None:
         """Run an encoder of models_dir until the server stops or its folder is gone."""

@@ -2,9 +2,10 @@
 it has been idle for its keep-alive time, when room is needed for another
 (--models-max: the least recently used one running no request), or when a client asks
 (POST /models/unload). llama-server's router mode and Ollama's keep_alive work so.
-The encoders (embedding, rerank and Whisper models) unload by the same idle rule and by
-request (they load on their first request already, ovtrio/embedding/on_demand.py);
---models-max counts generation models only.
+The encoders (embedding, rerank and Whisper models) load on their first request
+(ovtrio/embedding/on_demand.py) and follow the same rules: they unload when idle and by
+request, --models-max counts them, and with it their loads take their turn and make
+room (room_for) as a generation model's do.
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
 both, and --models-max is kept by counting what is loaded while nothing else loads.
@@ -25,13 +26,14 @@ model's requests finish first (up to the drain timeout; ended with an error afte
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from ovtrio.embedding.on_demand import OnDemandEncoder
+from ovtrio.embedding.on_demand import OnDemandEncoder, Refusal
 from ovtrio.model import ModelLoadError
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.serving import memory
@@ -191,12 +193,7 @@ class Residency:
                 service.refuse("The server is shutting down and loads no model; retry shortly.")
                 return
             if not await self._make_room(service):
-                busy = [s.model_name for s in self._resident(service)]
-                service.refuse(
-                    f"The model '{service.model_name}' cannot be loaded now: {len(busy)} models are loaded"
-                    f" (--models-max {self.rules.models_max}) and each runs requests ({', '.join(busy)})."
-                    " Retry shortly."
-                )
+                service.refuse(self._no_room(service))
                 log.warning("no room to load %s: every loaded model runs requests", service.model_name)
                 return
             assert self._nursery is not None
@@ -218,28 +215,58 @@ class Residency:
             log.exception("the model %s stopped", service.model_name)
             service.fail(f"{type(exc).__name__}: {client_reason(exc)}")
 
-    def _resident(self, loading: ModelService) -> list[ModelService]:
-        """The models that hold an engine, or soon will, beside `loading`."""
-        return [s for s in self._services() if s is not loading and s.state in ("loaded", "loading", "unloading")]
+    def _resident(self, loading: object) -> list[ModelService | OnDemandEncoder[Any]]:
+        """The models that hold an engine, or soon will, beside `loading`: generation
+        models loaded, loading or unloading, and encoders loaded (an encoder loads only
+        in its turn, room_for)."""
+        services = [s for s in self._services() if s is not loading and s.state in ("loaded", "loading", "unloading")]
+        encoders = [e for e in self._encoders() if e is not loading and e.loaded.is_set()]
+        return [*services, *encoders]
 
-    async def _make_room(self, service: ModelService) -> bool:
-        """Unload least recently used idle models until `service` fits under models_max;
+    def _no_room(self, loading: ModelService | OnDemandEncoder[Any]) -> str:
+        busy = [_name_of(model) for model in self._resident(loading)]
+        return (
+            f"The model '{_name_of(loading)}' cannot be loaded now: {len(busy)} models are loaded"
+            f" (--models-max {self.rules.models_max}) and each runs requests ({', '.join(busy)}). Retry shortly."
+        )
+
+    async def _make_room(self, loading: ModelService | OnDemandEncoder[Any]) -> bool:
+        """Unload least recently used idle models until `loading` fits under models_max;
         False if none became idle within load_wait seconds."""
         if not self.rules.models_max:
             return True
         deadline = trio.current_time() + self.rules.load_wait
         while True:
-            resident = self._resident(service)
+            resident = self._resident(loading)
             if len(resident) < self.rules.models_max:
                 return True
             now = trio.current_time()
-            idle = [s for s in resident if s.state == "loaded" and not s.in_flight and now - s.last_used >= GRACE]
+            idle = [model for model in resident if _idle(model) and now - model.last_used >= GRACE]
             if idle:
-                await self.unload(min(idle, key=lambda s: s.last_used), "lru")
+                oldest = min(idle, key=lambda model: model.last_used)
+                if isinstance(oldest, ModelService):
+                    await self.unload(oldest, "lru")
+                else:
+                    await self.unload_encoder(oldest, "lru")
                 continue
             if now >= deadline:
                 return False
             await trio.sleep(ROOM_CHECK)
+
+    @asynccontextmanager
+    async def room_for(self, encoder: OnDemandEncoder[Any]) -> AsyncIterator[None]:
+        """An encoder's load, in its turn (one load at a time) and with room for it
+        under models_max, as a generation model's; raises Refusal when no room came
+        within load_wait seconds. Without models_max, an encoder loads at once."""
+        if not self.rules.models_max:
+            yield
+            return
+        async with self._lock:
+            if self._stopping.is_set():
+                raise Refusal("The server is shutting down and loads no model; retry shortly.", 1)
+            if not await self._make_room(encoder):
+                raise Refusal(self._no_room(encoder), max(1, round(self.rules.load_wait / 2)))
+            yield
 
     async def _unload_idle(self) -> None:
         """Unload each model idle for longer than its keep-alive time. A model running
@@ -276,3 +303,14 @@ class Residency:
         await encoder.unloaded()
         await memory.return_free_memory()
         return True
+
+
+def _name_of(model: ModelService | OnDemandEncoder[Any]) -> str:
+    return model.model_name if isinstance(model, ModelService) else model.name
+
+
+def _idle(model: ModelService | OnDemandEncoder[Any]) -> bool:
+    """Loaded and running no request (an encoder: none queued either)."""
+    if isinstance(model, ModelService):
+        return model.state == "loaded" and not model.in_flight
+    return model.idle

@@ -46,8 +46,8 @@ class ServerSettings(BaseModel):
     models_max: int = Field(
         0,
         ge=0,
-        description="most generation models loaded at once (0: no limit); loading one more first unloads the"
-        " least recently used one that runs no request",
+        description="most models loaded at once, embedding, rerank and transcription models included (0: no"
+        " limit); loading one more first unloads the least recently used one that runs no request",
     )
     models_autoload: bool = Field(
         True,
