@@ -391,3 +391,7 @@ def test_the_folder_tells_each_kind_by_its_files(tmp_path):
     (models / "notes" / "readme.txt").write_text("not a model")
     found = {model.name: model.kind for model in folder_models(models)}
     assert found == {EMBEDDER: "embedding", "reranker": "rerank", WHISPER: "transcription"}
+    # Read once per version of a folder: one replaced by another kind is seen as that kind.
+    shutil.rmtree(models / EMBEDDER)
+    (models / "reranker").rename(models / EMBEDDER)
+    assert {model.name: model.kind for model in folder_models(models)} == {EMBEDDER: "rerank", WHISPER: "transcription"}

@@ -15,6 +15,7 @@ folder's name, by the same rules (loaded on demand, unloaded when idle or by han
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,10 +49,30 @@ def folder_models(folder: Path) -> list[FolderModel]:
         if entry.is_file() and entry.suffix.lower() == ".gguf":
             found.append(FolderModel(entry.name[: -len(".gguf")], entry))
         elif entry.is_dir():
-            kind = detect_kind(entry)
+            kind = _kind_of(entry, _stamp(entry))
             if kind != "generation" or is_model_folder(entry):
                 found.append(FolderModel(entry.name, entry, kind))
     return found
+
+
+@functools.lru_cache(maxsize=1024)
+def _kind_of(folder: Path, stamp: tuple[int, ...]) -> ModelKind:
+    """detect_kind, read once per version of the folder: it parses the IR's XML (megabytes
+    for a large model), and the folder is read again at every model listing."""
+    return detect_kind(folder)
+
+
+def _stamp(folder: Path) -> tuple[int, ...]:
+    """What changes when the files that tell a folder's kind do (added, removed, rewritten)."""
+    stamp: list[int] = []
+    for path in (folder, folder / "openvino_model.xml", folder / "config.json"):
+        try:
+            status = path.stat()
+        except OSError:
+            stamp += [-1, -1]
+        else:
+            stamp += [status.st_mtime_ns, status.st_size]
+    return tuple(stamp)
 
 
 def is_model_folder(entry: Path) -> bool:
