@@ -16,9 +16,8 @@ Models may also load on demand (ovtrio/serving/residency.py): those of a models_
 at start included, may be unloaded and loaded again. The encoders (embedding, rerank
 and Whisper models) always load on demand, those of the flags and config file as those
 found in a models_dir; each runs in a task of the registry's nursery, waiting for its
-first request. Readiness counts only the models
-that load at start, and only their first load: a server whose folder models are
-unloaded takes requests.
+first request. Readiness counts only the models that load at start, and only their
+first load: a server whose folder models are unloaded takes requests.
 
 The shutdown state is the server's, shared by every model: the drain refuses new work
 for all of them and waits for the requests in flight on each (ovtrio/serving/shutdown.py).
