@@ -1,11 +1,11 @@
 """Encoders in --models-dir, on real servers under both launchers: a folder holding the
 embedded GGUF, an embedding model (the embedded embedder's converted IR), a Whisper model
-(tiny_whisper.py), an embedding folder without its tokenizer and one whose weights are
-cut short. Each is served as its kind under its folder's name, listed with its state,
-loaded on its first request, unloaded by hand and when idle, and found or forgotten as
-the folder changes; a vision model in the folder gives the server the body limit images
-need. Nothing here depends on what a model writes: a reloaded model is compared with
-itself.
+(tiny_whisper.py), an embedding folder without its tokenizer, one whose weights are cut
+short and a Whisper folder whose config.json is. Each is served as its kind under its
+folder's name, listed with its state, loaded on its first request, unloaded by hand and
+when idle, and found or forgotten as the folder changes; --models-max counts them; a
+vision model in the folder gives the server the body limit images need. Nothing here
+depends on what a model writes: a reloaded model is compared with itself.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ EMBEDDER = "minilm"
 WHISPER = "whisper"
 NO_TOKENIZER = "no-tokenizer"
 CUT_SHORT = "cut-short"
+BROKEN_WHISPER = "whisper-cut-short"
 SPEECH = wav(tone(2.0))
 
 
@@ -81,6 +82,12 @@ def encoders_folder(folder: Path) -> None:
     whole = weights.resolve().read_bytes()
     weights.unlink()
     weights.write_bytes(whole[: len(whole) // 10])
+    # And a Whisper model whose config.json is cut short: found, refused when loaded.
+    (models / BROKEN_WHISPER).mkdir()
+    for entry in (models / WHISPER).iterdir():
+        if entry.name != "config.json":
+            (models / BROKEN_WHISPER / entry.name).symlink_to(entry)
+    (models / BROKEN_WHISPER / "config.json").write_text('{"model_type": "whis')
 
 
 serve_encoders = server_fixture(
@@ -147,6 +154,7 @@ def test_each_kind_in_the_folder_is_served_as_its_kind_on_its_first_request(serv
         WHISPER: "transcription",
         NO_TOKENIZER: "embedding",
         CUT_SHORT: "embedding",
+        BROKEN_WHISPER: "transcription",
     }, "the folder's embedder stands in for the embedded one"
     assert EMBEDDED_EMBEDDER_NAME not in listed
     assert listed[WHISPER]["input_modalities"] == ["audio"]
@@ -215,14 +223,16 @@ def test_a_broken_encoder_folder_is_listed_failed_and_the_others_serve(server):
     assert "openvino_tokenizer.xml" in listed[NO_TOKENIZER]["reason"]
     refused = embed(server, NO_TOKENIZER)
     assert refused.status_code == 503 and "openvino_tokenizer.xml" in refused.json()["error"]["message"]
-    # Weights cut short: its load fails, and only its own requests hear why, while three
-    # streams of the generation model and the embedder go on.
+    # Weights, or a config, cut short: the load fails, and only the model's own requests
+    # hear why, while three streams of the generation model and the embedder go on.
     failures = count(server, "ovtrio_model_load_failures_total", model_name=CUT_SHORT)
     answers: list[httpx.Response] = []
+    heard: list[httpx.Response] = []
 
     def hostile() -> None:
         threads = [threading.Thread(target=lambda: answers.append(embed(server, CUT_SHORT))) for _ in range(2)]
         threads.append(threading.Thread(target=lambda: answers.append(embed(server))))
+        threads.append(threading.Thread(target=lambda: heard.append(transcribe(server, BROKEN_WHISPER))))
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -235,10 +245,13 @@ def test_a_broken_encoder_folder_is_listed_failed_and_the_others_serve(server):
         if answer.status_code == 503:
             error = answer.json()["error"]
             assert error["code"] == "model_unavailable" and "weights" in error["message"], error
+    assert heard[0].status_code == 503 and "json" in heard[0].json()["error"]["message"], heard[0].text
     listed = states(server)
     assert listed[CUT_SHORT]["value"] == "failed" and "weights" in listed[CUT_SHORT]["reason"]
+    assert listed[BROKEN_WHISPER]["value"] == "failed" and "json" in listed[BROKEN_WHISPER]["reason"]
     assert server.metric("ovtrio_model_load_failures_total", model_name=CUT_SHORT) > failures
     assert embed(server).status_code == 200
+    assert transcribe(server).status_code == 200
 
 
 def models_of(server: RunningServer) -> Path:
@@ -389,9 +402,15 @@ def test_the_folder_tells_each_kind_by_its_files(tmp_path):
     tiny_whisper.build(models / WHISPER)
     (models / "notes").mkdir()
     (models / "notes" / "readme.txt").write_text("not a model")
+    # A Whisper folder whose config.json is cut short is still one (its load says what
+    # is wrong, if anything), not skipped.
+    shutil.copytree(models / WHISPER, models / "whisper-cut")
+    (models / "whisper-cut" / "config.json").write_text('{"model_type": "whis')
     found = {model.name: model.kind for model in folder_models(models)}
-    assert found == {EMBEDDER: "embedding", "reranker": "rerank", WHISPER: "transcription"}
+    kinds = {EMBEDDER: "embedding", "reranker": "rerank", WHISPER: "transcription", "whisper-cut": "transcription"}
+    assert found == kinds
     # Read once per version of a folder: one replaced by another kind is seen as that kind.
     shutil.rmtree(models / EMBEDDER)
     (models / "reranker").rename(models / EMBEDDER)
-    assert {model.name: model.kind for model in folder_models(models)} == {EMBEDDER: "rerank", WHISPER: "transcription"}
+    del kinds["reranker"]
+    assert {model.name: model.kind for model in folder_models(models)} == {**kinds, EMBEDDER: "rerank"}
