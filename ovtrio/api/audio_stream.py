@@ -56,7 +56,7 @@ def streamed(
 def unavailable(exc: EncoderUnavailable) -> APIError:
     if exc.code == "shutting_down":
         return shutting_down(cut=True)
-    return APIError(503, str(exc), code=exc.code)
+    return APIError(503, str(exc), code=exc.code, retry_after=exc.retry_after)
 
 
 def _frame(event: dict[str, Any]) -> bytes:

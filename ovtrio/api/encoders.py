@@ -57,7 +57,7 @@ async def run(encoder: EncoderService, work: EmbeddingWork | RerankWork, size: i
     except EncoderUnavailable as exc:
         if exc.code == "shutting_down":
             raise shutting_down(cut=True) from None
-        raise APIError(503, str(exc), code=exc.code) from None
+        raise APIError(503, str(exc), code=exc.code, retry_after=exc.retry_after) from None
 
 
 async def json_reply(build: Callable[[], dict[str, Any]], numbers: int) -> Response:

@@ -2,20 +2,19 @@
 model, loaded or not, each with its state as llama-server's router lists it
 (`status.value`: unloaded, loading, loaded, failed with the reason, unloading); and
 POST /models/load and /models/unload, the router's routes to load and unload a model by
-hand (ovtrio/serving/residency.py). The list looks in --models-dir again first, so a
+hand (ovtrio/serving/residency.py), a generation model or an encoder (embedding,
+rerank, transcription). The list looks in --models-dir again first, so a
 model copied in since shows up."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import trio
-import trio.lowlevel
 from pydantic import BaseModel, ConfigDict
 from quart import Blueprint
 
 from ovtrio.api.context import model_registry, model_service, ready_model
-from ovtrio.api.errors import APIError
+from ovtrio.api.errors import APIError, model_not_found, shutting_down
 from ovtrio.api.generation import parse_body
 from ovtrio.audio.service import TranscriptionService
 from ovtrio.embedding.service import EncoderService
@@ -88,10 +87,16 @@ async def list_models() -> Any:
 @blueprint.get("/v1/models/<path:model_id>")
 @blueprint.get("/v3/models/<path:model_id>")
 async def retrieve_model(model_id: str) -> Any:
-    for encoder in model_registry().encoders:
-        if encoder.name == model_id:
-            return _encoder_card(encoder)
-    return _model_card(model_service(model_id))
+    model = _named(model_id)
+    return _model_card(model) if isinstance(model, ModelService) else _encoder_card(model)
+
+
+def _named(name: str) -> ModelService | EncoderService | TranscriptionService:
+    """The model served as `name`, of whatever kind; a 404 if there is none."""
+    model = model_registry().lookup(name)
+    if model is None:
+        raise model_not_found(name)
+    return model
 
 
 class LoadRequest(BaseModel):
@@ -110,8 +115,18 @@ async def load_model() -> Any:
     """Load the model (wait for it) unless it is loaded; as a request naming it would,
     whether or not the server loads models on demand."""
     body = await parse_body(LoadRequest)
-    service = model_service(body.model)
+    model = _named(body.model)
     registry = model_registry()
+    if not isinstance(model, ModelService):
+        if registry.shutdown.draining.is_set():
+            raise shutting_down()
+        refused = await model.settled()
+        if refused is not None:
+            raise APIError(503, str(refused), code="model_unavailable", retry_after=refused.retry_after)
+        if model.failure is not None:
+            raise APIError(503, f"The model '{model.name}' failed to load: {model.failure}", code="model_unavailable")
+        return {"success": True, "model": model.name, "status": _encoder_status(model)}
+    service = model_service(body.model)
     if registry.shutdown.draining.is_set():
         return await ready_model(body.model)  # refused as any request is while draining
     if service.state in ("unloaded", "failed"):
@@ -126,26 +141,17 @@ async def unload_model() -> Any:
     `"drain": false` the unload is refused while it runs any."""
     body = await parse_body(UnloadRequest)
     registry = model_registry()
-    encoder = next((encoder for encoder in registry.encoders if encoder.name == body.model), None)
-    if isinstance(encoder, TranscriptionService):
-        raise APIError(
-            400,
-            f"The transcription model '{encoder.name}' loads on its first request and stays loaded;"
-            " it cannot be unloaded by hand.",
-            param="model",
-            code="model_not_unloadable",
-        )
-    if encoder is not None:
-        if encoder.state == "loaded":
-            if not encoder.unload():
-                raise APIError(
-                    409,
-                    f"The model '{encoder.name}' is computing requests; retry once they end.",
-                    param="model",
-                    code="model_busy",
-                )
-            registry.residency.encoder_unloaded(encoder, "request")
-            await trio.lowlevel.checkpoint()  # its serving task ends at its next checkpoint
+    encoder = _named(body.model)
+    if not isinstance(encoder, ModelService):
+        if encoder.state == "failed":
+            encoder.unload()  # forgets the failure: the next request tries again
+        elif encoder.state == "loaded" and not await registry.residency.unload_encoder(encoder, "request"):
+            raise APIError(
+                409,
+                f"The model '{encoder.name}' is computing requests; retry once they end.",
+                param="model",
+                code="model_busy",
+            )
         return {"success": True, "model": encoder.name, "status": _encoder_status(encoder), "ended_requests": 0}
     service = model_service(body.model)
     try:

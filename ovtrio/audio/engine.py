@@ -82,7 +82,8 @@ def model_languages(folder: Path) -> tuple[bool, list[str]]:
     """Whether the model at `folder` is multilingual, and the ISO codes of the languages
     its generation_config.json lists (`lang_to_id`: "<|en|>" -> id)."""
     config = read_json_object(folder / "generation_config.json")
-    codes = [key.strip("<|>") for key in config.get("lang_to_id") or {} if isinstance(key, str)]
+    languages = config.get("lang_to_id")
+    codes = [key.strip("<|>") for key in languages if isinstance(key, str)] if isinstance(languages, dict) else []
     return bool(config.get("is_multilingual")), codes
 
 

@@ -1,6 +1,6 @@
-"""A Whisper model the server serves, loaded on its first request (as the embedder is,
-ovtrio/embedding/service.py: a server nobody sends audio to pays neither its load nor
-its memory), with the encoders' worker (ovtrio/embedding/worker.py): a bounded queue
+"""A Whisper model the server serves, loaded on its first request and unloaded when idle
+(as the embedder is, ovtrio/embedding/on_demand.py: a server nobody sends audio to pays
+neither its load nor its memory), with the encoders' worker (ovtrio/embedding/worker.py): a bounded queue
 (one request over it gets a 429), one thread on the model, the metrics, and the close
 that fails what waits when the server stops.
 
@@ -16,7 +16,6 @@ Decoding the uploaded files runs in worker threads too, at most `audio_decodes` 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,7 +34,8 @@ from ovtrio.audio.engine import (
     word_timestamps_available,
 )
 from ovtrio.embedding.kinds import ModelKind
-from ovtrio.embedding.worker import EncoderObserver, EncoderUnavailable, EncoderWorker, Job, WorkerStats
+from ovtrio.embedding.on_demand import OnDemandEncoder, encoder_hints
+from ovtrio.embedding.worker import EncoderObserver, EncoderWorker, Job
 from ovtrio.model.json_files import read_json_object
 from ovtrio.model.source import ModelLoadError
 from ovtrio.settings.server import Settings
@@ -105,7 +105,7 @@ def _transcribe_part(model: Transcriber, jobs: Sequence[Job]) -> None:
             job.result = whole
 
 
-class TranscriptionService:
+class TranscriptionService(OnDemandEncoder[Transcriber]):
     kind: ModelKind = "transcription"
 
     def __init__(
@@ -115,85 +115,45 @@ class TranscriptionService:
         folder: Path,
         observer: Callable[[str, ModelKind], EncoderObserver] | None = None,
     ) -> None:
-        self.name = name
-        self.settings = settings
-        self.folder = folder
-        self.started_at = time.time()
-        self.model: Transcriber | None = None
-        self.failure: str | None = None
-        self.load_seconds: float | None = None
-        self.loaded = trio.Event()
-        self._wanted = trio.Event()
-        # Read from the folder's files, so that requests are checked before the model loads.
-        self.multilingual, self.languages = model_languages(folder)
-        self.words_available = word_timestamps_available(folder)
-        # The encoder's positions for one window: what a window counts as audio tokens.
-        self.audio_tokens = int(read_json_object(folder / "config.json").get("max_source_positions") or 1500)
-        self.decodes = trio.CapacityLimiter(settings.audio_decodes)
-        self.worker: EncoderWorker[Transcriber] = EncoderWorker(
+        worker: EncoderWorker[Transcriber] = EncoderWorker(
             _transcribe_part,
             max_batch=1,
             max_queued=settings.audio_max_queued_requests,
             observer=observer(name, self.kind) if observer else None,
             batch_jobs=False,
         )
-
-    def stats(self) -> WorkerStats:
-        return self.worker.stats()
-
-    @property
-    def state(self) -> str:
-        """unloaded, loading, loaded or failed, as an embedder's (EncoderService.state)."""
-        if self.failure is not None:
-            return "failed"
-        if self.loaded.is_set():
-            return "loaded"
-        return "loading" if self._wanted.is_set() else "unloaded"
+        super().__init__(name, settings, folder, worker)
+        self.folder: Path = folder
+        # Read from the folder's files, so that requests are checked before the model loads.
+        self.multilingual, self.languages = model_languages(folder)
+        self.words_available = word_timestamps_available(folder)
+        # The encoder's positions for one window: what a window counts as audio tokens.
+        positions = read_json_object(folder / "config.json").get("max_source_positions")
+        self.audio_tokens = positions if isinstance(positions, int) and positions > 0 else 1500
+        self.decodes = trio.CapacityLimiter(settings.audio_decodes)
 
     def enqueue(self, work: TranscriptionWork) -> Job:
         """Queue `work`, loading the model first if it is not yet. Raises Overloaded when
         the queue is full, EncoderUnavailable when the model cannot serve."""
-        self._wanted.set()
+        self.want()
         return self.worker.enqueue(Job(work, windows_of(work.audio)))
 
     async def result(self, job: Job) -> Transcript:
         """`job`'s transcript, once computed; cancelled (the client left), it stops at
         the end of its current window."""
-        await self.worker.wait(job)
+        try:
+            await self.worker.wait(job)
+        finally:
+            self.last_used = trio.current_time()
         return job.result
 
     def _load(self) -> Transcriber:
+        check_transcription_folder(self.folder)  # a folder of --models-dir may have changed since
         settings = self.settings
-        hints = dict(settings.plugin_config)
-        if settings.encoder_inference_precision != "auto":
-            hints["INFERENCE_PRECISION_HINT"] = settings.encoder_inference_precision
-        if settings.num_threads is not None:
-            hints["INFERENCE_NUM_THREADS"] = str(settings.num_threads)
-        return Transcriber(self.folder, settings.encoder_device or settings.device, hints)
+        return Transcriber(self.folder, settings.encoder_device or settings.device, encoder_hints(settings))
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        if self.settings.encoder_preload:
-            self._wanted.set()
-        await self._wanted.wait()
-        log.info("loading transcription model '%s'", self.name)
-        try:
-            model = await trio.to_thread.run_sync(self._load)
-        except ModelLoadError as exc:
-            self.failure = str(exc)
-            log.error("%s", exc)
-            self.worker.close(EncoderUnavailable(f"The model '{self.name}' failed to load: {exc}", "model_unavailable"))
-            return
-        self.model = model
-        self.load_seconds = model.load_seconds
+    def _serving_now(self, model: Transcriber) -> None:
         self.words_available = model.words_available  # False if the graph did not allow them
-        self.loaded.set()
-        log.info("serving transcription model '%s' (loaded in %.2f s)", self.name, model.load_seconds)
-        try:
-            await self.worker.run(model)
-        finally:
-            self.worker.close(EncoderUnavailable("The server is shutting down; retry shortly.", "shutting_down"))
-            self.model = None
 
 
 def check_transcription_folder(folder: Path) -> None:

@@ -1,5 +1,6 @@
 """An encoder the server serves (an embedding model or a reranker), loaded on its first
-request unless `encoder_preload` says at start.
+request unless `encoder_preload` says at start, and unloaded when idle
+(ovtrio/embedding/on_demand.py).
 
 The embedded embedder takes time to load (more the first time, to convert it) and
 memory once loaded (figures: docs/benchmarks.md#the-embedding-model): loaded lazily, a
@@ -10,7 +11,6 @@ while it loads wait in its queue like any other.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,8 @@ import trio
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME, embedded_embedder_folder
 from ovtrio.embedding.engine import Embedder, EmbeddingInput, EncoderOptions, Reranker
 from ovtrio.embedding.kinds import ModelKind
-from ovtrio.embedding.worker import EncoderObserver, EncoderUnavailable, EncoderWorker, Job, WorkerStats
+from ovtrio.embedding.on_demand import OnDemandEncoder, encoder_hints
+from ovtrio.embedding.worker import EncoderObserver, EncoderWorker, Job
 from ovtrio.model.cache import default_cache_dir
 from ovtrio.model.source import ModelLoadError
 from ovtrio.settings.server import Settings
@@ -128,7 +129,7 @@ def _rerank_batch(reranker: Reranker, jobs: Sequence[Job]) -> None:
             job.result = plan.ranked()
 
 
-class EncoderService:
+class EncoderService(OnDemandEncoder[Any]):
     def __init__(
         self,
         name: str,
@@ -139,66 +140,28 @@ class EncoderService:
     ) -> None:
         """`folder`: the model's IR folder; None for the embedded embedder (converted
         into the model cache on first use)."""
-        self.name = name
         self.kind = kind
-        self.settings = settings
-        self.folder = folder
-        self.started_at = time.time()
-        self.model: Embedder | Reranker | None = None
-        self.failure: str | None = None
-        self.loaded = trio.Event()
-        self._wanted = trio.Event()
-        # When a request last came (trio's clock), and the scope its serving runs in:
-        # cancelled, the model is unloaded (unload), and loads again on the next request.
-        self.last_used = 0.0
-        self.load_seconds: float | None = None
-        self._serving = trio.CancelScope()
         self._observer = observer(name, kind) if observer else None
-        self.worker: EncoderWorker[Any] = EncoderWorker(
+        worker: EncoderWorker[Any] = EncoderWorker(
             _embed_batch if kind == "embedding" else _rerank_batch,
             max_batch=settings.encoder_max_batch,
             max_queued=settings.encoder_max_queued_requests,
             observer=self._observer,
             batch_jobs=kind == "embedding",
         )
+        super().__init__(name, settings, folder, worker)
 
     @property
     def dimensions(self) -> int | None:
         return getattr(self.model, "dimensions", None)
 
-    def stats(self) -> WorkerStats:
-        return self.worker.stats()
-
     async def submit(self, work: EmbeddingWork | RerankWork, size: int) -> Job:
         """Compute `work` (`size` inputs); loads the model first if it is not yet."""
-        self._wanted.set()
-        self.last_used = trio.current_time()
+        self.want()
         try:
             return await self.worker.submit(Job(work, size))
         finally:
             self.last_used = trio.current_time()
-
-    @property
-    def state(self) -> str:
-        """unloaded, loading, loaded or failed, as a generation model's (ModelService.state)."""
-        if self.failure is not None:
-            return "failed"
-        if self.loaded.is_set():
-            return "loaded"
-        return "loading" if self._wanted.is_set() else "unloaded"
-
-    @property
-    def idle(self) -> bool:
-        stats = self.worker.stats()
-        return self.loaded.is_set() and not stats.queued and not stats.running
-
-    def unload(self) -> bool:
-        """Unload the model if it computes nothing now (its worker then waits for the
-        next load); whether it did."""
-        if not self.idle:
-            return False
-        self._serving.cancel()
-        return True
 
     def _load(self) -> Embedder | Reranker:
         settings = self.settings
@@ -206,14 +169,11 @@ class EncoderService:
         if folder is None:
             cache = Path(settings.cache_dir).expanduser() if settings.cache_dir else default_cache_dir()
             folder = embedded_embedder_folder(cache if settings.model_cache else None)
-        hints = dict(settings.plugin_config)
-        if settings.encoder_inference_precision != "auto":
-            hints["INFERENCE_PRECISION_HINT"] = settings.encoder_inference_precision
-        if settings.num_threads is not None:
-            hints["INFERENCE_NUM_THREADS"] = str(settings.num_threads)
+        else:
+            check_encoder_folder(self.name, folder)  # a folder of --models-dir may have changed since
         options = EncoderOptions(
             device=settings.encoder_device or settings.device,
-            properties=hints,
+            properties=encoder_hints(settings),
             max_batch=settings.encoder_max_batch,
             max_documents=settings.max_inputs_per_request,
             max_request_tokens=settings.encoder_max_request_tokens,
@@ -221,59 +181,16 @@ class EncoderService:
         model_class = Embedder if self.kind == "embedding" else Reranker
         return model_class(folder, options)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        if self.settings.encoder_preload:
-            self._wanted.set()
-        try:
-            while True:
-                await self._wanted.wait()
-                if not await self._serve():
-                    return
-                # Unloaded (idle): requests that come now wait in the queue for the next load.
-                self._wanted = trio.Event()
-                if self.worker.stats().queued:
-                    self._wanted.set()
-        finally:
-            self.worker.close(EncoderUnavailable("The server is shutting down; retry shortly.", "shutting_down"))
-            self.model = None
-
-    async def _serve(self) -> bool:
-        """Load the model and compute requests until unloaded; False if the load failed."""
-        log.info("loading %s model '%s'", self.kind, self.name)
-        try:
-            model = await trio.to_thread.run_sync(self._load)
-        except ModelLoadError as exc:
-            self.failure = str(exc)
-            log.error("%s", exc)
-            self.worker.close(EncoderUnavailable(f"The model '{self.name}' failed to load: {exc}", "model_unavailable"))
-            return False
-        self.model = model
-        self.load_seconds = model.load_seconds
-        self.loaded.set()
-        log.info(
-            "serving %s model '%s' (loaded in %.2f s, inputs of at most %d tokens)",
-            self.kind,
-            self.name,
-            model.load_seconds,
-            model.limit,
-        )
-        self._serving = trio.CancelScope()
-        with self._serving:
-            await self.worker.run(model)
-        self.loaded = trio.Event()
-        self.model = None
-        del model
-        log.info("unloaded %s model '%s'", self.kind, self.name)
-        return True
+    def _limits(self, model: Any) -> str:
+        return f", inputs of at most {model.limit} tokens"
 
 
 def encoders_to_serve(
-    settings: Settings, configured: Sequence[tuple[Settings, ModelKind]]
+    settings: Settings, configured: Sequence[tuple[Settings, ModelKind]], embedded: bool = True
 ) -> list[tuple[str, ModelKind, Settings, Path | None]]:
     """(name, kind, settings, folder) of every encoder: those of the config file, the
     flags' embedding and rerank models, and the embedded embedder when no embedding
-    model is configured and `embeddings` is on."""
+    model is configured, `embeddings` is on and `embedded` (False: models_dir has one)."""
     found: list[tuple[str, ModelKind, Settings, Path | None]] = []
     for model_settings, kind in configured:
         assert model_settings.model is not None
@@ -285,7 +202,7 @@ def encoders_to_serve(
     if settings.rerank_model:
         folder = Path(settings.rerank_model).expanduser()
         found.append((folder.name, "rerank", settings, folder))
-    if settings.embeddings and not any(kind == "embedding" for _, kind, _, _ in found):
+    if embedded and settings.embeddings and not any(kind == "embedding" for _, kind, _, _ in found):
         found.append((EMBEDDED_EMBEDDER_NAME, "embedding", settings, None))
     return found
 

@@ -43,12 +43,14 @@ GATHER_SECONDS = 0.05
 
 
 class EncoderUnavailable(Exception):
-    """The encoder cannot run jobs: it failed to load, or the server is stopping.
-    `code` is machine-readable ("model_unavailable", "shutting_down")."""
+    """The encoder cannot run jobs: it failed to load, found no room to load, or the
+    server is stopping. `code` is machine-readable ("model_unavailable",
+    "shutting_down"); `retry_after`, when set, the seconds after which a retry may do."""
 
-    def __init__(self, message: str, code: str) -> None:
+    def __init__(self, message: str, code: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.retry_after = retry_after
 
 
 @dataclass(eq=False)
@@ -156,10 +158,18 @@ class EncoderWorker(Generic[Model]):
     def close(self, reason: EncoderUnavailable) -> None:
         """Refuse new jobs and fail those waiting with `reason`."""
         self._closed = reason
+        self.fail_queued(reason)
+
+    def fail_queued(self, reason: EncoderUnavailable) -> None:
+        """Fail the jobs waiting with `reason` (new ones are still taken)."""
         while self._queue:
             job = self._queue.popleft()
             job.error = reason
             job.done.set()
+
+    def reopen(self) -> None:
+        """Take jobs again after a close (the model is to be loaded once more)."""
+        self._closed = None
 
     def _next_batch(self) -> list[Job]:
         batch: list[Job] = []

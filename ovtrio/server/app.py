@@ -55,6 +55,7 @@ from ovtrio.server.hypercorn_patches import (
 )
 from ovtrio.server.logs import configure_logging
 from ovtrio.serving import memory
+from ovtrio.serving.discovery import FolderModel, folder_models
 from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.serving.registry import ModelRegistry, rules_of
 from ovtrio.settings.server import (
@@ -98,7 +99,11 @@ def create_app(
     # A body over the limit is refused (413) before it is read when its Content-Length
     # says so, and as soon as it passes the limit otherwise.
     transcribers = transcription_models_to_serve(settings, configured_encoders)
-    body_limit = body_bytes(settings, each_model, audio=bool(transcribers))
+    # What models_dir holds at start decides the body limit, and whether the embedded
+    # embedder is served beside the folder's (not when the folder has one).
+    in_folder = folder_models(Path(settings.models_dir).expanduser()) if settings.models_dir else []
+    audio_served = bool(transcribers) or any(model.kind == "transcription" for model in in_folder)
+    body_limit = body_bytes(settings, each_model, audio=audio_served, in_folder=in_folder)
     app.config["MAX_CONTENT_LENGTH"] = body_limit
     # Bodies keep the order they are built in: a top_logprobs object lists the most
     # likely token first (Quart would sort the keys).
@@ -109,7 +114,9 @@ def create_app(
     text_encoders = [(model, kind) for model, kind in configured_encoders if kind != "transcription"]
     encoders: list[EncoderService | TranscriptionService] = [
         EncoderService(name, kind, encoder_settings, folder, observer=encoder_metrics.for_model)
-        for name, kind, encoder_settings, folder in encoders_to_serve(settings, text_encoders)
+        for name, kind, encoder_settings, folder in encoders_to_serve(
+            settings, text_encoders, embedded=not any(model.kind == "embedding" for model in in_folder)
+        )
     ]
     encoders += [
         TranscriptionService(name, model_settings, folder, observer=encoder_metrics.for_model)
@@ -124,6 +131,7 @@ def create_app(
         models_dir=settings if settings.models_dir else None,
         rules=rules_of(settings),
         lifecycle=server_metrics.lifecycle,
+        encoder_observer=encoder_metrics.for_model,
     )
     store_path = in_data_dir(settings, settings.response_store_path)
     if store_path is not None and settings.data_dir is not None:
@@ -202,7 +210,7 @@ def create_app(
             error = RequestEntityTooLarge(
                 f"The request body is larger than the {body_limit} bytes this server accepts"
                 " (--max-body-bytes, and for images --max-image-bytes x --max-images-per-request"
-                + (", for audio --audio-max-bytes)." if transcribers else ").")
+                + (", for audio --audio-max-bytes)." if audio_served else ").")
             )
         response = error_response(api_error(error))
         # A 405 must say which methods the route does allow (RFC 9110, 15.5.6).
@@ -217,13 +225,19 @@ def create_app(
     return app
 
 
-def body_bytes(settings: Settings, each_model: Sequence[Settings], audio: bool = False) -> int:
+def body_bytes(
+    settings: Settings, each_model: Sequence[Settings], audio: bool = False, in_folder: Sequence[FolderModel] = ()
+) -> int:
     """The largest request body: --max-body-bytes, plus room for the most images a
     request may carry (as base64, 4 characters for 3 bytes) when a vision-language
-    model is served; at least an audio file and its form's fields when a transcription
-    model is."""
+    model is served (configured, or `in_folder`: in models_dir at start); at least an
+    audio file and its form's fields when a transcription model is.
+
+    Decided once, at start: a vision or Whisper model copied into models_dir later is
+    served, but the larger limit comes with the next start."""
     limit = settings.max_body_bytes
-    if any(model.model and is_vision_folder(Path(model.model).expanduser()) for model in each_model):
+    vision = any(model.model and is_vision_folder(Path(model.model).expanduser()) for model in each_model)
+    if vision or any(model.kind == "generation" and is_vision_folder(model.path) for model in in_folder):
         limit += settings.max_images_per_request * (settings.max_image_bytes * 4 // 3 + 4)
     if audio:
         limit = max(limit, settings.audio_max_bytes + AUDIO_FORM_BYTES)

@@ -4,18 +4,23 @@ llama-server's router names the files of its --models-dir.
 
 The folder is read again whenever a request names a model the server does not know and
 whenever the model list is asked for, so a file copied in later is served without a
-restart. Reading it is a directory listing and a GGUF header per new file: cheap enough
-for the event loop. A folder holding an embedding or rerank model is left out here (the
-encoders are configured with --embedding-model, --rerank-model or a config file).
+restart. Reading it is a directory listing, a GGUF header per new file and an IR's XML
+outputs per new folder: cheap enough for the event loop.
+
+A folder may hold any kind of model: a generation model (GGUF or IR, vision-language
+included), an embedding model, a reranker (told apart by their IR's outputs,
+ovtrio/embedding/kinds.py) or a Whisper model. Each is served as its kind, under its
+folder's name, by the same rules (loaded on demand, unloaded when idle or by hand).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ovtrio.embedding.kinds import detect_kind
+from ovtrio.embedding.kinds import ModelKind, detect_kind
 from ovtrio.model.vision import is_vision_folder
 from ovtrio.settings.server import Settings
 
@@ -26,10 +31,12 @@ log = logging.getLogger("ovtrio")
 class FolderModel:
     name: str
     path: Path
+    kind: ModelKind = "generation"
 
 
 def folder_models(folder: Path) -> list[FolderModel]:
-    """The generation models directly in `folder`, by name; hidden entries skipped."""
+    """The models directly in `folder`, by name; hidden entries, and folders holding no
+    model the server knows, skipped."""
     try:
         entries = sorted(folder.iterdir())
     except OSError as exc:
@@ -41,9 +48,39 @@ def folder_models(folder: Path) -> list[FolderModel]:
             continue
         if entry.is_file() and entry.suffix.lower() == ".gguf":
             found.append(FolderModel(entry.name[: -len(".gguf")], entry))
-        elif is_model_folder(entry) and detect_kind(entry) == "generation":
-            found.append(FolderModel(entry.name, entry))
+        elif entry.is_dir():
+            kind = _kind_of(entry, _stamp(entry))
+            if kind != "generation" or is_model_folder(entry):
+                found.append(FolderModel(entry.name, entry, kind))
     return found
+
+
+@functools.lru_cache(maxsize=1024)
+def _kind_of(folder: Path, stamp: tuple[int, ...]) -> ModelKind:
+    """detect_kind, read once per version of the folder: it parses the IR's XML (megabytes
+    for a large model), and the folder is read again at every model listing. A folder of
+    encoder and decoder IRs whose config does not say Whisper (unreadable, or cut short)
+    is taken for one all the same: served, or listed failed with what it lacks, rather
+    than skipped without a word."""
+    kind = detect_kind(folder)
+    encoder_decoder = ("openvino_encoder_model.xml", "openvino_decoder_model.xml")
+    without_single_ir = not (folder / "openvino_model.xml").is_file()
+    if kind == "generation" and without_single_ir and all((folder / name).is_file() for name in encoder_decoder):
+        return "transcription"
+    return kind
+
+
+def _stamp(folder: Path) -> tuple[int, ...]:
+    """What changes when the files that tell a folder's kind do (added, removed, rewritten)."""
+    stamp: list[int] = []
+    for path in (folder, folder / "openvino_model.xml", folder / "config.json"):
+        try:
+            status = path.stat()
+        except OSError:
+            stamp += [-1, -1]
+        else:
+            stamp += [status.st_mtime_ns, status.st_size]
+    return tuple(stamp)
 
 
 def is_model_folder(entry: Path) -> bool:

@@ -13,9 +13,11 @@ model has failed there is nothing to serve, and the launcher exits as it does fo
 
 Models may also load on demand (ovtrio/serving/residency.py): those of a models_dir
 (ovtrio/serving/discovery.py) wait for their first request, and any model, one loaded
-at start included, may be unloaded and loaded again. Readiness counts only the models
-that load at start, and only their first load: a server whose folder models are
-unloaded takes requests.
+at start included, may be unloaded and loaded again. The encoders (embedding, rerank
+and Whisper models) always load on demand, those of the flags and config file as those
+found in a models_dir; each runs in a task of the registry's nursery, waiting for its
+first request. Readiness counts only the models that load at start, and only their
+first load: a server whose folder models are unloaded takes requests.
 
 The shutdown state is the server's, shared by every model: the drain refuses new work
 for all of them and waits for the requests in flight on each (ovtrio/serving/shutdown.py).
@@ -24,7 +26,7 @@ for all of them and waits for the requests in flight on each (ovtrio/serving/shu
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Literal
@@ -32,10 +34,12 @@ from typing import Literal
 import trio
 
 from ovtrio.audio.service import TranscriptionService, check_transcription_folder
+from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.service import EncoderService, check_encoder_folder
+from ovtrio.embedding.worker import EncoderObserver
 from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
 from ovtrio.scheduler import RequestObserver
-from ovtrio.serving.discovery import folder_models, settings_for
+from ovtrio.serving.discovery import FolderModel, folder_models, settings_for
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.residency import Residency, ResidencyRules
 from ovtrio.serving.service import ModelService, ObserverFactory, ServingModel
@@ -45,6 +49,7 @@ from ovtrio.settings.server import Settings
 log = logging.getLogger("ovtrio")
 
 ModelStatus = Literal["loading", "ready", "failed", "draining", "unloaded", "unloading"]
+Encoder = EncoderService | TranscriptionService
 
 
 def rules_of(settings: Settings) -> ResidencyRules:
@@ -64,16 +69,19 @@ class ModelRegistry:
         drain_timeout: float,
         observer: ObserverFactory | None = None,
         loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None,
-        encoders: Sequence[EncoderService | TranscriptionService] = (),
+        encoders: Sequence[Encoder] = (),
         models_dir: Settings | None = None,
         rules: ResidencyRules | None = None,
         lifecycle: LifecycleMetrics | None = None,
+        encoder_observer: Callable[[str, ModelKind], EncoderObserver] | None = None,
     ) -> None:
         """`models`: each model's settings (config_file.model_settings), loaded at start.
-        `observer` makes each model's request observer (the metrics). `loading`, when
-        given, is the load of each model already under way (start_loading_in_order), in
-        the same order. `models_dir`: the settings whose models_dir holds more models,
-        loaded on demand (their defaults too). `rules`: when models load and unload."""
+        `observer` makes each model's request observer (the metrics), `encoder_observer`
+        each encoder's. `loading`, when given, is the load of each model already under
+        way (start_loading_in_order), in the same order. `encoders`: those of the flags
+        and the config file. `models_dir`: the settings whose models_dir holds more
+        models, loaded on demand (their defaults too). `rules`: when models load and
+        unload."""
         self._observer = observer
         self._preloaded = loading is not None
         futures = list(loading) if loading is not None else [None] * len(models)
@@ -83,16 +91,24 @@ class ModelRegistry:
         ]
         self._at_start = list(self.services)
         self._folder_defaults = models_dir
-        self.encoders = list(encoders)
+        self.encoders: list[Encoder] = list(encoders)
+        self._lifecycle = lifecycle
+        self._encoder_observer = encoder_observer
+        # The encoders found in models_dir, each with the scope of its task (cancelled
+        # when its folder is gone), and those whose task has yet to start.
+        self._found_encoders: dict[str, trio.CancelScope] = {}
+        self._unstarted: list[Encoder] = []
+        self._nursery: trio.Nursery | None = None
         self.shutdown = Shutdown(drain_timeout)
         self.residency = Residency(
             lambda: self.services,
             rules or ResidencyRules(0, True, 30.0, None, drain_timeout),
             lifecycle,
-            # Transcription models stay loaded once loaded: idle unload covers embedders and rerankers.
-            [encoder for encoder in self.encoders if isinstance(encoder, EncoderService)],
+            lambda: self.encoders,
             self.shutdown.draining,
         )
+        for encoder in self.encoders:
+            self._govern(encoder)
         # Set when every model has failed to load: the server has nothing to serve.
         self.failed = trio.Event()
         self._by_name: dict[str, ModelService] = {}
@@ -132,9 +148,20 @@ class ModelRegistry:
             if service.on_demand and service.model_name not in found and service.state in ("unloaded", "failed"):
                 self.services.remove(service)
                 del self._by_name[service.model_name]
+        for encoder in list(self.encoders):
+            scope = self._found_encoders.get(encoder.name)
+            if scope is not None and encoder.name not in found and encoder.state in ("unloaded", "failed"):
+                scope.cancel()
+                self.encoders.remove(encoder)
+                del self._found_encoders[encoder.name]
+                if encoder in self._unstarted:
+                    self._unstarted.remove(encoder)
         taken = {encoder.name for encoder in self.encoders}
         for name, model in found.items():
             if name in self._by_name or name in taken:
+                continue
+            if model.kind != "generation":
+                self._serve_encoder(model)
                 continue
             service = ModelService(
                 settings_for(model, self._folder_defaults),
@@ -150,6 +177,45 @@ class ModelRegistry:
                 self._longest_context = max(self._longest_context, source.context_length)
             self.services.append(service)
             self._by_name[name] = service
+
+    def _serve_encoder(self, model: FolderModel) -> None:
+        """Serve the encoder `model` of models_dir, loaded on its first request; a folder
+        that cannot serve is listed failed, with the reason, and tried again on the next
+        request."""
+        assert self._folder_defaults is not None
+        settings = settings_for(model, self._folder_defaults)
+        encoder: Encoder
+        failure = None
+        try:
+            if model.kind == "transcription":
+                check_transcription_folder(model.path)
+            else:
+                check_encoder_folder(model.name, model.path)
+        except ModelLoadError as exc:
+            failure = str(exc)
+        if model.kind == "transcription":
+            encoder = TranscriptionService(model.name, settings, model.path, observer=self._encoder_observer)
+        else:
+            encoder = EncoderService(model.name, model.kind, settings, model.path, observer=self._encoder_observer)
+        encoder.failure = failure
+        self._govern(encoder)
+        self.encoders.append(encoder)
+        scope = self._found_encoders[encoder.name] = trio.CancelScope()
+        if self._nursery is not None:
+            self._nursery.start_soon(self._run_encoder, encoder, scope)
+        else:
+            self._unstarted.append(encoder)
+
+    def _govern(self, encoder: Encoder) -> None:
+        """Put `encoder` under the residency's rules: its loads reported, and taking their
+        turn and room (Residency.room_for)."""
+        encoder.load_observer = self._lifecycle
+        encoder.admission = self.residency.room_for
+
+    async def _run_encoder(self, encoder: Encoder, scope: trio.CancelScope) -> None:
+        """Run an encoder of models_dir until the server stops or its folder is gone."""
+        with scope:
+            await encoder.run()
 
     @property
     def default(self) -> ModelService | None:
@@ -169,12 +235,27 @@ class ModelRegistry:
         """The loaded model of `service`, loaded first if need be (Residency.acquire)."""
         return await self.residency.acquire(service, keep_alive)
 
-    def find_encoder(self, name: str | None, kind: str) -> EncoderService | TranscriptionService | None:
-        """The encoder of `kind` named `name` (None: the first of that kind)."""
-        for encoder in self.encoders:
-            if encoder.kind == kind and (name is None or encoder.name == name):
-                return encoder
+    def find_encoder(self, name: str | None, kind: str) -> Encoder | None:
+        """The encoder of `kind` named `name` (None: the first of that kind), looking in
+        models_dir again if it is unknown."""
+        for looked_again in (False, True):
+            if looked_again:
+                if name is None or self._folder_defaults is None:
+                    return None
+                self.rescan()
+            for encoder in self.encoders:
+                if encoder.kind == kind and (name is None or encoder.name == name):
+                    return encoder
         return None
+
+    def named_encoder(self, name: str) -> Encoder | None:
+        """The encoder served as `name`, of whatever kind."""
+        return next((encoder for encoder in self.encoders if encoder.name == name), None)
+
+    def lookup(self, name: str) -> ModelService | Encoder | None:
+        """The model served as `name`, of whatever kind, looking in models_dir again if
+        it is unknown."""
+        return self._by_name.get(name) or self.named_encoder(name) or self.find(name) or self.named_encoder(name)
 
     def status(self, service: ModelService) -> ModelStatus:
         state = service.state
@@ -214,7 +295,12 @@ class ModelRegistry:
                 for service in self._at_start:
                     await nursery.start(service.run)
                 for encoder in self.encoders:
-                    await nursery.start(encoder.run)
+                    if encoder.name not in self._found_encoders:
+                        await nursery.start(encoder.run)
+                self._nursery = nursery
+                for encoder in self._unstarted:
+                    nursery.start_soon(self._run_encoder, encoder, self._found_encoders[encoder.name])
+                self._unstarted.clear()
                 if self._at_start and self._folder_defaults is None:
                     nursery.start_soon(self._watch_failures)
                 task_status.started()

@@ -2,9 +2,10 @@
 it has been idle for its keep-alive time, when room is needed for another
 (--models-max: the least recently used one running no request), or when a client asks
 (POST /models/unload). llama-server's router mode and Ollama's keep_alive work so.
-The embedding and rerank models unload by the same idle rule and by request (they
-load on their first request already, ovtrio/embedding/service.py); --models-max
-counts generation models only.
+The encoders (embedding, rerank and Whisper models) load on their first request
+(ovtrio/embedding/on_demand.py) and follow the same rules: they unload when idle and by
+request, --models-max counts them, and with it their loads take their turn and make
+room (room_for) as a generation model's do.
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
 both, and --models-max is kept by counting what is loaded while nothing else loads.
@@ -25,14 +26,17 @@ model's requests finish first (up to the drain timeout; ended with an error afte
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
-from ovtrio.embedding.service import EncoderService
+from ovtrio.embedding.on_demand import OnDemandEncoder, Refusal
 from ovtrio.model import ModelLoadError
 from ovtrio.model.engine_errors import client_reason
+from ovtrio.serving import memory
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.service import ModelService, ServingModel
 
@@ -87,10 +91,11 @@ class Residency:
         services: Callable[[], Sequence[ModelService]],
         rules: ResidencyRules,
         metrics: LifecycleMetrics | None = None,
-        encoders: Sequence[EncoderService] = (),
+        encoders: Callable[[], Sequence[OnDemandEncoder[Any]]] = list,
         stopping: trio.Event | None = None,
     ) -> None:
-        """`stopping`: set when the server begins to shut down (its drain)."""
+        """`services` and `encoders` give the models as they are now (a models_dir's
+        change). `stopping`: set when the server begins to shut down (its drain)."""
         self._services = services
         self._encoders = encoders
         self._stopping = stopping if stopping is not None else trio.Event()
@@ -188,12 +193,7 @@ class Residency:
                 service.refuse("The server is shutting down and loads no model; retry shortly.")
                 return
             if not await self._make_room(service):
-                busy = [s.model_name for s in self._resident(service)]
-                service.refuse(
-                    f"The model '{service.model_name}' cannot be loaded now: {len(busy)} models are loaded"
-                    f" (--models-max {self.rules.models_max}) and each runs requests ({', '.join(busy)})."
-                    " Retry shortly."
-                )
+                service.refuse(self._no_room(service))
                 log.warning("no room to load %s: every loaded model runs requests", service.model_name)
                 return
             assert self._nursery is not None
@@ -215,28 +215,58 @@ class Residency:
             log.exception("the model %s stopped", service.model_name)
             service.fail(f"{type(exc).__name__}: {client_reason(exc)}")
 
-    def _resident(self, loading: ModelService) -> list[ModelService]:
-        """The models that hold an engine, or soon will, beside `loading`."""
-        return [s for s in self._services() if s is not loading and s.state in ("loaded", "loading", "unloading")]
+    def _resident(self, loading: object) -> list[ModelService | OnDemandEncoder[Any]]:
+        """The models that hold an engine, or soon will, beside `loading`: generation
+        models loaded, loading or unloading, and encoders loaded (an encoder loads only
+        in its turn, room_for)."""
+        services = [s for s in self._services() if s is not loading and s.state in ("loaded", "loading", "unloading")]
+        encoders = [e for e in self._encoders() if e is not loading and e.loaded.is_set()]
+        return [*services, *encoders]
 
-    async def _make_room(self, service: ModelService) -> bool:
-        """Unload least recently used idle models until `service` fits under models_max;
+    def _no_room(self, loading: ModelService | OnDemandEncoder[Any]) -> str:
+        busy = [_name_of(model) for model in self._resident(loading)]
+        return (
+            f"The model '{_name_of(loading)}' cannot be loaded now: {len(busy)} models are loaded"
+            f" (--models-max {self.rules.models_max}) and each runs requests ({', '.join(busy)}). Retry shortly."
+        )
+
+    async def _make_room(self, loading: ModelService | OnDemandEncoder[Any]) -> bool:
+        """Unload least recently used idle models until `loading` fits under models_max;
         False if none became idle within load_wait seconds."""
         if not self.rules.models_max:
             return True
         deadline = trio.current_time() + self.rules.load_wait
         while True:
-            resident = self._resident(service)
+            resident = self._resident(loading)
             if len(resident) < self.rules.models_max:
                 return True
             now = trio.current_time()
-            idle = [s for s in resident if s.state == "loaded" and not s.in_flight and now - s.last_used >= GRACE]
+            idle = [model for model in resident if _idle(model) and now - model.last_used >= GRACE]
             if idle:
-                await self.unload(min(idle, key=lambda s: s.last_used), "lru")
+                oldest = min(idle, key=lambda model: model.last_used)
+                if isinstance(oldest, ModelService):
+                    await self.unload(oldest, "lru")
+                else:
+                    await self.unload_encoder(oldest, "lru")
                 continue
             if now >= deadline:
                 return False
             await trio.sleep(ROOM_CHECK)
+
+    @asynccontextmanager
+    async def room_for(self, encoder: OnDemandEncoder[Any]) -> AsyncIterator[None]:
+        """An encoder's load, in its turn (one load at a time) and with room for it
+        under models_max, as a generation model's; raises Refusal when no room came
+        within load_wait seconds. Without models_max, an encoder loads at once."""
+        if not self.rules.models_max:
+            yield
+            return
+        async with self._lock:
+            if self._stopping.is_set():
+                raise Refusal("The server is shutting down and loads no model; retry shortly.", 1)
+            if not await self._make_room(encoder):
+                raise Refusal(self._no_room(encoder), max(1, round(self.rules.load_wait / 2)))
+            yield
 
     async def _unload_idle(self) -> None:
         """Unload each model idle for longer than its keep-alive time. A model running
@@ -255,14 +285,32 @@ class Residency:
                     continue
                 if now - service.last_used >= max(keep, GRACE):
                     await self.unload(service, "idle")
-            # The embedding and rerank models load on their first request already
-            # (ovtrio/embedding/service.py); they unload when idle by the same rule.
+            # The encoders load on their first request already
+            # (ovtrio/embedding/on_demand.py); they unload when idle by the same rule.
             keep = self.rules.idle_unload
-            for encoder in self._encoders:
+            for encoder in list(self._encoders()):
                 idle = keep is not None and keep >= 0 and encoder.idle
-                if idle and now - encoder.last_used >= max(keep or 0.0, GRACE) and encoder.unload():
-                    self.encoder_unloaded(encoder, "idle")
+                if idle and now - encoder.last_used >= max(keep or 0.0, GRACE):
+                    await self.unload_encoder(encoder, "idle")
 
-    def encoder_unloaded(self, encoder: EncoderService, reason: str) -> None:
+    async def unload_encoder(self, encoder: OnDemandEncoder[Any], reason: str) -> bool:
+        """Unload `encoder` unless it computes or has requests queued (whether it did),
+        and return the memory it held to the system, as a generation model's unload does."""
+        if not encoder.unload():
+            return False
         if self._metrics is not None:
             self._metrics.unloaded(encoder.name, reason)
+        await encoder.unloaded()
+        await memory.return_free_memory()
+        return True
+
+
+def _name_of(model: ModelService | OnDemandEncoder[Any]) -> str:
+    return model.model_name if isinstance(model, ModelService) else model.name
+
+
+def _idle(model: ModelService | OnDemandEncoder[Any]) -> bool:
+    """Loaded and running no request (an encoder: none queued either)."""
+    if isinstance(model, ModelService):
+        return model.state == "loaded" and not model.in_flight
+    return model.idle

@@ -38,15 +38,16 @@ class ServerSettings(BaseModel):
     )
     models_dir: str | None = Field(
         None,
-        description="folder of models served on demand: each GGUF file and OpenVINO IR folder in it is a model,"
-        " named after the file (without .gguf) or folder, loaded on its first request; a file added later is"
-        " found without a restart (without --model or --config, only the folder's models are served)",
+        description="folder of models served on demand: each GGUF file and OpenVINO IR folder in it is a model"
+        " (generation, vision, embedding, rerank or Whisper, told by its files), named after the file (without"
+        " .gguf) or folder, loaded on its first request; a file added later is found without a restart (without"
+        " --model or --config, only the folder's models are served)",
     )
     models_max: int = Field(
         0,
         ge=0,
-        description="most generation models loaded at once (0: no limit); loading one more first unloads the"
-        " least recently used one that runs no request",
+        description="most models loaded at once, embedding, rerank and transcription models included (0: no"
+        " limit); loading one more first unloads the least recently used one that runs no request",
     )
     models_autoload: bool = Field(
         True,
@@ -132,7 +133,7 @@ class ServerSettings(BaseModel):
     embeddings: bool = Field(
         True,
         description="serve the embedded all-MiniLM-L6-v2 at /v1/embeddings when no other embedding model is"
-        " configured (--no-embeddings turns it off)",
+        " configured or in --models-dir at start (--no-embeddings turns it off)",
     )
     embedding_model: str | None = Field(
         None,

@@ -1,0 +1,237 @@
+"""What every encoder the server serves (an embedding model, a reranker, a Whisper model)
+does to be loaded on demand: it loads on its first request (or at start with
+`encoder_preload`), serves its worker's queue (worker.py) until it is unloaded (idle, or
+by hand: ovtrio/serving/residency.py decides), and loads again on the next request.
+
+A load that fails fails the requests waiting for it, with the reason, and leaves the
+model "failed" with that reason (listed so); the next request tries the load again, as
+a generation model of --models-dir is tried again. Whatever the load raises, the model
+is failed and nothing else: the other models go on serving.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+import trio
+
+from ovtrio.embedding.kinds import ModelKind
+from ovtrio.embedding.worker import EncoderUnavailable, EncoderWorker, WorkerStats
+from ovtrio.model.engine_errors import client_reason
+from ovtrio.model.source import ModelLoadError
+from ovtrio.settings.server import Settings
+
+log = logging.getLogger("ovtrio")
+
+Model = TypeVar("Model")
+
+
+class LoadObserver(Protocol):
+    """What is told of each load (the metrics: ovtrio/serving/metrics.py LifecycleMetrics)."""
+
+    def loaded(self, model_name: str, seconds: float) -> None: ...
+
+    def load_failed(self, model_name: str) -> None: ...
+
+
+class Refusal(Exception):
+    """No room to load the model now (--models-max); the message says why."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+# Holds a load's turn (and its room under --models-max) while the model loads; raises
+# Refusal when there is no room. Set by the registry (Residency.room_for).
+Admission = Callable[["OnDemandEncoder[Any]"], AbstractAsyncContextManager[None]]
+
+
+class OnDemandEncoder(Generic[Model]):
+    kind: ModelKind
+
+    def __init__(self, name: str, settings: Settings, folder: Path | None, worker: EncoderWorker[Model]) -> None:
+        self.name = name
+        self.settings = settings
+        self.folder = folder
+        self.worker = worker
+        self.started_at = time.time()
+        self.model: Model | None = None
+        self.failure: str | None = None
+        self.load_seconds: float | None = None
+        self.loaded = trio.Event()
+        self._wanted = trio.Event()
+        # When a request last came (trio's clock), and the scope its serving runs in:
+        # cancelled, the model is unloaded (unload), and loads again on the next request.
+        self.last_used = 0.0
+        self._serving = trio.CancelScope()
+        # Set (and replaced) whenever a load ends, loaded or failed, and when an unload
+        # ends: what settled() and unloaded() wait on.
+        self._changed = trio.Event()
+        # Told of each load's end; set by the registry (the lifecycle metrics).
+        self.load_observer: LoadObserver | None = None
+        # What a load waits for first (its turn, and room for it); None: it loads at once.
+        self.admission: Admission | None = None
+        self._refused: Refusal | None = None  # why the last load found no room
+
+    def stats(self) -> WorkerStats:
+        return self.worker.stats()
+
+    @property
+    def state(self) -> str:
+        """unloaded, loading, loaded or failed, as a generation model's (ModelService.state)."""
+        if self.failure is not None:
+            return "failed"
+        if self.loaded.is_set():
+            return "loaded"
+        return "loading" if self._wanted.is_set() else "unloaded"
+
+    @property
+    def idle(self) -> bool:
+        stats = self.worker.stats()
+        return self.loaded.is_set() and not stats.queued and not stats.running
+
+    def want(self) -> None:
+        """A request needs the model: load it unless it is loaded or loading; after a
+        failed load, try again."""
+        self.last_used = trio.current_time()
+        if self.failure is not None and not self._wanted.is_set():
+            self.failure = None
+            self.worker.reopen()
+        self._wanted.set()
+
+    def unload(self) -> bool:
+        """Unload the model if it computes nothing now (its worker then waits for the
+        next load), or forget a failed load; whether it did."""
+        if self.failure is not None and not self._wanted.is_set():
+            self.failure = None
+            self.worker.reopen()
+            return True
+        if not self.idle:
+            return False
+        self._serving.cancel()
+        return True
+
+    async def settled(self) -> Refusal | None:
+        """Return once the model is loaded or its load has failed (loading it first);
+        the refusal when its load found no room."""
+        self.want()
+        while not self.loaded.is_set() and self.failure is None:
+            await self._changed.wait()
+            if self._refused is not None:
+                return self._refused
+        return None
+
+    async def unloaded(self) -> None:
+        """Return once the model is no longer loaded (after unload)."""
+        while self.loaded.is_set():
+            await self._changed.wait()
+
+    def _announce(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    def _load(self) -> Model:
+        """The model, loaded (in a worker thread). Raises ModelLoadError."""
+        raise NotImplementedError
+
+    def _serving_now(self, model: Model) -> None:
+        """The model has just loaded (before any request runs on it)."""
+
+    def _limits(self, model: Model) -> str:
+        """What the "serving" log line says of the model besides its load time."""
+        return ""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        if self.settings.encoder_preload:
+            self._wanted.set()
+        try:
+            while True:
+                await self._wanted.wait()
+                await self._serve()
+                # Unloaded, or failed: requests that come now wait in the queue for the next load.
+                self._wanted = trio.Event()
+                if self.worker.stats().queued:
+                    self._wanted.set()
+        finally:
+            self.worker.close(EncoderUnavailable("The server is shutting down; retry shortly.", "shutting_down"))
+            self.model = None
+
+    async def _serve(self) -> None:
+        """Load the model and compute requests until unloaded (or the load fails, or
+        finds no room)."""
+        self._refused = None
+        try:
+            async with self.admission(self) if self.admission is not None else nullcontext():
+                model = await self._load_in_thread()
+        except Refusal as exc:  # the requests waiting hear why; the model stays unloaded
+            log.warning("no room to load %s model '%s'", self.kind, self.name)
+            self.worker.fail_queued(EncoderUnavailable(str(exc), "model_unavailable", exc.retry_after))
+            self._refused = exc
+            self._announce()
+            return
+        if model is not None:
+            await self._serve_loaded(model)
+
+    async def _load_in_thread(self) -> Model | None:
+        """The model, loaded; None (and the model failed) if its load failed."""
+        log.info("loading %s model '%s'", self.kind, self.name)
+        try:
+            return await trio.to_thread.run_sync(self._load)
+        except Exception as exc:  # whatever a load raises fails this model alone
+            reason = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {client_reason(exc)}"
+            if not isinstance(exc, ModelLoadError):
+                log.exception("loading %s model '%s' failed", self.kind, self.name)
+            self.failure = reason
+            log.error("%s", reason)
+            self.worker.close(
+                EncoderUnavailable(f"The model '{self.name}' failed to load: {reason}", "model_unavailable")
+            )
+            if self.load_observer is not None:
+                self.load_observer.load_failed(self.name)
+            self._announce()
+            return None
+
+    async def _serve_loaded(self, model: Model) -> None:
+        """Compute requests on the loaded `model` until it is unloaded."""
+        self.model = model
+        self.load_seconds = getattr(model, "load_seconds", None)
+        self._serving_now(model)
+        self.loaded.set()
+        self._announce()
+        if self.load_observer is not None and self.load_seconds is not None:
+            self.load_observer.loaded(self.name, self.load_seconds)
+        log.info(
+            "serving %s model '%s' (loaded in %.2f s%s)",
+            self.kind,
+            self.name,
+            self.load_seconds or 0.0,
+            self._limits(model),
+        )
+        self._serving = trio.CancelScope()
+        with self._serving:
+            await self.worker.run(model)
+        self.loaded = trio.Event()
+        self.model = None
+        del model
+        self._announce()
+        gc.collect()  # the pipeline's memory goes now, not at some later collection
+        log.info("unloaded %s model '%s'", self.kind, self.name)
+
+
+def encoder_hints(settings: Settings) -> dict[str, Any]:
+    """The engine properties an encoder is compiled with: the plugin config, the encoders'
+    precision hint and the thread count."""
+    hints = dict(settings.plugin_config)
+    if settings.encoder_inference_precision != "auto":
+        hints["INFERENCE_PRECISION_HINT"] = settings.encoder_inference_precision
+    if settings.num_threads is not None:
+        hints["INFERENCE_NUM_THREADS"] = str(settings.num_threads)
+    return hints
