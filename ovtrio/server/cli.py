@@ -20,6 +20,7 @@ from ovtrio.model import (
     resolve_model,
     start_loading_in_order,
 )
+from ovtrio.model.load_thread import import_engine
 from ovtrio.model.loading import convert_into_cache
 from ovtrio.server.logs import configure_logging
 from ovtrio.settings.model import ModelSettings
@@ -192,11 +193,7 @@ def main(argv: list[str] | None = None) -> None:
             " (set --api-key, OVTRIO_API_KEY or --api-key-file)",
             settings.host,
         )
-    # The engine's import holds the GIL (0.1-0.2 s): done here, before the load thread
-    # starts, it does not take turns with the web framework's import below, and the
-    # engine begins compiling (without the GIL) that much sooner.
-    import openvino_genai  # noqa: F401
-
+    import_engine()  # before the load thread starts (its docstring says why)
     loading = start_loading_in_order(list(zip(sources, each_model)))  # while the web framework is imported
     # Trio too is imported only now (0.05 s): before the load begins, every import is
     # the load's delay. So is the web framework's, inside serve.

@@ -3,7 +3,7 @@ it is unloaded (ovtrio/serving/residency.py decides when) and maybe loaded again
 
 Routes open before the model is loaded (readiness answers 503 meanwhile), so loading
 happens in a task of the app's nursery, or, under `ovtrio serve`, in a thread started
-before the app was even imported, which that task waits for (loading.start_loading);
+before the app was even imported, which that task waits for (load_thread.start_loading);
 the path is checked up front, so a missing or unusable model stops startup at once with
 one line. Once loaded, everything a request needs is in one ServingModel, whose fields
 are never missing. A server serves one or several models, each through a service of its
