@@ -7,7 +7,10 @@ load on their first request already, ovtrio/embedding/service.py); --models-max
 counts generation models only.
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
-both, and --models-max is kept by counting what is loaded while nothing else loads.
+both, and --models-max is kept by counting what is loaded while nothing else loads (a
+load waiting its turn holds no room: counted, it would make the load ahead of it wait
+for loads that cannot begin before it ends). An unload asked while the load waits calls
+it off.
 The load runs in a task of the residency's own nursery, never in a request's: the
 requests that want the model wait for it to settle (ModelService.settled), a request
 that leaves stops waiting and nothing more, and when the load fails each waiting
@@ -97,6 +100,8 @@ class Residency:
         self.rules = rules
         self._metrics = metrics
         self._lock = trio.Lock()
+        # Models whose load waits for its turn (the lock): no engine yet, and no room taken.
+        self._queued: set[ModelService] = set()
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -153,6 +158,7 @@ class Residency:
                 return
         assert self._nursery is not None, "the residency runs before requests are served"
         service.begin_cycle()
+        self._queued.add(service)
         self._nursery.start_soon(self._load, service)
 
     async def unload(self, service: ModelService, reason: str, *, wait: bool = True) -> int:
@@ -163,16 +169,16 @@ class Residency:
             return 0
         if not wait and service.in_flight:
             raise Busy(f"The model '{service.model_name}' runs {service.in_flight} requests.")
-        was_loaded = service.state == "loaded"
         cut = await service.unload(
             self.rules.drain_timeout,
             f"The model '{service.model_name}' was unloaded before this request finished; retry it.",
             MODEL_UNLOADED,
         )
-        if was_loaded:
-            log.info("unloaded %s (%s)%s", service.model_name, reason, f", ending {cut} requests" if cut else "")
-            if self._metrics is not None:
-                self._metrics.unloaded(service.model_name, reason)
+        if cut is None:  # nothing was serving: a load failed, or was called off before it began
+            return 0
+        log.info("unloaded %s (%s)%s", service.model_name, reason, f", ending {cut} requests" if cut else "")
+        if self._metrics is not None:
+            self._metrics.unloaded(service.model_name, reason)
         return cut
 
     async def _load(self, service: ModelService) -> None:
@@ -184,10 +190,15 @@ class Residency:
 
     async def _load_in_turn(self, service: ModelService) -> None:
         async with self._lock:
+            self._queued.discard(service)
             if self._stopping.is_set():
                 service.refuse("The server is shutting down and loads no model; retry shortly.")
                 return
-            if not await self._make_room(service):
+            room = await self._make_room(service)
+            if service.state == "unloading":  # unloaded while it waited its turn: nothing to load
+                service.refuse(f"The model '{service.model_name}' was unloaded before its load began; retry shortly.")
+                return
+            if not room:
                 busy = [s.model_name for s in self._resident(service)]
                 service.refuse(
                     f"The model '{service.model_name}' cannot be loaded now: {len(busy)} models are loaded"
@@ -216,8 +227,13 @@ class Residency:
             service.fail(f"{type(exc).__name__}: {client_reason(exc)}")
 
     def _resident(self, loading: ModelService) -> list[ModelService]:
-        """The models that hold an engine, or soon will, beside `loading`."""
-        return [s for s in self._services() if s is not loading and s.state in ("loaded", "loading", "unloading")]
+        """The models that hold an engine, or load one now, beside `loading` (not those
+        whose load waits its turn behind it)."""
+        return [
+            s
+            for s in self._services()
+            if s is not loading and s not in self._queued and s.state in ("loaded", "loading", "unloading")
+        ]
 
     async def _make_room(self, service: ModelService) -> bool:
         """Unload least recently used idle models until `service` fits under models_max;
@@ -225,7 +241,7 @@ class Residency:
         if not self.rules.models_max:
             return True
         deadline = trio.current_time() + self.rules.load_wait
-        while True:
+        while service.state != "unloading":  # an unload calls the load off
             resident = self._resident(service)
             if len(resident) < self.rules.models_max:
                 return True
@@ -237,6 +253,7 @@ class Residency:
             if now >= deadline:
                 return False
             await trio.sleep(ROOM_CHECK)
+        return False
 
     async def _unload_idle(self) -> None:
         """Unload each model idle for longer than its keep-alive time. A model running
