@@ -425,3 +425,121 @@ def test_the_counters_of_a_model_go_on_across_its_unload_and_next_load(serve_on_
     assert chat(server, "beta", max_tokens=3).status_code == 200
     assert server.metric("ovtrio_generated_tokens_total", model_name="beta") >= first + 3
     assert server.metric("ovtrio_engine_steps_total", model_name="beta") > steps
+
+
+def lifecycle_agrees(server: RunningServer, model: str) -> tuple[str, float, float]:
+    """The model's state, and its loads and unloads as /metrics counts them."""
+    unloads = sum(count(server, "ovtrio_model_unloads_total", model_name=model, reason=r) for r in REASONS)
+    return states(server)[model]["value"], loads(server, model), unloads
+
+
+REASONS = ("request", "idle", "lru")
+
+
+def test_an_unload_asked_while_the_model_loads_is_counted(server):
+    """The load goes on (the engine compiles in a thread), then the unload: /metrics
+    counts both, so loads minus unloads stays the number loaded."""
+    requested: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: requested.append(chat(server, "beta")))
+    asking.start()
+    wait_for_state(server, "beta", "loading")
+    unloaded = unload(server, "beta")
+    asking.join()
+    assert unloaded.status_code == 200, unloaded.text
+    # The request that came first waited through the unload, then loaded beta again.
+    assert requested[0].status_code == 200, requested[0].text
+    state, loaded, unloads = lifecycle_agrees(server, "beta")
+    assert (state, loaded - unloads) == ("loaded", 1), (state, loaded, unloads)
+    assert unload(server, "beta").status_code == 200
+    state, loaded, unloads = lifecycle_agrees(server, "beta")
+    assert (state, loaded - unloads) == ("unloaded", 0), (state, loaded, unloads)
+
+
+# One model at a time, a load waits up to 20 s for room, and an unload lets requests
+# run on for 2 s.
+room_in_a_while = server_fixture(
+    "room_in_a_while",
+    "--models-dir",
+    "{folder}/models",
+    "--models-max",
+    "1",
+    "--models-load-wait",
+    "20",
+    "--drain-timeout",
+    "2",
+    "--num-kv-blocks",
+    KV_BLOCKS,
+    "--no-embeddings",
+    prepare=models_folder,
+)
+
+
+def test_an_unload_asked_while_the_load_waits_for_room_calls_the_load_off(room_in_a_while):
+    """A model loaded before, asked for again while the one loaded model runs a request,
+    waits for room; unloading it then answers at once (no load, no wait for room) and
+    its waiting request gets a 503 with Retry-After, as when no room came."""
+    server = room_in_a_while
+    assert chat(server, "alpha").status_code == 200
+    assert unload(server, "alpha").status_code == 200
+    assert chat(server, "beta").status_code == 200
+    running = threading.Thread(target=lambda: chat(server, "beta", max_tokens=1000))
+    running.start()
+    deadline = time.monotonic() + 30
+    while server.metric("ovtrio_requests_running", model_name="beta") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    waiting: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: waiting.append(chat(server, "alpha")))
+    asking.start()
+    wait_for_state(server, "alpha", "loading")
+    began = time.monotonic()
+    unloaded = loopback.post(server.base_url + "/models/unload", json={"model": "alpha"}, timeout=60)
+    took = time.monotonic() - began
+    asking.join(timeout=60)
+    assert unloaded.status_code == 200, unloaded.text
+    assert took < 10, f"the unload waited {took:.1f} s for the load's room"
+    assert waiting and waiting[0].status_code == 503 and "Retry-After" in waiting[0].headers, waiting
+    assert states(server)["alpha"]["value"] == "unloaded"
+    assert states(server)["beta"]["value"] == "loaded"
+    assert unload(server, "beta").status_code == 200  # ends the long request after 2 s
+    running.join()
+    assert chat(server, "alpha").status_code == 200
+
+
+def test_loads_queued_behind_one_another_leave_it_room(server):
+    """While alpha runs a long request, delta loads, and beta and gamma are asked for
+    meanwhile: their loads wait their turn, one after the other, each unloading the
+    model loaded before it once that is idle. A load waiting its turn holds no room, so
+    beta's load does not wait for gamma's, which cannot begin before it (it did: until
+    alpha was idle, or --models-load-wait ran out and beta got a 503)."""
+    added = Path(states_folder(server)) / "delta.gguf"
+    if not added.exists():
+        added.symlink_to(embedded_model_path())
+    assert chat(server, "alpha").status_code == 200
+    long: list[httpx.Response] = []
+    body = {"model": "alpha", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2000, "ignore_eos": True}
+    running = threading.Thread(
+        target=lambda: long.append(loopback.post(server.base_url + "/v1/chat/completions", json=body, timeout=300))
+    )
+    running.start()
+    replies: dict[str, httpx.Response] = {}
+
+    def ask(name: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: replies.__setitem__(name, chat(server, name)))
+        thread.start()
+        return thread
+
+    asking = [ask("delta")]
+    wait_for_state(server, "delta", "loading")
+    asking += [ask("beta"), ask("gamma")]
+    for thread in asking:
+        thread.join()
+    alpha_still_ran = running.is_alive()
+    running.join()
+    assert {name: reply.status_code for name, reply in replies.items()} == dict.fromkeys(
+        ("delta", "beta", "gamma"), 200
+    ), {name: reply.text for name, reply in replies.items()}
+    assert alpha_still_ran, "beta or gamma waited for alpha's request to end"
+    assert long[0].status_code == 200
+    for name in ("delta", *NAMES):
+        assert unload(server, name).status_code == 200

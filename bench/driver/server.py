@@ -1,4 +1,4 @@
-"""A server under test: `ovtrio serve` started on a free loopback port, waited for until
+"""A server under test: `ovtrio serve` (or hypercorn) started on a free loopback port, waited for until
 /health/ready answers 200, stopped when the scenario ends; and the small HTTP reads every
 scenario makes of it (/v1/models, /metrics, the process's RSS and CPU time)."""
 
@@ -62,6 +62,24 @@ def start(
         stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
         env={**os.environ, **env} if env else None,
         cwd=cwd,
+    )
+    return Server(port, process, launched)
+
+
+# The hypercorn command as the README gives it (the bind address added on its command line).
+HYPERCORN = ("-m", "hypercorn", "-k", "trio", "--config", "python:ovtrio.server.hypercorn_config")
+
+
+def start_hypercorn(env: dict[str, str], *, port: int | None = None, log: IO | None = None) -> Server:
+    """`hypercorn -k trio ovtrio.app:app` on a free port, configured by `env` (OVTRIO_*
+    variables) added to the environment, not yet ready; its output to `log`."""
+    port = port or free_port()
+    launched = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, *HYPERCORN, "-b", f"127.0.0.1:{port}", "ovtrio.app:app"],
+        stdout=log or subprocess.DEVNULL,
+        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+        env={**os.environ, **env},
     )
     return Server(port, process, launched)
 

@@ -8,7 +8,10 @@ request, --models-max counts them, and with it their loads take their turn and m
 room (room_for) as a generation model's do.
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
-both, and --models-max is kept by counting what is loaded while nothing else loads.
+both, and --models-max is kept by counting what is loaded while nothing else loads (a
+load waiting its turn holds no room: counted, it would make the load ahead of it wait
+for loads that cannot begin before it ends). An unload asked while the load waits calls
+it off.
 The load runs in a task of the residency's own nursery, never in a request's: the
 requests that want the model wait for it to settle (ModelService.settled), a request
 that leaves stops waiting and nothing more, and when the load fails each waiting
@@ -102,6 +105,8 @@ class Residency:
         self.rules = rules
         self._metrics = metrics
         self._lock = trio.Lock()
+        # Models whose load waits for its turn (the lock): no engine yet, and no room taken.
+        self._queued: set[ModelService] = set()
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -158,6 +163,7 @@ class Residency:
                 return
         assert self._nursery is not None, "the residency runs before requests are served"
         service.begin_cycle()
+        self._queued.add(service)
         self._nursery.start_soon(self._load, service)
 
     async def unload(self, service: ModelService, reason: str, *, wait: bool = True) -> int:
@@ -168,16 +174,16 @@ class Residency:
             return 0
         if not wait and service.in_flight:
             raise Busy(f"The model '{service.model_name}' runs {service.in_flight} requests.")
-        was_loaded = service.state == "loaded"
         cut = await service.unload(
             self.rules.drain_timeout,
             f"The model '{service.model_name}' was unloaded before this request finished; retry it.",
             MODEL_UNLOADED,
         )
-        if was_loaded:
-            log.info("unloaded %s (%s)%s", service.model_name, reason, f", ending {cut} requests" if cut else "")
-            if self._metrics is not None:
-                self._metrics.unloaded(service.model_name, reason)
+        if cut is None:  # nothing was serving: a load failed, or was called off before it began
+            return 0
+        log.info("unloaded %s (%s)%s", service.model_name, reason, f", ending {cut} requests" if cut else "")
+        if self._metrics is not None:
+            self._metrics.unloaded(service.model_name, reason)
         return cut
 
     async def _load(self, service: ModelService) -> None:
@@ -189,10 +195,15 @@ class Residency:
 
     async def _load_in_turn(self, service: ModelService) -> None:
         async with self._lock:
+            self._queued.discard(service)
             if self._stopping.is_set():
                 service.refuse("The server is shutting down and loads no model; retry shortly.")
                 return
-            if not await self._make_room(service):
+            room = await self._make_room(service)
+            if service.state == "unloading":  # unloaded while it waited its turn: nothing to load
+                service.refuse(f"The model '{service.model_name}' was unloaded before its load began; retry shortly.")
+                return
+            if not room:
                 service.refuse(self._no_room(service))
                 log.warning("no room to load %s: every loaded model runs requests", service.model_name)
                 return
@@ -216,10 +227,14 @@ class Residency:
             service.fail(f"{type(exc).__name__}: {client_reason(exc)}")
 
     def _resident(self, loading: object) -> list[ModelService | OnDemandEncoder[Any]]:
-        """The models that hold an engine, or soon will, beside `loading`: generation
-        models loaded, loading or unloading, and encoders loaded (an encoder loads only
-        in its turn, room_for)."""
-        services = [s for s in self._services() if s is not loading and s.state in ("loaded", "loading", "unloading")]
+        """The models that hold an engine, or load one now, beside `loading`: generation
+        models loaded, loading or unloading (not those whose load waits its turn behind
+        it), and encoders loaded (an encoder loads only in its turn, room_for)."""
+        services = [
+            s
+            for s in self._services()
+            if s is not loading and s not in self._queued and s.state in ("loaded", "loading", "unloading")
+        ]
         encoders = [e for e in self._encoders() if e is not loading and e.loaded.is_set()]
         return [*services, *encoders]
 
@@ -236,7 +251,8 @@ class Residency:
         if not self.rules.models_max:
             return True
         deadline = trio.current_time() + self.rules.load_wait
-        while True:
+        # An unload of a generation model calls its load off.
+        while not (isinstance(loading, ModelService) and loading.state == "unloading"):
             resident = self._resident(loading)
             if len(resident) < self.rules.models_max:
                 return True
@@ -252,6 +268,7 @@ class Residency:
             if now >= deadline:
                 return False
             await trio.sleep(ROOM_CHECK)
+        return False
 
     @asynccontextmanager
     async def room_for(self, encoder: OnDemandEncoder[Any]) -> AsyncIterator[None]:

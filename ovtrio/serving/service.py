@@ -136,6 +136,7 @@ class ModelService:
         (`refusal`), and the model is unloaded again, not failed."""
         self.refusal = reason
         self._in_cycle = False
+        self._stopped.set()  # the cycle never ran: an unload waiting for it has nothing to stop
         failed, self.failed = self.failed, trio.Event()
         failed.set()
 
@@ -166,20 +167,20 @@ class ModelService:
         if self._started:
             await self._stopped.wait()
 
-    async def unload(self, drain_timeout: float, message: str, code: str) -> int:
+    async def unload(self, drain_timeout: float, message: str, code: str) -> int | None:
         """Take no new requests, let those in flight finish for up to `drain_timeout`
         seconds, end the rest with Failed(`message`, `code`), then stop the scheduler
-        and let the engine go; how many requests were ended. A load under way finishes
-        first."""
+        and let the engine go; how many requests were ended, or None when no engine was
+        serving (the load failed, or was called off). A load under way finishes first."""
         if not self._in_cycle:
             if self.failed.is_set():  # forget the failed load: the next request tries again
                 self.failed = trio.Event()
                 self.failure = None
-            return 0
+            return None
         self._unloading = True
         try:
             await self.settled()
-            cut = 0
+            cut: int | None = None
             serving = self.serving
             if serving is not None:
                 serving.scheduler.drain()

@@ -1,0 +1,79 @@
+"""Models on demand under mixed traffic, a short run of `python -m bench models_soak`
+under each launcher: a folder of four models (the embedded GGUF linked under four
+names), --models-max 2 and a short idle unload, and clients sending chat completions,
+completions and Responses (streamed or not) over the models with skew, leaving streams
+and loads midway, loading and unloading by hand, with keep_alive, for an unknown model
+and with bad bodies. Every answer must be one the docs promise (200, a documented 4xx,
+503 with Retry-After) within its deadline, /metrics must agree with /v1/models whenever
+nothing runs, no traceback may reach the log, and the memory must come back once every
+model is unloaded. bench/scenarios/models_soak.py says what each check is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from conftest import RunningServer
+from server_pool import server_fixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.scenarios.models_soak import NAMES, Options, Soak, prepare, serving_pid, tracebacks
+
+MODELS = NAMES[:4]
+# Seconds of traffic under each launcher (the scenario's own runs last minutes).
+SECONDS = float(os.environ.get("OVTRIO_TEST_SOAK_SECONDS", "25"))
+# What the run may leave in memory after its last unload, over the first load and unload, in MB.
+RSS_BOUND_MB = 50
+
+
+def four_models(folder: Path) -> None:
+    prepare(folder, len(MODELS))
+
+
+SETTINGS = {"models_max": "2", "model_idle_unload": "4", "num_kv_blocks": "64"}
+soak_serve = server_fixture(
+    "soak_serve",
+    "--models-dir",
+    "{folder}/models",
+    *(part for key, value in SETTINGS.items() for part in (f"--{key.replace('_', '-')}", value)),
+    "--no-embeddings",
+    prepare=four_models,
+)
+soak_hypercorn = server_fixture(
+    "soak_hypercorn",
+    env={
+        "OVTRIO_MODELS_DIR": "{folder}/models",
+        **{f"OVTRIO_{key.upper()}": value for key, value in SETTINGS.items()},
+        "OVTRIO_EMBEDDINGS": "false",
+    },
+    hypercorn=True,
+    prepare=four_models,
+)
+
+
+@pytest.fixture(params=["soak_serve", "soak_hypercorn"])
+def soak_server(request: pytest.FixtureRequest) -> RunningServer:
+    return request.getfixturevalue(request.param)
+
+
+def test_mixed_traffic_over_a_folder_of_models_keeps_every_invariant(soak_server):
+    server = soak_server
+    options = Options(MODELS, 2, clients=4, seconds=SECONDS, deadline=120, quiet_every=10, poll=0.5)
+    soak = Soak(server.base_url, serving_pid(server.process), options)
+    findings = trio.run(soak.run)
+
+    assert not findings.violations, {key: findings.examples[key] for key in findings.violations}
+    assert tracebacks(server.log_path.read_text(errors="replace")) == []
+    # The checks ran: quiet moments compared, models loaded and unloaded many times.
+    assert len(findings.quiet_checks) >= 3
+    assert findings.requests >= 15, findings.answers
+    assert sum(count for key, count in findings.answers.items() if key.endswith(": 200")) >= 8, findings.answers
+    loaded = {name for _, statuses in findings.states for name, status in statuses.items() if status == "loaded"}
+    assert len(loaded) >= 3, "the traffic loaded fewer than three of the models"
+    assert soak.rss_end - soak.rss_first_cycle < RSS_BOUND_MB, (soak.rss_first_cycle, soak.rss_end)
