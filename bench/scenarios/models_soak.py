@@ -13,8 +13,9 @@ return), then `--clients` clients send, one request after another, a mix over th
 with skew (weights 8:4:2:1...): chat completions, completions and Responses, streamed
 and not; streams left after their first token; requests for an unloaded model left
 after up to 1.5 s (while it loads); POST /models/load and /models/unload (with and
-without drain) by hand; requests with a `keep_alive`; requests for an unknown model;
-bad bodies. Each request has a deadline (`--deadline`).
+without drain) by hand; requests with a `keep_alive`; requests for an unknown model
+(to generate, load or unload); GET /v1/models/{id}; bad bodies. Each request has a
+deadline (`--deadline`).
 
 Invariants, checked and counted (the run's violations; the goal: none):
 
@@ -66,6 +67,7 @@ TOKENS = 12
 RETRY = {429, 503}
 # An error in a stream: chat and completions send `data: {"error": ...}`, the Responses
 # API an `error` event (or a `response.failed` one).
+STATES = ("unloaded", "loading", "loaded", "unloading", "failed")
 ERROR_EVENT = re.compile(r'^data: \{"error"|^event: (error|response\.failed)', re.M)
 
 
@@ -357,13 +359,30 @@ class Soak:
                     {409: "model_busy"},
                 ),
             ),
-            (
-                "unknown_model",
-                1,
-                lambda: self.post("unknown_model", chat, self.chat_body("no-such-model"), {404: "model_not_found"}),
-            ),
+            ("unknown_model", 1, self.unknown_model),
+            ("model_card", 1, self.model_card),
             ("bad_body", 1, self.bad_body),
         ]
+
+    async def unknown_model(self) -> str:
+        """A model the server does not have, named to a generation route or to load or unload."""
+        path, body = self.random.choice(
+            [
+                ("/v1/chat/completions", self.chat_body("no-such-model")),
+                ("/v1/responses", self.responses_body("no-such-model", stream=True)),
+                ("/models/load", {"model": "no-such-model"}),
+                ("/models/unload", {"model": "no-such-model"}),
+            ]
+        )
+        return await self.post("unknown_model", path, body, {404: "model_not_found"})
+
+    async def model_card(self) -> str:
+        """GET /v1/models/{id}: the model's card, with its state."""
+        model = self.pick()
+        reply = await self.http.get(f"/v1/models/{model}")
+        if reply.status_code == 200 and reply.json()["status"]["value"] not in STATES:
+            self.findings.violation("model_card: no state", reply.text)
+        return self.judge("model_card", reply, reply.content, {})
 
     async def client(self, until: float) -> None:
         kinds = self.kinds()
