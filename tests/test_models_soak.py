@@ -27,7 +27,7 @@ from bench.scenarios.models_soak import NAMES, Options, Soak, prepare, serving_p
 
 MODELS = NAMES[:4]
 # Seconds of traffic under each launcher (the scenario's own runs last minutes).
-SECONDS = float(os.environ.get("OVTRIO_TEST_SOAK_SECONDS", "25"))
+SECONDS = float(os.environ.get("OVTRIO_TEST_SOAK_SECONDS", "20"))
 # What the run may leave in memory after its last unload, over the first load and unload, in MB.
 RSS_BOUND_MB = 50
 
@@ -64,7 +64,7 @@ def soak_server(request: pytest.FixtureRequest) -> RunningServer:
 
 def test_mixed_traffic_over_a_folder_of_models_keeps_every_invariant(soak_server):
     server = soak_server
-    options = Options(MODELS, 2, clients=4, seconds=SECONDS, deadline=120, quiet_every=10, poll=0.5)
+    options = Options(MODELS, 2, clients=4, seconds=SECONDS, deadline=120, quiet_every=9, poll=0.5)
     soak = Soak(server.base_url, serving_pid(server.process), options)
     findings = trio.run(soak.run)
 

@@ -7,14 +7,15 @@ and the server's memory stay what the docs say?
 Starts a server on a --models-dir holding the embedded GGUF under `--models` names
 (links, one model cache entry for all), with `--models-max`, a short
 `--model-idle-unload` and a small KV cache: `ovtrio serve`, or with `--launcher
-hypercorn` `hypercorn -k trio ovtrio.app:app` configured by the environment. One
-load and unload first (what a first load brings for good is not what an unload should
-return), then `--clients` clients send, one request after another, a mix over the models
+hypercorn` `hypercorn -k trio ovtrio.app:app` configured by the environment. Each
+model is loaded and unloaded once first (what a first load brings for good is not what
+an unload should return), then `--clients` clients send, one request after another, a mix over the models
 with skew (weights 8:4:2:1...): chat completions, completions and Responses, streamed
 and not; streams left after their first token; requests for an unloaded model left
 after up to 1.5 s (while it loads); POST /models/load and /models/unload (with and
-without drain) by hand; requests with a `keep_alive`; requests for an unknown model;
-bad bodies. Each request has a deadline (`--deadline`).
+without drain) by hand; requests with a `keep_alive`; requests for an unknown model
+(to generate, load or unload); GET /v1/models/{id}; bad bodies. Each request has a
+deadline (`--deadline`).
 
 Invariants, checked and counted (the run's violations; the goal: none):
 
@@ -25,12 +26,14 @@ Invariants, checked and counted (the run's violations; the goal: none):
 - no traceback in the server's log;
 - every `--poll` seconds: at most `--models-max` models are loaded; the server's RSS
   is recorded;
-- every `--quiet-every` seconds the clients pause; once nothing runs or loads, for each
-  model: `ovtrio_model_loaded` and `ovtrio_model_state` say what /v1/models says, and
-  `ovtrio_model_loads_total` minus every `ovtrio_model_unloads_total` is 1 when it is
-  loaded, else 0;
-- at the end every model is unloaded by hand: RSS then is within `--rss-bound` MB of
-  RSS after the first load and unload.
+- every `--quiet-every` seconds, and at the end, the clients pause; once nothing runs
+  or loads, for each model: `ovtrio_model_loaded` and `ovtrio_model_state` say what
+  /v1/models says, and `ovtrio_model_loads_total` minus every
+  `ovtrio_model_unloads_total` is 1 when it is loaded, else 0; then every model is
+  unloaded by hand, the RSS read (the slope of these reads over the run is reported),
+  and the check made again;
+- RSS after the last unload is within `--rss-bound` MB of RSS after each model's
+  first load and unload.
 
 Meanwhile /health is asked every 0.25 s: its latency while a load is under way (per the
 last /v1/models read) is reported apart. tests/test_models_soak.py runs a short version.
@@ -43,11 +46,13 @@ import json
 import os
 import random
 import re
+import statistics
 import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +71,7 @@ TOKENS = 12
 RETRY = {429, 503}
 # An error in a stream: chat and completions send `data: {"error": ...}`, the Responses
 # API an `error` event (or a `response.failed` one).
+STATES = ("unloaded", "loading", "loaded", "unloading", "failed")
 ERROR_EVENT = re.compile(r'^data: \{"error"|^event: (error|response\.failed)', re.M)
 
 
@@ -92,7 +98,7 @@ class Findings:
     seconds: dict[str, list[float]] = field(default_factory=dict)
     quiet_checks: list[dict[str, Any]] = field(default_factory=list)
     rss: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the run, MB)
-    rss_none_loaded: list[tuple[float, float]] = field(default_factory=list)  # the same, read with no model loaded
+    rss_none_loaded: list[tuple[float, float]] = field(default_factory=list)  # after each quiet moment's unloads
     states: list[tuple[float, dict[str, str]]] = field(default_factory=list)
     health_ms: list[tuple[float, float, bool]] = field(default_factory=list)  # (t, ms, a load under way)
 
@@ -357,13 +363,30 @@ class Soak:
                     {409: "model_busy"},
                 ),
             ),
-            (
-                "unknown_model",
-                1,
-                lambda: self.post("unknown_model", chat, self.chat_body("no-such-model"), {404: "model_not_found"}),
-            ),
+            ("unknown_model", 1, self.unknown_model),
+            ("model_card", 1, self.model_card),
             ("bad_body", 1, self.bad_body),
         ]
+
+    async def unknown_model(self) -> str:
+        """A model the server does not have, named to a generation route or to load or unload."""
+        path, body = self.random.choice(
+            [
+                ("/v1/chat/completions", self.chat_body("no-such-model")),
+                ("/v1/responses", self.responses_body("no-such-model", stream=True)),
+                ("/models/load", {"model": "no-such-model"}),
+                ("/models/unload", {"model": "no-such-model"}),
+            ]
+        )
+        return await self.post("unknown_model", path, body, {404: "model_not_found"})
+
+    async def model_card(self) -> str:
+        """GET /v1/models/{id}: the model's card, with its state."""
+        model = self.pick()
+        reply = await self.http.get(f"/v1/models/{model}")
+        if reply.status_code == 200 and reply.json()["status"]["value"] not in STATES:
+            self.findings.violation("model_card: no state", reply.text)
+        return self.judge("model_card", reply, reply.content, {})
 
     async def client(self, until: float) -> None:
         kinds = self.kinds()
@@ -393,10 +416,7 @@ class Soak:
                     self.findings.violation(
                         f"more than --models-max {self.options.models_max} loaded", str(self.statuses)
                     )
-            sample = (round(self.now(), 2), round(self.rss(), 1))
-            self.findings.rss.append(sample)
-            if self.statuses and all(status == "unloaded" for status in self.statuses.values()):
-                self.findings.rss_none_loaded.append(sample)
+            self.findings.rss.append((round(self.now(), 2), round(self.rss(), 1)))
             await trio.sleep(self.options.poll)
 
     async def probe_health(self) -> None:
@@ -429,64 +449,78 @@ class Soak:
                 return statuses
             await trio.sleep(0.1)
 
-    async def quiet_check(self) -> None:
-        """With the clients paused: /metrics agrees with /v1/models (read between two
-        /metrics reads that agree, since an idle unload may come at any moment)."""
+    @asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """The clients send nothing new meanwhile."""
         self.gate = trio.Event()
         try:
-            await self.settle()
-            found: list[str] = []
-            for _ in range(10):
-                before = await self.metrics()
-                statuses = await self.models()
-                after = await self.metrics()
-                views = [lifecycle(before, name) for name in self.options.models]
-                if views != [lifecycle(after, name) for name in self.options.models] or any(
-                    status in ("loading", "unloading") for status in statuses.values()
-                ):
-                    await trio.sleep(0.2)
-                    continue
-                found = disagreements(after, statuses, self.options.models)
-                self.findings.quiet_checks.append(
-                    {"t": round(self.now(), 1), "statuses": statuses, "disagreements": found}
-                )
-                break
-            else:
-                self.findings.violation("no quiet moment to compare /metrics and /v1/models", "")
-            for each in found:
-                self.findings.violation("/metrics disagrees with /v1/models at a quiet moment", each)
+            yield
         finally:
             self.gate.set()
+
+    async def quiet_moment(self) -> None:
+        """With the clients paused and nothing running: the quiet check, then every model
+        unloaded by hand and the RSS read, then the check again."""
+        async with self.paused():
+            await self.quiet_check()
+            await self.unload_every_model()
+            await self.quiet_check()
+
+    async def quiet_check(self) -> None:
+        """Once nothing runs: /metrics agrees with /v1/models (read between two /metrics
+        reads that agree, since an idle unload may come at any moment)."""
+        await self.settle()
+        found: list[str] = []
+        for _ in range(10):
+            before = await self.metrics()
+            statuses = await self.models()
+            after = await self.metrics()
+            views = [lifecycle(before, name) for name in self.options.models]
+            if views != [lifecycle(after, name) for name in self.options.models] or any(
+                status in ("loading", "unloading") for status in statuses.values()
+            ):
+                await trio.sleep(0.2)
+                continue
+            found = disagreements(after, statuses, self.options.models)
+            self.findings.quiet_checks.append({"t": round(self.now(), 1), "statuses": statuses, "disagreements": found})
+            break
+        else:
+            self.findings.violation("no quiet moment to compare /metrics and /v1/models", "")
+        for each in found:
+            self.findings.violation("/metrics disagrees with /v1/models at a quiet moment", each)
 
     async def quiet_checks(self, until: float) -> None:
         while True:
             await trio.sleep(min(self.options.quiet_every, max(0.0, until - time.monotonic() - 1)))
             if time.monotonic() >= until - 2:
                 return
-            await self.quiet_check()
+            await self.quiet_moment()
 
     # ---- the run ----------------------------------------------------------------------
 
     async def first_cycle(self) -> None:
-        """One load and unload: what a first load brings for good (modules, libraries)
-        stays; the RSS after it is what the last unload should come back to."""
+        """Each model loaded and unloaded once: what a first load brings for good
+        (modules, libraries, the model's series in /metrics) stays; the RSS after it is
+        what later unloads should come back to."""
         self.rss_fresh = self.rss()
-        model = self.options.models[0]
-        for path in ("/models/load", "/models/unload"):
-            reply = await self.http.post(path, json={"model": model}, timeout=300)
-            reply.raise_for_status()
-        await trio.sleep(1)
+        for model in self.options.models:
+            for path in ("/models/load", "/models/unload"):
+                reply = await self.http.post(path, json={"model": model}, timeout=300)
+                reply.raise_for_status()
+        await trio.sleep(2)
         self.rss_first_cycle = self.rss()
 
-    async def unload_all(self) -> None:
+    async def unload_every_model(self) -> None:
+        """Unload every model by hand, then read the RSS (the server returns what the
+        engines held at once)."""
         await self.settle()
         for model in self.options.models:
             reply = await self.http.post("/models/unload", json={"model": model}, timeout=300)
             if reply.status_code != 200:
-                self.findings.violation(f"the last unload: {reply.status_code}", reply.text)
+                self.findings.violation(f"unloading every model: {reply.status_code}", reply.text)
         await trio.sleep(2)
         self.rss_end = self.rss()
-        self.findings.rss.append((round(self.now(), 2), round(self.rss_end, 1)))
+        self.findings.rss_none_loaded.append((round(self.now(), 2), round(self.rss_end, 1)))
 
     async def run(self) -> Findings:
         limits = httpx.Limits(max_connections=4 * self.options.clients + 8)
@@ -502,11 +536,16 @@ class Soak:
                     for _ in range(self.options.clients):
                         nursery.start_soon(self.client, until)
                     nursery.start_soon(self.quiet_checks, until)
-                await self.quiet_check()
-                await self.unload_all()
-                await self.quiet_check()
+                await self.quiet_moment()
                 watchers.cancel_scope.cancel()
         return self.findings
+
+
+def slope_mb_per_minute(samples: list[tuple[float, float]]) -> float:
+    """The least-squares slope of RSS against time, MB a minute (nan under 3 samples)."""
+    if len(samples) < 3:
+        return float("nan")
+    return statistics.linear_regression([t / 60 for t, _ in samples], [mb for _, mb in samples]).slope
 
 
 def serving_pid(process: subprocess.Popen) -> int:
@@ -575,7 +614,6 @@ def report(findings: Findings, soak: Soak, log_tracebacks: list[str]) -> dict[st
     during = [ms for _, ms, loading in findings.health_ms if loading]
     others = [ms for _, ms, loading in findings.health_ms if not loading]
     checks = findings.quiet_checks
-    none_loaded = [round(mb) for _, mb in findings.rss_none_loaded]
     return {
         "requests": findings.requests,
         "answered 200 (or left)": outcomes["200"],
@@ -585,11 +623,10 @@ def report(findings: Findings, soak: Soak, log_tracebacks: list[str]) -> dict[st
         "tracebacks in the log": len(log_tracebacks),
         "quiet checks agreeing": f"{sum(not check['disagreements'] for check in checks)} of {len(checks)}",
         "RSS fresh MB": round(soak.rss_fresh),
-        "RSS after the first load and unload MB": round(soak.rss_first_cycle),
+        "RSS after each model's first load and unload MB": round(soak.rss_first_cycle),
         "RSS at most MB": round(max(mb for _, mb in findings.rss)),
         "RSS after the last unload MB": round(soak.rss_end),
-        "RSS with no model loaded MB, first read": none_loaded[0] if none_loaded else None,
-        "RSS with no model loaded MB, last read": none_loaded[-1] if none_loaded else None,
+        "RSS with no model loaded, slope MB/min": slope_mb_per_minute(findings.rss_none_loaded),
         "/health p50 ms during loads": percentile(during, 50),
         "/health p99 ms during loads": percentile(during, 99),
         "/health max ms during loads": max(during, default=float("nan")),
