@@ -17,6 +17,8 @@ import pytest
 import trio
 
 from ovtrio.api.protocol.keep_alive import seconds_of
+from ovtrio.embedding.on_demand import OnDemandEncoder
+from ovtrio.embedding.worker import EncoderWorker
 from ovtrio.scheduler.interface import SchedulerStats
 from ovtrio.serving import residency as residency_module
 from ovtrio.serving.residency import LoadFailed, Residency, ResidencyRules
@@ -266,3 +268,53 @@ async def test_an_idle_unload_that_raises_leaves_the_residency_running(nursery, 
 def test_keep_alive_is_a_finite_number(value):
     with pytest.raises(ValueError, match="finite"):
         seconds_of(value)
+
+
+class FakeEncoder(OnDemandEncoder[Any]):
+    """An encoder whose load takes no time, over the real worker."""
+
+    kind = "embedding"
+
+    def __init__(self, name: str, preload: bool = False) -> None:
+        worker: EncoderWorker[Any] = EncoderWorker(lambda model, batch: None, max_batch=4, max_queued=4)
+        super().__init__(name, Settings(encoder_preload=preload), None, worker)
+
+    def _load(self) -> Any:
+        return SimpleNamespace(load_seconds=0.01)
+
+
+async def encoder_started(nursery: trio.Nursery, encoder: FakeEncoder, **kwargs: Any) -> tuple[Residency, FakeMetrics]:
+    metrics = FakeMetrics()
+    encoder.load_observer = metrics
+    residency = Residency(list, rules(**kwargs), metrics, lambda: [encoder])  # type: ignore[arg-type]
+    await nursery.start(residency.run)
+    await nursery.start(encoder.run)
+    return residency, metrics
+
+
+async def test_a_preloaded_encoder_keeps_its_idle_time(nursery):
+    encoder = FakeEncoder("embedder", preload=True)
+    _, metrics = await encoder_started(nursery, encoder, models_max=0, idle_unload=0.0)
+    await wait_until(lambda: encoder.state == "loaded")
+    await trio.sleep(4 * residency_module.IDLE_CHECK)
+    assert encoder.state == "loaded"  # it was unloaded at once: idle since trio's clock began
+    await wait_until(lambda: encoder.state == "unloaded")
+    assert (metrics.loads["embedder"], metrics.unloads["embedder"]) == (1, 1)
+
+
+async def test_an_encoder_unloaded_twice_at_once_is_counted_once(nursery):
+    encoder = FakeEncoder("embedder")
+    residency, metrics = await encoder_started(nursery, encoder)
+    await encoder.settled()
+    assert encoder.state == "loaded"
+    answers: list[bool] = []
+
+    async def unload() -> None:
+        answers.append(await residency.unload_encoder(encoder, "request"))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as both:
+            both.start_soon(unload)
+            both.start_soon(unload)
+    assert answers == [True, True] and encoder.state == "unloaded"
+    assert metrics.unloads["embedder"] == 1
