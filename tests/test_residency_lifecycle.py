@@ -20,6 +20,7 @@ from ovtrio.api.protocol.keep_alive import seconds_of
 from ovtrio.embedding.on_demand import OnDemandEncoder
 from ovtrio.embedding.worker import EncoderWorker
 from ovtrio.scheduler.interface import SchedulerStats
+from ovtrio.serving import failed_loads
 from ovtrio.serving import residency as residency_module
 from ovtrio.serving.residency import LoadFailed, Residency, ResidencyRules
 from ovtrio.serving.service import ModelService
@@ -318,3 +319,45 @@ async def test_an_encoder_unloaded_twice_at_once_is_counted_once(nursery):
             both.start_soon(unload)
     assert answers == [True, True] and encoder.state == "unloaded"
     assert metrics.unloads["embedder"] == 1
+
+
+class BrokenService(FakeService):
+    """A model whose every load fails."""
+
+    async def _serve(self, source: Any) -> None:
+        self.runs += 1
+        await trio.lowlevel.checkpoint()
+        self.failure = "the engine cannot read it"
+        self.failed.set()
+
+
+async def test_a_model_whose_load_failed_is_not_loaded_again_at_once_unless_its_file_changed(
+    nursery, monkeypatch, tmp_path
+):
+    """A client asking again and again for a broken model would hold the one load turn
+    all the while: its requests hear the failure, and a load is tried again only after
+    a while, or once the file changed."""
+    monkeypatch.setattr(failed_loads, "RETRY_AFTER", 0.5)
+    model = tmp_path / "broken.gguf"
+    model.write_bytes(b"x")
+    broken = BrokenService("broken")
+    broken.source = SimpleNamespace(name="broken", path=model)  # type: ignore[assignment]
+    residency, metrics = await started(nursery, broken)
+
+    async def ask() -> None:
+        with pytest.raises(LoadFailed, match="cannot read"):
+            await residency.acquire(broken)
+        await wait_until(lambda: broken.runs == metrics.failures["broken"])  # counted: the load has ended
+
+    for _ in range(3):
+        await ask()
+    assert broken.runs == 1
+    model.write_bytes(b"xy")  # copied again
+    await ask()
+    assert broken.runs == 2
+    await trio.sleep(0.6)
+    await ask()
+    assert broken.runs == 3
+    await residency.unload(broken, "request")  # forgets the failure: the next request loads
+    await ask()
+    assert broken.runs == 4

@@ -5,7 +5,8 @@ it has been idle for its keep-alive time, when room is needed for another
 The encoders (embedding, rerank and Whisper models) load on their first request
 (ovtrio/embedding/on_demand.py) and follow the same rules: they unload when idle and by
 request, --models-max counts them, and with it their loads take their turn and make
-room (room_for) as a generation model's do.
+room (room_for) as a generation model's do. A model whose load failed is not loaded
+again for a few seconds unless its file changed (failed_loads.py).
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
 both, and --models-max is kept by counting what is loaded while nothing else loads (a
@@ -40,6 +41,7 @@ from ovtrio.embedding.on_demand import OnDemandEncoder, Refusal
 from ovtrio.model import ModelLoadError
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.serving import memory
+from ovtrio.serving.failed_loads import FailedLoads
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.residency_errors import Busy, LoadFailed, NoRoom, NotLoaded, Stopping
 from ovtrio.serving.service import ModelService, ServingModel
@@ -87,6 +89,7 @@ class Residency:
         # Models whose load waits for its turn (the lock): no engine yet, and no room taken.
         self._queued: set[ModelService] = set()
         self._nursery: trio.Nursery | None = None
+        self._failed_loads = FailedLoads()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Runs before the models loaded at start begin loading: their loads are counted
@@ -97,22 +100,19 @@ class Residency:
             for service in self._services():
                 self._watch(service)
                 if service.state == "loading":
-                    nursery.start_soon(self._settle_at_start, service)
+                    nursery.start_soon(self._settle, service)
             task_status.started()
 
     def _watch(self, service: ModelService) -> None:
-        """Count the engines `service` releases other than by an unload (its scheduler
-        failed; the server stops), as unloads with that reason."""
+        """Count the engines `service` releases but not by an unload, as unloads."""
         if self._metrics is not None:
             service.released = self._metrics.unloaded
 
-    async def _settle_at_start(self, service: ModelService) -> None:
+    async def _settle(self, service: ModelService) -> None:
+        """Wait for the load under way to end; then count it, and the model's idle time starts."""
         await service.settled()
-        self._settled(service)
-
-    def _settled(self, service: ModelService) -> None:
-        """A load has ended: counted, and the model's idle time starts now."""
         service.last_used = trio.current_time()
+        self._failed_loads.settled(service)
         if self._metrics is None:
             return
         if service.ready.is_set() and service.load_seconds is not None:
@@ -159,6 +159,8 @@ class Residency:
         in a task of the residency's nursery for the work."""
         if service.state in ("loading", "loaded", "unloading"):
             return
+        if self._failed_loads.too_soon(service):  # its waiters hear why it failed
+            return
         if service.source is None:  # a file that was unusable when found: look again
             try:
                 service.check()
@@ -177,10 +179,8 @@ class Residency:
         while it runs requests. `reason` (request, idle, lru) goes to the log and the
         metrics. How many requests were ended.
 
-        The unload runs in a task of the residency's nursery, not the caller's: a client
-        that leaves (its request cancelled) while the model drains or its engine stops
-        cannot cut the unload short, which would leave the model refusing requests, or
-        said loaded with no engine."""
+        It runs in the residency's nursery: a client that leaves while the model drains
+        cannot cut it short (leaving the model refusing requests, or with no engine)."""
         if service.state in ("unloaded", "unloading"):
             return 0
         if not wait and service.in_flight:
@@ -188,23 +188,23 @@ class Residency:
         if self._nursery is None:
             return await self._unload_now(service, reason)
         done = trio.Event()
-        result: list[int] = []
-        failure: list[Exception] = []
+        outcome: list[int | Exception] = []
 
         async def unload_in_nursery() -> None:
             try:
-                result.append(await self._unload_now(service, reason))
+                outcome.append(await self._unload_now(service, reason))
             except Exception as exc:  # the caller hears of it; the residency goes on
                 log.exception("unloading %s failed", service.model_name)
-                failure.append(exc)
+                outcome.append(exc)
             finally:
                 done.set()
 
         self._nursery.start_soon(unload_in_nursery)
         await done.wait()
-        if failure:
-            raise failure[0]
-        return result[0] if result else 0
+        result = outcome[0] if outcome else 0
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def _unload_now(self, service: ModelService, reason: str) -> int:
         cut = await service.unload(
@@ -247,8 +247,7 @@ class Residency:
                 return
             assert self._nursery is not None
             self._nursery.start_soon(self._serve, service)
-            await service.settled()
-        self._settled(service)
+            await self._settle(service)
 
     async def _serve(self, service: ModelService) -> None:
         """Run `service` (ModelService.run) until it is unloaded; whatever it raises fails
@@ -284,8 +283,7 @@ class Residency:
         if not self.rules.models_max:
             return True
         deadline = trio.current_time() + self.rules.load_wait
-        # Models whose unload left them resident: not picked again (each try awaits
-        # besides, so that the event loop goes on whatever an unload does).
+        # Models an unload left resident: not picked again (and each try awaits).
         kept: set[ModelService | OnDemandEncoder[Any]] = set()
         # An unload of a generation model calls its load off.
         while not (isinstance(loading, ModelService) and loading.state == "unloading"):
