@@ -244,3 +244,22 @@ def test_http_responses_by_route_and_status(server):
         responses(after, "POST", "/v3/chat/completions", 200) - responses(before, "POST", "/v3/chat/completions", 200)
         == 2
     )
+
+
+def test_a_model_loaded_at_start_is_counted_as_loads_are(server):
+    """Loads minus unloads is the number loaded, for a model loaded at start too (its
+    load was not counted, its unloads were)."""
+    text = loopback.get(server.base_url + "/metrics", timeout=10).text
+
+    def value(name: str, **labels: str) -> float:
+        try:
+            return sample_value(text, name, **labels)
+        except KeyError:
+            return 0.0
+
+    unloads = sum(
+        value("ovtrio_model_unloads_total", model_name=MODEL, reason=reason) for reason in ("request", "idle", "lru")
+    )
+    loads = value("ovtrio_model_loads_total", model_name=MODEL)
+    assert loads >= 1 and value("ovtrio_model_load_seconds_count", model_name=MODEL) == loads
+    assert loads - unloads == value("ovtrio_model_loaded", model_name=MODEL) == 1

@@ -224,6 +224,29 @@ def test_a_request_during_its_models_unload_gets_a_clear_answer(server):
     assert states(server)["alpha"]["value"] == "loaded"
 
 
+def test_an_unload_whose_client_leaves_while_the_model_drains_still_ends(serve_on_demand):
+    """The unload is the server's once asked: its client leaving while the model's
+    request finishes neither stops it halfway nor leaves the model refusing requests."""
+    server = serve_on_demand
+    assert chat(server, "alpha").status_code == 200
+    finish: list[Any] = []
+    running = threading.Thread(target=lambda: finish.append(chat(server, "alpha", max_tokens=300)))
+    running.start()
+    deadline = time.monotonic() + 30
+    while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with pytest.raises(httpx.TimeoutException):  # it leaves while the model drains
+        loopback.post(server.base_url + "/models/unload", json={"model": "alpha"}, timeout=0.3)
+    running.join()
+    assert finish[0].status_code == 200, finish[0].text
+    wait_for_state(server, "alpha", "unloaded")
+    reply = chat(server, "alpha")
+    assert reply.status_code == 200, reply.text
+    state, loaded, unloads = lifecycle_agrees(server, "alpha")
+    assert (state, loaded - unloads) == ("loaded", 1), (state, loaded, unloads)
+
+
 def test_a_model_copied_in_later_is_served_without_a_restart(server):
     folder = Path(states_folder(server))
     added = folder / "delta.gguf"
@@ -262,8 +285,9 @@ def test_keep_alive_zero_unloads_the_model_after_its_request(serve_on_demand):
     assert reply.status_code == 200
     wait_for_state(server, "gamma", "unloaded", timeout=30)
     assert server.metric("ovtrio_model_unloads_total", model_name="gamma", reason="idle") >= 1
-    bad = chat(server, "gamma", keep_alive="soon")
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+    for value in ("soon", "nan", "inf"):  # NaN never compares: the model would never unload
+        bad = chat(server, "gamma", keep_alive=value)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive", bad.text
 
 
 def _worker_pid(server: RunningServer) -> int:
@@ -395,6 +419,11 @@ def test_sigterm_drains_the_loaded_models_and_loads_no_other(tmp_path):
         wait_for_state(server, "alpha", "loaded")  # still listening while it drains
         refused = chat(server, "beta")
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutting_down"
+        # Loading by hand: no load begins; a model loaded already says so.
+        load = loopback.post(server.base_url + "/models/load", json={"model": "beta"}, timeout=30)
+        assert load.status_code == 503 and load.json()["error"]["code"] == "server_shutting_down", load.text
+        loaded = loopback.post(server.base_url + "/models/load", json={"model": "alpha"}, timeout=30)
+        assert loaded.status_code == 200 and loaded.json()["status"]["value"] == "loaded", loaded.text
         running.join()
         assert done[0].status_code == 200 and done[0].json()["choices"][0]["finish_reason"] == "length"
         assert server.process.wait(timeout=60) == 0

@@ -128,7 +128,9 @@ async def load_model() -> Any:
         return {"success": True, "model": model.name, "status": _encoder_status(model)}
     service = model_service(body.model)
     if registry.shutdown.draining.is_set():
-        return await ready_model(body.model)  # refused as any request is while draining
+        if service.state != "loaded":  # no load begins during the drain
+            raise shutting_down()
+        return {"success": True, "model": service.model_name, "status": _status(service)}
     if service.state in ("unloaded", "failed"):
         registry.residency.load(service)
     await ready_model(body.model)

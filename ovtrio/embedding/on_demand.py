@@ -106,6 +106,11 @@ class OnDemandEncoder(Generic[Model]):
             self.worker.reopen()
         self._wanted.set()
 
+    @property
+    def unloading(self) -> bool:
+        """Its unload has begun (unload) and its worker has yet to stop."""
+        return self.loaded.is_set() and self._serving.cancel_called
+
     def unload(self) -> bool:
         """Unload the model if it computes nothing now (its worker then waits for the
         next load), or forget a failed load; whether it did."""
@@ -113,7 +118,7 @@ class OnDemandEncoder(Generic[Model]):
             self.failure = None
             self.worker.reopen()
             return True
-        if not self.idle:
+        if not self.idle or self._serving.cancel_called:  # busy, or its unload is under way
             return False
         self._serving.cancel()
         return True
@@ -204,6 +209,8 @@ class OnDemandEncoder(Generic[Model]):
         self.model = model
         self.load_seconds = getattr(model, "load_seconds", None)
         self._serving_now(model)
+        # Its idle time starts now (a preloaded model was named by no request).
+        self.last_used = trio.current_time()
         self.loaded.set()
         self._announce()
         if self.load_observer is not None and self.load_seconds is not None:

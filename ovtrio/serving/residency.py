@@ -5,7 +5,8 @@ it has been idle for its keep-alive time, when room is needed for another
 The encoders (embedding, rerank and Whisper models) load on their first request
 (ovtrio/embedding/on_demand.py) and follow the same rules: they unload when idle and by
 request, --models-max counts them, and with it their loads take their turn and make
-room (room_for) as a generation model's do.
+room (room_for) as a generation model's do. A model whose load failed is not loaded
+again for a few seconds unless its file changed (failed_loads.py).
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
 both, and --models-max is kept by counting what is loaded while nothing else loads (a
@@ -29,8 +30,8 @@ model's requests finish first (up to the drain timeout; ended with an error afte
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +41,12 @@ from ovtrio.embedding.on_demand import OnDemandEncoder, Refusal
 from ovtrio.model import ModelLoadError
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.serving import memory
+from ovtrio.serving.failed_loads import FailedLoads
 from ovtrio.serving.metrics import LifecycleMetrics
+from ovtrio.serving.residency_errors import Busy, LoadFailed, NoRoom, NotLoaded, Stopping
 from ovtrio.serving.service import ModelService, ServingModel
+
+__all__ = ["Busy", "LoadFailed", "NoRoom", "NotLoaded", "Residency", "ResidencyRules", "Stopping"]
 
 log = logging.getLogger("ovtrio")
 
@@ -53,30 +58,6 @@ GRACE = 3.0
 # How often idle models are looked for, and a waiting load looks for room, in seconds.
 IDLE_CHECK = 0.25
 ROOM_CHECK = 0.1
-
-
-class NotLoaded(Exception):
-    """The model is not loaded and the server loads models only when asked to."""
-
-
-class LoadFailed(Exception):
-    """The model's load failed; the message is the reason."""
-
-
-class NoRoom(Exception):
-    """Every loaded model ran requests for as long as a load may wait for room."""
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class Stopping(Exception):
-    """The server is shutting down: no load begins."""
-
-
-class Busy(Exception):
-    """An unload that may not wait was asked of a model running requests."""
 
 
 @dataclass(frozen=True)
@@ -108,12 +89,36 @@ class Residency:
         # Models whose load waits for its turn (the lock): no engine yet, and no room taken.
         self._queued: set[ModelService] = set()
         self._nursery: trio.Nursery | None = None
+        self._failed_loads = FailedLoads()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Runs before the models loaded at start begin loading: their loads are counted
+        (and their keep-alive time starts when they are loaded) as those it makes."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._unload_idle)
+            for service in self._services():
+                self._watch(service)
+                if service.state == "loading":
+                    nursery.start_soon(self._settle, service)
             task_status.started()
+
+    def _watch(self, service: ModelService) -> None:
+        """Count the engines `service` releases but not by an unload, as unloads."""
+        if self._metrics is not None:
+            service.released = self._metrics.unloaded
+
+    async def _settle(self, service: ModelService) -> None:
+        """Wait for the load under way to end; then count it, and the model's idle time starts."""
+        await service.settled()
+        service.last_used = trio.current_time()
+        self._failed_loads.settled(service)
+        if self._metrics is None:
+            return
+        if service.ready.is_set() and service.load_seconds is not None:
+            self._metrics.loaded(service.model_name, service.load_seconds)
+        else:
+            self._metrics.load_failed(service.model_name)
 
     async def acquire(self, service: ModelService, keep_alive: float | None = None) -> ServingModel:
         """The loaded model of `service`, loading it first if need be (and allowed).
@@ -154,6 +159,8 @@ class Residency:
         in a task of the residency's nursery for the work."""
         if service.state in ("loading", "loaded", "unloading"):
             return
+        if self._failed_loads.too_soon(service):  # its waiters hear why it failed
+            return
         if service.source is None:  # a file that was unusable when found: look again
             try:
                 service.check()
@@ -162,6 +169,7 @@ class Residency:
                 service.failed.set()
                 return
         assert self._nursery is not None, "the residency runs before requests are served"
+        self._watch(service)
         service.begin_cycle()
         self._queued.add(service)
         self._nursery.start_soon(self._load, service)
@@ -169,11 +177,36 @@ class Residency:
     async def unload(self, service: ModelService, reason: str, *, wait: bool = True) -> int:
         """Unload `service` (see ModelService.unload); with `wait` False, refuse (Busy)
         while it runs requests. `reason` (request, idle, lru) goes to the log and the
-        metrics. How many requests were ended."""
+        metrics. How many requests were ended.
+
+        It runs in the residency's nursery: a client that leaves while the model drains
+        cannot cut it short (leaving the model refusing requests, or with no engine)."""
         if service.state in ("unloaded", "unloading"):
             return 0
         if not wait and service.in_flight:
             raise Busy(f"The model '{service.model_name}' runs {service.in_flight} requests.")
+        if self._nursery is None:
+            return await self._unload_now(service, reason)
+        done = trio.Event()
+        outcome: list[int | Exception] = []
+
+        async def unload_in_nursery() -> None:
+            try:
+                outcome.append(await self._unload_now(service, reason))
+            except Exception as exc:  # the caller hears of it; the residency goes on
+                log.exception("unloading %s failed", service.model_name)
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        self._nursery.start_soon(unload_in_nursery)
+        await done.wait()
+        result = outcome[0] if outcome else 0
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def _unload_now(self, service: ModelService, reason: str) -> int:
         cut = await service.unload(
             self.rules.drain_timeout,
             f"The model '{service.model_name}' was unloaded before this request finished; retry it.",
@@ -192,6 +225,8 @@ class Residency:
         except Exception as exc:  # whatever a load does, the other models and loads go on
             log.exception("loading %s failed", service.model_name)
             service.fail(f"{type(exc).__name__}: {client_reason(exc)}")
+            if self._metrics is not None:
+                self._metrics.load_failed(service.model_name)
 
     async def _load_in_turn(self, service: ModelService) -> None:
         async with self._lock:
@@ -200,6 +235,9 @@ class Residency:
                 service.refuse("The server is shutting down and loads no model; retry shortly.")
                 return
             room = await self._make_room(service)
+            if self._stopping.is_set():
+                service.refuse("The server is shutting down and loads no model; retry shortly.")
+                return
             if service.state == "unloading":  # unloaded while it waited its turn: nothing to load
                 service.refuse(f"The model '{service.model_name}' was unloaded before its load began; retry shortly.")
                 return
@@ -209,13 +247,7 @@ class Residency:
                 return
             assert self._nursery is not None
             self._nursery.start_soon(self._serve, service)
-            await service.settled()
-            service.last_used = trio.current_time()
-        if self._metrics is not None:
-            if service.ready.is_set() and service.load_seconds is not None:
-                self._metrics.loaded(service.model_name, service.load_seconds)
-            else:
-                self._metrics.load_failed(service.model_name)
+            await self._settle(service)
 
     async def _serve(self, service: ModelService) -> None:
         """Run `service` (ModelService.run) until it is unloaded; whatever it raises fails
@@ -251,19 +283,28 @@ class Residency:
         if not self.rules.models_max:
             return True
         deadline = trio.current_time() + self.rules.load_wait
+        # Models an unload left resident: not picked again (and each try awaits).
+        kept: set[ModelService | OnDemandEncoder[Any]] = set()
         # An unload of a generation model calls its load off.
         while not (isinstance(loading, ModelService) and loading.state == "unloading"):
+            if self._stopping.is_set():
+                return False
             resident = self._resident(loading)
             if len(resident) < self.rules.models_max:
                 return True
             now = trio.current_time()
-            idle = [model for model in resident if _idle(model) and now - model.last_used >= GRACE]
+            idle = [
+                model for model in resident if _idle(model) and now - model.last_used >= GRACE and model not in kept
+            ]
             if idle:
                 oldest = min(idle, key=lambda model: model.last_used)
                 if isinstance(oldest, ModelService):
                     await self.unload(oldest, "lru")
                 else:
                     await self.unload_encoder(oldest, "lru")
+                await trio.lowlevel.checkpoint()
+                if oldest in self._resident(loading):
+                    kept.add(oldest)
                 continue
             if now >= deadline:
                 return False
@@ -281,7 +322,10 @@ class Residency:
         async with self._lock:
             if self._stopping.is_set():
                 raise Refusal("The server is shutting down and loads no model; retry shortly.", 1)
-            if not await self._make_room(encoder):
+            room = await self._make_room(encoder)
+            if self._stopping.is_set():
+                raise Refusal("The server is shutting down and loads no model; retry shortly.", 1)
+            if not room:
                 raise Refusal(self._no_room(encoder), max(1, round(self.rules.load_wait / 2)))
             yield
 
@@ -290,29 +334,40 @@ class Residency:
         requests counts as used until they end."""
         while True:
             await trio.sleep(IDLE_CHECK)
-            now = trio.current_time()
-            for service in list(self._services()):
-                if service.state != "loaded":
-                    continue
-                if service.in_flight:
-                    service.last_used = now
-                    continue
-                keep = service.keep_alive if service.keep_alive is not None else self.rules.idle_unload
-                if keep is None or keep < 0:
-                    continue
-                if now - service.last_used >= max(keep, GRACE):
+            await self._unload_idle_now()
+
+    async def _unload_idle_now(self) -> None:
+        """One look for idle models. An unload that fails leaves that model as it is
+        (logged); the others, and the residency, go on."""
+        now = trio.current_time()
+        for service in list(self._services()):
+            if service.state != "loaded":
+                continue
+            if service.in_flight:
+                service.last_used = now
+                continue
+            keep = service.keep_alive if service.keep_alive is not None else self.rules.idle_unload
+            if keep is None or keep < 0:
+                continue
+            if now - service.last_used >= max(keep, GRACE):
+                with _logged(f"unloading {service.model_name}"):
                     await self.unload(service, "idle")
-            # The encoders load on their first request already
-            # (ovtrio/embedding/on_demand.py); they unload when idle by the same rule.
-            keep = self.rules.idle_unload
-            for encoder in list(self._encoders()):
-                idle = keep is not None and keep >= 0 and encoder.idle
-                if idle and now - encoder.last_used >= max(keep or 0.0, GRACE):
+        # The encoders load on their first request already
+        # (ovtrio/embedding/on_demand.py); they unload when idle by the same rule.
+        keep = self.rules.idle_unload
+        for encoder in list(self._encoders()):
+            idle = keep is not None and keep >= 0 and encoder.idle
+            if idle and now - encoder.last_used >= max(keep or 0.0, GRACE):
+                with _logged(f"unloading {encoder.name}"):
                     await self.unload_encoder(encoder, "idle")
 
     async def unload_encoder(self, encoder: OnDemandEncoder[Any], reason: str) -> bool:
         """Unload `encoder` unless it computes or has requests queued (whether it did),
-        and return the memory it held to the system, as a generation model's unload does."""
+        and return the memory it held to the system, as a generation model's unload does.
+        An unload already under way is waited for, and counted once."""
+        if encoder.unloading:
+            await encoder.unloaded()
+            return True
         if not encoder.unload():
             return False
         if self._metrics is not None:
@@ -320,6 +375,15 @@ class Residency:
         await encoder.unloaded()
         await memory.return_free_memory()
         return True
+
+
+@contextmanager
+def _logged(what: str) -> Iterator[None]:
+    """Log what `what` raises, and go on."""
+    try:
+        yield
+    except Exception:
+        log.exception("%s failed", what)
 
 
 def _name_of(model: ModelService | OnDemandEncoder[Any]) -> str:

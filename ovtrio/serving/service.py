@@ -76,7 +76,12 @@ class ModelService:
         self._stopped = trio.Event()
         self._started = False
         self._in_cycle = False  # a load has begun and its serving has not ended
+        self._in_run = False  # run() serves this cycle: it alone sets _stopped
         self._unloading = False
+        # Told when an engine is released other than by an unload (its scheduler failed,
+        # or the server stops), so that loads minus unloads stays the number loaded;
+        # set by the residency, which counts the loads and its own unloads.
+        self.released: Callable[[str, str], None] | None = None
         # When a request last named the model (trio's clock), and how long it may stay
         # loaded idle after that when a request said so (its keep_alive; None: the
         # server's model_idle_unload).
@@ -120,8 +125,11 @@ class ModelService:
         return serving.scheduler.in_flight if serving is not None else 0
 
     def begin_cycle(self) -> None:
-        """A new load begins (run follows): fresh events, the model now "loading"."""
-        if self.cycles:
+        """A new load begins (run follows): fresh events, the model now "loading". An
+        event not yet set is kept (requests may wait on it already: a model loaded at
+        start); one set, by an earlier load or by a file found unusable when the folder
+        was read, is spent."""
+        if self.ready.is_set() or self.failed.is_set():
             self.ready = trio.Event()
             self.failed = trio.Event()
             self.failure = None
@@ -144,6 +152,8 @@ class ModelService:
         """The current load or serving ended with an error other than the engine's refusal."""
         self.failure = reason
         self._in_cycle = False
+        if not self._in_run:  # the cycle never ran (its load raised first): nothing to stop
+            self._stopped.set()
         self.failed.set()
 
     async def settled(self) -> None:
@@ -173,9 +183,11 @@ class ModelService:
         and let the engine go; how many requests were ended, or None when no engine was
         serving (the load failed, or was called off). A load under way finishes first."""
         if not self._in_cycle:
-            if self.failed.is_set():  # forget the failed load: the next request tries again
+            if self.failed.is_set():  # forget the failed load or serving: the next request tries again
                 self.failed = trio.Event()
                 self.failure = None
+                if self.ready.is_set():  # it served before its scheduler failed: no engine now
+                    self.ready = trio.Event()
             return None
         self._unloading = True
         try:
@@ -205,6 +217,7 @@ class ModelService:
         if not self._in_cycle:
             self.begin_cycle()
         self._started = True
+        self._in_run = True
         task_status.started()
         try:
             with self._running:
@@ -214,10 +227,19 @@ class ModelService:
             if self.serving is not None:
                 self.earlier_totals = added_to(self.earlier_totals, self.serving.scheduler.stats())
             self.serving = None  # the last reference outside the handlers: the pipeline goes
+            # "loaded" ends with the engine, however it ends (an unload, the server's
+            # stop): a model said loaded with no engine would be picked, and picked
+            # again, to make room. One whose scheduler failed stays failed (and said
+            # unavailable, having been ready) until an unload forgets it.
+            if self.ready.is_set() and not self.failed.is_set():
+                self.ready = trio.Event()
             self._in_cycle = False
+            self._in_run = False
             self._stopped.set()
             if released:
                 log.info("engine released (%s)", source.name)
+                if not self._unloading and self.released is not None:
+                    self.released(source.name, "failed" if self.failed.is_set() else "stopped")
 
     async def _run_scheduler(
         self, scheduler: GenerationScheduler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

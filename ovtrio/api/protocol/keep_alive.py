@@ -6,6 +6,7 @@ keeps it loaded for good."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
@@ -16,7 +17,15 @@ _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
 def seconds_of(value: Any) -> float:
-    """`value` in seconds; ValueError when it is neither a number nor a duration."""
+    """`value` in seconds; ValueError when it is neither a number nor a duration, or
+    not finite (NaN compares false with every time: the model would never unload)."""
+    seconds = _seconds(value)
+    if not math.isfinite(seconds):
+        raise ValueError("keep_alive must be a finite number of seconds (a negative one keeps the model loaded)")
+    return seconds
+
+
+def _seconds(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError("keep_alive must be a number of seconds or a duration such as '5m'")
     if isinstance(value, (int, float)):

@@ -1,0 +1,363 @@
+"""The residency's and the model service's lifecycle where a real server cannot reach
+the timing: a client that leaves while its unload drains or stops the engine, a
+scheduler that dies while serving, the server's stop under a waiting load, a load that
+raises before it runs, a file unusable when first read, a model loaded at start under
+--model-idle-unload, and the lifecycle counters. Pure logic: the service's engine part
+(_serve) is a small fake that serves until told to fail; everything else is the real
+ModelService and Residency."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+
+from ovtrio.api.protocol.keep_alive import seconds_of
+from ovtrio.embedding.on_demand import OnDemandEncoder
+from ovtrio.embedding.worker import EncoderWorker
+from ovtrio.scheduler.interface import SchedulerStats
+from ovtrio.serving import failed_loads
+from ovtrio.serving import residency as residency_module
+from ovtrio.serving.residency import LoadFailed, Residency, ResidencyRules
+from ovtrio.serving.service import ModelService
+from ovtrio.settings.server import Settings
+
+
+class FakeScheduler:
+    """Runs `in_flight` requests until `finished` is set."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.draining = False
+        self.finished = trio.Event()
+
+    def drain(self) -> None:
+        self.draining = True
+
+    async def idle(self) -> None:
+        if self.in_flight:
+            await self.finished.wait()
+            self.in_flight = 0
+
+    def fail_all(self, message: str, code: str) -> int:
+        cut, self.in_flight = self.in_flight, 0
+        return cut
+
+    def stats(self) -> Any:
+        fields = {field.name: 0 for field in dataclasses.fields(SchedulerStats)}
+        return SchedulerStats(**{**fields, "step_in_flight": False, "step_releases_gil": False})
+
+
+class FakeService(ModelService):
+    """A model whose load takes no time and whose scheduler serves until `dies` is set."""
+
+    def __init__(self, name: str, on_demand: bool = True) -> None:
+        super().__init__(Settings(), on_demand=on_demand)
+        self.source = SimpleNamespace(name=name)  # type: ignore[assignment]
+        self.dies = trio.Event()
+        self.runs = 0
+
+    async def _serve(self, source: Any) -> None:
+        self.runs += 1
+        await trio.lowlevel.checkpoint()
+        self.load_seconds = 0.01
+        self.serving = SimpleNamespace(scheduler=FakeScheduler())  # type: ignore[assignment]
+        self.ready.set()
+        await self.dies.wait()
+        self.failure = "its scheduler stopped"
+        self.failed.set()
+
+
+class FakeMetrics:
+    def __init__(self) -> None:
+        self.loads: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self.unloads: Counter[str] = Counter()
+        self.reasons: list[str] = []
+
+    def loaded(self, model_name: str, seconds: float) -> None:
+        self.loads[model_name] += 1
+
+    def load_failed(self, model_name: str) -> None:
+        self.failures[model_name] += 1
+
+    def unloaded(self, model_name: str, reason: str) -> None:
+        self.unloads[model_name] += 1
+        self.reasons.append(reason)
+
+
+def rules(models_max: int = 1, idle_unload: float | None = None) -> ResidencyRules:
+    return ResidencyRules(models_max, autoload=True, load_wait=1.0, idle_unload=idle_unload, drain_timeout=30.0)
+
+
+async def started(nursery: trio.Nursery, *services: ModelService, **kwargs: Any) -> tuple[Residency, FakeMetrics]:
+    metrics = FakeMetrics()
+    residency = Residency(lambda: services, rules(**kwargs), metrics)  # type: ignore[arg-type]
+    await nursery.start(residency.run)
+    return residency, metrics
+
+
+async def wait_until(condition: Any) -> None:
+    with trio.fail_after(5):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+async def test_an_unload_whose_client_leaves_while_the_model_drains_still_ends(nursery):
+    """The client of POST /models/unload leaves while the model's request finishes:
+    the unload goes on (it was left loaded, refusing every request, for good)."""
+    alpha = FakeService("alpha")
+    residency, metrics = await started(nursery, alpha)
+    serving = await residency.acquire(alpha)
+    serving.scheduler.in_flight = 1
+    with trio.move_on_after(0.1) as left:
+        await residency.unload(alpha, "request")
+    assert left.cancelled_caught  # it left during the drain
+    serving.scheduler.finished.set()
+    await wait_until(lambda: alpha.state == "unloaded")
+    assert alpha.serving is None
+    # And the next request loads it again, to a scheduler that takes requests.
+    with trio.fail_after(5):
+        again = await residency.acquire(alpha)
+    assert again is not serving and not again.scheduler.draining
+    await wait_until(lambda: metrics.loads["alpha"] == 2)
+    assert metrics.unloads["alpha"] == 1
+
+
+async def test_an_unload_whose_client_leaves_while_the_engine_stops_leaves_it_unloaded(nursery):
+    alpha, beta = FakeService("alpha"), FakeService("beta")
+    residency, _ = await started(nursery, alpha, beta)
+    await residency.acquire(alpha)
+    with trio.CancelScope() as left:
+        left.cancel()  # gone before the unload awaits anything
+        await residency.unload(alpha, "request")
+    await wait_until(lambda: alpha.state == "unloaded")
+    assert alpha.serving is None
+    alpha.last_used -= residency_module.GRACE  # long unused
+    with trio.fail_after(5):
+        await residency.acquire(beta)
+
+
+async def test_a_model_whose_scheduler_died_is_unloaded_by_hand_and_another_takes_its_room(nursery):
+    alpha, beta = FakeService("alpha"), FakeService("beta")
+    residency, metrics = await started(nursery, alpha, beta)
+    await residency.acquire(alpha)
+    alpha.dies.set()
+    await wait_until(lambda: alpha.state == "failed" and alpha.serving is None)
+    assert metrics.unloads["alpha"] == 1 and metrics.reasons == ["failed"]  # its engine went
+    assert await residency.unload(alpha, "request") == 0
+    assert alpha.state == "unloaded"  # it was "loaded" with no engine
+    with trio.fail_after(5):
+        await residency.acquire(beta)
+    assert metrics.loads["alpha"] - metrics.unloads["alpha"] == 0
+
+
+async def test_a_model_the_server_stopped_is_not_loaded_and_takes_no_room(nursery):
+    """The server's close() stops a model while a load waits for room: the model is
+    no longer loaded (it was, with no engine, and the load's search for room spun
+    without yielding)."""
+    alpha, beta = FakeService("alpha"), FakeService("beta")
+    residency, metrics = await started(nursery, alpha, beta)
+    await residency.acquire(alpha)
+    with trio.fail_after(5):
+        await alpha.close()
+    assert alpha.state == "unloaded"
+    assert metrics.unloads["alpha"] == 1 and metrics.reasons == ["stopped"]
+    with trio.fail_after(5):
+        await residency.acquire(beta)
+
+
+async def test_a_search_for_room_whose_unload_changes_nothing_yields_and_gives_up(nursery, monkeypatch):
+    alpha, beta = FakeService("alpha"), FakeService("beta")
+    residency, _ = await started(nursery, alpha, beta)
+    await residency.acquire(alpha)
+    alpha.last_used -= residency_module.GRACE
+
+    async def unload_nothing(service: ModelService, reason: str, *, wait: bool = True) -> int:
+        return 0
+
+    monkeypatch.setattr(residency, "unload", unload_nothing)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.sleep(0.01)
+
+    nursery.start_soon(tick)
+    with trio.fail_after(5):
+        assert await residency._make_room(beta) is False  # within load_wait (1 s)
+    assert ticks > 10  # the event loop went on meanwhile
+
+
+async def test_a_load_that_raises_before_it_runs_leaves_nothing_to_wait_for(nursery, monkeypatch):
+    alpha = FakeService("alpha")
+    residency, metrics = await started(nursery, alpha)
+    await residency.acquire(alpha)
+    await residency.unload(alpha, "request")
+
+    async def broken(loading: Any) -> bool:
+        raise RuntimeError("broken")
+
+    monkeypatch.setattr(residency, "_make_room", broken)
+    with pytest.raises(LoadFailed, match="broken"):
+        await residency.acquire(alpha)
+    assert metrics.failures["alpha"] == 1
+    with trio.fail_after(2):  # the server's close, or an unload, waits for the cycle to stop
+        await alpha.close()
+        await residency.unload(alpha, "request")
+    assert alpha.state == "unloaded"
+
+
+async def test_a_file_unusable_when_first_read_loads_once_it_is_usable(nursery):
+    """The folder was read while the file was still being copied (failed, before any
+    load): the next request loads it, once, and it counts as loaded."""
+    alpha, beta = FakeService("alpha"), FakeService("beta")
+    alpha.failure = "not a GGUF file (still being copied)"
+    alpha.failed.set()
+    residency, metrics = await started(nursery, alpha, beta, models_max=1)
+    assert alpha.state == "failed"
+    with trio.fail_after(5):
+        first = await residency.acquire(alpha)
+        second = await residency.acquire(alpha)
+    assert first is second and alpha.runs == 1
+    assert alpha.state == "loaded" and alpha.failure is None
+    await wait_until(lambda: metrics.loads["alpha"] == 1)
+    alpha.last_used -= residency_module.GRACE
+    with trio.fail_after(5):  # it counts under models_max: beta's load unloads it
+        await residency.acquire(beta)
+    assert alpha.state == "unloaded"
+
+
+async def test_a_model_loaded_at_start_keeps_its_idle_time_and_is_counted(nursery):
+    """As the registry starts them: the residency first, then the model's own run."""
+    alpha = FakeService("alpha", on_demand=False)
+    _, metrics = await started(nursery, alpha, models_max=0, idle_unload=0.0)
+    await nursery.start(alpha.run)
+    await wait_until(lambda: alpha.state == "loaded")
+    await trio.sleep(4 * residency_module.IDLE_CHECK)
+    assert alpha.state == "loaded"  # idle for less than the grace a loaded model has
+    assert metrics.loads["alpha"] == 1
+    await wait_until(lambda: alpha.state == "unloaded")  # after the grace, idle: unloaded
+    assert metrics.unloads["alpha"] == 1
+
+
+async def test_an_idle_unload_that_raises_leaves_the_residency_running(nursery, monkeypatch):
+    monkeypatch.setattr(residency_module, "GRACE", 0.0)
+    alpha, beta = FakeService("alpha"), FakeService("beta")
+    residency, _ = await started(nursery, alpha, beta, models_max=0, idle_unload=0.5)
+    await residency.acquire(alpha)
+    await residency.acquire(beta)
+
+    async def broken(*args: Any, **kwargs: Any) -> int:
+        raise RuntimeError("broken unload")
+
+    monkeypatch.setattr(alpha, "unload", broken)
+    await wait_until(lambda: beta.state == "unloaded")
+    assert alpha.state == "loaded"
+    await trio.sleep(2 * residency_module.IDLE_CHECK)  # looked at again, and again
+    await residency.acquire(beta)  # the residency still loads
+    assert beta.state == "loaded"
+
+
+@pytest.mark.parametrize("value", [float("nan"), "nan", "NaN", float("inf"), "-inf", "infinity"])
+def test_keep_alive_is_a_finite_number(value):
+    with pytest.raises(ValueError, match="finite"):
+        seconds_of(value)
+
+
+class FakeEncoder(OnDemandEncoder[Any]):
+    """An encoder whose load takes no time, over the real worker."""
+
+    kind = "embedding"
+
+    def __init__(self, name: str, preload: bool = False) -> None:
+        worker: EncoderWorker[Any] = EncoderWorker(lambda model, batch: None, max_batch=4, max_queued=4)
+        super().__init__(name, Settings(encoder_preload=preload), None, worker)
+
+    def _load(self) -> Any:
+        return SimpleNamespace(load_seconds=0.01)
+
+
+async def encoder_started(nursery: trio.Nursery, encoder: FakeEncoder, **kwargs: Any) -> tuple[Residency, FakeMetrics]:
+    metrics = FakeMetrics()
+    encoder.load_observer = metrics
+    residency = Residency(list, rules(**kwargs), metrics, lambda: [encoder])  # type: ignore[arg-type]
+    await nursery.start(residency.run)
+    await nursery.start(encoder.run)
+    return residency, metrics
+
+
+async def test_a_preloaded_encoder_keeps_its_idle_time(nursery):
+    encoder = FakeEncoder("embedder", preload=True)
+    _, metrics = await encoder_started(nursery, encoder, models_max=0, idle_unload=0.0)
+    await wait_until(lambda: encoder.state == "loaded")
+    await trio.sleep(4 * residency_module.IDLE_CHECK)
+    assert encoder.state == "loaded"  # it was unloaded at once: idle since trio's clock began
+    await wait_until(lambda: encoder.state == "unloaded")
+    assert (metrics.loads["embedder"], metrics.unloads["embedder"]) == (1, 1)
+
+
+async def test_an_encoder_unloaded_twice_at_once_is_counted_once(nursery):
+    encoder = FakeEncoder("embedder")
+    residency, metrics = await encoder_started(nursery, encoder)
+    await encoder.settled()
+    assert encoder.state == "loaded"
+    answers: list[bool] = []
+
+    async def unload() -> None:
+        answers.append(await residency.unload_encoder(encoder, "request"))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as both:
+            both.start_soon(unload)
+            both.start_soon(unload)
+    assert answers == [True, True] and encoder.state == "unloaded"
+    assert metrics.unloads["embedder"] == 1
+
+
+class BrokenService(FakeService):
+    """A model whose every load fails."""
+
+    async def _serve(self, source: Any) -> None:
+        self.runs += 1
+        await trio.lowlevel.checkpoint()
+        self.failure = "the engine cannot read it"
+        self.failed.set()
+
+
+async def test_a_model_whose_load_failed_is_not_loaded_again_at_once_unless_its_file_changed(
+    nursery, monkeypatch, tmp_path
+):
+    """A client asking again and again for a broken model would hold the one load turn
+    all the while: its requests hear the failure, and a load is tried again only after
+    a while, or once the file changed."""
+    monkeypatch.setattr(failed_loads, "RETRY_AFTER", 0.5)
+    model = tmp_path / "broken.gguf"
+    model.write_bytes(b"x")
+    broken = BrokenService("broken")
+    broken.source = SimpleNamespace(name="broken", path=model)  # type: ignore[assignment]
+    residency, metrics = await started(nursery, broken)
+
+    async def ask() -> None:
+        with pytest.raises(LoadFailed, match="cannot read"):
+            await residency.acquire(broken)
+        await wait_until(lambda: broken.runs == metrics.failures["broken"])  # counted: the load has ended
+
+    for _ in range(3):
+        await ask()
+    assert broken.runs == 1
+    model.write_bytes(b"xy")  # copied again
+    await ask()
+    assert broken.runs == 2
+    await trio.sleep(0.6)
+    await ask()
+    assert broken.runs == 3
+    await residency.unload(broken, "request")  # forgets the failure: the next request loads
+    await ask()
+    assert broken.runs == 4
