@@ -129,6 +129,7 @@ def test_the_folder_is_listed_with_each_state_and_a_model_loads_on_its_first_req
     assert listed["broken"]["value"] == "failed" and "mamba" in listed["broken"]["reason"]
     refused = chat(server, "broken")
     assert refused.status_code == 503 and "mamba" in refused.json()["error"]["message"]
+    assert int(refused.headers["retry-after"]) >= 1  # when the server would load it again
     # The server takes requests with every model unloaded.
     assert loopback.get(server.base_url + "/health/ready", timeout=10).status_code == 200
 
