@@ -543,3 +543,34 @@ def test_loads_queued_behind_one_another_leave_it_room(server):
     assert long[0].status_code == 200
     for name in ("delta", *NAMES):
         assert unload(server, name).status_code == 200
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+def structured(server: RunningServer, model: str) -> httpx.Response:
+    """A request whose output the engine constrains: its pipeline builds a grammar compiler."""
+    schema = {"name": "n", "schema": SCHEMA, "strict": True}
+    return chat(server, model, max_tokens=4, response_format={"type": "json_schema", "json_schema": schema})
+
+
+def test_an_unloaded_models_grammar_compiler_is_no_longer_read(server):
+    """Each pipeline's grammar compiler is freed with it: the grammar cache's size, read
+    every 2 s and on each scrape, must read only those of the loaded models."""
+    baseline = server.metric("ovtrio_grammar_compilers")
+    assert structured(server, "alpha").status_code == 200
+    assert server.metric("ovtrio_grammar_compilers") == baseline + 1
+    assert server.metric("ovtrio_grammar_cache_bytes") > 0
+    assert unload(server, "alpha").status_code == 200
+    assert server.metric("ovtrio_grammar_compilers") == baseline
+    # Scrapes and the memory trimmer's looks (every 2 s) go on beside structured
+    # requests to another model: the server stays up and the size stays that of a cache.
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        assert structured(server, "beta").status_code == 200
+        held = server.metric("ovtrio_grammar_cache_bytes")
+        assert 0 < held < 1_000_000_000
+    assert server.process.poll() is None
+    assert server.metric("ovtrio_grammar_compilers") == baseline + 1
+    assert unload(server, "beta").status_code == 200
+    assert server.metric("ovtrio_grammar_compilers") == baseline
