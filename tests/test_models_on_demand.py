@@ -267,10 +267,15 @@ def test_keep_alive_zero_unloads_the_model_after_its_request(serve_on_demand):
 
 
 def _worker_pid(server: RunningServer) -> int:
-    """The process that serves: `ovtrio serve` itself, or hypercorn's one worker."""
+    """The process that serves: `ovtrio serve` itself, or hypercorn's one worker (not
+    multiprocessing's resource tracker beside it, nor a grammar compiler under either)."""
     pid = server.process.pid
+    if b"hypercorn" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        return pid
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return int(children[0]) if children else pid
+    workers = [int(child) for child in children if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+    assert len(workers) == 1, children
+    return workers[0]
 
 
 def _rss_mb(pid: int) -> float:
@@ -574,3 +579,56 @@ def test_an_unloaded_models_grammar_compiler_is_no_longer_read(server):
     assert server.metric("ovtrio_grammar_compilers") == baseline + 1
     assert unload(server, "beta").status_code == 200
     assert server.metric("ovtrio_grammar_compilers") == baseline
+
+
+# A model loaded at start beside the folder's, under each launcher: `ovtrio serve` hands
+# the app the loads it began before importing it, hypercorn's app begins its own.
+START = "start"
+start_and_folder = server_fixture(
+    "start_and_folder",
+    "--model",
+    str(embedded_model_path()),
+    "--served-model-name",
+    START,
+    "--models-dir",
+    "{folder}/models",
+    "--num-kv-blocks",
+    KV_BLOCKS,
+    "--no-embeddings",
+    prepare=models_folder,
+)
+hypercorn_start_and_folder = server_fixture(
+    "hypercorn_start_and_folder",
+    env={
+        "OVTRIO_MODEL": str(embedded_model_path()),
+        "OVTRIO_SERVED_MODEL_NAME": START,
+        "OVTRIO_MODELS_DIR": "{folder}/models",
+        "OVTRIO_NUM_KV_BLOCKS": KV_BLOCKS,
+        "OVTRIO_EMBEDDINGS": "false",
+    },
+    hypercorn=True,
+    prepare=models_folder,
+)
+
+
+@pytest.mark.parametrize("launcher", ["start_and_folder", "hypercorn_start_and_folder"])
+def test_a_model_loaded_at_start_gives_its_memory_back_when_unloaded(launcher, request):
+    server = request.getfixturevalue(launcher)
+    pid = _worker_pid(server)
+    assert chat(server, START).status_code == 200
+    # A folder model's share: loaded once first (what a first load brings for good stays).
+    assert chat(server, "alpha").status_code == 200
+    assert unload(server, "alpha").status_code == 200
+    assert chat(server, "alpha").status_code == 200
+    loaded = _rss_mb(pid)
+    assert unload(server, "alpha").status_code == 200
+    unloaded = _rss_mb(pid)
+    share = loaded - unloaded
+    assert share > 100, (loaded, unloaded)  # the engine's weights, kernels and KV cache
+    # The model loaded at start, the same file, gives back as much.
+    assert unload(server, START).status_code == 200
+    assert states(server)[START]["value"] == "unloaded"
+    freed = unloaded - _rss_mb(pid)
+    assert freed > 0.7 * share, (share, freed)
+    # And it loads again on demand.
+    assert chat(server, START).status_code == 200
