@@ -9,6 +9,7 @@ writes: requests force their length with max_tokens and ignore_eos.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 import loopback
 from conftest import RunningServer
@@ -632,3 +634,30 @@ def test_a_model_loaded_at_start_gives_its_memory_back_when_unloaded(launcher, r
     assert freed > 0.7 * share, (share, freed)
     # And it loads again on demand.
     assert chat(server, START).status_code == 200
+
+
+async def test_an_open_responses_socket_keeps_nothing_of_an_unloaded_model(serve_on_demand):
+    """A socket that ran a response on a model and stays open (idle, or sending only
+    frames that fail) must not keep the model's engine once it is unloaded."""
+    from trio_websocket import open_websocket_url
+
+    from test_responses_socket import receive_json, receive_response
+
+    server = serve_on_demand
+    pid = _worker_pid(server)
+    # One cycle first: what the first load brings for good stays.
+    assert chat(server, "alpha").status_code == 200
+    assert unload(server, "alpha").status_code == 200
+    before = _rss_mb(pid)
+    create = {"type": "response.create", "model": "alpha", "input": "Hi", "max_output_tokens": 2, "ignore_eos": True}
+    async with open_websocket_url(server.base_url.replace("http://", "ws://") + "/v1/responses") as ws:
+        await ws.send_message(json.dumps(create))
+        assert (await receive_response(ws))[-1]["response"]["usage"]["output_tokens"] == 2
+        loaded = _rss_mb(pid)
+        assert (await trio.to_thread.run_sync(unload, server, "alpha")).status_code == 200
+        await ws.send_message("not json")
+        assert (await receive_json(ws))["type"] == "error"
+        unloaded = _rss_mb(pid)
+    share = loaded - before
+    assert share > 100, (before, loaded)
+    assert unloaded - before < 0.3 * share, (before, loaded, unloaded)
