@@ -9,6 +9,7 @@ writes: requests force their length with max_tokens and ignore_eos.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 import loopback
 from conftest import RunningServer
@@ -292,10 +294,15 @@ def test_keep_alive_zero_unloads_the_model_after_its_request(serve_on_demand):
 
 
 def _worker_pid(server: RunningServer) -> int:
-    """The process that serves: `ovtrio serve` itself, or hypercorn's one worker."""
+    """The process that serves: `ovtrio serve` itself, or hypercorn's one worker (not
+    multiprocessing's resource tracker beside it, nor a grammar compiler under either)."""
     pid = server.process.pid
+    if b"hypercorn" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        return pid
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return int(children[0]) if children else pid
+    workers = [int(child) for child in children if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+    assert len(workers) == 1, children
+    return workers[0]
 
 
 def _rss_mb(pid: int) -> float:
@@ -573,3 +580,114 @@ def test_loads_queued_behind_one_another_leave_it_room(server):
     assert long[0].status_code == 200
     for name in ("delta", *NAMES):
         assert unload(server, name).status_code == 200
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+def structured(server: RunningServer, model: str) -> httpx.Response:
+    """A request whose output the engine constrains: its pipeline builds a grammar compiler."""
+    schema = {"name": "n", "schema": SCHEMA, "strict": True}
+    return chat(server, model, max_tokens=4, response_format={"type": "json_schema", "json_schema": schema})
+
+
+def test_an_unloaded_models_grammar_compiler_is_no_longer_read(server):
+    """Each pipeline's grammar compiler is freed with it: the grammar cache's size, read
+    every 2 s and on each scrape, must read only those of the loaded models."""
+    baseline = server.metric("ovtrio_grammar_compilers")
+    assert structured(server, "alpha").status_code == 200
+    assert server.metric("ovtrio_grammar_compilers") == baseline + 1
+    assert server.metric("ovtrio_grammar_cache_bytes") > 0
+    assert unload(server, "alpha").status_code == 200
+    assert server.metric("ovtrio_grammar_compilers") == baseline
+    # Scrapes and the memory trimmer's looks (every 2 s) go on beside structured
+    # requests to another model: the server stays up and the size stays that of a cache.
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        assert structured(server, "beta").status_code == 200
+        held = server.metric("ovtrio_grammar_cache_bytes")
+        assert 0 < held < 1_000_000_000
+    assert server.process.poll() is None
+    assert server.metric("ovtrio_grammar_compilers") == baseline + 1
+    assert unload(server, "beta").status_code == 200
+    assert server.metric("ovtrio_grammar_compilers") == baseline
+
+
+# A model loaded at start beside the folder's, under each launcher: `ovtrio serve` hands
+# the app the loads it began before importing it, hypercorn's app begins its own.
+START = "start"
+start_and_folder = server_fixture(
+    "start_and_folder",
+    "--model",
+    str(embedded_model_path()),
+    "--served-model-name",
+    START,
+    "--models-dir",
+    "{folder}/models",
+    "--num-kv-blocks",
+    KV_BLOCKS,
+    "--no-embeddings",
+    prepare=models_folder,
+)
+hypercorn_start_and_folder = server_fixture(
+    "hypercorn_start_and_folder",
+    env={
+        "OVTRIO_MODEL": str(embedded_model_path()),
+        "OVTRIO_SERVED_MODEL_NAME": START,
+        "OVTRIO_MODELS_DIR": "{folder}/models",
+        "OVTRIO_NUM_KV_BLOCKS": KV_BLOCKS,
+        "OVTRIO_EMBEDDINGS": "false",
+    },
+    hypercorn=True,
+    prepare=models_folder,
+)
+
+
+@pytest.mark.parametrize("launcher", ["start_and_folder", "hypercorn_start_and_folder"])
+def test_a_model_loaded_at_start_gives_its_memory_back_when_unloaded(launcher, request):
+    server = request.getfixturevalue(launcher)
+    pid = _worker_pid(server)
+    assert chat(server, START).status_code == 200
+    # A folder model's share: loaded once first (what a first load brings for good stays).
+    assert chat(server, "alpha").status_code == 200
+    assert unload(server, "alpha").status_code == 200
+    assert chat(server, "alpha").status_code == 200
+    loaded = _rss_mb(pid)
+    assert unload(server, "alpha").status_code == 200
+    unloaded = _rss_mb(pid)
+    share = loaded - unloaded
+    assert share > 100, (loaded, unloaded)  # the engine's weights, kernels and KV cache
+    # The model loaded at start, the same file, gives back as much.
+    assert unload(server, START).status_code == 200
+    assert states(server)[START]["value"] == "unloaded"
+    freed = unloaded - _rss_mb(pid)
+    assert freed > 0.7 * share, (share, freed)
+    # And it loads again on demand.
+    assert chat(server, START).status_code == 200
+
+
+async def test_an_open_responses_socket_keeps_nothing_of_an_unloaded_model(serve_on_demand):
+    """A socket that ran a response on a model and stays open (idle, or sending only
+    frames that fail) must not keep the model's engine once it is unloaded."""
+    from trio_websocket import open_websocket_url
+
+    from test_responses_socket import receive_json, receive_response
+
+    server = serve_on_demand
+    pid = _worker_pid(server)
+    # One cycle first: what the first load brings for good stays.
+    assert chat(server, "alpha").status_code == 200
+    assert unload(server, "alpha").status_code == 200
+    before = _rss_mb(pid)
+    create = {"type": "response.create", "model": "alpha", "input": "Hi", "max_output_tokens": 2, "ignore_eos": True}
+    async with open_websocket_url(server.base_url.replace("http://", "ws://") + "/v1/responses") as ws:
+        await ws.send_message(json.dumps(create))
+        assert (await receive_response(ws))[-1]["response"]["usage"]["output_tokens"] == 2
+        loaded = _rss_mb(pid)
+        assert (await trio.to_thread.run_sync(unload, server, "alpha")).status_code == 200
+        await ws.send_message("not json")
+        assert (await receive_json(ws))["type"] == "error"
+        unloaded = _rss_mb(pid)
+    share = loaded - before
+    assert share > 100, (before, loaded)
+    assert unloaded - before < 0.3 * share, (before, loaded, unloaded)

@@ -45,6 +45,11 @@ class MemoryCollector(Collector):
             "Bytes of compiled grammars the engines keep for reuse (XGrammar's estimate)",
             value=grammar_cache.cache_bytes(),
         )
+        yield GaugeMetricFamily(
+            "ovtrio_grammar_compilers",
+            "Grammar compilers of the loaded engines, whose caches ovtrio_grammar_cache_bytes counts",
+            value=grammar_cache.compilers(),
+        )
         if self._store is not None:
             yield GaugeMetricFamily(
                 "ovtrio_response_store_bytes", "Bytes of memory the stored responses take", value=self._store.bytes

@@ -229,7 +229,11 @@ class OnDemandEncoder(Generic[Model]):
         self.model = None
         del model
         self._announce()
-        gc.collect()  # the pipeline's memory goes now, not at some later collection
+        # The pipeline's memory goes now, not at some later collection; a model that
+        # became ready meanwhile froze what existed then (serving/service.py): this
+        # encoder too, which the collection would not see.
+        gc.unfreeze()
+        gc.collect()
         log.info("unloaded %s model '%s'", self.kind, self.name)
 
 

@@ -3,7 +3,7 @@
 (vocabulary.py), prompt building (prompts.py), the formats its chat template teaches
 (chat_format.py), and the limits and defaults requests get (limits.py)."""
 
-from ovtrio.model.load_thread import start_loading, start_loading_in_order
+from ovtrio.model.load_thread import ModelLoad, start_loading, start_loading_in_order
 from ovtrio.model.loading import LoadedModel, load_and_warm_up, load_model
 from ovtrio.model.source import EMBEDDED_NAME, ModelLoadError, ModelSource, embedded_model_path, resolve_model
 from ovtrio.model.warm_up import warm_up
@@ -11,6 +11,7 @@ from ovtrio.model.warm_up import warm_up
 __all__ = [
     "EMBEDDED_NAME",
     "LoadedModel",
+    "ModelLoad",
     "ModelLoadError",
     "ModelSource",
     "embedded_model_path",

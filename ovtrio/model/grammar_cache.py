@@ -16,6 +16,13 @@ see compile_threads). Nothing else changes: the compiler, its cache and its evic
 XGrammar's. The compiler's address is kept, so the cache's
 size (`cache_bytes`, XGrammar's estimate) can be read for /metrics and tests.
 
+A compiler belongs to one pipeline (XGrammarStructuredOutput holds it) and is freed
+with it, so a kept address must be forgotten before its pipeline goes: read after, it
+is a call through freed memory. The engine builds the compiler inside the step that
+first needs a grammar, on the thread that steps, so whoever steps an engine does so
+within its EngineGrammars' `building()` (a thread-local mark), and the compilers built
+meanwhile are that engine's, forgotten by its `forget()` once it is stepped no more.
+
 The entry is found by reading the library's ELF relocation table (pyelftools). A
 library built otherwise (the call inlined or bound directly) has no such entry:
 `install` then returns False, and the cache stays unbounded (the server says so at
@@ -28,7 +35,8 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ovtrio import seams
@@ -44,14 +52,42 @@ _Constructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c
 _CacheSize = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)
 
 
+class EngineGrammars:
+    """The grammar compilers of one engine (pipeline): those its calls build while they
+    run within `building()`, to be forgotten (`forget`) before the engine is released."""
+
+    @contextmanager
+    def building(self) -> Iterator[None]:
+        """Compilers the engine builds on this thread meanwhile are this engine's."""
+        earlier = getattr(_building, "engine", None)
+        _building.engine = self
+        try:
+            yield
+        finally:
+            _building.engine = earlier
+
+    def forget(self) -> None:
+        """Stop counting this engine's compilers (and any whose engine is unknown, which
+        may be this one): call once nothing steps it any more, before it is released."""
+        if _hook is not None:
+            _hook.forget(self)
+
+
+# The engine whose call runs on this thread (EngineGrammars.building).
+_building = threading.local()
+
+
 class _Hook:
-    """The installed redirection: the limit, the real constructor, the compilers made."""
+    """The installed redirection: the limit, the real constructor, the compilers made
+    (each with the engine that built it, None when unknown)."""
 
     def __init__(self) -> None:
         self.limit = -1
         self.real: Callable[[int, int, int, bool, int], None] | None = None
         self.cache_size: Callable[[int], int] | None = None
-        self.compilers: list[int] = []
+        self.compilers: dict[int, EngineGrammars | None] = {}
+        # Held while a compiler is read, so that none is forgotten (and then freed)
+        # in the middle of a read from another thread.
         self.lock = threading.Lock()
         self.callback = _Constructor(self._construct)  # kept alive: the library calls it
 
@@ -60,8 +96,17 @@ class _Hook:
         # pipeline first needs a grammar compiled. Must construct the object, whatever.
         assert self.real is not None
         self.real(this, tokenizer_info, compile_threads(max_threads), cache_enabled, self.limit)
+        engine = getattr(_building, "engine", None)
+        if engine is None:
+            log.debug("a grammar compiler was built outside any engine's step: forgotten at the next unload")
         with self.lock:
-            self.compilers.append(this)
+            self.compilers[this] = engine
+
+    def forget(self, engine: EngineGrammars) -> None:
+        with self.lock:
+            for address, owner in list(self.compilers.items()):
+                if owner is engine or owner is None:
+                    del self.compilers[address]
 
 
 _hook: _Hook | None = None
@@ -105,13 +150,21 @@ def install(limit_bytes: int) -> bool:
 
 
 def cache_bytes() -> int:
-    """Bytes of compiled grammars held by every compiler built since `install`, by
-    XGrammar's own estimate (0 before any grammar was compiled)."""
+    """Bytes of compiled grammars held by the compilers of the engines not yet
+    forgotten, by XGrammar's own estimate (0 before any grammar was compiled)."""
     if _hook is None or _hook.cache_size is None:
         return 0
     with _hook.lock:
-        compilers = list(_hook.compilers)
-    return sum(max(0, _hook.cache_size(address)) for address in compilers)
+        return sum(max(0, _hook.cache_size(address)) for address in _hook.compilers)
+
+
+def compilers() -> int:
+    """How many compilers `cache_bytes` reads: one per engine that compiled a grammar
+    and is not yet forgotten."""
+    if _hook is None:
+        return 0
+    with _hook.lock:
+        return len(_hook.compilers)
 
 
 def _address(function: ctypes._CFunctionType) -> int:

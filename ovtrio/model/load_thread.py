@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+
+import outcome
 
 from ovtrio.model.loading import LoadedModel, load_and_warm_up
 from ovtrio.model.source import ModelSource
@@ -20,7 +21,31 @@ def import_engine() -> None:
     import openvino_genai  # noqa: F401
 
 
-def start_loading(source: ModelSource, settings: Settings) -> Future[tuple[LoadedModel, int]]:
+class ModelLoad:
+    """A model's load in the load thread, and its result (the loaded model and its KV
+    cache's capacity), handed over once. Whoever keeps the handle after that (the
+    launcher's frames keep them for as long as the server runs) keeps nothing: once the
+    model is unloaded, nothing holds its pipeline."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._outcome: outcome.Outcome[tuple[LoadedModel, int]] | None = None
+        self._taken = False
+
+    def finish(self, result: outcome.Outcome[tuple[LoadedModel, int]]) -> None:
+        self._outcome = result
+        self._done.set()
+
+    def take(self) -> tuple[LoadedModel, int]:
+        """Wait for the load to end; its result, or the error it raised. Once only."""
+        self._done.wait()
+        result, self._outcome = self._outcome, None
+        if result is None:
+            raise RuntimeError("a model's load was already taken")
+        return result.unwrap()
+
+
+def start_loading(source: ModelSource, settings: Settings) -> ModelLoad:
     """load_and_warm_up in a thread of its own, started now; its result, later.
 
     `ovtrio serve` starts the load before importing the web framework and building
@@ -31,21 +56,16 @@ def start_loading(source: ModelSource, settings: Settings) -> Future[tuple[Loade
     return start_loading_in_order([(source, settings)])[0]
 
 
-def start_loading_in_order(models: Sequence[tuple[ModelSource, Settings]]) -> list[Future[tuple[LoadedModel, int]]]:
+def start_loading_in_order(models: Sequence[tuple[ModelSource, Settings]]) -> list[ModelLoad]:
     """start_loading for several models, loaded one after the other in one thread: each
     load keeps a core busy compiling, and a GGUF file converted for the first model is in
     the model cache for a later one. A model that fails to load does not stop the next
-    one: its future holds the error."""
-    futures: list[Future[tuple[LoadedModel, int]]] = [Future() for _ in models]
+    one: its handle holds the error."""
+    loads = [ModelLoad() for _ in models]
 
     def load() -> None:
-        for (source, settings), future in zip(models, futures):
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(load_and_warm_up(source, settings))
-            except BaseException as exc:  # noqa: BLE001 (handed to whoever waits for the model)
-                future.set_exception(exc)
+        for (source, settings), handle in zip(models, loads):
+            handle.finish(outcome.capture(load_and_warm_up, source, settings))
 
     threading.Thread(target=load, name="ovtrio-model-load", daemon=True).start()
-    return futures
+    return loads

@@ -90,6 +90,7 @@ from typing import Any
 import trio
 
 from ovtrio.model.engine_errors import client_reason
+from ovtrio.model.grammar_cache import EngineGrammars
 from ovtrio.model.grammar_check import GrammarLimits
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.engine_admission import EngineAdmission
@@ -155,7 +156,10 @@ class Scheduler:
 
         self._running_status = openvino_genai.GenerationStatus.RUNNING
         binding = EngineStep(pipeline.step, releases_gil=False, description="the binding's step()")
-        self._stepper: StepThread[StepState] = StepThread(step or binding)
+        # The grammar compilers the engine builds in its steps: forgotten once the loop
+        # ends, before the pipeline (which frees them) can go.
+        self._grammars = EngineGrammars()
+        self._stepper: StepThread[StepState] = StepThread(step or binding, self._grammars)
         self._intake = RequestIntake(self, tokenizer, vocabulary, stream_interval, limits, observer)
         self._admission = EngineAdmission(
             pipeline,
@@ -287,6 +291,7 @@ class Scheduler:
         finally:
             self._intake.running = False
             self._stepper.close()
+            self._grammars.forget()
             self._admission.close()
             self._intake.fail_all("server is shutting down", SHUTTING_DOWN)
 

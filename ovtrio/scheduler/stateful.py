@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any
 
 import trio
 
+from ovtrio.model.grammar_cache import EngineGrammars
 from ovtrio.model.tensors import prompt_tensor
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.intake import SHUTTING_DOWN, RequestIntake
@@ -71,6 +73,9 @@ class StatefulScheduler:
             self, tokenizer, vocabulary, stream_interval, limits, observer, scores_tokens=False
         )
         self._pipeline = pipeline
+        # The grammar compilers generate() builds: forgotten once the loop ends, before
+        # the pipeline (which frees them) can go.
+        self._grammars = EngineGrammars()
         self._model_stop_token_ids = frozenset(pipeline.get_generation_config().stop_token_ids)
         self._buffered_tokens = buffered_tokens
         self._generating = False
@@ -139,7 +144,13 @@ class StatefulScheduler:
                 await self._serve(admission)
         finally:
             self._intake.running = False
+            self._grammars.forget()
             self._intake.fail_all("server is shutting down", SHUTTING_DOWN)
+
+    def _generate(self, run: Callable[[], Any]) -> Any:
+        """Run a generation, in a worker thread."""
+        with self._grammars.building():
+            return run()
 
     async def _serve(self, admission: Admission) -> None:
         """Run one request: generate in a worker thread, deliver as tokens arrive."""
@@ -179,7 +190,7 @@ class StatefulScheduler:
             self._generating = True
             self._generations += 1
             try:
-                outcome.append(await trio.to_thread.run_sync(partial(run, streamer=streamer)))
+                outcome.append(await trio.to_thread.run_sync(self._generate, partial(run, streamer=streamer)))
             except Exception as exc:  # noqa: BLE001 - an engine fault: fail this request, keep serving
                 outcome.append(exc)
             finally:

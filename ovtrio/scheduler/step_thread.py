@@ -53,6 +53,7 @@ from typing import Any, Generic, TypeVar
 import outcome
 import trio
 
+from ovtrio.model.grammar_cache import EngineGrammars
 from ovtrio.scheduler.engine_step import EngineStep
 
 Value = TypeVar("Value")
@@ -91,9 +92,11 @@ class _WhenIdle(trio.abc.Instrument):
 
 
 class StepThread(Generic[Value]):
-    def __init__(self, step: EngineStep) -> None:
-        """`step`: how to step the engine, unless a run asks for another (start)."""
+    def __init__(self, step: EngineStep, grammars: EngineGrammars | None = None) -> None:
+        """`step`: how to step the engine, unless a run asks for another (start).
+        `grammars`: the engine's grammar compilers, which its steps build (grammar_cache.py)."""
         self._step = step
+        self._grammars = grammars or EngineGrammars()
         self._when_idle: _WhenIdle | None = None
         # Each step's outcome (a StepResult, or the error that ended the run), in order.
         self._results: deque[outcome.Outcome] = deque()
@@ -186,6 +189,10 @@ class StepThread(Generic[Value]):
                 pass
 
         def steps() -> StepResult[Value]:
+            with self._grammars.building():
+                return stepped()
+
+        def stepped() -> StepResult[Value]:
             while True:
                 self.entered += 1
                 if handed_over is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import NoReturn
 
@@ -45,7 +44,7 @@ from ovtrio.audio.service import TranscriptionService, transcription_models_to_s
 from ovtrio.embedding.kinds import served_models
 from ovtrio.embedding.metrics import EncoderMetrics
 from ovtrio.embedding.service import EncoderService, encoders_to_serve
-from ovtrio.model import LoadedModel, ModelLoadError
+from ovtrio.model import ModelLoad, ModelLoadError
 from ovtrio.model.vision import is_vision_folder
 from ovtrio.playground import routes as playground
 from ovtrio.server.hypercorn_patches import (
@@ -68,9 +67,7 @@ from ovtrio.settings.server import (
 log = logging.getLogger("ovtrio")
 
 
-def create_app(
-    settings: Settings | None = None, loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None
-) -> QuartTrio:
+def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | None = None) -> QuartTrio:
     """The app for `settings` (default: from the environment), serving the model they
     name or those of their config file; `loading`, when given, is each model's load
     already under way (ovtrio.model.start_loading_in_order). Raises SettingsError."""

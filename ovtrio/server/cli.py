@@ -8,13 +8,12 @@ import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from ovtrio import __version__
 from ovtrio.embedding.kinds import served_models
 from ovtrio.model import (
-    LoadedModel,
+    ModelLoad,
     ModelLoadError,
     ModelSource,
     resolve_model,
@@ -79,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def serve(settings: Settings, loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None) -> int:
+async def serve(settings: Settings, loading: Sequence[ModelLoad] | None = None) -> int:
     import trio
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Literal
 
@@ -37,7 +36,7 @@ from ovtrio.audio.service import TranscriptionService, check_transcription_folde
 from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.embedding.worker import EncoderObserver
-from ovtrio.model import LoadedModel, ModelLoadError, start_loading_in_order
+from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
 from ovtrio.scheduler import RequestObserver
 from ovtrio.serving.discovery import FolderModel, folder_models, settings_for
 from ovtrio.serving.metrics import LifecycleMetrics
@@ -68,7 +67,7 @@ class ModelRegistry:
         models: Sequence[Settings],
         drain_timeout: float,
         observer: ObserverFactory | None = None,
-        loading: Sequence[Future[tuple[LoadedModel, int]]] | None = None,
+        loading: Sequence[ModelLoad] | None = None,
         encoders: Sequence[Encoder] = (),
         models_dir: Settings | None = None,
         rules: ResidencyRules | None = None,

@@ -16,12 +16,11 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from functools import partial
 
 import trio
 
-from ovtrio.model import LoadedModel, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
+from ovtrio.model import ModelLoad, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
 from ovtrio.model.backend import engine_backend
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.speculation import apply_defaults
@@ -46,7 +45,7 @@ class ModelService:
         self,
         settings: Settings,
         observer: ObserverFactory | None = None,
-        loading: Future[tuple[LoadedModel, int]] | None = None,
+        loading: ModelLoad | None = None,
         on_demand: bool = False,
     ) -> None:
         """`observer`, when given, makes what the scheduler reports each request's
@@ -255,13 +254,19 @@ class ModelService:
             reason = f"{type(exc).__name__}: {client_reason(exc)}"
             self.failure = f"its scheduler stopped after an internal error ({reason})"
             self.failed.set()
+        finally:
+            # What was frozen becomes collectable again: this model's scheduler, in a
+            # reference cycle with its requests' intake, holds the pipeline, which the
+            # collection after an unload must free. The next model ready freezes what
+            # is left then.
+            gc.unfreeze()
 
     async def _serve(self, source: ModelSource) -> None:
         began = time.perf_counter()
         try:
             if self.loading is not None:
-                loading, self.loading = self.loading, None  # the future would keep the pipeline after an unload
-                model, kv_capacity = await trio.to_thread.run_sync(loading.result)
+                loading, self.loading = self.loading, None
+                model, kv_capacity = await trio.to_thread.run_sync(loading.take)
             else:
                 model, kv_capacity = await trio.to_thread.run_sync(load_and_warm_up, source, self.settings)
             stateful = engine_backend(self.settings) == "stateful"
@@ -290,13 +295,10 @@ class ModelService:
         scheduler = self.serving.scheduler
         async with trio.open_nursery() as nursery:
             await nursery.start(self._run_scheduler, scheduler)
-            if not self.on_demand and self.cycles == 1:
-                # What exists now (modules, the model's objects) lives as long as the
-                # server: out of the collector's sight, a full collection no longer walks
-                # it and pauses the event loop for that long. Not so for a model loaded
-                # on demand, which may be unloaded (and what was frozen is never
-                # collected).
-                gc.freeze()
+            # What exists now (modules, the loaded models' objects) lives on: out of the
+            # collector's sight, a full collection no longer walks it and pauses the
+            # event loop for that long. Until a model's scheduler stops (_run_scheduler).
+            gc.freeze()
             # Loading and warming up freed much that glibc would otherwise keep.
             await memory.return_free_memory()
             self.ready.set()

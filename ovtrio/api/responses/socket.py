@@ -166,17 +166,33 @@ async def _serve_frames(
             )
             await send.send(frame_text(busy.event(stream_id)))
             continue
-        try:
-            model = await generation_model(body.model, body.keep_alive)
-            model.scheduler.check_capacity()
-            ready = await prepare(model, body, local, response_store())
-        except REQUEST_ERRORS as error:
-            await send.send(frame_text(api_error(error).event(stream_id)))
-            continue
-        # Every response stays on the socket for chaining; stored ones also server-wide.
-        stores = [local, response_store()] if body.store else [local]
-        idle.response_started()
-        responses.start_soon(_run, model.scheduler, ready, stores, stream_id, send.clone(), idle.response_ended)
+        await _start_response(responses, send, local, idle, stream_id, body)
+
+
+async def _start_response(
+    responses: trio.Nursery,
+    send: trio.MemorySendChannel[str],
+    local: ResponseStore,
+    idle: IdleClock,
+    stream_id: Any,
+    body: ResponsesRequest,
+) -> None:
+    """Prepare one response.create's response and start it as a task of `responses`, or
+    send the error event that says why it cannot run. A function of its own so that what
+    it holds of the model (its engine) goes with it: kept in the reading loop, it would
+    stay for as long as the socket waits for its next frame, an unloaded model's
+    engine with it."""
+    try:
+        model = await generation_model(body.model, body.keep_alive)
+        model.scheduler.check_capacity()
+        ready = await prepare(model, body, local, response_store())
+    except REQUEST_ERRORS as error:
+        await send.send(frame_text(api_error(error).event(stream_id)))
+        return
+    # Every response stays on the socket for chaining; stored ones also server-wide.
+    stores = [local, response_store()] if body.store else [local]
+    idle.response_started()
+    responses.start_soon(_run, model.scheduler, ready, stores, stream_id, send.clone(), idle.response_ended)
 
 
 def frame_text(event: Any, stream_id: Any = None) -> str:
