@@ -161,7 +161,7 @@ def _loading_with_a_fake_engine(monkeypatch, fails_on: set[str]) -> list[str]:
 
     asked: list[str] = []
 
-    def fake_build(path: Path, settings, phases, save: bool = False):
+    def fake_build(path: Path, settings, phases, save: bool = False, on_folder=None):
         what = "conversion" if save else "entry"
         asked.append(what)
         if what in fails_on:

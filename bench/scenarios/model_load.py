@@ -7,8 +7,9 @@ Three measurements, each `--runs` times (medians reported, each run printed):
 1. The load's parts, in a fresh process per run: tokenizer, model (the engine reading
    and compiling it), vocabulary and warm-up, as the server logs them, with the model
    cache warm; without and with OpenVINO's compile cache (CACHE_DIR, --compile-cache),
-   whose first run fills it. "total" is the load's wall time in that process: the
-   engine's import included, the vocabulary read beside the warm-up.
+   whose first run fills it. "total" is the load's wall time in that process, the
+   engine's import included; "vocabulary" is what remained of its reading once the
+   engine had compiled (the rest runs meanwhile).
 2. `ovtrio serve` from process start to the first streamed token, the model cached.
 3. A `--models-dir` server (the model linked into a folder): from a request for the
    unloaded model to its first streamed token, the model unloaded between runs

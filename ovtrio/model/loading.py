@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.engine_file import openable_by_engine
 from ovtrio.model.gguf_converted import engine_readable
-from ovtrio.model.plain_text import PlainText, load_plain_text
+from ovtrio.model.plain_text import PlainText, plain_text_of_ir, plain_text_without_ir
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, pipeline_properties, speculation_for
 from ovtrio.model.vision import VisionModel, is_vision_folder, measure_image_tokens
@@ -97,10 +98,20 @@ def compile_cache_folder(settings: Settings) -> Path:
     return cache_folder(settings.cache_dir, settings.data_dir) / "compiled"
 
 
-def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool = False) -> tuple[Any, Any]:
+# Told the IR folder a pipeline is about to be built from (the load reads its tokenizer
+# IR meanwhile, on another thread).
+FolderHook = Callable[[Path], None] | None
+
+
+def _build(
+    path: Path, settings: Settings, phases: dict[str, float], save: bool = False, on_folder: FolderHook = None
+) -> tuple[Any, Any]:
     """Tokenizer and pipeline from a GGUF file or IR folder at `path`; with `save`,
     the engine also writes the IR it converts from a GGUF file next to it."""
     import openvino_genai
+
+    if on_folder is not None and path.is_dir():
+        on_folder(path)
 
     extra = {"enable_save_ov_model": True} if save else {}
     # An IR folder's continuous-batching pipeline reads the tokenizer itself, and its
@@ -149,7 +160,7 @@ def _build(path: Path, settings: Settings, phases: dict[str, float], save: bool 
 
 
 def _from_prebuilt(
-    cache: ModelCache, key: str, settings: Settings, phases: dict[str, float]
+    cache: ModelCache, key: str, settings: Settings, phases: dict[str, float], on_folder: FolderHook = None
 ) -> tuple[Any, Any, str, Path] | None:
     """Tokenizer and pipeline from the entry of a cache that is only read, or None
     (with a warning line when it has one the engine cannot use: the writable cache
@@ -162,7 +173,7 @@ def _from_prebuilt(
     if folder is None:
         return None
     try:
-        tokenizer, pipeline = _build(folder, settings, phases)
+        tokenizer, pipeline = _build(folder, settings, phases, on_folder=on_folder)
     except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
         log.warning("prebuilt model cache entry %s is unusable (%s)", folder, client_reason(exc))
         return None
@@ -170,7 +181,7 @@ def _from_prebuilt(
 
 
 def _build_with_cache(
-    source: ModelSource, settings: Settings, phases: dict[str, float]
+    source: ModelSource, settings: Settings, phases: dict[str, float], on_folder: FolderHook = None
 ) -> tuple[Any, Any, str, Path | None]:
     """Tokenizer and pipeline for a GGUF file, from the cache entry when there is a
     good one, else converted and kept as a new entry. Also says which happened.
@@ -183,7 +194,8 @@ def _build_with_cache(
     identity = model_identity(source.path)
     key = entry_key(identity, engine_versions())
     if settings.prebuilt_cache_dir:
-        prebuilt = _from_prebuilt(ModelCache(Path(settings.prebuilt_cache_dir).expanduser()), key, settings, phases)
+        prebuilt_cache = ModelCache(Path(settings.prebuilt_cache_dir).expanduser())
+        prebuilt = _from_prebuilt(prebuilt_cache, key, settings, phases, on_folder)
         if prebuilt is not None:
             return prebuilt
     try:
@@ -195,7 +207,7 @@ def _build_with_cache(
     replacing = False
     if folder is not None:
         try:
-            tokenizer, pipeline = _build(folder, settings, phases)
+            tokenizer, pipeline = _build(folder, settings, phases, on_folder=on_folder)
             return tokenizer, pipeline, f"cached in {folder}", folder
         except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
             log.warning("model cache entry %s is unusable (%s); rebuilding it", folder, client_reason(exc))
@@ -262,56 +274,71 @@ def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedMod
 
 def _load(source: ModelSource, settings: Settings, warm: bool) -> tuple[LoadedModel, int]:
     """The engine's pipeline, the tables read from the model's files, and (with `warm`)
-    the warm-up. The engine lets go of the GIL while it compiles and warms up, on one
-    core; the Python work of a load (the compiled-grammar seam, the vocabulary, the
-    plain-text tokenizer: 0.2-0.3 s) runs beside it on another thread, off the load's
-    critical path (measured with `python -m bench model_load`)."""
+    the warm-up. The engine compiles on one core, without the GIL; the Python work of a
+    load (the compiled-grammar seam, the vocabulary, the plain-text tokenizer from the
+    tokenizer's IR: 0.2-0.3 s) runs meanwhile on another thread, off the load's
+    critical path. The warm-up, which keeps both cores busy, then runs alone (measured
+    with `python -m bench model_load`)."""
     started = time.perf_counter()
     phases: dict[str, float] = {}
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ovtrio-load-beside") as beside:
         # Before any pipeline can compile a grammar (its first structured request).
         bounded = beside.submit(grammar_cache.install, settings.grammar_cache_bytes)
         table = beside.submit(read_vocabulary, source.path, source.kind)
-        tokenizer, pipeline, origin, ir_folder = _engine(source, settings, phases)
+        plain_of_ir: dict[Path, Future[PlainText | None]] = {}
+
+        def on_folder(folder: Path) -> None:
+            plain_of_ir[folder] = beside.submit(plain_text_of_ir, folder)
+
+        tokenizer, pipeline, origin, ir_folder = _engine(source, settings, phases, on_folder)
         if settings.chat_template:
             try:
                 template = Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
             except OSError as exc:
                 raise ModelLoadError(f"cannot read chat template {settings.chat_template}: {exc.strerror}") from None
             tokenizer.set_chat_template(template)
-        # The tokenizer's IR: an IR folder's own, or the GGUF file's cache entry.
+        tables_started = time.perf_counter()
+        vocabulary = checked_vocabulary(table.result(), tokenizer)
+        # The tokenizer's IR: an IR folder's own, or the GGUF file's cache entry (which a
+        # first conversion writes only as the pipeline is built: read it now).
         tokenizer_folder = source.path if source.kind != "gguf" else ir_folder
-        tables = beside.submit(_tokenizer_tables, table, tokenizer, tokenizer_folder)
-        model = LoadedModel(
-            source=source,
-            pipeline=pipeline,
-            tokenizer=tokenizer,
-            device=settings.device,
-            load_seconds=0.0,
-            phases=phases,
-            origin=origin,
-            speculation=speculation_for(settings, source),
-            model_xml=ir_folder / "openvino_model.xml" if ir_folder is not None else None,
-        )
-        kv_capacity = _warm_up(model, settings) if warm else 0
-        model.vocabulary, model.plain_text, phases["vocabulary"] = tables.result()
+        made = plain_of_ir.get(tokenizer_folder) if tokenizer_folder is not None else None
+        plain = made.result() if made is not None else plain_text_of_ir(tokenizer_folder)
+        plain_text = plain or plain_text_without_ir(tokenizer, _special_texts(vocabulary))
+        phases["vocabulary"] = time.perf_counter() - tables_started
         bounded.result()
+    model = LoadedModel(
+        source=source,
+        pipeline=pipeline,
+        tokenizer=tokenizer,
+        device=settings.device,
+        load_seconds=0.0,
+        vocabulary=vocabulary,
+        phases=phases,
+        origin=origin,
+        speculation=speculation_for(settings, source),
+        model_xml=ir_folder / "openvino_model.xml" if ir_folder is not None else None,
+        plain_text=plain_text,
+    )
+    kv_capacity = _warm_up(model, settings) if warm else 0
     model.load_seconds = time.perf_counter() - started
     return model, kv_capacity
 
 
-def _engine(source: ModelSource, settings: Settings, phases: dict[str, float]) -> tuple[Any, Any, str, Path | None]:
+def _engine(
+    source: ModelSource, settings: Settings, phases: dict[str, float], on_folder: FolderHook
+) -> tuple[Any, Any, str, Path | None]:
     """Tokenizer and pipeline, where the engine's models came from, and the IR folder
     the engine serves (None: a GGUF file converted in memory only, or a vision model)."""
     try:
         if source.kind == "gguf" and settings.model_cache:
             with engine_readable(source, settings, phases) as readable:
-                return _build_with_cache(readable, settings, phases)
+                return _build_with_cache(readable, settings, phases, on_folder)
         if source.kind == "gguf":
             with engine_readable(source, settings, phases) as readable, openable_by_engine(readable.path) as path:
                 tokenizer, pipeline = _build(path, settings, phases)
             return tokenizer, pipeline, "converted", None
-        tokenizer, pipeline = _build(source.path, settings, phases)
+        tokenizer, pipeline = _build(source.path, settings, phases, on_folder=on_folder)
         # A vision-language model's language model takes embeddings: nothing to score with.
         return tokenizer, pipeline, "IR", None if source.vision else source.path
     except ModelLoadError:
@@ -322,16 +349,6 @@ def _engine(source: ModelSource, settings: Settings, phases: dict[str, float]) -
         raise ModelLoadError(
             f"cannot load model {source.path} on {settings.device}{with_hints}: {client_reason(exc)}"
         ) from None
-
-
-def _tokenizer_tables(
-    table: Future[Vocabulary | None], tokenizer: Any, tokenizer_folder: Path | None
-) -> tuple[Vocabulary | None, PlainText, float]:
-    """The checked vocabulary, the plain-text tokenizer and the seconds they took."""
-    started = time.perf_counter()
-    vocabulary = checked_vocabulary(table.result(), tokenizer)
-    plain_text = load_plain_text(tokenizer_folder, tokenizer, _special_texts(vocabulary))
-    return vocabulary, plain_text, time.perf_counter() - started
 
 
 def _warm_up(model: LoadedModel, settings: Settings) -> int:

@@ -85,14 +85,25 @@ def load_plain_text(folder: Path | None, tokenizer: Any, vocabulary_specials: li
     and the special tokens' texts of the vocabulary (`vocabulary_specials`), or else
     those the tokenizer's vocabulary spells as markup and its decoder skips. Blocking:
     for the loading thread."""
+    return plain_text_of_ir(folder) or plain_text_without_ir(tokenizer, vocabulary_specials)
+
+
+def plain_text_of_ir(folder: Path | None) -> PlainText | None:
+    """The PlainText made from the tokenizer IR in `folder` alone (no tokenizer object
+    needed: the load makes it while the engine compiles); None when there is none."""
     xml = folder / TOKENIZER_XML if folder is not None else None
-    if xml is not None and xml.is_file():
-        try:
-            plain = _from_ir(xml)
-            if plain is not None:
-                return plain
-        except Exception as exc:  # noqa: BLE001 (any failure leaves the fallback, which is safe)
-            log.warning("cannot copy the tokenizer without special tokens (%s); their texts are broken instead", exc)
+    if xml is None or not xml.is_file():
+        return None
+    try:
+        return _from_ir(xml)
+    except Exception as exc:  # noqa: BLE001 (any failure leaves the fallback, which is safe)
+        log.warning("cannot copy the tokenizer without special tokens (%s); their texts are broken instead", exc)
+        return None
+
+
+def plain_text_without_ir(tokenizer: Any, vocabulary_specials: list[str]) -> PlainText:
+    """No copy; the special tokens' texts of the vocabulary, or else those the
+    tokenizer's vocabulary spells as markup and its decoder skips."""
     texts = sorted({t for t in vocabulary_specials if t} or _skipped_markup(tokenizer), key=len, reverse=True)
     return PlainText(re.compile("|".join(map(re.escape, texts))) if texts else None)
 

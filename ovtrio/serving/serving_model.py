@@ -71,12 +71,10 @@ def system_fingerprint(path: Path | None, device: str) -> str:
 
 def load_summary(model: LoadedModel) -> str:
     """One line: the load's time, its phases, and where the engine's models came from.
-    The vocabulary is read beside the engine's work (loading.py), so the phases add up
-    to more than the whole."""
+    The vocabulary phase is what remained of its reading once the engine had compiled
+    (the rest ran meanwhile, loading.py)."""
     phases = ", ".join(
-        f"{name} {seconds:.1f} s"
-        + (f" ({model.origin})" if name == "model" and model.origin else "")
-        + (" beside the warm-up" if name == "vocabulary" else "")
+        f"{name} {seconds:.1f} s" + (f" ({model.origin})" if name == "model" and model.origin else "")
         for name, seconds in model.phases.items()
     )
     return f"loaded in {model.load_seconds:.1f} s: {phases}"
