@@ -299,9 +299,11 @@ class ModelService:
             # collector's sight, a full collection no longer walks it and pauses the
             # event loop for that long. Until a model's scheduler stops (_run_scheduler).
             gc.freeze()
-            # Loading and warming up freed much that glibc would otherwise keep.
-            await memory.return_free_memory()
             self.ready.set()
+            # Loading and warming up freed much that glibc would otherwise keep. Returned
+            # once the model serves: a request that waited for the load does not wait for
+            # this too (it runs in a worker thread).
+            await memory.return_free_memory()
             where = f" at {self.base_url}/v1 and {self.base_url}/v3" if self.base_url else ""
             log.info(
                 "serving %s as '%s' on %s (loaded in %.1f s, context %d tokens)%s",
