@@ -37,6 +37,12 @@ CHROMIUM_ARGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # The tests keep several pages of one browser open at once: a page Chromium counts as
+    # in the background gets no animation frames and slowed timers, and the playground
+    # draws a streaming reply once a frame.
+    "--disable-renderer-backgrounding",
+    "--disable-background-timer-throttling",
+    "--disable-backgrounding-occluded-windows",
     f"--host-resolver-rules=MAP *.{REBOUND_DOMAIN} 127.0.0.1",
 )
 
