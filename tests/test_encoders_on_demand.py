@@ -40,6 +40,7 @@ from test_models_on_demand import (
     _rss_mb,
     _worker_pid,
     chat,
+    chat_running,
     count,
     loads,
     states,
@@ -331,13 +332,7 @@ def test_models_max_counts_the_encoders(launcher, request):
     assert server.metric("ovtrio_model_unloads_total", model_name=EMBEDDER, reason="lru") >= 1
     # While the generation model runs a request, the embedder finds no room: 503 with
     # Retry-After after --models-load-wait, and it stays unloaded, not failed.
-    done: list[httpx.Response] = []
-    running = threading.Thread(target=lambda: done.append(chat(server, "alpha", max_tokens=150)))
-    running.start()
-    deadline = time.monotonic() + 30
-    while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    running, done = chat_running(server, "alpha", 150)
     refused = embed(server)
     by_hand = loopback.post(server.base_url + "/models/load", json={"model": EMBEDDER}, timeout=60)
     running.join()

@@ -96,6 +96,19 @@ def chat(server: RunningServer, model: str, **params: Any) -> httpx.Response:
     return post(server.base_url, "/v1/chat/completions", {**body, **params})
 
 
+def chat_running(server: RunningServer, model: str, max_tokens: int) -> tuple[threading.Thread, list[httpx.Response]]:
+    """A chat of `max_tokens` tokens for `model` in a thread, returned once the server
+    runs it; its answer lands in the list."""
+    done: list[httpx.Response] = []
+    running = threading.Thread(target=lambda: done.append(chat(server, model, max_tokens=max_tokens)))
+    running.start()
+    deadline = time.monotonic() + 30
+    while server.metric("ovtrio_requests_running", model_name=model) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return running, done
+
+
 def unload(server: RunningServer, model: str, **params: Any) -> httpx.Response:
     return loopback.post(server.base_url + "/models/unload", json={"model": model, **params}, timeout=120)
 
@@ -366,13 +379,7 @@ one_at_a_time = server_fixture(
 def test_a_load_with_no_room_waits_then_is_a_503_with_retry_after(one_at_a_time):
     server = one_at_a_time
     assert chat(server, "alpha").status_code == 200
-    done: list[httpx.Response] = []
-    running = threading.Thread(target=lambda: done.append(chat(server, "alpha", max_tokens=150)))
-    running.start()
-    deadline = time.monotonic() + 30
-    while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    running, done = chat_running(server, "alpha", 150)
     refused = chat(server, "beta")
     running.join()
     assert refused.status_code == 503, refused.text
@@ -416,13 +423,7 @@ def test_sigterm_drains_the_loaded_models_and_loads_no_other(tmp_path):
     )
     try:
         assert chat(server, "alpha").status_code == 200
-        done: list[httpx.Response] = []
-        running = threading.Thread(target=lambda: done.append(chat(server, "alpha", max_tokens=100)))
-        running.start()
-        deadline = time.monotonic() + 30
-        while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        running, done = chat_running(server, "alpha", 100)
         server.process.send_signal(signal.SIGTERM)
         wait_for_state(server, "alpha", "loaded")  # still listening while it drains
         refused = chat(server, "beta")
