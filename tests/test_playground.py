@@ -387,7 +387,8 @@ def test_a_reply_streams_into_the_page(watched):
     renders = page.evaluate("window.__renders")
     final = len(page.text_content(".msg.assistant .content"))
     partial = {length for length in renders if 0 < length < final}
-    assert len(partial) >= 2, f"renders while streaming: {renders} (final length {final})"
+    # At least one frame drawn mid-stream: a page that drew only at the end fails here.
+    assert partial, f"renders while streaming: {renders} (final length {final})"
     reply = last_reply(page)
     assert reply["stats"]["completion"] == 200 and reply["stats"]["ttft"] > 0 and reply["stats"]["tps"] > 0
     assert page.locator(".msg.assistant .stats").inner_text().count("200") >= 1
