@@ -523,7 +523,11 @@ class Soak:
         self.findings.rss_none_loaded.append((round(self.now(), 2), round(self.rss_end, 1)))
 
     async def run(self) -> Findings:
-        limits = httpx.Limits(max_connections=4 * self.options.clients + 8)
+        # Idle connections are dropped after a second, before the server's keep-alive
+        # timeout (2 s for the tests' hypercorn servers) closes them: a request sent on a
+        # connection the server is closing at that moment meets a reset, a race of the
+        # client's pool and no answer of the server's.
+        limits = httpx.Limits(max_connections=4 * self.options.clients + 8, keepalive_expiry=1.0)
         async with httpx.AsyncClient(base_url=self.base_url, timeout=self.options.deadline, limits=limits) as http:
             self.http = http
             self.began = time.monotonic()
