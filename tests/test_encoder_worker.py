@@ -10,8 +10,10 @@ from collections.abc import Sequence
 import pytest
 import trio
 
+from ovtrio.embedding.on_demand import OnDemandEncoder
 from ovtrio.embedding.worker import EncoderUnavailable, EncoderWorker, Job
 from ovtrio.scheduler import Overloaded
+from ovtrio.settings.server import Settings
 
 
 class GatedModel:
@@ -170,3 +172,83 @@ async def test_a_large_job_whose_client_left_stops_after_its_batch() -> None:
         await trio.sleep(0.2)
         nursery.cancel_scope.cancel()
     assert model.batches == [[("large", 4)]]
+
+
+class PartedEncoder(OnDemandEncoder[PartedModel]):
+    """An encoder loaded on demand whose model is `model` (its loads counted)."""
+
+    kind = "embedding"
+
+    def __init__(self, model: PartedModel) -> None:
+        super().__init__("parted", Settings(), None, EncoderWorker(model.run, max_batch=4, max_queued=4))
+        self.stand_in = model
+        self.loads = 0
+
+    def _load(self) -> PartedModel:
+        self.loads += 1
+        return self.stand_in
+
+
+def test_a_large_job_between_two_of_its_parts_keeps_its_model_busy() -> None:
+    """Between two parts the job holds no place of the queue, and no batch runs: the
+    model is still not idle, or an idle or LRU unload would take it away mid-job."""
+    encoder = PartedEncoder(PartedModel(max_batch=4))
+    encoder.loaded.set()
+    job = encoder.worker.enqueue(Job("large", 10))
+    job.left = 6  # its first part computed, it waits in the queue for its next
+    assert encoder.stats().queued == 0 and encoder.stats().running == 0
+    assert not encoder.idle
+
+
+async def test_an_encoder_unloaded_in_the_middle_of_a_large_job_loads_again_and_finishes_it() -> None:
+    """An unload of a busy encoder (a drain past its timeout): the part in the thread
+    ends, and the rest of the job loads the model again."""
+    model = PartedModel(max_batch=4)
+    encoder = PartedEncoder(model)
+    results: list[object] = []
+
+    async def submit() -> None:
+        results.append((await encoder.worker.submit(Job("large", 12))).result)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(encoder.run)
+        encoder.want()
+        await _wait_until(encoder.loaded.is_set)
+        nursery.start_soon(submit)
+        await _wait_until(lambda: encoder.stats().running == 1)
+        assert encoder.unload(busy=True)
+        model.gate.set()
+        with trio.fail_after(10):
+            await _wait_until(lambda: results == [12])
+        nursery.cancel_scope.cancel()
+    assert encoder.loads == 2
+    assert sum(inputs for batch in model.batches for _, inputs in batch) == 12
+
+
+async def test_a_batch_cancelled_before_its_thread_began_goes_back_to_the_queue() -> None:
+    """An unload may come after the worker took a batch from the queue and before its
+    thread began (it waits for its thread there): the batch is computed after the next
+    load, never answered as done with nothing computed."""
+    model = PartedModel(max_batch=4)
+    model.gate.set()
+    encoder = PartedEncoder(model)
+    results: list[object] = []
+
+    async def submit() -> None:
+        results.append((await encoder.worker.submit(Job("small", 2))).result)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(encoder.run)
+        encoder.want()
+        await _wait_until(encoder.loaded.is_set)
+        thread = encoder.worker._thread
+        await thread.acquire()  # the worker's thread is taken: its batch waits for it
+        nursery.start_soon(submit)
+        await _wait_until(lambda: encoder.stats().running == 1)
+        assert encoder.unload(busy=True)
+        await _wait_until(lambda: encoder.loads == 2 and encoder.stats().running == 1)
+        assert results == []
+        thread.release()
+        await _wait_until(lambda: results == [2])
+        nursery.cancel_scope.cancel()
+    assert model.batches == [[("small", 2)]]

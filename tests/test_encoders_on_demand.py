@@ -259,6 +259,76 @@ def models_of(server: RunningServer) -> Path:
     return server.log_path.parent / "models"
 
 
+def test_a_broken_encoder_is_not_loaded_again_at_once_unless_its_files_change(server):
+    """A load holds the one load turn: a client asking again and again for a broken
+    encoder hears the failure, with Retry-After, and the load is tried again once the
+    folder's files change."""
+    folder = models_of(server) / "minilm-mended"
+    if folder.exists():  # an earlier run of this test on the same server
+        shutil.rmtree(folder)
+    link_embedder(folder)
+    weights = folder / "openvino_model.bin"
+    whole = weights.resolve()
+    weights.unlink()
+    weights.write_bytes(whole.read_bytes()[:1000])
+    first = embed(server, "minilm-mended")
+    assert first.status_code == 503 and first.json()["error"]["code"] == "model_unavailable", first.text
+    failures = count(server, "ovtrio_model_load_failures_total", model_name="minilm-mended")
+    assert failures == 1
+    again = embed(server, "minilm-mended")
+    assert again.status_code == 503 and "weights" in again.json()["error"]["message"], again.text
+    assert 1 <= int(again.headers["retry-after"]) <= 10
+    by_hand = loopback.post(server.base_url + "/models/load", json={"model": "minilm-mended"}, timeout=60)
+    assert by_hand.status_code == 503 and by_hand.headers.get("retry-after"), by_hand.text
+    assert count(server, "ovtrio_model_load_failures_total", model_name="minilm-mended") == failures
+    # Mended: its files changed, so the next request loads it.
+    weights.unlink()
+    weights.symlink_to(whole)
+    mended = embed(server, "minilm-mended")
+    assert mended.status_code == 200, mended.text
+    assert loads(server, "minilm-mended") == 1
+    assert unload(server, "minilm-mended").status_code == 200
+    shutil.rmtree(folder)
+
+
+def test_a_busy_encoder_is_unloaded_once_its_requests_are_done(serve_encoders):
+    """As a generation model's: with "drain" (the default) the unload waits for what the
+    encoder computes; with "drain": false it is refused while the encoder is busy."""
+    server = serve_encoders
+    assert embed(server).status_code == 200
+    # About 60,000 tokens: seconds of computing, in batches.
+    inputs = ["a loaf of bread baked this morning in the oven of the village " * 2] * 2048
+    replies: list[httpx.Response] = []
+
+    def large_request() -> None:
+        reply = loopback.post(
+            server.base_url + "/v1/embeddings", json={"model": EMBEDDER, "input": inputs}, timeout=300
+        )
+        replies.append(reply)
+
+    running = threading.Thread(target=large_request)
+    running.start()
+    deadline = time.monotonic() + 60
+    while True:  # refused once the request computes (loaded again if it came first)
+        busy = unload(server, EMBEDDER, drain=False)
+        if busy.status_code == 409:
+            break
+        assert not replies and time.monotonic() < deadline, "the request never kept the embedder busy"
+        time.sleep(0.05)
+    assert busy.json()["error"]["code"] == "model_busy" and busy.json()["error"]["param"] == "drain"
+    unloads = count(server, "ovtrio_model_unloads_total", model_name=EMBEDDER, reason="request")
+    loaded = loads(server, EMBEDDER)
+    drained = unload(server, EMBEDDER)
+    running.join()
+    assert drained.status_code == 200 and drained.json()["status"]["value"] == "unloaded", drained.text
+    reply = replies[0]
+    assert reply.status_code == 200 and len(reply.json()["data"]) == len(inputs), reply.text[:300]
+    # Computed whole before the unload: not cut and loaded again for the rest.
+    assert loads(server, EMBEDDER) == loaded
+    assert count(server, "ovtrio_model_unloads_total", model_name=EMBEDDER, reason="request") == unloads + 1
+    assert states(server)[EMBEDDER]["value"] == "unloaded"
+
+
 def test_an_encoder_folder_added_later_is_served_and_one_removed_is_forgotten(server):
     added = models_of(server) / "minilm-later"
     if added.exists():  # an earlier run of this test on the same server

@@ -19,8 +19,8 @@ import trio
 from ovtrio.api.protocol.keep_alive import seconds_of
 from ovtrio.embedding.on_demand import OnDemandEncoder
 from ovtrio.embedding.worker import EncoderWorker
+from ovtrio.model import load_retry
 from ovtrio.scheduler.interface import SchedulerStats
-from ovtrio.serving import failed_loads
 from ovtrio.serving import residency as residency_module
 from ovtrio.serving.residency import LoadFailed, Residency, ResidencyRules
 from ovtrio.serving.service import ModelService
@@ -337,7 +337,7 @@ async def test_a_model_whose_load_failed_is_not_loaded_again_at_once_unless_its_
     """A client asking again and again for a broken model would hold the one load turn
     all the while: its requests hear the failure, and a load is tried again only after
     a while, or once the file changed."""
-    monkeypatch.setattr(failed_loads, "RETRY_AFTER", 0.5)
+    monkeypatch.setattr(load_retry, "RETRY_AFTER", 0.5)
     model = tmp_path / "broken.gguf"
     model.write_bytes(b"x")
     broken = BrokenService("broken")

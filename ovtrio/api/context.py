@@ -11,7 +11,7 @@ from quart import Quart, current_app
 
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.serving.failed_loads import RETRY_AFTER as FAILED_LOAD_RETRY_AFTER
+from ovtrio.model.load_retry import RETRY_AFTER as FAILED_LOAD_RETRY_AFTER
 from ovtrio.serving.registry import ModelRegistry
 from ovtrio.serving.residency import LoadFailed, NoRoom, NotLoaded, Stopping
 from ovtrio.serving.service import ModelService, ServingModel

@@ -124,7 +124,12 @@ async def load_model() -> Any:
         if refused is not None:
             raise APIError(503, str(refused), code="model_unavailable", retry_after=refused.retry_after)
         if model.failure is not None:
-            raise APIError(503, f"The model '{model.name}' failed to load: {model.failure}", code="model_unavailable")
+            raise APIError(
+                503,
+                f"The model '{model.name}' failed to load: {model.failure}",
+                code="model_unavailable",
+                retry_after=model.retry_after,
+            )
         return {"success": True, "model": model.name, "status": _encoder_status(model)}
     service = model_service(body.model)
     if registry.shutdown.draining.is_set():
@@ -147,11 +152,14 @@ async def unload_model() -> Any:
     if not isinstance(encoder, ModelService):
         if encoder.state == "failed":
             encoder.unload()  # forgets the failure: the next request tries again
-        elif encoder.state == "loaded" and not await registry.residency.unload_encoder(encoder, "request"):
+        elif encoder.state == "loaded" and not await registry.residency.unload_encoder(
+            encoder, "request", drain=body.drain
+        ):
             raise APIError(
                 409,
-                f"The model '{encoder.name}' is computing requests; retry once they end.",
-                param="model",
+                f"The model '{encoder.name}' is computing requests. Retry once they end, or unload with \"drain\":"
+                " true to let them finish first.",
+                param="drain",
                 code="model_busy",
             )
         return {"success": True, "model": encoder.name, "status": _encoder_status(encoder), "ended_requests": 0}

@@ -4,8 +4,9 @@ does to be loaded on demand: it loads on its first request (or at start with
 by hand: ovtrio/serving/residency.py decides), and loads again on the next request.
 
 A load that fails fails the requests waiting for it, with the reason, and leaves the
-model "failed" with that reason (listed so); the next request tries the load again, as
-a generation model of --models-dir is tried again. Whatever the load raises, the model
+model "failed" with that reason (listed so); a request after RETRY_AFTER seconds (or
+once the model's files changed) tries the load again, as a generation model's does
+(ovtrio/model/load_retry.py says why not sooner). Whatever the load raises, the model
 is failed and nothing else: the other models go on serving.
 """
 
@@ -24,12 +25,19 @@ import trio
 from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.worker import EncoderUnavailable, EncoderWorker, WorkerStats
 from ovtrio.model.engine_errors import client_reason
+from ovtrio.model.load_retry import FailedLoad
 from ovtrio.model.source import ModelLoadError
 from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 
 Model = TypeVar("Model")
+
+# Seconds between two looks at a draining model's queue (unloaded once it is empty).
+# Polled, not awaited as an event: whether the model is idle changes in three places
+# (the queue, the batch in the thread, the model's own unload), and a batch takes
+# milliseconds to seconds, so 50 ms adds little to a drain bounded by its timeout.
+DRAIN_CHECK = 0.05
 
 
 class LoadObserver(Protocol):
@@ -79,6 +87,7 @@ class OnDemandEncoder(Generic[Model]):
         # What a load waits for first (its turn, and room for it); None: it loads at once.
         self.admission: Admission | None = None
         self._refused: Refusal | None = None  # why the last load found no room
+        self._failed_load: FailedLoad | None = None  # when it last failed, and its files then
 
     def stats(self) -> WorkerStats:
         return self.worker.stats()
@@ -94,34 +103,71 @@ class OnDemandEncoder(Generic[Model]):
 
     @property
     def idle(self) -> bool:
-        stats = self.worker.stats()
-        return self.loaded.is_set() and not stats.queued and not stats.running
+        """Loaded, and nothing computing or waiting (a large job between two of its
+        parts included: unloaded then, it would wait for a load nothing asks for)."""
+        return self.loaded.is_set() and not self.worker.has_work
 
     def want(self) -> None:
         """A request needs the model: load it unless it is loaded or loading; after a
-        failed load, try again."""
+        failed load, try again, unless it failed a moment ago and its files are as they
+        were (its requests then hear the failure: the worker was closed with it)."""
         self.last_used = trio.current_time()
         if self.failure is not None and not self._wanted.is_set():
-            self.failure = None
-            self.worker.reopen()
+            if self._failed_load is not None and self._failed_load.too_soon(self.folder):
+                return
+            self._forget_failure()
         self._wanted.set()
+
+    def fail(self, reason: str) -> None:
+        """The model cannot serve (its load failed, or its folder is unusable): its
+        requests, now and until a retry, hear `reason`."""
+        self.failure = reason
+        self._failed_load = FailedLoad.now(self.folder)
+        self.worker.close(
+            EncoderUnavailable(
+                f"The model '{self.name}' failed to load: {reason}",
+                "model_unavailable",
+                self._failed_load.retry_after(),
+            )
+        )
+
+    @property
+    def retry_after(self) -> int | None:
+        """Seconds until a failed model is loaded again; None unless it failed."""
+        if self.failure is None:
+            return None
+        return self._failed_load.retry_after() if self._failed_load is not None else 1
+
+    def _forget_failure(self) -> None:
+        self.failure = None
+        self._failed_load = None
+        self.worker.reopen()
 
     @property
     def unloading(self) -> bool:
         """Its unload has begun (unload) and its worker has yet to stop."""
         return self.loaded.is_set() and self._serving.cancel_called
 
-    def unload(self) -> bool:
-        """Unload the model if it computes nothing now (its worker then waits for the
-        next load), or forget a failed load; whether it did."""
+    def unload(self, *, busy: bool = False) -> bool:
+        """Unload the model if it computes nothing now, or with `busy` whatever it
+        computes (the batch in the thread ends first; what is queued stays queued and
+        loads the model again); or forget a failed load. Whether it did."""
         if self.failure is not None and not self._wanted.is_set():
-            self.failure = None
-            self.worker.reopen()
+            self._forget_failure()
             return True
-        if not self.idle or self._serving.cancel_called:  # busy, or its unload is under way
+        if not self.loaded.is_set() or self._serving.cancel_called:  # not loaded, or its unload is under way
+            return False
+        if not busy and not self.idle:
             return False
         self._serving.cancel()
         return True
+
+    async def drained(self, within: float) -> None:
+        """Return once the model computes nothing and has nothing queued (or is no
+        longer loaded), or after `within` seconds."""
+        with trio.move_on_after(within):
+            while self.loaded.is_set() and not self.idle:  # noqa: ASYNC110 (see DRAIN_CHECK)
+                await trio.sleep(DRAIN_CHECK)
 
     async def settled(self) -> Refusal | None:
         """Return once the model is loaded or its load has failed (loading it first);
@@ -163,7 +209,7 @@ class OnDemandEncoder(Generic[Model]):
                 await self._serve()
                 # Unloaded, or failed: requests that come now wait in the queue for the next load.
                 self._wanted = trio.Event()
-                if self.worker.stats().queued:
+                if self.worker.has_work:
                     self._wanted.set()
         finally:
             self.worker.close(EncoderUnavailable("The server is shutting down; retry shortly.", "shutting_down"))
@@ -194,11 +240,8 @@ class OnDemandEncoder(Generic[Model]):
             reason = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {client_reason(exc)}"
             if not isinstance(exc, ModelLoadError):
                 log.exception("loading %s model '%s' failed", self.kind, self.name)
-            self.failure = reason
+            self.fail(reason)
             log.error("%s", reason)
-            self.worker.close(
-                EncoderUnavailable(f"The model '{self.name}' failed to load: {reason}", "model_unavailable")
-            )
             if self.load_observer is not None:
                 self.load_observer.load_failed(self.name)
             self._announce()

@@ -114,9 +114,16 @@ class EncoderWorker(Generic[Model]):
         self._thread = trio.CapacityLimiter(1)
         self._last_inputs = 0
         self._last_seconds = 0.0
+        self._batch_started = False  # whether the current batch's thread has begun
 
     def stats(self) -> WorkerStats:
         return WorkerStats(queued=self._waiting_jobs(), running=self._running, rejected=self._rejected)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a job is computing or waiting: a job between two of its parts counts,
+        though it holds no place of the queue (stats().queued leaves it out)."""
+        return bool(self._running) or any(not job.abandoned for job in self._queue)
 
     async def submit(self, job: Job) -> Job:
         """Queue `job` and wait for it to be computed. Raises Overloaded when the queue
@@ -226,11 +233,18 @@ class EncoderWorker(Generic[Model]):
             parts = [self.part_of(job) for job in batch]
             self._last_inputs = sum(parts)
             started = time.monotonic()
+            self._batch_started = False
             try:
                 await trio.to_thread.run_sync(self._compute, model, batch, limiter=self._thread)
             finally:
                 self._last_seconds = time.monotonic() - started
                 self._running = 0
+                if not self._batch_started:
+                    # Cancelled (the model unloads, or the server stops) before the
+                    # thread began: nothing of the batch was computed. Its jobs go back
+                    # to the front of the queue, for the next load, or hear why not.
+                    self._requeue(batch)
+                    batch = []
                 # The batch as computed: a job refused on its first turn (an input over a
                 # limit) had none of its inputs computed.
                 computed = sum(part for part, job in zip(parts, batch) if job.error is None)
@@ -244,7 +258,16 @@ class EncoderWorker(Generic[Model]):
                         job.error = self._closed
                     job.done.set()
 
+    def _requeue(self, batch: Sequence[Job]) -> None:
+        for job in reversed(batch):
+            if self._closed is not None:
+                job.error = self._closed
+                job.done.set()
+            else:
+                self._queue.appendleft(job)
+
     def _compute(self, model: Model, batch: Sequence[Job]) -> None:
+        self._batch_started = True
         for job in batch:
             job.more = False
         try:

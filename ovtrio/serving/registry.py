@@ -196,7 +196,8 @@ class ModelRegistry:
             encoder = TranscriptionService(model.name, settings, model.path, observer=self._encoder_observer)
         else:
             encoder = EncoderService(model.name, model.kind, settings, model.path, observer=self._encoder_observer)
-        encoder.failure = failure
+        if failure is not None:
+            encoder.fail(failure)
         self._govern(encoder)
         self.encoders.append(encoder)
         scope = self._found_encoders[encoder.name] = trio.CancelScope()

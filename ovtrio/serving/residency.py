@@ -2,11 +2,9 @@
 it has been idle for its keep-alive time, when room is needed for another
 (--models-max: the least recently used one running no request), or when a client asks
 (POST /models/unload). llama-server's router mode and Ollama's keep_alive work so.
-The encoders (embedding, rerank and Whisper models) load on their first request
-(ovtrio/embedding/on_demand.py) and follow the same rules: they unload when idle and by
-request, --models-max counts them, and with it their loads take their turn and make
-room (room_for) as a generation model's do. A model whose load failed is not loaded
-again for a few seconds unless its file changed (failed_loads.py).
+The encoders (embedding, rerank, Whisper; ovtrio/embedding/on_demand.py) follow the
+same rules, --models-max counts them, and their loads take their turn and make room
+(room_for). A failed load is not tried again at once (ovtrio/model/load_retry.py).
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
 both, and --models-max is kept by counting what is loaded while nothing else loads (a
@@ -361,15 +359,20 @@ class Residency:
                 with _logged(f"unloading {encoder.name}"):
                     await self.unload_encoder(encoder, "idle")
 
-    async def unload_encoder(self, encoder: OnDemandEncoder[Any], reason: str) -> bool:
-        """Unload `encoder` unless it computes or has requests queued (whether it did),
-        and return the memory it held to the system, as a generation model's unload does.
-        An unload already under way is waited for, and counted once."""
-        if encoder.unloading:
-            await encoder.unloaded()
+    async def unload_encoder(self, encoder: OnDemandEncoder[Any], reason: str, *, drain: bool = False) -> bool:
+        """Unload `encoder` unless it is busy, or with `drain` once it is not (at most
+        drain_timeout later: OnDemandEncoder.unload with `busy`), and return its memory to
+        the system; whether it did. An unload under way is waited for, and counted once.
+        A client that leaves while the encoder drains calls it off: nothing changed yet."""
+        began = encoder.unload()
+        if not began and drain and encoder.loaded.is_set() and not encoder.unloading:
+            await encoder.drained(self.rules.drain_timeout)
+            began = encoder.unload(busy=True)
+        if not began:
+            if encoder.loaded.is_set() and not encoder.unloading:  # busy
+                return False
+            await encoder.unloaded()  # another unload came first
             return True
-        if not encoder.unload():
-            return False
         if self._metrics is not None:
             self._metrics.unloaded(encoder.name, reason)
         await encoder.unloaded()
