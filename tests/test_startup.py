@@ -129,6 +129,7 @@ def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
                 timeout=5,
             )
             assert early.status_code == 503 and early.json()["error"]["code"] == "model_loading", early.text
+            assert early.headers["retry-after"] == "1"
         loading.release((Path(__file__).parent / "data" / "plain_template.jinja").read_text())
         deadline = time.monotonic() + 120
         while (reply := loopback.get(base + "/health/ready", timeout=5)).status_code == 503:

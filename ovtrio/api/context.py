@@ -71,7 +71,7 @@ async def ready_model(name: str | None = None, keep_alive: float | None = None) 
     if models.counts_for_readiness(service):
         # Loading at start: the server is not ready yet, and says so to each request as
         # its readiness does (a load balancer sends them elsewhere meanwhile).
-        raise APIError(503, "The model is still loading; retry shortly.", code="model_loading")
+        raise APIError(503, "The model is still loading; retry shortly.", code="model_loading", retry_after=1)
     try:
         return await models.acquire(service, keep_alive)
     except NotLoaded:
