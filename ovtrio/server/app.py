@@ -31,7 +31,6 @@ from ovtrio.api import (
     rerank,
     tokenize,
 )
-from ovtrio.api.audio_form import AUDIO_FORM_BYTES
 from ovtrio.api.chat import routes as chat
 from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
@@ -45,8 +44,8 @@ from ovtrio.embedding.kinds import served_models
 from ovtrio.embedding.metrics import EncoderMetrics
 from ovtrio.embedding.service import EncoderService, encoders_to_serve
 from ovtrio.model import ModelLoad, ModelLoadError
-from ovtrio.model.vision import is_vision_folder
 from ovtrio.playground import routes as playground
+from ovtrio.server import body_limit
 from ovtrio.server.hypercorn_patches import (
     accept_errors,
     connection_close,
@@ -54,7 +53,7 @@ from ovtrio.server.hypercorn_patches import (
 )
 from ovtrio.server.logs import configure_logging
 from ovtrio.serving import memory
-from ovtrio.serving.discovery import FolderModel, folder_models
+from ovtrio.serving.discovery import folder_models
 from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.serving.registry import ModelRegistry, rules_of
 from ovtrio.settings.server import (
@@ -94,14 +93,16 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 60
     # A body over the limit is refused (413) before it is read when its Content-Length
-    # says so, and as soon as it passes the limit otherwise.
+    # says so, and as soon as it passes the limit otherwise. The limit follows the models
+    # served (body_limit.py).
     transcribers = transcription_models_to_serve(settings, configured_encoders)
-    # What models_dir holds at start decides the body limit, and whether the embedded
-    # embedder is served beside the folder's (not when the folder has one).
+    # What models_dir holds at start decides the body limit at start, and whether the
+    # embedded embedder is served beside the folder's (not when the folder has one).
     in_folder = folder_models(Path(settings.models_dir).expanduser()) if settings.models_dir else []
     audio_served = bool(transcribers) or any(model.kind == "transcription" for model in in_folder)
-    body_limit = body_bytes(settings, each_model, audio=audio_served, in_folder=in_folder)
-    app.config["MAX_CONTENT_LENGTH"] = body_limit
+    limit = body_limit.BodyLimit(
+        settings, app.config, vision=body_limit.takes_images_at_start(each_model, in_folder), audio=audio_served
+    )
     # Bodies keep the order they are built in: a top_logprobs object lists the most
     # likely token first (Quart would sort the keys).
     assert isinstance(app.json, DefaultJSONProvider)
@@ -129,7 +130,11 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
         rules=rules_of(settings),
         lifecycle=server_metrics.lifecycle,
         encoder_observer=encoder_metrics.for_model,
+        on_rescan=lambda: limit.follow(registry.takes_images(), registry.takes_audio()),
     )
+    if settings.models_dir:
+        limit.rescan = registry.rescan
+    body_limit.install(app, limit)
     store_path = in_data_dir(settings, settings.response_store_path)
     if store_path is not None and settings.data_dir is not None:
         os.makedirs(os.path.expanduser(settings.data_dir), exist_ok=True)  # an empty volume may lack it
@@ -205,9 +210,9 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
     async def http_error(error: HTTPException) -> Response:
         if isinstance(error, RequestEntityTooLarge):
             error = RequestEntityTooLarge(
-                f"The request body is larger than the {body_limit} bytes this server accepts"
+                f"The request body is larger than the {limit.bytes} bytes this server accepts"
                 " (--max-body-bytes, and for images --max-image-bytes x --max-images-per-request"
-                + (", for audio --audio-max-bytes)." if audio_served else ").")
+                + (", for audio --audio-max-bytes)." if limit.audio else ").")
             )
         response = error_response(api_error(error))
         # A 405 must say which methods the route does allow (RFC 9110, 15.5.6).
@@ -220,25 +225,6 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
         return error_response(api_error(error))
 
     return app
-
-
-def body_bytes(
-    settings: Settings, each_model: Sequence[Settings], audio: bool = False, in_folder: Sequence[FolderModel] = ()
-) -> int:
-    """The largest request body: --max-body-bytes, plus room for the most images a
-    request may carry (as base64, 4 characters for 3 bytes) when a vision-language
-    model is served (configured, or `in_folder`: in models_dir at start); at least an
-    audio file and its form's fields when a transcription model is.
-
-    Decided once, at start: a vision or Whisper model copied into models_dir later is
-    served, but the larger limit comes with the next start."""
-    limit = settings.max_body_bytes
-    vision = any(model.model and is_vision_folder(Path(model.model).expanduser()) for model in each_model)
-    if vision or any(model.kind == "generation" and is_vision_folder(model.path) for model in in_folder):
-        limit += settings.max_images_per_request * (settings.max_image_bytes * 4 // 3 + 4)
-    if audio:
-        limit = max(limit, settings.audio_max_bytes + AUDIO_FORM_BYTES)
-    return limit
 
 
 def exit_with_error(error: Exception) -> NoReturn:

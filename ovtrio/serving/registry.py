@@ -73,6 +73,7 @@ class ModelRegistry:
         rules: ResidencyRules | None = None,
         lifecycle: LifecycleMetrics | None = None,
         encoder_observer: Callable[[str, ModelKind], EncoderObserver] | None = None,
+        on_rescan: Callable[[], None] | None = None,
     ) -> None:
         """`models`: each model's settings (config_file.model_settings), loaded at start.
         `observer` makes each model's request observer (the metrics), `encoder_observer`
@@ -80,7 +81,8 @@ class ModelRegistry:
         way (start_loading_in_order), in the same order. `encoders`: those of the flags
         and the config file. `models_dir`: the settings whose models_dir holds more
         models, loaded on demand (their defaults too). `rules`: when models load and
-        unload."""
+        unload. `on_rescan` is called after each reading of models_dir: what the server
+        serves may have changed."""
         self._observer = observer
         self._preloaded = loading is not None
         futures = list(loading) if loading is not None else [None] * len(models)
@@ -114,6 +116,7 @@ class ModelRegistry:
         self._checked = False
         self._longest_context = 0
         self._running = trio.CancelScope()
+        self._on_rescan = on_rescan
 
     def check(self) -> None:
         """Resolve and check every model's path; raises ModelLoadError (one line) for the
@@ -176,6 +179,16 @@ class ModelRegistry:
                 self._longest_context = max(self._longest_context, source.context_length)
             self.services.append(service)
             self._by_name[name] = service
+        if self._on_rescan is not None:
+            self._on_rescan()
+
+    def takes_images(self) -> bool:
+        """Whether a model served (known to be) is a vision-language model."""
+        return any(service.source is not None and service.source.vision for service in self.services)
+
+    def takes_audio(self) -> bool:
+        """Whether a transcription (Whisper) model is served."""
+        return any(encoder.kind == "transcription" for encoder in self.encoders)
 
     def _serve_encoder(self, model: FolderModel) -> None:
         """Serve the encoder `model` of models_dir, loaded on its first request; a folder

@@ -210,7 +210,8 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = Field(
         2 * 1024 * 1024,
         ge=1024,
-        description="largest request body (and Responses WebSocket frame) in bytes; larger ones get 413",
+        description="largest request body in bytes; larger ones get 413 (raised while a vision-language model"
+        " or a Whisper model is served: room for --max-images-per-request images, or one --audio-max-bytes file)",
     )
     max_schema_bytes: int = Field(
         64 * 1024,
