@@ -214,6 +214,12 @@ LONGER_MODULES: dict[str, tuple[int, str]] = {
         " images from a worker thread, as a long prompt's slices), which share one engine"
         " call and its refusals",
     ),
+    "serving/residency.py": (
+        450,
+        "every way a model comes and goes (a load, an unload by hand, when idle, to make"
+        " room), for generation models and encoders, under one load turn whose rules each"
+        " of them keeps",
+    ),
 }
 
 

@@ -361,3 +361,18 @@ async def test_a_model_whose_load_failed_is_not_loaded_again_at_once_unless_its_
     await residency.unload(broken, "request")  # forgets the failure: the next request loads
     await ask()
     assert broken.runs == 4
+
+
+async def test_unloads_asked_at_once_unload_the_model_once_and_are_counted_once(nursery):
+    """Two clients, or a client and the idle loop, asking in the same moment: one unload,
+    one count (loads minus unloads is what is loaded, /v1/models against /metrics)."""
+    alpha = FakeService("alpha")
+    residency, metrics = await started(nursery, alpha)
+    for _ in range(2):
+        await residency.acquire(alpha)
+        async with trio.open_nursery() as asking:
+            for reason in ("request", "request", "idle"):
+                asking.start_soon(residency.unload, alpha, reason)
+        assert alpha.state == "unloaded"
+    assert metrics.loads["alpha"] == 2
+    assert sum(metrics.unloads.values()) == 2, metrics.reasons

@@ -88,6 +88,7 @@ class Residency:
         self._queued: set[ModelService] = set()
         self._nursery: trio.Nursery | None = None
         self._failed_loads = FailedLoads()
+        self._unloads: dict[ModelService, trio.Event] = {}  # unloads under way, set when each ends
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Runs before the models loaded at start begin loading: their loads are counted
@@ -179,13 +180,17 @@ class Residency:
 
         It runs in the residency's nursery: a client that leaves while the model drains
         cannot cut it short (leaving the model refusing requests, or with no engine)."""
+        under_way = self._unloads.get(service)
+        if under_way is not None:  # asked twice at once: one unload, counted once
+            await under_way.wait()
+            return 0
         if service.state in ("unloaded", "unloading"):
             return 0
         if not wait and service.in_flight:
             raise Busy(f"The model '{service.model_name}' runs {service.in_flight} requests.")
-        if self._nursery is None:
-            return await self._unload_now(service, reason)
-        done = trio.Event()
+        # Marked before the first checkpoint: a second caller in the same scheduling batch
+        # (two clients, the idle loop and a load making room) finds it and waits.
+        done = self._unloads[service] = trio.Event()
         outcome: list[int | Exception] = []
 
         async def unload_in_nursery() -> None:
@@ -195,10 +200,14 @@ class Residency:
                 log.exception("unloading %s failed", service.model_name)
                 outcome.append(exc)
             finally:
+                del self._unloads[service]
                 done.set()
 
-        self._nursery.start_soon(unload_in_nursery)
-        await done.wait()
+        if self._nursery is None:
+            await unload_in_nursery()
+        else:
+            self._nursery.start_soon(unload_in_nursery)
+            await done.wait()
         result = outcome[0] if outcome else 0
         if isinstance(result, Exception):
             raise result
