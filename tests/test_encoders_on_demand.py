@@ -291,6 +291,30 @@ def test_a_broken_encoder_is_not_loaded_again_at_once_unless_its_files_change(se
     shutil.rmtree(folder)
 
 
+def test_an_unload_asked_while_an_encoder_loads_unloads_it_once_loaded(server):
+    """As a generation model's: the load ends, then the model unloads (it was left
+    loaded, the unload answering "loading")."""
+    for _ in range(5):
+        assert unload(server, EMBEDDER).status_code == 200
+        loading = threading.Thread(
+            target=lambda: loopback.post(server.base_url + "/models/load", json={"model": EMBEDDER}, timeout=60)
+        )
+        loading.start()
+        deadline = time.monotonic() + 30
+        while (state := states(server)[EMBEDDER]["value"]) == "unloaded":
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        if state != "loading":  # loaded before it was seen loading: try again
+            loading.join()
+            continue
+        reply = unload(server, EMBEDDER)
+        loading.join()
+        assert reply.status_code == 200 and reply.json()["status"]["value"] == "unloaded", reply.text
+        assert states(server)[EMBEDDER]["value"] == "unloaded"
+        return
+    pytest.fail("the embedder was never seen loading")
+
+
 def test_a_busy_encoder_is_unloaded_once_its_requests_are_done(serve_encoders):
     """As a generation model's: with "drain" (the default) the unload waits for what the
     encoder computes; with "drain": false it is refused while the encoder is busy."""

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from ovtrio.api.protocol.keep_alive import seconds_of
 from ovtrio.embedding.on_demand import OnDemandEncoder
 from ovtrio.embedding.worker import EncoderWorker
 from ovtrio.model import load_retry
+from ovtrio.model.load_retry import FailedLoad
 from ovtrio.scheduler.interface import SchedulerStats
 from ovtrio.serving import residency as residency_module
 from ovtrio.serving.residency import LoadFailed, Residency, ResidencyRules
@@ -376,3 +378,15 @@ async def test_unloads_asked_at_once_unload_the_model_once_and_are_counted_once(
         assert alpha.state == "unloaded"
     assert metrics.loads["alpha"] == 2
     assert sum(metrics.unloads.values()) == 2, metrics.reasons
+
+
+def test_the_retry_after_of_a_failed_load_is_the_time_left_before_the_next():
+    async def main() -> None:
+        failure = FailedLoad.now(None)
+        assert failure.retry_after() == round(load_retry.RETRY_AFTER)
+        await trio.sleep(load_retry.RETRY_AFTER - 2.5)
+        assert failure.retry_after() == 3
+        await trio.sleep(5)
+        assert failure.retry_after() == 1 and not failure.too_soon(None)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

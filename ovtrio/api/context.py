@@ -11,7 +11,6 @@ from quart import Quart, current_app
 
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.model.load_retry import RETRY_AFTER as FAILED_LOAD_RETRY_AFTER
 from ovtrio.serving.registry import ModelRegistry
 from ovtrio.serving.residency import LoadFailed, NoRoom, NotLoaded, Stopping
 from ovtrio.serving.service import ModelService, ServingModel
@@ -88,7 +87,7 @@ async def ready_model(name: str | None = None, keep_alive: float | None = None) 
             503,
             f"The model '{service.model_name}' failed to load: {exc}",
             code="model_unavailable",
-            retry_after=round(FAILED_LOAD_RETRY_AFTER),
+            retry_after=exc.retry_after,
         ) from None
     except NoRoom as exc:
         raise APIError(503, str(exc), code="model_unavailable", retry_after=exc.retry_after) from None

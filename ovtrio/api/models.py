@@ -150,6 +150,8 @@ async def unload_model() -> Any:
     registry = model_registry()
     encoder = _named(body.model)
     if not isinstance(encoder, ModelService):
+        if encoder.state == "loading":  # as a generation model's: its load ends, then it unloads
+            await encoder.settled()
         if encoder.state == "failed":
             encoder.unload()  # forgets the failure: the next request tries again
         elif encoder.state == "loaded" and not await registry.residency.unload_encoder(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ovtrio.model.load_retry import FailedLoad
+from ovtrio.model.load_retry import RETRY_AFTER, FailedLoad
 from ovtrio.serving.service import ModelService
 
 
@@ -30,3 +30,8 @@ class FailedLoads:
         """Whether `service` failed to load a moment ago, and nothing changed since."""
         failure = self._failures.get(service)
         return service.state == "failed" and failure is not None and failure.too_soon(_path_of(service))
+
+    def retry_after(self, service: ModelService) -> int:
+        """Whole seconds until `service`, whose load failed, is loaded again."""
+        failure = self._failures.get(service)
+        return failure.retry_after() if failure is not None else round(RETRY_AFTER)

@@ -132,7 +132,7 @@ class Residency:
                 service.keep_alive = keep_alive
                 return serving
             if state == "loaded":  # its serving has just ended (the server stops)
-                raise LoadFailed(service.failure or "it stopped serving")
+                raise LoadFailed(service.failure or "it stopped serving", 1)
             if state == "unloading":
                 await trio.sleep(ROOM_CHECK)
                 continue
@@ -141,7 +141,9 @@ class Residency:
                     raise Stopping()
                 if not self.rules.autoload:
                     if state == "failed":
-                        raise LoadFailed(service.failure or "it failed to load")
+                        raise LoadFailed(
+                            service.failure or "it failed to load", self._failed_loads.retry_after(service)
+                        )
                     raise NotLoaded()
                 self.load(service)
             await service.settled()
@@ -151,7 +153,7 @@ class Residency:
                 if self._stopping.is_set():
                     raise Stopping()
                 raise NoRoom(service.refusal, max(1, round(self.rules.load_wait / 2)))
-            raise LoadFailed(service.failure or "it failed to load")
+            raise LoadFailed(service.failure or "it failed to load", self._failed_loads.retry_after(service))
 
     def load(self, service: ModelService) -> None:
         """Begin loading `service` (unless it is loaded or loading): at once in its state,

@@ -9,7 +9,12 @@ class NotLoaded(Exception):
 
 
 class LoadFailed(Exception):
-    """The model's load failed; the message is the reason."""
+    """The model's load failed; the message is the reason, `retry_after` the seconds
+    until it is loaded again (ovtrio/model/load_retry.py)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class NoRoom(Exception):
