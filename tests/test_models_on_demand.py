@@ -692,3 +692,31 @@ async def test_an_open_responses_socket_keeps_nothing_of_an_unloaded_model(serve
     share = loaded - before
     assert share > 100, (before, loaded)
     assert unloaded - before < 0.3 * share, (before, loaded, unloaded)
+
+
+def test_a_file_replaced_under_its_name_is_read_again_before_its_next_load(serve_on_demand):
+    """Its context length, vocabulary and architecture are the new file's: a file the
+    engine cannot read, put in place of one that served, is refused with the reason
+    (the engine was given it blindly, and failed with its own words)."""
+    server = serve_on_demand
+    swapped = states_folder_path(server) / "swapped.gguf"
+    swapped.unlink(missing_ok=True)
+    swapped.symlink_to(embedded_model_path())
+    try:
+        assert chat(server, "swapped").status_code == 200
+        assert unload(server, "swapped").status_code == 200
+        swapped.unlink()
+        gguf_with_architecture(swapped, "mamba")
+        refused = chat(server, "swapped")
+        assert refused.status_code == 503 and "mamba" in refused.json()["error"]["message"], refused.text
+        # And put back: read again, and served.
+        swapped.unlink()
+        swapped.symlink_to(embedded_model_path())
+        assert chat(server, "swapped").status_code == 200
+    finally:
+        unload(server, "swapped")
+        swapped.unlink(missing_ok=True)
+
+
+def states_folder_path(server: RunningServer) -> Path:
+    return Path(states_folder(server))

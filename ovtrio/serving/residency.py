@@ -162,7 +162,7 @@ class Residency:
             return
         if self._failed_loads.too_soon(service):  # its waiters hear why it failed
             return
-        if service.source is None:  # a file that was unusable when found: look again
+        if service.source is None or service.files_changed():  # unusable when found, or replaced since
             try:
                 service.check()
             except ModelLoadError as exc:

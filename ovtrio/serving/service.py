@@ -23,6 +23,7 @@ import trio
 from ovtrio.model import ModelLoad, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
 from ovtrio.model.backend import engine_backend
 from ovtrio.model.engine_errors import client_reason
+from ovtrio.model.load_retry import FilesVersion, files_version
 from ovtrio.model.speculation import apply_defaults
 from ovtrio.scheduler import GenerationScheduler, RequestObserver, SchedulerStats, added_to
 from ovtrio.scheduler.engine_step import choose_step
@@ -58,6 +59,7 @@ class ModelService:
         self.loading = loading
         # Loaded on the first request that names it (a models_dir's model), not at start.
         self.on_demand = loading is None and on_demand
+        self._checked_files: FilesVersion = None  # the files as check() found them
         self.source: ModelSource | None = None
         self.serving: ServingModel | None = None  # set when ready
         # Each load is a cycle of its own, with fresh events: `ready` once it serves,
@@ -101,7 +103,13 @@ class ModelService:
     def check(self) -> ModelSource:
         """Resolve and check the model path; raises ModelLoadError (one line) if unusable."""
         self.source = resolve_model(self.settings)
+        self._checked_files = files_version(self.source.path)
         return self.source
+
+    def files_changed(self) -> bool:
+        """Whether the model's files changed since they were checked (a file replaced
+        under the same name: its context length and vocabulary are read again)."""
+        return self.source is not None and files_version(self.source.path) != self._checked_files
 
     @property
     def state(self) -> str:
