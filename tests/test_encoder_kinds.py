@@ -5,6 +5,7 @@ the sentence-transformers files."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -12,7 +13,14 @@ import pytest
 
 from encoder_fixtures import write_reranker
 from ovtrio.embedding.embedded import embedded_embedder_folder
-from ovtrio.embedding.kinds import detect_kind, max_input_tokens, normalizes, pooling_of, served_models
+from ovtrio.embedding.kinds import (
+    detect_kind,
+    has_generation_inputs,
+    max_input_tokens,
+    normalizes,
+    pooling_of,
+    served_models,
+)
 from ovtrio.settings.server import Settings, SettingsError
 
 
@@ -78,3 +86,38 @@ def test_the_config_file_serves_encoders_beside_generation_models(
     config.write_text(json.dumps({"models": [{"served_model_name": "vectors", "model": str(converted)}]}))
     with pytest.raises(SettingsError, match="no generation model"):
         served_models(Settings(config=str(config)))
+
+
+class CountingReader(io.BytesIO):
+    """The bytes of an XML, counting how many were read."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.read_bytes = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        self.read_bytes += len(chunk)
+        return chunk
+
+
+def _ir_xml(first_inputs: list[str], layers: int) -> bytes:
+    parameters = "".join(
+        f'<layer id="{i}" name="{name}" type="Parameter"><output><port id="0" names="{name}"/></output></layer>'
+        for i, name in enumerate(first_inputs)
+    )
+    body = "".join(
+        f'<layer id="{i}" name="add_{i}" type="Add"><output><port id="0"/></output></layer>'
+        for i in range(len(first_inputs), len(first_inputs) + layers)
+    )
+    return f'<?xml version="1.0"?><net name="m" version="11"><layers>{parameters}{body}</layers></net>'.encode()
+
+
+def test_a_language_models_ir_is_told_by_its_first_layers() -> None:
+    """A language model's XML is megabytes; its KV-cache inputs come first, and the
+    listing of a models folder reads no further."""
+    language_model = CountingReader(_ir_xml(["input_ids", "attention_mask", "beam_idx"], layers=50_000))
+    assert has_generation_inputs(language_model)
+    assert language_model.read_bytes < 100_000 < len(language_model.getvalue())
+    encoder = CountingReader(_ir_xml(["input_ids", "attention_mask"], layers=100))
+    assert not has_generation_inputs(encoder)

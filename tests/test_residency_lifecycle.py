@@ -54,20 +54,28 @@ class FakeScheduler:
         return SchedulerStats(**{**fields, "step_in_flight": False, "step_releases_gil": False})
 
 
+@dataclasses.dataclass
+class FakeServing:
+    scheduler: FakeScheduler
+
+
 class FakeService(ModelService):
     """A model whose load takes no time and whose scheduler serves until `dies` is set."""
 
     def __init__(self, name: str, on_demand: bool = True) -> None:
         super().__init__(Settings(), on_demand=on_demand)
-        self.source = SimpleNamespace(name=name)  # type: ignore[assignment]
+        self.source = SimpleNamespace(name=name, path=None)  # type: ignore[assignment]
         self.dies = trio.Event()
         self.runs = 0
+
+    def files_changed(self) -> bool:
+        return False  # a stand-in source: nothing to read again before a load
 
     async def _serve(self, source: Any) -> None:
         self.runs += 1
         await trio.lowlevel.checkpoint()
         self.load_seconds = 0.01
-        self.serving = SimpleNamespace(scheduler=FakeScheduler())  # type: ignore[assignment]
+        self.serving = FakeServing(FakeScheduler())  # type: ignore[assignment]
         self.ready.set()
         await self.dies.wait()
         self.failure = "its scheduler stopped"

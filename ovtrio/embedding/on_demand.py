@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
@@ -270,13 +271,16 @@ class OnDemandEncoder(Generic[Model]):
             await self.worker.run(model)
         self.loaded = trio.Event()
         self.model = None
+        left_behind = weakref.ref(model)
         del model
         self._announce()
-        # The pipeline's memory goes now, not at some later collection; a model that
-        # became ready meanwhile froze what existed then (serving/service.py): this
-        # encoder too, which the collection would not see.
-        gc.unfreeze()
-        gc.collect()
+        if left_behind() is not None:
+            # Still held, by a reference cycle: its memory goes now, not at some later
+            # collection. A model that became ready meanwhile froze what existed then
+            # (serving/service.py), this encoder too, which the collection would not
+            # see. (Without a cycle it is gone already, with no collection's pause.)
+            gc.unfreeze()
+            gc.collect()
         log.info("unloaded %s model '%s'", self.kind, self.name)
 
 

@@ -21,6 +21,7 @@ import itertools
 import logging
 import math
 import time
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -94,7 +95,10 @@ class RequestIntake:
         scores_tokens: bool = True,
     ) -> None:
         """`scores_tokens`: whether the engine's outputs carry log-probabilities to pass on."""
-        self._engine = engine
+        # Weakly: the scheduler holds its intake, and a strong reference back would be a
+        # cycle that only a full collection frees, the model's pipeline with it (a pause
+        # of the event loop at each unload, ovtrio/serving/service.py).
+        self._engine = weakref.proxy(engine)
         self._scores_tokens = scores_tokens
         self.limits = limits
         # Requests in the engine, and those waiting for room there (in arrival order).

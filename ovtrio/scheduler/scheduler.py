@@ -58,7 +58,7 @@ worker thread of a run between two of its steps, except where this list says oth
 
 The loop checks the rule where it makes the calls that need it: `add_request()`, its own
 handle reads and engine-state reads, and the slow-reader cancels assert that no step is
-in flight (`_between_steps`, which the EngineAdmission is given); the worker's reads
+in flight (StepThread.assert_between_steps, which the EngineAdmission is given); the worker's reads
 happen, by construction, between the steps of its own run.
 
 The scheduler knows nothing of HTTP: requests come in as token ids plus
@@ -164,7 +164,7 @@ class Scheduler:
         self._admission = EngineAdmission(
             pipeline,
             self._intake,
-            self._between_steps,
+            self._stepper.assert_between_steps,
             tokenizer,
             vocabulary,
             prefill_slice_tokens,
@@ -177,9 +177,6 @@ class Scheduler:
         # Engine state read by the loop between steps (see the module docstring).
         self._engine_unfinished = False
         self._engine_metrics: Any = None
-
-    def _between_steps(self, call: str) -> None:
-        assert not self._stepper.running, f"{call} while an engine step is in flight"
 
     # ---- what the API layer and the service use (interface.py) ---------------------------
 
@@ -360,7 +357,7 @@ class Scheduler:
 
     def _read_between_steps(self) -> list[StepOutput]:
         """Read every handle but the paused requests' (no step in flight)."""
-        self._between_steps("reading the handles")
+        self._stepper.assert_between_steps("reading the handles")
         fresh, decisions = self._intake.delivery.read_outputs()
         self._intake.apply(decisions)
         return fresh
@@ -372,7 +369,7 @@ class Scheduler:
         """Resume the paused requests whose consumers have caught up, and cancel those
         paused for longer than the timeout (between steps); what the resumed ones'
         handles hold."""
-        self._between_steps("resuming or cancelling slow readers")
+        self._stepper.assert_between_steps("resuming or cancelling slow readers")
         resumed = False
         now = trio.current_time()
         for active in list(self._intake.active.values()):
@@ -386,7 +383,7 @@ class Scheduler:
 
     def _read_engine_state(self) -> None:
         """What the loop and stats() need from the engine, read while no step runs."""
-        self._between_steps("reading the engine's state")
+        self._stepper.assert_between_steps("reading the engine's state")
         self._engine_unfinished, self._engine_metrics = self._engine_state()
 
     # ---- observation --------------------------------------------------------------------

@@ -125,6 +125,10 @@ class StepThread(Generic[Value]):
         """True from start() until wait() has returned the run's last step."""
         return self._pending
 
+    def assert_between_steps(self, call: str) -> None:
+        """For the engine calls that must not overlap a step (the scheduler's rule)."""
+        assert not self._pending, f"{call} while an engine step is in flight"
+
     def start(
         self,
         when_idle: bool = False,

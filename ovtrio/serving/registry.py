@@ -26,6 +26,7 @@ for all of them and waits for the requests in flight on each (ovtrio/serving/shu
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -46,6 +47,19 @@ from ovtrio.serving.shutdown import Shutdown
 from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
+
+# Seconds between two rescans of models_dir for names the server does not serve, while
+# the folder's entries stay as they were (Registry._look_again).
+UNKNOWN_NAME_RESCAN = 1.0
+
+
+def _entries_changed_at(folder: Path) -> int | None:
+    """When an entry of `folder` was last added, removed or renamed (its mtime)."""
+    try:
+        return folder.stat().st_mtime_ns
+    except OSError:
+        return None
+
 
 ModelStatus = Literal["loading", "ready", "failed", "draining", "unloaded", "unloading"]
 Encoder = EncoderService | TranscriptionService
@@ -117,6 +131,9 @@ class ModelRegistry:
         self._longest_context = 0
         self._running = trio.CancelScope()
         self._on_rescan = on_rescan
+        # When the folder's entries last changed, as the last rescan found it, and when
+        # that rescan ran (time.monotonic): what _look_again compares.
+        self._scanned: tuple[int | None, float] = (None, float("-inf"))
 
     def check(self) -> None:
         """Resolve and check every model's path; raises ModelLoadError (one line) for the
@@ -145,6 +162,7 @@ class ModelRegistry:
         if self._folder_defaults is None or self._folder_defaults.models_dir is None:
             return
         folder = Path(self._folder_defaults.models_dir).expanduser()
+        self._scanned = (_entries_changed_at(folder), time.monotonic())
         found = {model.name: model for model in folder_models(folder)}
         for service in list(self.services):
             if service.on_demand and service.model_name not in found and service.state in ("unloaded", "failed"):
@@ -240,9 +258,21 @@ class ModelRegistry:
         """The model served as `name`, looking in models_dir again if it is unknown."""
         service = self._by_name.get(name)
         if service is None and self._folder_defaults is not None:
-            self.rescan()
+            self._look_again()
             service = self._by_name.get(name)
         return service
+
+    def _look_again(self) -> None:
+        """Rescan for a name the server does not serve: at once when the folder's entries
+        changed since the last look (a file or folder added, removed or renamed), else
+        at most every UNKNOWN_NAME_RESCAN seconds (a folder copied in whose files are
+        still arriving). A client naming unknown models in a loop would otherwise have
+        the folder listed at each of its requests, on the event loop."""
+        assert self._folder_defaults is not None and self._folder_defaults.models_dir is not None
+        changed_at, when = self._scanned
+        folder = Path(self._folder_defaults.models_dir).expanduser()
+        if _entries_changed_at(folder) != changed_at or time.monotonic() - when >= UNKNOWN_NAME_RESCAN:
+            self.rescan()
 
     async def acquire(self, service: ModelService, keep_alive: float | None = None) -> ServingModel:
         """The loaded model of `service`, loaded first if need be (Residency.acquire)."""
@@ -255,7 +285,7 @@ class ModelRegistry:
             if looked_again:
                 if name is None or self._folder_defaults is None:
                     return None
-                self.rescan()
+                self._look_again()
             for encoder in self.encoders:
                 if encoder.kind == kind and (name is None or encoder.name == name):
                     return encoder

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from functools import partial
 
@@ -79,6 +80,8 @@ class ModelService:
         self._in_cycle = False  # a load has begun and its serving has not ended
         self._in_run = False  # run() serves this cycle: it alone sets _stopped
         self._unloading = False
+        # Whether the last engine outlived its last reference: the unload then collects (run).
+        self._collect = False
         # Told when an engine is released other than by an unload (its scheduler failed,
         # or the server stops), so that loads minus unloads stays the number loaded;
         # set by the residency, which counts the loads and its own unloads.
@@ -212,8 +215,10 @@ class ModelService:
             if self.failed.is_set():
                 self.failed = trio.Event()
                 self.failure = None
+            if self._collect:  # the model outlived its last reference (run says why)
+                self._collect = False
+                gc.collect()
             # What the engine held is freed now; glibc keeps it unless asked to return it.
-            gc.collect()
             await memory.return_free_memory()
         finally:
             self._unloading = False
@@ -231,9 +236,19 @@ class ModelService:
                 await self._serve(source)
         finally:
             released = self.serving is not None
+            left_behind = None
             if self.serving is not None:
                 self.earlier_totals = added_to(self.earlier_totals, self.serving.scheduler.stats())
+                left_behind = weakref.ref(self.serving)
             self.serving = None  # the last reference outside the handlers: the pipeline goes
+            if left_behind is not None and left_behind() is not None:
+                # Still held: by a reference cycle, which only a full collection frees
+                # (the pipeline with it), or by a handler yet to end. What gc.freeze()
+                # set aside at ready is made collectable again, and the unload collects:
+                # a pause of the event loop, 0.1-0.3 s on a 2-core machine. Without a
+                # cycle (the scheduler's collaborators hold it weakly), nothing pauses.
+                gc.unfreeze()
+                self._collect = True
             # "loaded" ends with the engine, however it ends (an unload, the server's
             # stop): a model said loaded with no engine would be picked, and picked
             # again, to make room. One whose scheduler failed stays failed (and said
@@ -262,12 +277,6 @@ class ModelService:
             reason = f"{type(exc).__name__}: {client_reason(exc)}"
             self.failure = f"its scheduler stopped after an internal error ({reason})"
             self.failed.set()
-        finally:
-            # What was frozen becomes collectable again: this model's scheduler, in a
-            # reference cycle with its requests' intake, holds the pipeline, which the
-            # collection after an unload must free. The next model ready freezes what
-            # is left then.
-            gc.unfreeze()
 
     async def _serve(self, source: ModelSource) -> None:
         began = time.perf_counter()
@@ -305,7 +314,7 @@ class ModelService:
             await nursery.start(self._run_scheduler, scheduler)
             # What exists now (modules, the loaded models' objects) lives on: out of the
             # collector's sight, a full collection no longer walks it and pauses the
-            # event loop for that long. Until a model's scheduler stops (_run_scheduler).
+            # event loop for that long. A model unloaded later is freed by reference counts (run).
             gc.freeze()
             self.ready.set()
             # Loading and warming up freed much that glibc would otherwise keep. Returned
