@@ -7,6 +7,7 @@ import { $, h, copyText, flash } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { API_MODES, ApiError, ResponsesSocket, buildRequest, continueRequest, getJSON, runDemoTool, send, transcribe, DEMO_TOOL } from "./api.js";
 import { ServerPanel } from "./metrics.js";
+import { ModelRefresh, fillPicker, modelStatus } from "./models.js";
 import { curlSnippet, pythonSnippet } from "./snippets.js";
 import { installTokenTips, renderTokens } from "./tokens.js";
 import { branch, switchVersion } from "./versions.js";
@@ -26,6 +27,7 @@ const state = {
   transcriber: null, // the id of a model of kind "transcription", when one is served
   recording: null, // the microphone's Recording while it records
   modelsProblem: null, // "key" when /v1/models refused the key (or its absence)
+  goneModel: null, // the chosen model, when the server no longer lists it
   images: [], // data URLs waiting for the next message
   files: [], // text files ({name, text}) waiting for the next message
   reading: new Set(), // attachments still being read
@@ -333,7 +335,11 @@ function fillMessage(el, conversation, message, index) {
     const body = h("div", { class: "content" });
     if (state.settings.tokenView && message.tokens && message.tokens.length) body.append(renderTokens(message.tokens, coarse.matches));
     else if (answer) body.append(renderMarkdown(answer));
-    else if (live && !reasoning && !(message.toolCalls && message.toolCalls.length)) body.append(h("span", { class: "typing", "aria-label": "waiting for the first token" }, h("i"), h("i"), h("i")));
+    else if (live && !reasoning && !(message.toolCalls && message.toolCalls.length)) {
+      body.append(h("span", { class: "typing", role: "img", "aria-label": "waiting for the first token" }, h("i"), h("i"), h("i")));
+      const model = message.stats && message.stats.model;
+      if (model && statusOf(model) === "loading") body.append(h("span", { class: "note loading", text: `Loading ${model} on the server…` }));
+    }
     if (state.settings.tokenView && !(message.tokens && message.tokens.length) && message.content) {
       body.prepend(h("p", { class: "note", text: "No token probabilities were recorded for this reply." }));
     }
@@ -465,6 +471,10 @@ function regenerate(conversation, index) {
 // Re-render a streaming reply at most once a frame.
 function schedule(conversation, reply) {
   saveSoon(conversation);
+  renderSoon(conversation, reply);
+}
+
+function renderSoon(conversation, reply) {
   if (state.pending.has(reply)) return;
   state.pending.add(reply);
   requestAnimationFrame(() => {
@@ -492,6 +502,11 @@ async function submitPrompt() {
       toast(sentence);
       ui.keyInput.focus();
     } else toast(state.models.length ? "Pick a model first." : "The server lists no model yet.");
+    return;
+  }
+  if (ui.model.value === state.goneModel) {
+    toast(`${state.goneModel} is no longer served: pick another model.`);
+    refresh.now();
     return;
   }
   // Images still being read go with this message: wait for them.
@@ -563,7 +578,9 @@ async function generate(conversation, reply = null, continuing = false) {
   conversation.model = model;
   conversation.updated = Date.now();
   const controller = new AbortController();
-  state.runs.set(conversation.id, { controller, reply, conversation });
+  const run = { controller, reply, conversation, model, first: false, loadTimer: null };
+  state.runs.set(conversation.id, run);
+  watchLoad(run);
   showRunning();
   save(conversation);
   renderConversations();
@@ -576,7 +593,12 @@ async function generate(conversation, reply = null, continuing = false) {
   const calls = new Map();
   const mark = () => {
     last = performance.now();
-    if (first === null) first = last;
+    if (first !== null) return;
+    first = last;
+    run.first = true;
+    // Loaded now: the picker says so without waiting for the reply's end.
+    const status = statusOf(model);
+    if (status && status !== "loaded") refresh.now(true);
   };
   const sink = {
     text(delta, tokens) {
@@ -682,6 +704,8 @@ async function generate(conversation, reply = null, continuing = false) {
   if (!reply.stats.finish && !reply.error) reply.stats.finish = "stop";
   if (reply.toolCalls && reply.stats.finish === "stop") reply.stats.finish = "tool_calls";
   state.runs.delete(conversation.id);
+  clearTimeout(run.loadTimer);
+  refresh.now(true); // the request may have loaded its model, or unloaded another
   conversation.updated = Date.now();
   save(conversation);
   showRunning();
@@ -734,43 +758,69 @@ function showRunning() {
 
 // ---- models, key, settings --------------------------------------------------------------
 
-// A model's state when the server reports one (unloaded, loading, loaded, failed): a
-// string, or an object with a `value` (llama-server's router).
-function modelStatus(card) {
-  const status = card && card.status;
-  if (typeof status === "string") return status;
-  if (status && typeof status === "object" && typeof status.value === "string") return status.value;
-  return null;
+// The picker follows the server (models.js): the list is read again on the page's own
+// triggers, and while a request waits for its model's load.
+const refresh = new ModelRefresh(listModels);
+const LOAD_FIRST_LOOK_MS = 400;
+const LOAD_LOOK_MS = 1000;
+
+function statusOf(id) {
+  return modelStatus(state.modelCards.find((card) => card.id === id));
 }
 
-async function loadModels() {
+// `background`: asked by a timer or an event, not by the user: a failure then says
+// nothing and keeps the list shown (the server panel says when the server is down), and
+// there is no asking while the server refuses the key (the same key, the same 401).
+async function listModels(background = false) {
+  if (background && state.modelsProblem === "key") return;
+  let list;
   try {
-    const list = await getJSON("/v1/models", state.key);
-    // Only models that chat: /v1/models also lists embedding, rerank and
-    // transcription models, each card's `kind` says which.
-    state.modelCards = (list.data || []).filter((m) => !m.kind || m.kind === "generation");
-    state.models = state.modelCards.map((m) => m.id);
-    const ears = (list.data || []).find((m) => m.kind === "transcription");
-    state.transcriber = ears ? ears.id : null;
-    state.modelsProblem = null;
-    hideKeyBanner();
+    list = await getJSON("/v1/models", state.key);
   } catch (error) {
-    state.models = [];
     if (error instanceof ApiError && error.status === 401) keyRefused(error);
+    else if (background) return;
     else toast("Could not list the models: " + (error.message || error));
+    state.modelCards = [];
+    state.models = [];
+    state.goneModel = null;
+    ui.model.replaceChildren();
+    ui.model.disabled = true;
+    showAttach();
+    return;
   }
+  // Only models that chat: /v1/models also lists embedding, rerank and
+  // transcription models, each card's `kind` says which.
+  state.modelCards = (list.data || []).filter((m) => !m.kind || m.kind === "generation");
+  state.models = state.modelCards.map((m) => m.id);
+  const ears = (list.data || []).find((m) => m.kind === "transcription");
+  state.transcriber = ears ? ears.id : null;
+  // A background look leaves alone a key field the user opened.
+  if (!background || state.modelsProblem) hideKeyBanner();
+  state.modelsProblem = null;
   const conversation = current();
   const wanted = conversation && conversation.model && state.models.includes(conversation.model) ? conversation.model : state.settings.model;
-  ui.model.replaceChildren(
-    ...state.modelCards.map((card) => {
-      const status = modelStatus(card);
-      return h("option", { value: card.id, text: status ? `${card.id} · ${status}` : card.id, "data-status": status });
-    })
-  );
-  if (state.models.includes(wanted)) ui.model.value = wanted;
+  const gone = fillPicker(ui.model, state.modelCards, wanted);
+  if (gone && gone !== state.goneModel) toast(`${gone} is no longer served by the server: pick another model.`);
+  state.goneModel = gone;
   ui.model.disabled = !state.models.length;
   showAttach();
   showSpeech();
+  // A reply waiting for its first token says whether its model is loading.
+  for (const run of state.runs.values()) if (!run.first) renderSoon(run.conversation, run.reply);
+}
+
+// A request for a model that is not loaded waits for its load: the list is read again
+// while no token has come (and the page is shown), so the picker and the waiting reply
+// show the server's "loading"; a model loaded already answers before the first look.
+function watchLoad(run) {
+  if (!statusOf(run.model)) return; // a server that reports no states
+  const waiting = () => !run.first && state.runs.get(run.conversation.id) === run;
+  const look = async () => {
+    if (!waiting()) return;
+    if (!document.hidden) await refresh.now(true);
+    if (waiting() && ["unloaded", "loading", "unloading"].includes(statusOf(run.model))) run.loadTimer = setTimeout(look, LOAD_LOOK_MS);
+  };
+  run.loadTimer = setTimeout(look, LOAD_FIRST_LOOK_MS);
 }
 
 function showKeyBanner(sentence) {
@@ -789,7 +839,7 @@ function useKey(event) {
   state.key = ui.keyInput.value.trim();
   store.rememberKey(ui.remember.checked ? state.key : "");
   for (const socket of state.sockets.values()) socket.close(); // opened with the old key
-  loadModels();
+  refresh.now();
   ui.prompt.focus();
 }
 
@@ -846,6 +896,7 @@ function bindSettings() {
     renderMessages();
   });
   ui.model.addEventListener("change", () => {
+    if (state.goneModel) state.goneModel = fillPicker(ui.model, state.modelCards, null); // another chosen: the gone one goes
     state.settings.model = ui.model.value;
     store.saveSettings(state.settings);
     const conversation = current();
@@ -1314,7 +1365,8 @@ async function init() {
   document.documentElement.dataset.ready = "true";
   performance.mark("playground-ready");
 
-  loadModels();
+  refresh.now();
+  refresh.start(ui.model);
   new ServerPanel(
     { running: $("#m-running"), queued: $("#m-queued"), kv: $("#m-kv"), kvBar: $("#m-kv-bar"), rate: $("#m-rate"), status: $("#panel-status"), spark: $("#m-spark") },
     () => state.key,
