@@ -30,3 +30,7 @@ class FailedLoads:
         """Whether `service` failed to load a moment ago, and nothing changed since."""
         failure = self._failures.get(service)
         return service.state == "failed" and failure is not None and failure.too_soon(_path_of(service))
+
+    def forget(self, service: ModelService) -> None:
+        """`service` is served no more."""
+        self._failures.pop(service, None)

@@ -87,7 +87,7 @@ class Residency:
         # Models whose load waits for its turn (the lock): no engine yet, and no room taken.
         self._queued: set[ModelService] = set()
         self._nursery: trio.Nursery | None = None
-        self._failed_loads = FailedLoads()
+        self.failed_loads = FailedLoads()  # the registry forgets a model there too
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Runs before the models loaded at start begin loading: their loads are counted
@@ -110,7 +110,7 @@ class Residency:
         """Wait for the load under way to end; then count it, and the model's idle time starts."""
         await service.settled()
         service.last_used = trio.current_time()
-        self._failed_loads.settled(service)
+        self.failed_loads.settled(service)
         if self._metrics is None:
             return
         if service.ready.is_set() and service.load_seconds is not None:
@@ -157,7 +157,7 @@ class Residency:
         in a task of the residency's nursery for the work."""
         if service.state in ("loading", "loaded", "unloading"):
             return
-        if self._failed_loads.too_soon(service):  # its waiters hear why it failed
+        if self.failed_loads.too_soon(service):  # its waiters hear why it failed
             return
         if service.source is None:  # a file that was unusable when found: look again
             try:
