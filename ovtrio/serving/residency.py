@@ -10,13 +10,11 @@ One load at a time (a lock): on 2 cores a second compile beside the first only s
 both, and --models-max is kept by counting what is loaded while nothing else loads (a
 load waiting its turn holds no room: counted, it would make the load ahead of it wait
 for loads that cannot begin before it ends). An unload asked while the load waits calls
-it off.
-The load runs in a task of the residency's own nursery, never in a request's: the
-requests that want the model wait for it to settle (ModelService.settled), a request
-that leaves stops waiting and nothing more, and when the load fails each waiting
-request is told why, once. The engine work runs in a worker thread
-(ModelService._serve), so the event loop, /health and the other models go on serving
-meanwhile.
+it off. The load runs in a task of the residency's own nursery, never in a request's:
+the requests that want the model wait for it to settle (ModelService.settled), a request
+that leaves stops waiting and nothing more, and when the load fails each waiting request
+is told why, once. The engine work runs in a worker thread (ModelService._serve), so the
+event loop, /health and the other models go on serving meanwhile.
 
 A model is never unloaded to make room while it runs requests: the load waits, up to
 --models-load-wait seconds, for one to become idle, and then its waiters get a 503
@@ -159,6 +157,8 @@ class Residency:
             return
         if self.failed_loads.too_soon(service):  # its waiters hear why it failed
             return
+        if service not in self._services():  # forgotten (its file gone) while its request waited
+            return service.fail("its file is gone from the models folder")
         if service.source is None:  # a file that was unusable when found: look again
             try:
                 service.check()
