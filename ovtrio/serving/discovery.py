@@ -3,10 +3,10 @@ model served on demand, named after the file (without .gguf) or the folder, as
 llama-server's router names the files of its --models-dir.
 
 The folder is read again whenever a request names a model the server does not know,
-whenever the model list or /metrics is asked for, and (at most once a second) for a request whose
-body is over the limit (ovtrio/server/body_limit.py), so a file copied in later is
-served without a restart. Reading it is a directory listing, a GGUF header per new file
-and an IR's XML outputs per new folder: cheap enough for the event loop.
+whenever the model list or /metrics is asked for, and (at most once a second) for a
+request whose body is over the limit (ovtrio/server/body_limit.py), so a file copied in
+later is served without a restart. Reading it is a directory listing, a GGUF header per
+new file and an IR's XML outputs per new folder: cheap enough for the event loop.
 
 A folder may hold any kind of model: a generation model (GGUF or IR, vision-language
 included), an embedding model, a reranker (told apart by their IR's outputs,
