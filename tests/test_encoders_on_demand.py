@@ -43,6 +43,7 @@ from test_models_on_demand import (
     chat_running,
     count,
     loads,
+    series_of,
     states,
     unload,
     wait_for_state,
@@ -363,11 +364,13 @@ def test_an_encoder_folder_added_later_is_served_and_one_removed_is_forgotten(se
     assert vectors.status_code == 200, vectors.text
     assert vectors.json()["model"] == "minilm-later"
     assert cards(server)["minilm-later"]["kind"] == "embedding"
+    assert count(server, "ovtrio_encoder_requests_total", model_name="minilm-later") == 1
     # Gone from the folder, but loaded: listed until it is unloaded.
     shutil.rmtree(added)
     assert states(server)["minilm-later"]["value"] == "loaded"
     assert unload(server, "minilm-later").status_code == 200
     assert "minilm-later" not in states(server)
+    assert series_of(server, "minilm-later") == {}  # its metrics went with it
     gone = embed(server, "minilm-later")
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
 

@@ -263,3 +263,42 @@ def test_a_model_loaded_at_start_is_counted_as_loads_are(server):
     loads = value("ovtrio_model_loads_total", model_name=MODEL)
     assert loads >= 1 and value("ovtrio_model_load_seconds_count", model_name=MODEL) == loads
     assert loads - unloads == value("ovtrio_model_loaded", model_name=MODEL) == 1
+
+
+def test_forgetting_a_model_removes_each_of_its_series_and_keeps_the_others():
+    """What ServerMetrics.forget removes when the registry forgets a model: the series
+    of every family made for it (request histograms, finish reasons, speculation, images,
+    loads and unloads, an encoder's), and no other model's."""
+    from prometheus_client import generate_latest
+
+    from ovtrio.serving.metrics import ServerMetrics
+
+    metrics = ServerMetrics()
+    for name in ("gone", "kept"):
+        observer = metrics.for_model(name, 512, speculative=True)
+        observer.finished("stop", 3, 2, 0.5, 0.1)
+        observer.speculated(2, 1)
+        observer.image_prepared(0.01)
+        metrics.lifecycle.loaded(name, 1.0)
+        metrics.lifecycle.load_failed(name)
+        metrics.lifecycle.unloaded(name, "idle")
+        metrics.encoders.for_model(name, "embedding").finished(1, 4)
+
+    metrics.forget("gone")
+
+    def models_named() -> dict[str, set[str]]:
+        exposition = generate_latest(metrics.registry).decode()
+        names: dict[str, set[str]] = {}
+        for family in text_string_to_metric_families(exposition):
+            for sample in family.samples:
+                if "model_name" in sample.labels:
+                    names.setdefault(sample.labels["model_name"], set()).add(family.name)
+        return names
+
+    named = models_named()
+    assert set(named) == {"kept"} and len(named["kept"]) >= 20, named
+    # A model of that name found later starts from zero.
+    metrics.for_model("gone", 512).finished("length", 3, 2, 0.5, 0.1)
+    exposition = generate_latest(metrics.registry).decode()
+    assert sample_value(exposition, "vllm:request_success_total", model_name="gone", finished_reason="length") == 1
+    assert sample_value(exposition, "vllm:request_success_total", model_name="kept", finished_reason="stop") == 1

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 import loopback
 from conftest import RunningServer
@@ -463,6 +464,43 @@ def test_the_counters_of_a_model_go_on_across_its_unload_and_next_load(serve_on_
     assert chat(server, "beta", max_tokens=3).status_code == 200
     assert server.metric("ovtrio_generated_tokens_total", model_name="beta") >= first + 3
     assert server.metric("ovtrio_engine_steps_total", model_name="beta") > steps
+
+
+def series_of(server: RunningServer, model: str) -> dict[str, float]:
+    """Every sample on /metrics labelled with `model`, by name and other labels."""
+    exposition = loopback.get(server.base_url + "/metrics", timeout=10)
+    assert exposition.status_code == 200, exposition.text
+    return {
+        f"{sample.name}{sorted(sample.labels.items())}": sample.value
+        for family in text_string_to_metric_families(exposition.text)
+        for sample in family.samples
+        if sample.labels.get("model_name") == model
+    }
+
+
+def test_a_model_whose_file_is_gone_leaves_no_series_and_one_added_again_starts_afresh(serve_on_demand):
+    """Forgotten (its file gone, and unloaded), a model takes all its series with it, the
+    scheduler's and the request histograms alike; a file of that name copied in later
+    is a new model, counted from zero."""
+    server = serve_on_demand
+    added = Path(states_folder(server)) / "epsilon.gguf"
+    added.unlink(missing_ok=True)
+    added.symlink_to(embedded_model_path())
+    assert chat(server, "epsilon", max_tokens=3).status_code == 200
+    assert series_of(server, "epsilon")["ovtrio_generated_tokens_total[('model_name', 'epsilon')]"] == 3
+    added.unlink()
+    assert unload(server, "epsilon").status_code == 200
+    assert series_of(server, "epsilon") == {}  # before any listing: /metrics reads the folder too
+    assert "epsilon" not in states(server)
+
+    added.symlink_to(embedded_model_path())
+    assert chat(server, "epsilon", max_tokens=2).status_code == 200
+    assert server.metric("ovtrio_generated_tokens_total", model_name="epsilon") == 2
+    assert server.metric("vllm:generation_tokens_total", model_name="epsilon") == 2
+    assert server.metric("vllm:request_generation_tokens_count", model_name="epsilon") == 1
+    assert loads(server, "epsilon") == 1
+    assert unload(server, "epsilon").status_code == 200
+    added.unlink()
 
 
 def lifecycle_agrees(server: RunningServer, model: str) -> tuple[str, float, float]:

@@ -398,3 +398,22 @@ def test_the_retry_after_of_a_failed_load_is_the_time_left_before_the_next():
         assert failure.retry_after() == 1 and not failure.too_soon(None)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_a_model_forgotten_while_a_request_waits_for_its_unload_is_not_loaded_again(nursery):
+    """Its file gone, the registry forgets a model once it is unloaded: a request that
+    waited for that unload hears why, rather than loading an engine that no model list,
+    /metrics or idle unload would know of."""
+    alpha = FakeService("alpha")
+    served = [alpha]
+    residency = Residency(lambda: served, rules(), FakeMetrics())
+    await nursery.start(residency.run)
+    serving = await residency.acquire(alpha)
+    serving.scheduler.in_flight = 1
+    nursery.start_soon(residency.unload, alpha, "request")
+    await wait_until(lambda: alpha.state == "unloading")
+    served.clear()  # the registry forgets it (the rescan right after the unload, here sooner)
+    serving.scheduler.finished.set()
+    with pytest.raises(LoadFailed, match="file is gone"):
+        await residency.acquire(alpha)
+    assert alpha.runs == 1

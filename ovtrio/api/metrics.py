@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from quart import Blueprint, Quart, Response, request
 
-from ovtrio.api.context import metrics_registry
+from ovtrio.api.context import metrics_registry, model_registry
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.model import grammar_cache
 from ovtrio.serving.collector import ModelStateCollector, SchedulerCollector
@@ -84,4 +84,7 @@ def install(app: Quart, metrics: ServerMetrics) -> None:
 
 @blueprint.get("/metrics")
 async def metrics() -> Any:
+    # The folder is read again first, as GET /v1/models does: the two tell of the same
+    # models, a model whose file is gone (and that is unloaded) no longer in either.
+    model_registry().rescan()
     return Response(generate_latest(metrics_registry()), mimetype="text/plain; version=0.0.4")

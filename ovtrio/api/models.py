@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from quart import Blueprint
+from werkzeug.routing import PathConverter
 
 from ovtrio.api.context import model_registry, model_service, ready_model
 from ovtrio.api.errors import APIError, model_not_found, shutting_down
@@ -22,6 +23,19 @@ from ovtrio.serving.residency import Busy
 from ovtrio.serving.service import ModelService
 
 blueprint = Blueprint("models", __name__)
+
+
+class ModelIdConverter(PathConverter):
+    """A model id in a path: any text, slashes included (a config file may name a model
+    "org/model") and newlines too (a file name may hold one; werkzeug's path converter
+    stops at it)."""
+
+    regex = "[^/](?s:.*?)"
+
+
+@blueprint.record_once
+def _add_converter(state: Any) -> None:  # before the routes below are added
+    state.app.url_map.converters["model_id"] = ModelIdConverter
 
 
 def _status(service: ModelService) -> dict[str, Any]:
@@ -84,8 +98,8 @@ async def list_models() -> Any:
     return {"object": "list", "data": cards + [_encoder_card(encoder) for encoder in registry.encoders]}
 
 
-@blueprint.get("/v1/models/<path:model_id>")
-@blueprint.get("/v3/models/<path:model_id>")
+@blueprint.get("/v1/models/<model_id:model_id>")
+@blueprint.get("/v3/models/<model_id:model_id>")
 async def retrieve_model(model_id: str) -> Any:
     model = _named(model_id)
     return _model_card(model) if isinstance(model, ModelService) else _encoder_card(model)

@@ -64,3 +64,9 @@ class EncoderMetrics:
         if name not in self._observers:
             self._observers[name] = _ModelObserver(self, (name, kind))
         return self._observers[name]
+
+    def forget(self, name: str) -> None:
+        """Remove the series of the model `name`, which the server no longer serves."""
+        self._observers.pop(name, None)
+        for family in (self.requests, self.inputs, self.tokens, self.rejected, self.batch_size):
+            family.remove_by_labels({"model_name": name})

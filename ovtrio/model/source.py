@@ -37,6 +37,35 @@ class ModelLoadError(RuntimeError):
     """The model cannot be served. The message is one line naming the path and why."""
 
 
+def printable_name(name: str) -> str:
+    """`name` as a log line can show it. A file name that is not UTF-8 comes from the
+    system with each byte that does not decode as a lone surrogate ('\\udce9' for 0xE9);
+    those bytes are shown as \\xe9, as `ls -b` shows them."""
+    try:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def is_text(name: str) -> bool:
+    """Whether `name` can be a model's id: UTF-8 text, which a client can send in a JSON
+    body and /metrics can put in a label (a lone surrogate can be neither)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_model_name(name: str) -> None:
+    """Raise ModelLoadError unless `name` can be a model's id (is_text)."""
+    if not is_text(name):
+        raise ModelLoadError(
+            f"the model name '{printable_name(name)}' is not UTF-8 text (a file or folder name in another"
+            " encoding); rename it, or give the model a served_model_name"
+        )
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """A checked model location, before the engine loads it."""
@@ -134,6 +163,7 @@ def resolve_model(settings: Settings) -> ModelSource:
     if settings.draft_device:
         check_device(settings.draft_device, "draft_device")
     name = settings.served_model_name or default_name
+    check_model_name(name)
 
     if path.is_file():
         if path.suffix.lower() != ".gguf":

@@ -41,7 +41,6 @@ from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.audio.service import TranscriptionService, transcription_models_to_serve
 from ovtrio.embedding.kinds import served_models
-from ovtrio.embedding.metrics import EncoderMetrics
 from ovtrio.embedding.service import EncoderService, encoders_to_serve
 from ovtrio.model import ModelLoad, ModelLoadError
 from ovtrio.playground import routes as playground
@@ -108,7 +107,7 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
     assert isinstance(app.json, DefaultJSONProvider)
     app.json.sort_keys = False
     server_metrics = ServerMetrics()
-    encoder_metrics = EncoderMetrics(server_metrics.registry)
+    encoder_metrics = server_metrics.encoders
     text_encoders = [(model, kind) for model, kind in configured_encoders if kind != "transcription"]
     encoders: list[EncoderService | TranscriptionService] = [
         EncoderService(name, kind, encoder_settings, folder, observer=encoder_metrics.for_model)
@@ -131,6 +130,7 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
         lifecycle=server_metrics.lifecycle,
         encoder_observer=encoder_metrics.for_model,
         on_rescan=lambda: limit.follow(registry.takes_images(), registry.takes_audio()),
+        on_forget=server_metrics.forget,
     )
     if settings.models_dir:
         limit.rescan = registry.rescan

@@ -3,15 +3,18 @@ model served on demand, named after the file (without .gguf) or the folder, as
 llama-server's router names the files of its --models-dir.
 
 The folder is read again whenever a request names a model the server does not know,
-whenever the model list is asked for, and (at most once a second) for a request whose
-body is over the limit (ovtrio/server/body_limit.py), so a file copied in later is
-served without a restart. Reading it is a directory listing, a GGUF header per new file
-and an IR's XML outputs per new folder: cheap enough for the event loop.
+whenever the model list or /metrics is asked for, and (at most once a second) for a
+request whose body is over the limit (ovtrio/server/body_limit.py), so a file copied in
+later is served without a restart. Reading it is a directory listing, a GGUF header per
+new file and an IR's XML outputs per new folder: cheap enough for the event loop.
 
 A folder may hold any kind of model: a generation model (GGUF or IR, vision-language
 included), an embedding model, a reranker (told apart by their IR's outputs,
 ovtrio/embedding/kinds.py) or a Whisper model. Each is served as its kind, under its
 folder's name, by the same rules (loaded on demand, unloaded when idle or by hand).
+
+A model's name is its id, which clients send and /metrics puts in labels: it must be
+text. An entry whose name is not UTF-8 is not served, and the log says so once.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ovtrio.embedding.kinds import ModelKind, detect_kind
+from ovtrio.model.source import is_text, printable_name
 from ovtrio.model.vision import is_vision_folder
 from ovtrio.settings.server import Settings
 
@@ -47,6 +51,9 @@ def folder_models(folder: Path) -> list[FolderModel]:
     for entry in entries:
         if entry.name.startswith("."):
             continue
+        if not is_text(entry.name):
+            _warn_not_text(entry)
+            continue
         if entry.is_file() and entry.suffix.lower() == ".gguf":
             found.append(FolderModel(entry.name[: -len(".gguf")], entry))
         elif entry.is_dir():
@@ -54,6 +61,16 @@ def folder_models(folder: Path) -> list[FolderModel]:
             if kind != "generation" or is_model_folder(entry):
                 found.append(FolderModel(entry.name, entry, kind))
     return found
+
+
+@functools.lru_cache(maxsize=1024)
+def _warn_not_text(entry: Path) -> None:
+    """Say once (the folder is read again at every model listing) why `entry` is not served."""
+    log.warning(
+        "not serving '%s' of the models folder: its name is not UTF-8 text, and a model's name is the id"
+        " clients send; rename it",
+        printable_name(entry.name),
+    )
 
 
 @functools.lru_cache(maxsize=1024)

@@ -35,3 +35,7 @@ class FailedLoads:
         """Whole seconds until `service`, whose load failed, is loaded again."""
         failure = self._failures.get(service)
         return failure.retry_after() if failure is not None else round(RETRY_AFTER)
+
+    def forget(self, service: ModelService) -> None:
+        """`service` is served no more."""
+        self._failures.pop(service, None)

@@ -9,11 +9,19 @@ ovtrio as they read vLLM: every series has the labels `model_name` (the served m
 name; one series per model when the server serves several) and `engine` ("0"). The metrics live in a registry of
 their own per app (not prometheus_client's global one), so several apps can live in one
 process.
+
+A model's series live as long as the server serves it: across its unloads and loads
+(its counters go on), until the registry forgets it (its file gone from models_dir,
+ovtrio/serving/registry.py), when each series labelled with its name goes (`forget`).
+A model of that name found later starts from zero.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+from ovtrio.embedding.metrics import EncoderMetrics
 
 LABELS = ("model_name", "engine")
 ENGINE = "0"
@@ -99,6 +107,23 @@ class RequestFamilies:
         )
         self._speculation: tuple[Counter, Counter, Counter] | None = None
         self._images: tuple[Counter, Histogram] | None = None
+
+    def forget(self, model_name: str) -> None:
+        """Remove every series of `model_name`."""
+        families: list[MetricWrapperBase] = [
+            self.queue,
+            self.time_to_first_token,
+            self.inter_token,
+            self.time_per_output_token,
+            self.e2e,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.success,
+            *(self._speculation or ()),
+            *(self._images or ()),
+        ]
+        for family in families:
+            family.remove_by_labels({"model_name": model_name})
 
     def images(self) -> tuple[Counter, Histogram]:
         """The image counters, registered when the first vision-language model asks."""
@@ -217,6 +242,7 @@ class ServerMetrics:
         self.models: dict[str, ModelMetrics] = {}
         self._families: RequestFamilies | None = None
         self.lifecycle = LifecycleMetrics(self.registry)
+        self.encoders = EncoderMetrics(self.registry)
 
     def for_model(self, model_name: str, context_length: int, speculative: bool = False) -> ModelMetrics:
         """The observer of a model's scheduler; made once per model, when it is loaded.
@@ -227,6 +253,16 @@ class ServerMetrics:
         if model_name not in self.models:
             self.models[model_name] = ModelMetrics(self._families, model_name, speculative)
         return self.models[model_name]
+
+    def forget(self, model_name: str) -> None:
+        """The server no longer serves `model_name`: remove its series, of every kind of
+        model (a name may have been a generation model's, then an encoder's), and its
+        observer (a model of that name served later gets a new one, from zero)."""
+        self.models.pop(model_name, None)
+        if self._families is not None:
+            self._families.forget(model_name)
+        self.lifecycle.forget(model_name)
+        self.encoders.forget(model_name)
 
     def response(self, method: str, route: str, status: int) -> None:
         self._responses.labels(method, route, str(status)).inc()
@@ -270,3 +306,7 @@ class LifecycleMetrics:
 
     def unloaded(self, model_name: str, reason: str) -> None:
         self._unloads.labels(model_name, reason).inc()
+
+    def forget(self, model_name: str) -> None:
+        for family in (self._loads, self._load_failures, self._unloads, self._load_seconds):
+            family.remove_by_labels({"model_name": model_name})

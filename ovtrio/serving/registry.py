@@ -38,6 +38,7 @@ from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.embedding.worker import EncoderObserver
 from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
+from ovtrio.model.source import check_model_name
 from ovtrio.scheduler import RequestObserver
 from ovtrio.serving.discovery import FolderModel, folder_models, settings_for
 from ovtrio.serving.metrics import LifecycleMetrics
@@ -88,6 +89,7 @@ class ModelRegistry:
         lifecycle: LifecycleMetrics | None = None,
         encoder_observer: Callable[[str, ModelKind], EncoderObserver] | None = None,
         on_rescan: Callable[[], None] | None = None,
+        on_forget: Callable[[str], None] | None = None,
     ) -> None:
         """`models`: each model's settings (config_file.model_settings), loaded at start.
         `observer` makes each model's request observer (the metrics), `encoder_observer`
@@ -96,7 +98,8 @@ class ModelRegistry:
         and the config file. `models_dir`: the settings whose models_dir holds more
         models, loaded on demand (their defaults too). `rules`: when models load and
         unload. `on_rescan` is called after each reading of models_dir: what the server
-        serves may have changed."""
+        serves may have changed. `on_forget` is called with the name of each model of
+        models_dir the server forgets (its file gone): its metrics go with it."""
         self._observer = observer
         self._preloaded = loading is not None
         futures = list(loading) if loading is not None else [None] * len(models)
@@ -134,6 +137,7 @@ class ModelRegistry:
         # When the folder's entries last changed, as the last rescan found it, and when
         # that rescan ran (time.monotonic): what _look_again compares.
         self._scanned: tuple[int | None, float] = (None, float("-inf"))
+        self._forget = on_forget or (lambda name: None)
 
     def check(self) -> None:
         """Resolve and check every model's path; raises ModelLoadError (one line) for the
@@ -147,6 +151,7 @@ class ModelRegistry:
             self._longest_context = max(self._longest_context, source.context_length)
         names = set(self._by_name)
         for encoder in self.encoders:
+            check_model_name(encoder.name)
             if isinstance(encoder, TranscriptionService):
                 check_transcription_folder(encoder.folder)
             else:
@@ -158,7 +163,8 @@ class ModelRegistry:
 
     def rescan(self) -> None:
         """Serve the models of models_dir added since the last look, and forget those
-        whose file is gone and that are not loaded (discovery.py)."""
+        whose file is gone and that are not loaded (discovery.py): all the server kept
+        of them, their metrics too, so one of the same name found later starts afresh."""
         if self._folder_defaults is None or self._folder_defaults.models_dir is None:
             return
         folder = Path(self._folder_defaults.models_dir).expanduser()
@@ -168,6 +174,8 @@ class ModelRegistry:
             if service.on_demand and service.model_name not in found and service.state in ("unloaded", "failed"):
                 self.services.remove(service)
                 del self._by_name[service.model_name]
+                self.residency.failed_loads.forget(service)
+                self._forget(service.model_name)
         for encoder in list(self.encoders):
             scope = self._found_encoders.get(encoder.name)
             if scope is not None and encoder.name not in found and encoder.state in ("unloaded", "failed"):
@@ -176,6 +184,7 @@ class ModelRegistry:
                 del self._found_encoders[encoder.name]
                 if encoder in self._unstarted:
                     self._unstarted.remove(encoder)
+                self._forget(encoder.name)
         taken = {encoder.name for encoder in self.encoders}
         for name, model in found.items():
             if name in self._by_name or name in taken:

@@ -10,13 +10,11 @@ One load at a time (a lock): on 2 cores a second compile beside the first only s
 both, and --models-max is kept by counting what is loaded while nothing else loads (a
 load waiting its turn holds no room: counted, it would make the load ahead of it wait
 for loads that cannot begin before it ends). An unload asked while the load waits calls
-it off.
-The load runs in a task of the residency's own nursery, never in a request's: the
-requests that want the model wait for it to settle (ModelService.settled), a request
-that leaves stops waiting and nothing more, and when the load fails each waiting
-request is told why, once. The engine work runs in a worker thread
-(ModelService._serve), so the event loop, /health and the other models go on serving
-meanwhile.
+it off. The load runs in a task of the residency's own nursery, never in a request's:
+the requests that want the model wait for it to settle (ModelService.settled), a request
+that leaves stops waiting and nothing more, and when the load fails each waiting request
+is told why, once. The engine work runs in a worker thread (ModelService._serve), so the
+event loop, /health and the other models go on serving meanwhile.
 
 A model is never unloaded to make room while it runs requests: the load waits, up to
 --models-load-wait seconds, for one to become idle, and then its waiters get a 503
@@ -87,7 +85,7 @@ class Residency:
         # Models whose load waits for its turn (the lock): no engine yet, and no room taken.
         self._queued: set[ModelService] = set()
         self._nursery: trio.Nursery | None = None
-        self._failed_loads = FailedLoads()
+        self.failed_loads = FailedLoads()  # the registry forgets a model there too
         self._unloads: dict[ModelService, trio.Event] = {}  # unloads under way, set when each ends
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -111,7 +109,7 @@ class Residency:
         """Wait for the load under way to end; then count it, and the model's idle time starts."""
         await service.settled()
         service.last_used = trio.current_time()
-        self._failed_loads.settled(service)
+        self.failed_loads.settled(service)
         if self._metrics is None:
             return
         if service.ready.is_set() and service.load_seconds is not None:
@@ -141,9 +139,7 @@ class Residency:
                     raise Stopping()
                 if not self.rules.autoload:
                     if state == "failed":
-                        raise LoadFailed(
-                            service.failure or "it failed to load", self._failed_loads.retry_after(service)
-                        )
+                        raise LoadFailed(service.failure or "it failed to load", self.failed_loads.retry_after(service))
                     raise NotLoaded()
                 self.load(service)
             await service.settled()
@@ -153,15 +149,17 @@ class Residency:
                 if self._stopping.is_set():
                     raise Stopping()
                 raise NoRoom(service.refusal, max(1, round(self.rules.load_wait / 2)))
-            raise LoadFailed(service.failure or "it failed to load", self._failed_loads.retry_after(service))
+            raise LoadFailed(service.failure or "it failed to load", self.failed_loads.retry_after(service))
 
     def load(self, service: ModelService) -> None:
         """Begin loading `service` (unless it is loaded or loading): at once in its state,
         in a task of the residency's nursery for the work."""
         if service.state in ("loading", "loaded", "unloading"):
             return
-        if self._failed_loads.too_soon(service):  # its waiters hear why it failed
+        if self.failed_loads.too_soon(service):  # its waiters hear why it failed
             return
+        if service not in self._services():  # forgotten (its file gone) while its request waited
+            return service.fail("its file is gone from the models folder")
         if service.source is None or service.files_changed():  # unusable when found, or replaced since
             try:
                 service.check()
