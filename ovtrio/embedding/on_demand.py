@@ -271,10 +271,13 @@ class OnDemandEncoder(Generic[Model]):
             await self.worker.run(model)
         self.loaded = trio.Event()
         self.model = None
-        left_behind = weakref.ref(model)
+        try:
+            left_behind: weakref.ref[Model] | None = weakref.ref(model)
+        except TypeError:  # an object no weak reference can point at: taken as held
+            left_behind = None
         del model
         self._announce()
-        if left_behind() is not None:
+        if left_behind is None or left_behind() is not None:
             # Still held, by a reference cycle: its memory goes now, not at some later
             # collection. A model that became ready meanwhile froze what existed then
             # (serving/service.py), this encoder too, which the collection would not
