@@ -9,10 +9,12 @@ from collections.abc import Sequence
 
 import pytest
 import trio
+import trio.testing
 
 from ovtrio.embedding.on_demand import OnDemandEncoder
 from ovtrio.embedding.worker import EncoderUnavailable, EncoderWorker, Job
 from ovtrio.scheduler import Overloaded
+from ovtrio.serving.shutdown import Shutdown
 from ovtrio.settings.server import Settings
 
 
@@ -252,3 +254,72 @@ async def test_a_batch_cancelled_before_its_thread_began_goes_back_to_the_queue(
         await _wait_until(lambda: results == [2])
         nursery.cancel_scope.cancel()
     assert model.batches == [[("small", 2)]]
+
+
+async def _drained_jobs(encoder: PartedEncoder, sizes: dict[str, int], *, cut: bool) -> dict[str, object]:
+    """Each job of `sizes` submitted to `encoder` (loaded), the first in its thread and
+    the others queued, then the drain begun, and `cut` short while the thread still
+    computes (a second signal) or not: what each job ended with."""
+    shutdown = Shutdown(drain_timeout=60)
+    results: dict[str, object] = {}
+
+    async def submit(name: str, size: int) -> None:
+        try:
+            results[name] = (await encoder.worker.submit(Job(name, size))).result
+        except EncoderUnavailable as exc:
+            results[name] = exc.code
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(encoder.run)
+        encoder.want()
+        await _wait_until(encoder.loaded.is_set)
+        for queued, (name, size) in enumerate(sizes.items()):
+            nursery.start_soon(submit, name, size)
+            await _wait_until(lambda queued=queued: encoder.stats().running == 1 and encoder.stats().queued == queued)
+        nursery.start_soon(shutdown.drain, [encoder.for_shutdown()], "test")
+        await trio.testing.wait_all_tasks_blocked()
+        assert shutdown.draining.is_set() and not shutdown.drained.is_set()
+        if cut:
+            shutdown.hurry()
+        else:
+            encoder.stand_in.gate.set()  # the batch in the thread ends: the drain waits for the rest
+        with trio.fail_after(10):
+            await shutdown.drained.wait()
+            await _wait_until(lambda: len(results) == len(sizes))
+        encoder.stand_in.gate.set()
+        nursery.cancel_scope.cancel()
+    return results
+
+
+async def test_the_drain_waits_for_an_encoders_jobs_even_between_two_parts() -> None:
+    """Jobs computing, queued, and a large one between its parts all run to their end."""
+    encoder = PartedEncoder(PartedModel(max_batch=4))
+    results = await _drained_jobs(encoder, {"large": 12, "small": 1}, cut=False)
+    assert results == {"large": 12, "small": 1}
+
+
+async def test_an_encoders_jobs_left_when_the_drain_ends_hear_that_the_server_stops() -> None:
+    """Cut (by a second signal here; the timeout does the same): the job in the thread and
+    the one queued end with shutting_down at once, not when the batch ends."""
+    encoder = PartedEncoder(PartedModel(max_batch=4))
+    results = await _drained_jobs(encoder, {"large": 12, "small": 1}, cut=True)
+    assert results == {"large": "shutting_down", "small": "shutting_down"}
+
+
+async def test_jobs_waiting_for_their_encoders_load_hear_at_once_that_the_server_stops() -> None:
+    encoder = PartedEncoder(PartedModel(max_batch=4))  # not loaded, not loading yet
+    refused: list[str] = []
+
+    async def submit() -> None:
+        try:
+            await encoder.worker.submit(Job("waits", 1))
+        except EncoderUnavailable as exc:
+            refused.append(exc.code)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(submit)
+        await _wait_until(lambda: encoder.stats().queued == 1)
+        with trio.fail_after(1):
+            await Shutdown(drain_timeout=60).drain([encoder.for_shutdown()], "test")
+    assert refused == ["shutting_down"]
+    assert encoder.worker.jobs == 0

@@ -24,7 +24,7 @@ from ovtrio.model import load_retry
 from ovtrio.model.load_retry import FailedLoad
 from ovtrio.scheduler.interface import SchedulerStats
 from ovtrio.serving import residency as residency_module
-from ovtrio.serving.residency import LoadFailed, Residency, ResidencyRules
+from ovtrio.serving.residency import LoadFailed, Residency, ResidencyRules, Stopping
 from ovtrio.serving.service import ModelService
 from ovtrio.settings.server import Settings
 
@@ -417,3 +417,42 @@ async def test_a_model_forgotten_while_a_request_waits_for_its_unload_is_not_loa
     with pytest.raises(LoadFailed, match="file is gone"):
         await residency.acquire(alpha)
     assert alpha.runs == 1
+
+
+class SlowService(FakeService):
+    """A model whose load ends when `loads` is set."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.loads = trio.Event()
+
+    async def _serve(self, source: Any) -> None:
+        await self.loads.wait()
+        await super()._serve(source)
+
+
+async def test_a_request_waiting_for_a_load_when_the_server_stops_is_refused_at_once(nursery):
+    """The drain begins while a request waits for its model's load: the request hears
+    at once that the server stops (it is not served once the load ends, on a scheduler
+    the drain never saw), and the model, once loaded, takes no request."""
+    alpha = SlowService("alpha")
+    stopping = trio.Event()
+    residency = Residency(lambda: [alpha], rules(), FakeMetrics(), stopping=stopping)  # type: ignore[arg-type]
+    await nursery.start(residency.run)
+    outcome: list[str] = []
+
+    async def request() -> None:
+        try:
+            await residency.acquire(alpha)
+            outcome.append("served")
+        except Stopping:
+            outcome.append("stopping")
+
+    nursery.start_soon(request)
+    await wait_until(lambda: alpha.state == "loading")
+    stopping.set()
+    await wait_until(lambda: outcome == ["stopping"])
+    assert alpha.state == "loading"  # refused before the load ended
+    alpha.loads.set()
+    await wait_until(lambda: alpha.serving is not None)
+    await wait_until(lambda: alpha.serving.scheduler.draining)

@@ -28,6 +28,7 @@ from ovtrio.embedding.worker import EncoderUnavailable, EncoderWorker, WorkerSta
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.load_retry import FailedLoad
 from ovtrio.model.source import ModelLoadError
+from ovtrio.scheduler import SHUTTING_DOWN
 from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
@@ -170,6 +171,10 @@ class OnDemandEncoder(Generic[Model]):
             while self.loaded.is_set() and not self.idle:  # noqa: ASYNC110 (see DRAIN_CHECK)
                 await trio.sleep(DRAIN_CHECK)
 
+    def for_shutdown(self) -> ShutdownDrain:
+        """The model as the server's drain on shutdown sees it (ovtrio/serving/shutdown.py)."""
+        return ShutdownDrain(self)
+
     async def settled(self) -> Refusal | None:
         """Return once the model is loaded or its load has failed (loading it first);
         the refusal when its load found no room."""
@@ -285,6 +290,38 @@ class OnDemandEncoder(Generic[Model]):
             gc.unfreeze()
             gc.collect()
         log.info("unloaded %s model '%s'", self.kind, self.name)
+
+
+class ShutdownDrain:
+    """An encoder's part in the drain on shutdown, as a generation scheduler's
+    (drain / in_flight / idle / fail_all): its jobs computing, queued or between two of
+    their parts run on, up to the drain timeout, and are ended with a shutting_down
+    error after it. Jobs queued for a load (the model was not serving when the drain
+    began) hear at once that the server is shutting down, as generation requests
+    waiting for their model's load do (ovtrio/serving/shutdown.py says why)."""
+
+    def __init__(self, encoder: OnDemandEncoder[Any]) -> None:
+        self._encoder = encoder
+        self._worker = encoder.worker
+
+    def drain(self) -> None:
+        """Begin the drain. New jobs are refused before they reach the worker (the API
+        checks the drain), so only those waiting for a load are ended here."""
+        if not self._encoder.loaded.is_set() or self._encoder.unloading:
+            self._worker.close(EncoderUnavailable("The server is shutting down; retry shortly.", SHUTTING_DOWN))
+
+    @property
+    def in_flight(self) -> int:
+        return self._worker.jobs
+
+    async def idle(self) -> None:
+        """Return once no job computes or waits (polled: see DRAIN_CHECK)."""
+        while self._worker.has_work:  # noqa: ASYNC110 (see DRAIN_CHECK)
+            await trio.sleep(DRAIN_CHECK)
+
+    def fail_all(self, message: str, code: str = SHUTTING_DOWN) -> int:
+        """End every job still computing or waiting with `message`; how many."""
+        return self._worker.cut(EncoderUnavailable(message, code))
 
 
 def encoder_hints(settings: Settings) -> dict[str, Any]:

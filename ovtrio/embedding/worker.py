@@ -115,6 +115,7 @@ class EncoderWorker(Generic[Model]):
         self._last_inputs = 0
         self._last_seconds = 0.0
         self._batch_started = False  # whether the current batch's thread has begun
+        self._batch: Sequence[Job] = ()  # the jobs the thread computes now
 
     def stats(self) -> WorkerStats:
         return WorkerStats(queued=self._waiting_jobs(), running=self._running, rejected=self._rejected)
@@ -124,6 +125,11 @@ class EncoderWorker(Generic[Model]):
         """Whether a job is computing or waiting: a job between two of its parts counts,
         though it holds no place of the queue (stats().queued leaves it out)."""
         return bool(self._running) or any(not job.abandoned for job in self._queue)
+
+    @property
+    def jobs(self) -> int:
+        """The jobs computing or waiting (has_work's, counted): what a drain waits for."""
+        return self._running + sum(1 for job in self._queue if not job.abandoned)
 
     async def submit(self, job: Job) -> Job:
         """Queue `job` and wait for it to be computed. Raises Overloaded when the queue
@@ -166,6 +172,18 @@ class EncoderWorker(Generic[Model]):
         """Refuse new jobs and fail those waiting with `reason`."""
         self._closed = reason
         self.fail_queued(reason)
+
+    def cut(self, reason: EncoderUnavailable) -> int:
+        """Close with `reason` (close) and end the jobs in the thread with it too, without
+        waiting for their batch (its result is dropped): the end of a drain. How many
+        jobs were ended."""
+        ended = [job for job in self._queue if not job.abandoned and not job.done.is_set()]
+        ended += [job for job in self._batch if not job.abandoned and not job.done.is_set() and job not in ended]
+        self.close(reason)
+        for job in ended:
+            job.error = reason
+            job.done.set()
+        return len(ended)
 
     def fail_queued(self, reason: EncoderUnavailable) -> None:
         """Fail the jobs waiting with `reason` (new ones are still taken)."""
@@ -234,11 +252,13 @@ class EncoderWorker(Generic[Model]):
             self._last_inputs = sum(parts)
             started = time.monotonic()
             self._batch_started = False
+            self._batch = batch
             try:
                 await trio.to_thread.run_sync(self._compute, model, batch, limiter=self._thread)
             finally:
                 self._last_seconds = time.monotonic() - started
                 self._running = 0
+                self._batch = ()
                 if not self._batch_started:
                     # Cancelled (the model unloads, or the server stops) before the
                     # thread began: nothing of the batch was computed. Its jobs go back

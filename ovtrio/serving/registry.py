@@ -374,9 +374,12 @@ class ModelRegistry:
 
     async def drain(self, cause: str) -> None:
         """Let the requests in flight on every model finish, up to the drain timeout
-        (ovtrio/serving/shutdown.py); `cause` (what asked for the shutdown) goes in the log."""
+        (ovtrio/serving/shutdown.py): the generation models loaded now (a model still
+        loading serves none: its waiting requests are refused, Residency.acquire) and
+        every encoder. `cause` (what asked for the shutdown) goes in the log."""
         schedulers = [service.serving.scheduler for service in self.services if service.serving is not None]
-        await self.shutdown.drain(schedulers, cause)
+        encoders = [encoder.for_shutdown() for encoder in self.encoders]
+        await self.shutdown.drain([*schedulers, *encoders], cause)
 
     async def close(self) -> None:
         """Stop every model's scheduler and let its engine go (ModelService.close)."""

@@ -108,6 +108,8 @@ class Residency:
     async def _settle(self, service: ModelService) -> None:
         """Wait for the load under way to end; then count it, and the model's idle time starts."""
         await service.settled()
+        if self._stopping.is_set() and service.serving is not None:  # loaded during the drain
+            service.serving.scheduler.drain()  # which did not see it: it takes no request either
         service.last_used = trio.current_time()
         self.failed_loads.settled(service)
         if self._metrics is None:
@@ -121,7 +123,8 @@ class Residency:
         """The loaded model of `service`, loading it first if need be (and allowed).
         `keep_alive`: seconds the model may stay loaded idle after this request (a
         negative value: for good; None: the server's model_idle_unload). Raises
-        NotLoaded, LoadFailed or NoRoom."""
+        NotLoaded, LoadFailed, NoRoom, or Stopping once the server stops, at once even
+        while the load goes on (ovtrio/serving/shutdown.py says why)."""
         while True:
             state = service.state
             serving = service.serving
@@ -131,23 +134,23 @@ class Residency:
                 return serving
             if state == "loaded":  # its serving has just ended (the server stops)
                 raise LoadFailed(service.failure or "it stopped serving", 1)
+            if self._stopping.is_set():
+                raise Stopping()
             if state == "unloading":
                 await trio.sleep(ROOM_CHECK)
                 continue
             if state in ("unloaded", "failed"):
-                if self._stopping.is_set():
-                    raise Stopping()
                 if not self.rules.autoload:
                     if state == "failed":
                         raise LoadFailed(service.failure or "it failed to load", self.failed_loads.retry_after(service))
                     raise NotLoaded()
                 self.load(service)
-            await service.settled()
+            await service.settled(unless=self._stopping)
+            if self._stopping.is_set():
+                raise Stopping()
             if service.ready.is_set():
                 continue
             if service.refusal is not None:
-                if self._stopping.is_set():
-                    raise Stopping()
                 raise NoRoom(service.refusal, max(1, round(self.rules.load_wait / 2)))
             raise LoadFailed(service.failure or "it failed to load", self.failed_loads.retry_after(service))
 
@@ -238,9 +241,6 @@ class Residency:
     async def _load_in_turn(self, service: ModelService) -> None:
         async with self._lock:
             self._queued.discard(service)
-            if self._stopping.is_set():
-                service.refuse("The server is shutting down and loads no model; retry shortly.")
-                return
             room = await self._make_room(service)
             if self._stopping.is_set():
                 service.refuse("The server is shutting down and loads no model; retry shortly.")

@@ -166,10 +166,10 @@ class ModelService:
             self._stopped.set()
         self.failed.set()
 
-    async def settled(self) -> None:
-        """Return once the current load has ended: ready or failed."""
-        ready, failed = self.ready, self.failed
-        if ready.is_set() or failed.is_set():
+    async def settled(self, unless: trio.Event | None = None) -> None:
+        """Return once the current load has ended: ready or failed; or once `unless` is set."""
+        events = [self.ready, self.failed, *([unless] if unless is not None else [])]
+        if any(event.is_set() for event in events):
             return
         async with trio.open_nursery() as nursery:
 
@@ -177,8 +177,8 @@ class ModelService:
                 await event.wait()
                 nursery.cancel_scope.cancel()
 
-            nursery.start_soon(wait, ready)
-            nursery.start_soon(wait, failed)
+            for event in events:
+                nursery.start_soon(wait, event)
 
     async def close(self) -> None:
         """Stop the scheduler and let the engine go; for the app's lifespan shutdown, once
