@@ -46,17 +46,14 @@ def models_folder(folder: Path) -> None:
     gguf_with_architecture(models / "broken.gguf", "mamba")
 
 
-serve_on_demand = server_fixture(
-    "serve_on_demand",
-    "--models-dir",
-    "{folder}/models",
-    "--models-max",
-    "2",
-    "--num-kv-blocks",
-    KV_BLOCKS,
-    "--no-embeddings",
-    prepare=models_folder,
-)
+def on_demand_server(name: str) -> Any:
+    """A fixture: `ovtrio serve` over a folder of its own (models_folder), two models
+    loaded at most."""
+    flags = ("--models-max", "2", "--num-kv-blocks", KV_BLOCKS, "--no-embeddings")
+    return server_fixture(name, "--models-dir", "{folder}/models", *flags, prepare=models_folder)
+
+
+serve_on_demand = on_demand_server("serve_on_demand")
 hypercorn_on_demand = server_fixture(
     "hypercorn_on_demand",
     env={

@@ -18,24 +18,13 @@ import loopback
 from browser import browser  # noqa: F401 (the fixture)
 from conftest import RunningServer
 from ovtrio.model import embedded_model_path
-from server_pool import server_fixture
-from test_models_on_demand import KV_BLOCKS, models_folder, states, states_folder, unload
+from test_models_on_demand import on_demand_server, states, states_folder, unload
 from test_playground import configure, open_page, page_ready, send, wait_for_reply
 from test_playground_ui import PHONE, axe_violations
 
 pytestmark = pytest.mark.browser
 
-playground_on_demand = server_fixture(
-    "playground_on_demand",
-    "--models-dir",
-    "{folder}/models",
-    "--models-max",
-    "2",
-    "--num-kv-blocks",
-    KV_BLOCKS,
-    "--no-embeddings",
-    prepare=models_folder,
-)
+playground_on_demand = on_demand_server("playground_on_demand")
 
 EVERY_MS = 12_000  # the page's interval (models.js)
 SEEN = 30_000  # ms the picker may take to show a state the server has
