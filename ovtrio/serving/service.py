@@ -312,15 +312,8 @@ class ModelService:
         scheduler = self.serving.scheduler
         async with trio.open_nursery() as nursery:
             await nursery.start(self._run_scheduler, scheduler)
-            # What exists now (modules, the loaded models' objects) lives on: out of the
-            # collector's sight, a full collection no longer walks it and pauses the
-            # event loop for that long. A model unloaded later is freed by reference counts (run).
-            gc.freeze()
             self.ready.set()
-            # Loading and warming up freed much that glibc would otherwise keep. Returned
-            # once the model serves: a request that waited for the load does not wait for
-            # this too (it runs in a worker thread).
-            await memory.return_free_memory()
+            await settle_memory()
             where = f" at {self.base_url}/v1 and {self.base_url}/v3" if self.base_url else ""
             log.info(
                 "serving %s as '%s' on %s (loaded in %.1f s, context %d tokens)%s",
@@ -331,3 +324,18 @@ class ModelService:
                 source.context_length,
                 where,
             )
+
+
+async def settle_memory() -> None:
+    """What a model's ready is followed by, once the requests that waited for it have
+    been let go. Loading and warming up freed much that glibc would otherwise keep: it is
+    returned (in a worker thread). What exists then (modules, the loaded models' objects)
+    lives on: frozen, out of the collector's sight, a full collection no longer walks it
+    and pauses the event loop for that long (a model unloaded later is freed by reference
+    counts: ModelService.run). The garbage made since the last freeze (requests' and
+    connections' reference cycles) is collected first: frozen, it would stay for good.
+    That collection walks only what came since the last freeze (the whole heap at the
+    first model's ready)."""
+    await memory.return_free_memory()
+    gc.collect()
+    gc.freeze()
