@@ -334,8 +334,10 @@ async def settle_memory() -> None:
     and pauses the event loop for that long (a model unloaded later is freed by reference
     counts: ModelService.run). The garbage made since the last freeze (requests' and
     connections' reference cycles) is collected first: frozen, it would stay for good.
-    That collection walks only what came since the last freeze (the whole heap at the
-    first model's ready)."""
+    That collection walks only what came since the last freeze. Not at the first freeze:
+    it would walk the whole heap (a pause just as the first requests come), for the
+    little garbage the start leaves, once."""
     await memory.return_free_memory()
-    gc.collect()
+    if gc.get_freeze_count():
+        gc.collect()
     gc.freeze()
