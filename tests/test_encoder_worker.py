@@ -5,7 +5,8 @@ refuses, a job whose client left is never computed, one job's error stays its ow
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -202,21 +203,28 @@ def test_a_large_job_between_two_of_its_parts_keeps_its_model_busy() -> None:
     assert not encoder.idle
 
 
+@asynccontextmanager
+async def _loaded(encoder: PartedEncoder) -> AsyncIterator[trio.Nursery]:
+    """A nursery in which `encoder` runs, once its model is loaded."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(encoder.run)
+        encoder.want()
+        await _wait_until(encoder.loaded.is_set)
+        yield nursery
+
+
+async def _submitted(encoder: PartedEncoder, job: Job, results: list[object]) -> None:
+    results.append((await encoder.worker.submit(job)).result)
+
+
 async def test_an_encoder_unloaded_in_the_middle_of_a_large_job_loads_again_and_finishes_it() -> None:
     """An unload of a busy encoder (a drain past its timeout): the part in the thread
     ends, and the rest of the job loads the model again."""
     model = PartedModel(max_batch=4)
     encoder = PartedEncoder(model)
     results: list[object] = []
-
-    async def submit() -> None:
-        results.append((await encoder.worker.submit(Job("large", 12))).result)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(encoder.run)
-        encoder.want()
-        await _wait_until(encoder.loaded.is_set)
-        nursery.start_soon(submit)
+    async with _loaded(encoder) as nursery:
+        nursery.start_soon(_submitted, encoder, Job("large", 12), results)
         await _wait_until(lambda: encoder.stats().running == 1)
         assert encoder.unload(busy=True)
         model.gate.set()
@@ -235,17 +243,10 @@ async def test_a_batch_cancelled_before_its_thread_began_goes_back_to_the_queue(
     model.gate.set()
     encoder = PartedEncoder(model)
     results: list[object] = []
-
-    async def submit() -> None:
-        results.append((await encoder.worker.submit(Job("small", 2))).result)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(encoder.run)
-        encoder.want()
-        await _wait_until(encoder.loaded.is_set)
+    async with _loaded(encoder) as nursery:
         thread = encoder.worker._thread
         await thread.acquire()  # the worker's thread is taken: its batch waits for it
-        nursery.start_soon(submit)
+        nursery.start_soon(_submitted, encoder, Job("small", 2), results)
         await _wait_until(lambda: encoder.stats().running == 1)
         assert encoder.unload(busy=True)
         await _wait_until(lambda: encoder.loads == 2 and encoder.stats().running == 1)
