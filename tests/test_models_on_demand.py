@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import loopback
 from conftest import RunningServer
-from helpers import post
+from helpers import beside_innocent_streams, post
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME
 from ovtrio.model import embedded_model_path
 from ovtrio.serving.residency import GRACE
@@ -742,7 +742,16 @@ def test_a_file_replaced_under_its_name_is_read_again_before_its_next_load(serve
         assert unload(server, "swapped").status_code == 200
         swapped.unlink()
         gguf_with_architecture(swapped, "mamba")
-        refused = chat(server, "swapped")
+        answers: list[httpx.Response] = []
+
+        def hostile() -> None:
+            answers.append(chat(server, "swapped"))
+            # The event loop answers meanwhile (a 10 s timeout: no frozen loop).
+            assert loopback.get(server.base_url + "/health", timeout=10).status_code == 200
+
+        # Beside three streams of alpha: the replaced file fails itself, with the reason.
+        beside_innocent_streams(server, hostile, model="alpha")
+        refused = answers[0]
         assert refused.status_code == 503 and "mamba" in refused.json()["error"]["message"], refused.text
         # And put back: read again, and served.
         swapped.unlink()
