@@ -71,6 +71,9 @@ class PromptBuilder:
         # Without the model's own size (a config.json that omits it), the tokenizer's:
         # every id a client sends is checked, since the engine indexes its tables with it.
         self._vocab_size = vocab_size if vocab_size is not None else _vocab_size(tokens)
+        # The ids the tokenizer has text for (a model's own size may be larger: an
+        # output layer padded past the vocabulary).
+        self.tokenizer_vocab_size = _vocab_size(tokens)
         self._vocabulary = vocabulary
         self._cut_at = cut_at
         self.longest_token_chars = _longest_token_chars(tokens)

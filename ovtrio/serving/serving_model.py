@@ -150,10 +150,24 @@ def serving_model(
             caps.choices,
             caps.prompt_tokens,
         )
+    prompts = PromptBuilder(
+        model.tokenizer,
+        source.vocab_size,
+        model.vocabulary,
+        cut_at=source.context_length,
+        plain_text=model.plain_text,
+        parse_special_in_content=settings.parse_special_in_content,
+    )
     scheduler: GenerationScheduler
     if step is None:
         scheduler = StatefulScheduler(
-            model.pipeline, model.tokenizer, model.vocabulary, settings.stream_interval, limits, observer
+            model.pipeline,
+            model.tokenizer,
+            model.vocabulary,
+            settings.stream_interval,
+            limits,
+            observer,
+            vocabulary_size=prompts.tokenizer_vocab_size,
         )
     else:
         slice_tokens = prefill_slice_tokens(settings, model.device)
@@ -171,19 +185,13 @@ def serving_model(
             step_tokens=settings.max_num_batched_tokens,
             kv_block_tokens=block_tokens(model.device),
             grammar_limits=GrammarLimits(seconds=settings.grammar_compile_seconds),
+            vocabulary_size=prompts.tokenizer_vocab_size,
         )
     return ServingModel(
         name=source.name,
         system_fingerprint=system_fingerprint(source.path, settings.device),
         scheduler=scheduler,
-        prompts=PromptBuilder(
-            model.tokenizer,
-            source.vocab_size,
-            model.vocabulary,
-            cut_at=source.context_length,
-            plain_text=model.plain_text,
-            parse_special_in_content=settings.parse_special_in_content,
-        ),
+        prompts=prompts,
         sequence_limit=limit,
         caps=caps,
         defaults=server_defaults(source, settings),
