@@ -77,6 +77,7 @@ class PromptBuilder:
         self._vocabulary = vocabulary
         self._cut_at = cut_at
         self.longest_token_chars = _longest_token_chars(tokens)
+        self._added_before, self._added_after = _added_tokens(tokenizer)
 
     def encode_completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """A string, a list of strings, a list of token ids, or a list of those lists."""
@@ -202,7 +203,11 @@ class PromptBuilder:
             opens_reasoning = prompt.rstrip().endswith(THINK_OPEN)
             if tokens_per_image is None:
                 return ChatPrompt(self._encode(prompt, add_special_tokens=False), opens_reasoning)
-            return ChatPrompt(self._count_with_images(prompt, tokens_per_image), opens_reasoning, text=prompt)
+            # The engine encodes the text adding its tokenizer's special tokens: where
+            # the template wrote BOS too, the engine's stands for it (else it runs two).
+            text = self._without_added_bos(prompt)
+            ids = self._added_before + self._count_with_images(text, tokens_per_image) + self._added_after
+            return ChatPrompt(ids, opens_reasoning, text=text)
         rendered = render_with_text(render, history, tools or [], plain)
         return ChatPrompt(self._encode_rendered(rendered), rendered.text.rstrip().endswith(THINK_OPEN))
 
@@ -235,6 +240,15 @@ class PromptBuilder:
             run.append(piece[at:])
         flush()
         return ids
+
+    def _without_added_bos(self, text: str) -> str:
+        """`text` without the special tokens it begins with that the tokenizer adds
+        itself when it encodes a text (a template that writes `<bos>` first, for a
+        tokenizer that adds it)."""
+        if not self._added_before:
+            return text
+        added = self._tokenizer.decode(self._added_before, skip_special_tokens=False)
+        return text[len(added) :] if added and text.startswith(added) else text
 
     def _count_with_images(self, text: str, tokens_per_image: int) -> list[int]:
         """The ids of `text` with each image tag standing for its image's tokens, as
@@ -342,6 +356,21 @@ class PromptBuilder:
             return []
         encoded = tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return encoded.input_ids.data[0].tolist()
+
+
+def _added_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer adds before and after a text it encodes with its special
+    tokens (a BOS before, for most that add any)."""
+    probe = "a"
+    try:
+        added = tokenizer.encode(probe, add_special_tokens=True).input_ids.data[0].tolist()
+        plain = tokenizer.encode(probe, add_special_tokens=False).input_ids.data[0].tolist()
+    except (AttributeError, RuntimeError):
+        return [], []
+    for start in range(len(added) - len(plain) + 1):
+        if added[start : start + len(plain)] == plain:
+            return added[:start], added[start + len(plain) :]
+    return [], []
 
 
 def _tokenizer_vocabulary(tokenizer: Any) -> dict[str, int] | None:
