@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovtrio.errors import FieldError
+from ovtrio.model.added_tokens import added_tokens
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.pieces import word_pieces
 from ovtrio.model.plain_text import PlainText
@@ -77,7 +78,7 @@ class PromptBuilder:
         self._vocabulary = vocabulary
         self._cut_at = cut_at
         self.longest_token_chars = _longest_token_chars(tokens)
-        self._added_before, self._added_after = _added_tokens(tokenizer)
+        self._added_before, self._added_after = added_tokens(tokenizer)
 
     def encode_completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """A string, a list of strings, a list of token ids, or a list of those lists."""
@@ -356,21 +357,6 @@ class PromptBuilder:
             return []
         encoded = tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return encoded.input_ids.data[0].tolist()
-
-
-def _added_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """The ids the tokenizer adds before and after a text it encodes with its special
-    tokens (a BOS before, for most that add any)."""
-    probe = "a"
-    try:
-        added = tokenizer.encode(probe, add_special_tokens=True).input_ids.data[0].tolist()
-        plain = tokenizer.encode(probe, add_special_tokens=False).input_ids.data[0].tolist()
-    except (AttributeError, RuntimeError):
-        return [], []
-    for start in range(len(added) - len(plain) + 1):
-        if added[start : start + len(plain)] == plain:
-            return added[:start], added[start + len(plain) :]
-    return [], []
 
 
 def _tokenizer_vocabulary(tokenizer: Any) -> dict[str, int] | None:
