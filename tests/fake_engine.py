@@ -183,6 +183,7 @@ async def start_scheduler(
     kv_block_tokens: int = 32,
     gil_free: bool = False,
     tokenizer: Any = None,
+    prefill_whole_above: int = 0,
 ) -> SimpleNamespace:
     """A scheduler over a FakePipeline, running in `nursery`: its pipeline, the scheduler,
     what it told its observer (`observed`), and `stop()`, which cancels its loop.
@@ -210,6 +211,7 @@ async def start_scheduler(
         prefill_slice_tokens=prefill_slice_tokens,
         step_tokens=step_tokens,
         kv_block_tokens=kv_block_tokens,
+        prefill_whole_above=prefill_whole_above,
     )
     scope = trio.CancelScope()
 

@@ -137,6 +137,7 @@ class Scheduler:
         step_runs: bool = True,
         grammar_limits: GrammarLimits = GrammarLimits(),
         vocabulary_size: int | None = None,
+        prefill_whole_above: int = 0,
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step.
@@ -151,6 +152,9 @@ class Scheduler:
         most this many tokens first, each fitting in one step of the engine's
         `step_tokens` budget (max_num_batched_tokens), in whole blocks of
         `kv_block_tokens` (prefill.py; 0: never; it needs the engine's prefix cache).
+        `prefill_whole_above`: prompts longer than this are prefilled in one step, never
+        in slices, and added once no other prompt is being prefilled (prefill.py; 0:
+        none must be).
         `step_runs`: with a GIL-free step, the worker steps on by itself while the loop
         has nothing to do between steps (see above); False hands every step back to the
         loop (`python -m bench scheduler_overhead` compares the two)."""
@@ -177,6 +181,7 @@ class Scheduler:
             step_tokens,
             kv_block_tokens,
             grammar_limits,
+            prefill_whole_above,
         )
         self._steps = 0
         self._step_seconds = 0.0
