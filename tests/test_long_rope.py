@@ -1,7 +1,7 @@
 """LongRoPE models (Phi-3 and Phi-3.5 of 128k context, Phi-4-mini) are found from their
 config.json, and their engine is set up to prefill prompts past the original context in
 one step (ovtrio/model/long_rope.py; the scheduler's side is in test_prefill_slices.py).
-Pure logic: no such model can be made here without the network and torch."""
+Pure logic; test_long_rope_server.py serves such a model."""
 
 from __future__ import annotations
 
