@@ -182,13 +182,17 @@ async def start_scheduler(
     step_tokens: int = 256,
     kv_block_tokens: int = 32,
     gil_free: bool = False,
+    tokenizer: Any = None,
+    prefill_whole_above: int = 0,
 ) -> SimpleNamespace:
     """A scheduler over a FakePipeline, running in `nursery`: its pipeline, the scheduler,
     what it told its observer (`observed`), and `stop()`, which cancels its loop.
 
     With `gil_free`, the scheduler steps as it does with the engine's GIL-free step: runs
     of steps that its worker thread continues by itself. Each fake step then sleeps a
-    millisecond first, which lets other threads run, as a real GIL-free step does."""
+    millisecond first, which lets other threads run, as a real GIL-free step does.
+    With a `tokenizer`, the scheduler detokenizes through its `decode()` instead of the
+    fake's byte table."""
     pipeline = FakePipeline()
     observed = Observed()
 
@@ -199,14 +203,15 @@ async def start_scheduler(
     step = EngineStep(gil_free_step, releases_gil=True, description="fake GIL-free") if gil_free else None
     scheduler = Scheduler(
         pipeline,
-        None,
-        VOCABULARY,
+        tokenizer,
+        VOCABULARY if tokenizer is None else None,
         step=step,
         limits=limits,
         observer=observed,
         prefill_slice_tokens=prefill_slice_tokens,
         step_tokens=step_tokens,
         kv_block_tokens=kv_block_tokens,
+        prefill_whole_above=prefill_whole_above,
     )
     scope = trio.CancelScope()
 

@@ -99,6 +99,27 @@ def requantized_embedded(path: Path, choose: Callable[[str, tuple[int, ...]], st
     return path
 
 
+def padded_output(path: Path, scale: float = 0.95) -> Path:
+    """The embedded model with an output layer of twice its vocabulary's rows (its tied
+    embeddings, then the same rows times `scale`), as a model padded for speed is: a
+    greedy choice stays within the vocabulary while the best logit is positive (its
+    scaled copy is smaller), and sampling picks an id past it about one token in four."""
+    reader = gguf.GGUFReader(embedded_model_path())
+    writer = gguf.GGUFWriter(path, "llama")
+    _copy_metadata(reader, writer)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+        if tensor.name == "token_embd.weight":
+            rows = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            output = np.concatenate([rows, rows * np.float32(scale)]).astype(np.float32)
+            writer.add_tensor("output.weight", gguf.quants.quantize(output, QuantType.Q8_0), raw_dtype=QuantType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def as_f16(source: Path, path: Path, keep: frozenset[str] = frozenset({"F32", "F16"})) -> Path:
     """`source` with every tensor whose type is not in `keep` written as F16 of
     gguf.quants.dequantize of its blocks: the file in the type the engine reads that is

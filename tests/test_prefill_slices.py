@@ -14,7 +14,7 @@ from fake_engine import DROPPED_PROMPT, REFUSED_PROMPT, received, request, start
 from ovtrio.model.limits import prefill_slice_tokens
 from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, SamplingParams, UnsupportedParams
 from ovtrio.scheduler.params import OutputConstraint, SpeculativeDecoding
-from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
+from ovtrio.scheduler.prefill import SlicedPrefill, prefills_whole, slice_params, slice_size
 from ovtrio.settings.server import Settings
 
 SLICE = 4
@@ -105,7 +105,8 @@ async def test_a_short_prompt_is_not_sliced(engine):
 
 async def with_a_step_held(engine, first: dict, arriving: dict) -> dict[str, list]:
     """Submit `first`, hold the engine's first step, submit `arriving` meanwhile (they
-    wait in the queue), then let the engine go; every request's messages, by name."""
+    wait in the queue, in their order), then let the engine go; every request's
+    messages, by name."""
     gate = engine.pipeline.gate = threading.Event()
     results = {}
 
@@ -117,10 +118,10 @@ async def with_a_step_held(engine, first: dict, arriving: dict) -> dict[str, lis
             requests.start_soon(run, name, generation)
         while len(engine.pipeline.handles) < 1:
             await trio.sleep(0.001)
-        for name, generation in arriving.items():
+        for queued, (name, generation) in enumerate(arriving.items(), 1):
             requests.start_soon(run, name, generation)
-        while engine.scheduler.stats().queued < len(arriving):
-            await trio.sleep(0.001)
+            while engine.scheduler.stats().queued < queued:  # they queue in this order
+                await trio.sleep(0.001)
         gate.set()
     return results
 
@@ -153,6 +154,51 @@ async def test_a_long_prompt_admitted_with_a_short_one_lets_it_go_first(engine):
     assert first_slice.added_after_step == short.added_after_step + 1
     assert results["short"][-1] == Completed(prompt_tokens=2, completion_tokens=2)
     assert results["long"][-1] == Completed(prompt_tokens=len(LONG), completion_tokens=2)
+
+
+def test_prompts_longer_than_the_bound_prefill_whole():
+    assert prefills_whole(9, 8) and not prefills_whole(8, 8)
+    assert not prefills_whole(100_000, 0)  # no bound: none must
+
+
+@pytest.fixture
+async def whole_engine(nursery):
+    """Slices as `engine`, for a model whose prompts past 8 tokens must prefill whole."""
+    return await start_scheduler(
+        nursery, prefill_slice_tokens=SLICE, step_tokens=SLICE, kv_block_tokens=BLOCK, prefill_whole_above=8
+    )
+
+
+async def test_a_prompt_past_the_bound_is_not_sliced(whole_engine):
+    messages = await received(whole_engine.scheduler, request(3, LONG))
+    assert prompts_added(whole_engine) == [LONG]
+    assert messages[-1] == Completed(prompt_tokens=len(LONG), completion_tokens=3)
+    # Below the bound, slices as before.
+    await received(whole_engine.scheduler, request(1, LONG[:8]))
+    assert prompts_added(whole_engine)[1:] == [LONG[:4], LONG[:8]]
+
+
+async def test_a_prompt_past_the_bound_waits_until_no_other_prompt_prefills(whole_engine):
+    # A step is held: a short request and then a long one wait in the queue together.
+    results = await with_a_step_held(
+        whole_engine, {"busy": request(3, [1])}, {"short": request(2, [1, 1]), "long": request(2, LONG)}
+    )
+    _busy, short, long = whole_engine.pipeline.handles
+    assert (short.prompt, long.prompt) == ([1, 1], LONG)
+    # The short prompt is prefilled in a step of its own first: the long one's steps are its own.
+    assert long.added_after_step > short.added_after_step
+    assert results["long"][-1] == Completed(prompt_tokens=len(LONG), completion_tokens=2)
+    assert results["short"][-1] == Completed(prompt_tokens=2, completion_tokens=2)
+
+
+async def test_requests_after_a_prompt_past_the_bound_follow_it_into_the_engine(whole_engine):
+    results = await with_a_step_held(
+        whole_engine, {"busy": request(3, [1])}, {"long": request(2, LONG), "short": request(2, [1, 1])}
+    )
+    _busy, long, short = whole_engine.pipeline.handles
+    # Behind it in the engine's order, the short prompt takes only what it leaves of the step.
+    assert long.prompt == LONG and short.added_after_step == long.added_after_step
+    assert results["short"][-1] == Completed(prompt_tokens=2, completion_tokens=2)
 
 
 async def test_a_consumer_that_leaves_during_the_prefill_cancels_it(engine):

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from fake_engine import DROPPED_PROMPT, received, request, start_scheduler
+from fake_engine import DROPPED_PROMPT, VOCABULARY, received, request, start_scheduler
 from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, NotAccepting
 from ovtrio.serving.shutdown import Shutdown
 
@@ -42,6 +42,34 @@ async def test_a_failed_step_fails_its_batch_and_the_loop_goes_on(engine):
     assert after[-1] == Completed(prompt_tokens=1, completion_tokens=2)
     assert engine.scheduler.stats().running == 0
     assert engine.observed.ends == ["error", "length 1+2"]
+
+
+class FailingDecoder:
+    """A detokenizer that raises on its next `failures` calls, then decodes the fake's
+    vocabulary."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def decode(self, batch: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("cannot decode")
+        return [bytes(b"".join(VOCABULARY.token_bytes[i] for i in row)).decode() for row in batch]
+
+
+@pytest.mark.parametrize("gil_free", [False, True], ids=["binding-step", "gil-free-runs"])
+async def test_a_detokenizer_that_raises_fails_its_requests_and_the_loop_goes_on(nursery, gil_free):
+    decoder = FailingDecoder()
+    engine = await start_scheduler(nursery, gil_free=gil_free, tokenizer=decoder)
+    decoder.failures = 1
+    messages = await received(engine.scheduler, request(4))
+    assert isinstance(messages[-1], Failed)
+    assert messages[-1].code == "engine_error" and "cannot decode" in messages[-1].message
+    after = await received(engine.scheduler, request(3))
+    assert "".join(m.text for m in after if isinstance(m, Delta)) == "aaa"
+    assert after[-1] == Completed(prompt_tokens=1, completion_tokens=3)
+    assert engine.scheduler.stats().running == 0
 
 
 async def test_a_request_the_engine_drops_fails_alone(engine):

@@ -224,6 +224,41 @@ def build(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def add_bos_to_tokenizer(folder: Path) -> Path:
+    """Replace the tiny VLM's tokenizer by one that adds BOS (`<|im_start|>`, id 1) to
+    what it encodes, as Gemma's and Llama's do, with the same vocabulary and chat
+    template (which begins with that token too, as a template that writes BOS does):
+    built with Hugging Face's tokenizers and converted by openvino_tokenizers (about
+    15 s)."""
+    import gguf
+    import openvino as ov
+    import openvino_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    reader = gguf.GGUFReader(embedded_model_path())
+    tokens = [*reader.fields["tokenizer.ggml.tokens"].contents(), IMAGE_TOKEN]
+    types = [*reader.fields["tokenizer.ggml.token_type"].contents(), CONTROL_TOKEN_TYPE]
+    merges = [tuple(merge.split(" ", 1)) for merge in reader.fields["tokenizer.ggml.merges"].contents()]
+    bpe = Tokenizer(models.BPE({token: i for i, token in enumerate(tokens)}, merges))
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    control = [AddedToken(token, special=True) for token, kind in zip(tokens, types) if kind == CONTROL_TOKEN_TYPE]
+    bpe.add_special_tokens(control)
+    bos = tokens[1]
+    bpe.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, 1)]
+    )
+    hf = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=bos, eos_token=tokens[2])
+    hf.chat_template = reader.fields["tokenizer.chat_template"].contents()
+    tokenizer, detokenizer = openvino_tokenizers.convert_tokenizer(hf, with_detokenizer=True)
+    ov.save_model(tokenizer, folder / "openvino_tokenizer.xml")
+    ov.save_model(detokenizer, folder / "openvino_detokenizer.xml")
+    return folder
+
+
 if __name__ == "__main__":
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("tiny-vlm")
     started = time.perf_counter()

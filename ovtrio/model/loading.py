@@ -21,6 +21,7 @@ from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.engine_file import openable_by_engine
 from ovtrio.model.gguf_converted import engine_readable
+from ovtrio.model.long_rope import whole_prompt_settings
 from ovtrio.model.plain_text import PlainText, plain_text_of_ir, plain_text_without_ir
 from ovtrio.model.source import ModelLoadError, ModelSource
 from ovtrio.model.speculation import Speculation, pipeline_properties, speculation_for
@@ -281,6 +282,7 @@ def _load(source: ModelSource, settings: Settings, warm: bool) -> tuple[LoadedMo
     with `python -m bench model_load`)."""
     started = time.perf_counter()
     phases: dict[str, float] = {}
+    settings = whole_prompt_settings(source, settings)  # a LongRoPE model's engine prefills prompts whole
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ovtrio-load-beside") as beside:
         # Before any pipeline can compile a grammar (its first structured request).
         bounded = beside.submit(grammar_cache.install, settings.grammar_cache_bytes)

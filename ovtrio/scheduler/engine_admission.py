@@ -53,7 +53,7 @@ from ovtrio.scheduler.params import (
     engine_prompt,
     to_generation_config,
 )
-from ovtrio.scheduler.prefill import SlicedPrefill, slice_params, slice_size
+from ovtrio.scheduler.prefill import SlicedPrefill, prefills_whole, slice_params, slice_size
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
 
 log = logging.getLogger("ovtrio.scheduler")
@@ -99,9 +99,12 @@ class EngineAdmission:
         step_tokens: int,
         kv_block_tokens: int,
         grammar_limits: GrammarLimits,
+        prefill_whole_above: int = 0,
     ) -> None:
         """`between_steps(call)` asserts that no engine step is in flight: `call` is
-        only safe between steps."""
+        only safe between steps. Prompts longer than `prefill_whole_above` are
+        prefilled in one step (prefill.py; 0: none must be)."""
+        self._prefill_whole_above = prefill_whole_above
         self._pipeline = pipeline
         self._intake = intake
         self._between_steps = between_steps
@@ -206,6 +209,8 @@ class EngineAdmission:
             limit = self._limits.max_running_sequences
             if self.running_sequences and self.running_sequences + active.weight > limit:
                 break
+            if self._prefills_whole(admission) and self._engine_prefills():
+                break  # it waits for a step whose budget is all its own (prefill.py)
             # Register the output state before the engine can produce anything for it.
             del self._intake.queued[request_id]
             self._intake.active[request_id] = active
@@ -265,13 +270,26 @@ class EngineAdmission:
                 break
         return made
 
+    def _prefills_whole(self, admission: Admission) -> bool:
+        """Whether a queued request holds a prompt that must be prefilled in one step."""
+        if admission.request is None:  # a reservation
+            return False
+        return any(prefills_whole(len(prompt), self._prefill_whole_above) for prompt in admission.generation.prompts)
+
+    def _engine_prefills(self) -> bool:
+        """Whether a prompt is being prefilled in the engine: a request in it that has no
+        first token yet, or one whose prompt is still prefilled in slices."""
+        return bool(self._prefilling) or any(
+            active.parts and not active.sent_first_token for active in self._intake.active.values()
+        )
+
     def _register_sliced_prefill(self, admission: Admission, waited: float) -> bool:
         """Register an admitted request with long prompts to be prefilled in slices
-        (prefill.py); False if it has none."""
+        (prefill.py); False if it has none, or one that must be prefilled whole."""
         request = admission.generation
         threshold = self._prefill_slice_tokens
         # A text prompt (a vision-language model's) goes to the engine whole.
-        if not threshold or request.texts is not None:
+        if not threshold or request.texts is not None or self._prefills_whole(admission):
             return False
         long_prompts = [prompt for prompt in request.prompts if len(prompt) > threshold]
         if not long_prompts:

@@ -93,8 +93,10 @@ class RequestIntake:
         observer: RequestObserver | None,
         *,
         scores_tokens: bool = True,
+        vocabulary_size: int | None = None,
     ) -> None:
-        """`scores_tokens`: whether the engine's outputs carry log-probabilities to pass on."""
+        """`scores_tokens`: whether the engine's outputs carry log-probabilities to pass on.
+        `vocabulary_size`: see Delivery."""
         # Weakly: the scheduler holds its intake, and a strong reference back would be a
         # cycle that only a full collection frees, the model's pipeline with it (a pause
         # of the event loop at each unload, ovtrio/serving/service.py).
@@ -113,7 +115,7 @@ class RequestIntake:
         self.rejected = 0
         self.slow_readers_cancelled = 0
         self.prompt_tokens = 0  # of the requests added to the engine (the loop counts them)
-        self.delivery = Delivery(tokenizer, vocabulary, stream_interval, self.active, self.observer)
+        self.delivery = Delivery(tokenizer, vocabulary, stream_interval, self.active, self.observer, vocabulary_size)
         self._ids = itertools.count(1)
         # Set to wake the loop: a request arrived, a consumer caught up, ...
         self._work = trio.Event()

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Failed.code of a reply that held a token id outside the model's vocabulary.
+TOKEN_OUTSIDE_VOCABULARY = "token_outside_vocabulary"
+
 
 @dataclass(slots=True)
 class Delta:
@@ -36,7 +39,8 @@ class Completed:
 @dataclass(frozen=True, slots=True)
 class Failed:
     """The engine could not finish the request. `code` is machine-readable:
-    "out_of_memory" (KV cache cannot hold it), "engine_error", or "shutting_down" (the
+    "out_of_memory" (KV cache cannot hold it), "engine_error", TOKEN_OUTSIDE_VOCABULARY
+    (the model produced an id its detokenizer has no text for), or "shutting_down" (the
     server stopped before the request ended)."""
 
     message: str

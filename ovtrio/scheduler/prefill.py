@@ -20,6 +20,16 @@ block a slice fills is a whole block the prefix cache can hand on.
 
 The prefixes are the same computation the engine would do in chunks: the output is the
 same as without slicing wherever prefix caching gives the same output.
+
+Not for every model: one whose rotary embedding changes with the length it is run at
+(LongRoPE: Phi-3 and Phi-4-mini past their original context) computes each chunk of a
+prompt with the factors of the length reached so far, so a long prompt prefilled in
+parts is computed with the wrong ones until the last part. Such a model's scheduler is
+told the length above which prompts must be prefilled whole (`prefills_whole`): those
+are never sliced, and they go into the engine only once no other prompt is being
+prefilled there, so that the step they start in has its whole budget for them (the
+model's engine is configured with a budget that holds its longest prompt,
+ovtrio/model/limits.py).
 """
 
 from __future__ import annotations
@@ -28,6 +38,12 @@ from dataclasses import dataclass
 
 from ovtrio.scheduler.params import SamplingParams
 from ovtrio.scheduler.requests import Admission, EngineRequest
+
+
+def prefills_whole(prompt_tokens: int, whole_above: int) -> bool:
+    """Whether a prompt of `prompt_tokens` must be prefilled in one engine step: it is
+    longer than `whole_above` (0: no prompt must)."""
+    return 0 < whole_above < prompt_tokens
 
 
 def slice_size(slice_tokens: int, step_tokens: int, block_tokens: int, decoding: int) -> int:

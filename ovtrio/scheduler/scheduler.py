@@ -136,9 +136,14 @@ class Scheduler:
         kv_block_tokens: int = 32,
         step_runs: bool = True,
         grammar_limits: GrammarLimits = GrammarLimits(),
+        vocabulary_size: int | None = None,
+        prefill_whole_above: int = 0,
     ) -> None:
         """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
-        Python instead of calling the engine's detokenizer every step. `stream_interval`
+        Python instead of calling the engine's detokenizer every step.
+        `vocabulary_size`: how many ids the engine's detokenizer has text for (None: not
+        known); a reply that holds an id past it, or past `vocabulary`'s table, fails
+        alone (Failed "token_outside_vocabulary"). `stream_interval`
         is the number of steps between deltas (0: chosen by load, see delivery.py).
         `step` is how to step the engine (engine_step.choose_step); by default the
         binding's `pipeline.step()`. `limits`: how much work it takes on (admission.py).
@@ -147,6 +152,9 @@ class Scheduler:
         most this many tokens first, each fitting in one step of the engine's
         `step_tokens` budget (max_num_batched_tokens), in whole blocks of
         `kv_block_tokens` (prefill.py; 0: never; it needs the engine's prefix cache).
+        `prefill_whole_above`: prompts longer than this are prefilled in one step, never
+        in slices, and added once no other prompt is being prefilled (prefill.py; 0:
+        none must be).
         `step_runs`: with a GIL-free step, the worker steps on by itself while the loop
         has nothing to do between steps (see above); False hands every step back to the
         loop (`python -m bench scheduler_overhead` compares the two)."""
@@ -160,7 +168,9 @@ class Scheduler:
         # ends, before the pipeline (which frees them) can go.
         self._grammars = EngineGrammars()
         self._stepper: StepThread[StepState] = StepThread(step or binding, self._grammars)
-        self._intake = RequestIntake(self, tokenizer, vocabulary, stream_interval, limits, observer)
+        self._intake = RequestIntake(
+            self, tokenizer, vocabulary, stream_interval, limits, observer, vocabulary_size=vocabulary_size
+        )
         self._admission = EngineAdmission(
             pipeline,
             self._intake,
@@ -171,6 +181,7 @@ class Scheduler:
             step_tokens,
             kv_block_tokens,
             grammar_limits,
+            prefill_whole_above,
         )
         self._steps = 0
         self._step_seconds = 0.0
@@ -363,7 +374,15 @@ class Scheduler:
         return fresh
 
     def _deliver(self, outputs: list[StepOutput]) -> None:
-        self._intake.apply(self._intake.delivery.deliver(outputs, self._steps))
+        """Deliver `outputs`; what delivery raises fails the requests they belong to and
+        not the loop (it may run beside a step in flight, which must be awaited)."""
+        delivery = self._intake.delivery
+        try:
+            decisions = delivery.deliver(outputs, self._steps)
+        except Exception as exc:
+            log.exception("delivering a step's outputs failed")
+            decisions = delivery.failed(outputs, f"engine error: {client_reason(exc)}")
+        self._intake.apply(decisions)
 
     def _resume_or_expire_paused(self) -> list[StepOutput]:
         """Resume the paused requests whose consumers have caught up, and cancel those

@@ -63,6 +63,7 @@ class StatefulScheduler:
         limits: AdmissionLimits = AdmissionLimits(max_running_sequences=1),
         observer: RequestObserver | None = None,
         buffered_tokens: int = DEFAULT_LIMIT,
+        vocabulary_size: int | None = None,
     ) -> None:
         """`pipeline` is an openvino_genai.LLMPipeline; `limits.max_running_sequences` is
         ignored (one request runs). `buffered_tokens`: ids the streamer keeps for a
@@ -70,7 +71,14 @@ class StatefulScheduler:
         rest as for Scheduler."""
         # The streamer passes token ids only: no log-probabilities to send on.
         self._intake = RequestIntake(
-            self, tokenizer, vocabulary, stream_interval, limits, observer, scores_tokens=False
+            self,
+            tokenizer,
+            vocabulary,
+            stream_interval,
+            limits,
+            observer,
+            scores_tokens=False,
+            vocabulary_size=vocabulary_size,
         )
         self._pipeline = pipeline
         # The grammar compilers generate() builds: forgotten once the loop ends, before

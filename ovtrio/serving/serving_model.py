@@ -27,6 +27,7 @@ from ovtrio.model.limits import (
     work_limits,
 )
 from ovtrio.model.loading import block_tokens, engine_properties
+from ovtrio.model.long_rope import whole_prompt_settings
 from ovtrio.model.prompts import PromptBuilder
 from ovtrio.model.vision import VisionModel
 from ovtrio.parsing import ToolCallParser
@@ -116,6 +117,7 @@ def serving_model(
 ) -> ServingModel:
     """Everything requests use of a loaded model: its limits, its scheduler (on `step`,
     or the stateful one when None) and its prompt builder; logs what it admits."""
+    settings = whole_prompt_settings(source, settings)  # as the model was loaded with
     limit = sequence_limit(source, kv_capacity, settings)
     if 0 < kv_capacity < source.context_length:
         log.warning(
@@ -150,15 +152,36 @@ def serving_model(
             caps.choices,
             caps.prompt_tokens,
         )
+    prompts = PromptBuilder(
+        model.tokenizer,
+        source.vocab_size,
+        model.vocabulary,
+        cut_at=source.context_length,
+        plain_text=model.plain_text,
+        parse_special_in_content=settings.parse_special_in_content,
+    )
     scheduler: GenerationScheduler
     if step is None:
         scheduler = StatefulScheduler(
-            model.pipeline, model.tokenizer, model.vocabulary, settings.stream_interval, limits, observer
+            model.pipeline,
+            model.tokenizer,
+            model.vocabulary,
+            settings.stream_interval,
+            limits,
+            observer,
+            vocabulary_size=prompts.tokenizer_vocab_size,
         )
     else:
         slice_tokens = prefill_slice_tokens(settings, model.device)
         if slice_tokens:
             log.info("prompts longer than %d tokens are prefilled in slices of at most that size", slice_tokens)
+        if source.short_rope_context is not None:
+            log.info(
+                "LongRoPE: prompts longer than %d tokens are prefilled in one step (engine step budget %d tokens,"
+                " prefix cache off)",
+                source.short_rope_context,
+                settings.max_num_batched_tokens,
+            )
         scheduler = Scheduler(
             model.pipeline,
             model.tokenizer,
@@ -171,19 +194,14 @@ def serving_model(
             step_tokens=settings.max_num_batched_tokens,
             kv_block_tokens=block_tokens(model.device),
             grammar_limits=GrammarLimits(seconds=settings.grammar_compile_seconds),
+            vocabulary_size=prompts.tokenizer_vocab_size,
+            prefill_whole_above=source.short_rope_context or 0,
         )
     return ServingModel(
         name=source.name,
         system_fingerprint=system_fingerprint(source.path, settings.device),
         scheduler=scheduler,
-        prompts=PromptBuilder(
-            model.tokenizer,
-            source.vocab_size,
-            model.vocabulary,
-            cut_at=source.context_length,
-            plain_text=model.plain_text,
-            parse_special_in_content=settings.parse_special_in_content,
-        ),
+        prompts=prompts,
         sequence_limit=limit,
         caps=caps,
         defaults=server_defaults(source, settings),
