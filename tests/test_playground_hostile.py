@@ -24,7 +24,8 @@ import pytest
 
 from browser import browser  # noqa: F401 (the fixture)
 from conftest import MODEL
-from test_playground import STORE, open_page, page_ready, stored
+from test_playground import STORE, open_page, page_ready, send, stored, wait_for_reply
+from test_playground_ui import chat_stream
 
 pytestmark = pytest.mark.browser
 
@@ -276,5 +277,223 @@ def test_the_snippets_of_an_imported_reply_run_one_request_and_nothing_else(brow
     ran = run_in(empty, [sys.executable, "-c", python])
     assert ran.returncode == 0, ran.stderr
     assert list(empty.iterdir()) == []
+    watched.check()
+    page.context.close()
+
+
+# ---- replies and model names that try to run script -----------------------------------------------
+
+# Each would set window.__pwned if anything the model wrote became markup, a handler or
+# a followed link.
+PWN = "window.__pwned=1"
+HOSTILE_REPLIES = (
+    f"<script>{PWN}</script>",
+    f"<img src=x onerror={PWN}>",
+    f'<svg onload="{PWN}"><circle r=5 /></svg>',
+    f"<svg><script>{PWN}</script></svg>",
+    f"<iframe src=javascript:{PWN}></iframe>",
+    f"<a href=javascript:{PWN}>a link</a>",
+    f"<details open ontoggle={PWN}>x</details> <body onload={PWN}>",
+    f"<math><mtext><img src=x onerror={PWN}></mtext></math>",
+    f"<style>@import 'javascript:{PWN}'</style><object data=javascript:{PWN}></object>",
+    f"[plain](javascript:{PWN})",
+    f"[upper](JaVaScRiPt:{PWN})",
+    f"[spaced]( javascript:{PWN})",
+    f"[tabbed](java\tscript:{PWN})",
+    f"[control](\x01javascript:{PWN})",
+    f"[entity](&#106;avascript:{PWN}) [colon](javascript&colon;{PWN})",
+    f"[percent](%6Aavascript:{PWN})",
+    "[vb](vbscript:msgbox(1))",
+    "[data](data:text/html;base64,PHNjcmlwdD53aW5kb3cuX19wd25lZD0xPC9zY3JpcHQ+)",
+    f"<javascript:{PWN}> and [ref][1]\n\n[1]: javascript:{PWN}",
+    f"![image](javascript:{PWN}) ![image](x onerror={PWN})",
+    f"| <img src=x onerror={PWN}> | [cell](javascript:{PWN}) |\n|---|---|\n| a | b |",
+    f"$\\href{{javascript:{PWN}}}{{click}}$",
+    f"$$\\url{{javascript:{PWN}}}$$",
+    f'$\\htmlId{{x}}{{y}}$ $\\htmlData{{onclick={PWN}}}{{y}}$ $\\class{{x" onmouseover="{PWN}}}{{y}}$',
+    f"$\\includegraphics{{javascript:{PWN}}}$ $\\htmlStyle{{background:url(javascript:{PWN})}}{{y}}$",
+    "$\\def\\x{\\x\\x}\\x$ and $\\gdef\\y#1{\\y{#1#1}}\\y{a}$",
+    f"```html\n<script>{PWN}</script>\n<img src=x onerror={PWN}>\n```",
+    f"```javascript:{PWN}\nalert(1)\n```",
+    f"`<img src=x onerror={PWN}>` and ``<svg onload={PWN}>``",
+    f"<think><img src=x onerror={PWN}></think>The answer.",
+    f"**<b onclick={PWN}>bold</b>** *<i onmouseover={PWN}>em</i>*",
+    f"> <img src=x onerror={PWN}>\n> - [quoted](javascript:{PWN})",
+    f'https://example.org/"onmouseover="{PWN}" www.example.org/<script>{PWN}</script>',
+)
+HOSTILE_MODELS = (
+    f"<img src=x onerror={PWN}>",
+    f'"><script>{PWN}</script>',
+    f"javascript:{PWN}",
+)
+
+# Every attribute of the page that would run script or follow a link, and every element
+# that would be markup from a reply (KaTeX's own math and SVG are its nodes).
+INERT = """() => {
+    const all = [...document.querySelectorAll('*')];
+    const handlers = all.flatMap((e) => [...e.attributes]
+        .filter((a) => a.name.startsWith('on')).map((a) => e.tagName + ' ' + a.name));
+    const links = all.flatMap((e) => ['href', 'src', 'action', 'formaction', 'data', 'xlink:href']
+        .map((name) => e.getAttribute(name)).filter((v) => v !== null)
+        .map((v) => new URL(v, document.baseURI).protocol)
+        .filter((p) => !['http:', 'https:', 'mailto:'].includes(p)).map((p) => e.tagName + ' ' + p));
+    const tags = 'script, iframe, object, embed, style, link, meta, base, img, svg, math, form, body, frame';
+    const markup = [...document.querySelectorAll(`#messages :is(${tags})`)]
+        .filter((e) => !e.closest('.katex')).map((e) => e.tagName);
+    return { handlers, links, markup };
+}"""
+
+
+class HostileServer:
+    """Lists HOSTILE_MODELS and answers a message `case N` with HOSTILE_REPLIES[N]."""
+
+    def __init__(self) -> None:
+        self.models: list[str] = []
+
+    def __call__(self, page) -> None:
+        def answer(route) -> None:
+            body = json.loads(route.request.post_data)
+            self.models.append(body["model"])
+            case = int(body["messages"][-1]["content"].split()[-1])
+            route.fulfill(status=200, content_type="text/event-stream", body=chat_stream(HOSTILE_REPLIES[case]))
+
+        models = {"object": "list", "data": [{"id": name, "object": "model"} for name in HOSTILE_MODELS]}
+        page.route("**/v1/chat/completions", answer)
+        page.route("**/v1/models", lambda route: route.fulfill(status=200, json=models))
+
+
+def test_hostile_replies_and_model_names_run_nothing(browser, server):
+    """With the page's Content-Security-Policy bypassed, so that only the page's own
+    care stands between a reply and the DOM."""
+    assert len(HOSTILE_REPLIES) == 33
+    fake = HostileServer()
+    watched = open_page(browser, server, setup=fake, bypass_csp=True)
+    page = watched.page
+    page.wait_for_function(f"() => document.querySelector('#model').options.length === {len(HOSTILE_MODELS)}")
+    assert page.locator("#model option").all_text_contents() == list(HOSTILE_MODELS)
+    for case in range(len(HOSTILE_REPLIES)):
+        page.select_option("#model", index=case % len(HOSTILE_MODELS))
+        send(page, f"case {case}")
+        wait_for_reply(page)
+    assert fake.models == [HOSTILE_MODELS[case % len(HOSTILE_MODELS)] for case in range(len(HOSTILE_REPLIES))]
+    # Code highlighted and math typeset (or refused by KaTeX) before looking.
+    page.wait_for_function(
+        "() => !document.querySelector('#messages .math:not([data-done]), #messages code[data-lang]:not([data-done])')"
+    )
+    assert page.locator("#messages .katex").count() >= 5
+    assert page.locator(".msg.assistant").count() == len(HOSTILE_REPLIES)
+    for element in page.locator("#messages .link-refused").all():
+        element.click()
+    assert page.evaluate("window.__pwned") is None
+    assert page.evaluate(INERT) == {"handlers": [], "links": [], "markup": []}
+    # The text is shown as written.
+    shown = page.inner_text("#messages")
+    assert f"<img src=x onerror={PWN}>" in shown and f"<script>{PWN}</script>" in shown
+    watched.check()
+    page.context.close()
+
+
+# ---- replies shaped to make the renderer slow --------------------------------------------------------
+
+# Replies of about `n` characters: nested blocks, and runs of markers that open a span
+# whose closer never comes.
+SHAPES = """{
+    // Each line a level deeper than the one before.
+    nested: (n, indent, item) => {
+        let s = '';
+        for (let i = 0; s.length < n; i++) s += ' '.repeat(indent * i) + item + '\\n';
+        return s;
+    },
+    plain: (n) => 'hello world '.repeat(n / 12),
+    'nested list': (n) => nested(n, 2, '- x'),
+    'nested numbered list': (n) => nested(n, 3, '1. x'),
+    'nested quotes': (n) => '> '.repeat(n / 2) + 'x',
+    'quoted lists': (n) => '> - '.repeat(n / 4) + 'x',
+    'stars': (n) => '*'.repeat(n),
+    'emphasis openers': (n) => '*a '.repeat(n / 3),
+    'underscore openers': (n) => '_a '.repeat(n / 3),
+    'nested emphasis': (n) => '*a '.repeat(n / 6) + 'b' + ' a*'.repeat(n / 6),
+    'strong openers': (n) => '**a '.repeat(n / 4),
+    'math openers': (n) => '\\\\( '.repeat(n / 3),
+    'escaped dollars': (n) => '$a' + '\\\\$ '.repeat(n / 3),
+    'link openers': (n) => '['.repeat(n),
+    'empty code spans': (n) => '` '.repeat(n / 2),
+}"""
+# The least of `reps` renders (and layouts) of a reply of that shape, in a reply's box.
+RENDER_TIME = """async ([shape, n, reps]) => {
+    const shapes = SHAPES;
+    const nested = shapes.nested;
+    const { renderMarkdown } = await import('/playground/js/markdown.js');
+    const text = shapes[shape](n);
+    const box = document.createElement('div');
+    box.className = 'msg assistant';
+    box.innerHTML = '<div class="content"></div>';
+    document.querySelector('#messages').append(box);
+    let best = Infinity;
+    for (let k = 0; k < reps; k++) {
+        const started = performance.now();
+        box.firstChild.replaceChildren(renderMarkdown(text));
+        box.offsetHeight;
+        best = Math.min(best, performance.now() - started);
+    }
+    box.remove();
+    return best;
+}""".replace("SHAPES", SHAPES)
+SHAPE_NAMES = (
+    "nested list",
+    "nested numbered list",
+    "nested quotes",
+    "quoted lists",
+    "stars",
+    "emphasis openers",
+    "underscore openers",
+    "nested emphasis",
+    "strong openers",
+    "math openers",
+    "escaped dollars",
+    "link openers",
+    "empty code spans",
+)
+
+
+def test_a_reply_renders_in_time_linear_in_its_length_whatever_its_shape(browser, server):
+    """Four times the text takes at most eight times as long (a square would take
+    sixteen); a time under the plain text's of the same length counts as that."""
+    watched = open_page(browser, server)
+    page = watched.page
+    small, large, reps = 4000, 16000, 5
+    page.evaluate(RENDER_TIME, ["plain", small, reps])  # the module loaded and warm
+    plain = page.evaluate(RENDER_TIME, ["plain", small, reps])
+    ratios = {}
+    for shape in SHAPE_NAMES:
+        at_small = page.evaluate(RENDER_TIME, [shape, small, reps])
+        at_large = page.evaluate(RENDER_TIME, [shape, large, reps])
+        ratios[shape] = round(at_large / max(at_small, plain, 1.0), 1)
+    assert all(ratio <= 8 for ratio in ratios.values()), ratios
+    watched.check()
+    page.context.close()
+
+
+def test_nesting_deeper_than_a_reader_follows_is_shown_as_its_text(browser, server):
+    watched = open_page(browser, server)
+    page = watched.page
+    shapes = {"nested list": 300, "nested quotes": 2000, "quoted lists": 1000}
+    for shape, levels in shapes.items():
+        depth, xs = page.evaluate(
+            """async ([shapes, shape, levels]) => {
+                const { renderMarkdown } = await import('/playground/js/markdown.js');
+                const text = shape === 'nested list'
+                    ? Array.from({ length: levels }, (_, i) => ' '.repeat(2 * i) + '- x').join('\\n')
+                    : (shape === 'nested quotes' ? '> ' : '> - ').repeat(levels) + 'x';
+                const box = document.createElement('div');
+                box.append(renderMarkdown(text));
+                const deepest = (e) => 1 + Math.max(0, ...[...e.children].map(deepest));
+                return [deepest(box), (box.textContent.match(/x/g) || []).length];
+            }""",
+            [SHAPES, shape, levels],
+        )
+        # Sixteen levels of two elements (a list and its item), then the rest as text.
+        assert depth <= 2 * 16 + 8, (shape, depth)
+        assert xs == (levels if shape == "nested list" else 1), shape
     watched.check()
     page.context.close()
