@@ -430,7 +430,8 @@ RENDER_TIME = """async ([shape, n, reps]) => {
     box.innerHTML = '<div class="content"></div>';
     document.querySelector('#messages').append(box);
     let best = Infinity;
-    for (let k = 0; k < reps; k++) {
+    // A render slower than a few frames is measured once: the noise is small beside it.
+    for (let k = 0; k < reps && (k === 0 || best < 300); k++) {
         const started = performance.now();
         box.firstChild.replaceChildren(renderMarkdown(text));
         box.offsetHeight;
@@ -458,17 +459,19 @@ SHAPE_NAMES = (
 
 def test_a_reply_renders_in_time_linear_in_its_length_whatever_its_shape(browser, server):
     """Four times the text takes at most eight times as long (a square would take
-    sixteen); a time under the plain text's of the same length counts as that."""
+    sixteen); a time under the plain text's of the same length, or under 2 ms, counts
+    as that."""
     watched = open_page(browser, server)
     page = watched.page
-    small, large, reps = 4000, 16000, 5
+    small, large, reps = 8000, 32000, 7
     page.evaluate(RENDER_TIME, ["plain", small, reps])  # the module loaded and warm
     plain = page.evaluate(RENDER_TIME, ["plain", small, reps])
     ratios = {}
     for shape in SHAPE_NAMES:
         at_small = page.evaluate(RENDER_TIME, [shape, small, reps])
         at_large = page.evaluate(RENDER_TIME, [shape, large, reps])
-        ratios[shape] = round(at_large / max(at_small, plain, 1.0), 1)
+        # Under 2 ms a time is mostly the timer's and the machine's noise.
+        ratios[shape] = round(at_large / max(at_small, plain, 2.0), 1)
     assert all(ratio <= 8 for ratio in ratios.values()), ratios
     watched.check()
     page.context.close()
