@@ -1016,9 +1016,9 @@ function exportConversations() {
 }
 
 async function importConversations(file) {
-  let imported;
+  let imported, refused;
   try {
-    imported = store.readExport(await file.text());
+    ({ conversations: imported, refused } = store.readExport(await file.text()));
   } catch (error) {
     toast(error.message);
     return;
@@ -1033,7 +1033,9 @@ async function importConversations(file) {
     save(conversation);
     added++;
   }
-  toast(added ? `Imported ${added} conversation${added > 1 ? "s" : ""}.` : "Those conversations are already here.");
+  const said = added ? `Imported ${added} conversation${added > 1 ? "s" : ""}.` : "Those conversations are already here.";
+  const left = refused.length ? ` ${refused.length} left out: ${refused[0]}${refused.length > 1 ? ` (and ${refused.length - 1} more)` : ""}.` : "";
+  toast(said + left);
   if (added) select(state.conversations[0].id);
 }
 

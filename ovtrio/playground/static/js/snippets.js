@@ -1,5 +1,8 @@
 // "Copy as curl" and "Copy as Python": the exact body the page just sent. The key is
-// never written into a snippet; it is read from OVTRIO_API_KEY.
+// never written into a snippet; it is read from OVTRIO_API_KEY. Every value a snippet
+// carries (the URL, headers, body) is quoted for its language: a POSIX shell word in
+// single quotes, a Python string literal, so a snippet runs one curl or one call
+// whatever a request kept in an imported conversation holds.
 
 const PYTHON_PARAMS = {
   chat: new Set(["model", "messages", "stream", "stream_options", "temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "stop", "logprobs", "top_logprobs", "response_format", "n", "frequency_penalty", "presence_penalty", "tools", "tool_choice", "reasoning_effort", "user", "metadata"]),
@@ -10,6 +13,18 @@ function origin() {
   return location.origin;
 }
 
+// One word for a POSIX shell: inside single quotes nothing is special but the quote
+// itself, which closes, is written escaped and reopens.
+export function shellWord(text) {
+  return "'" + String(text).replace(/'/g, "'\\''") + "'";
+}
+
+// A Python string literal of `text`. JSON's escapes (\" \\ \n \uXXXX ...) mean the
+// same in Python; U+2028 and U+2029, which JSON leaves raw, are escaped too.
+export function pythonString(text) {
+  return JSON.stringify(String(text)).replace(/[\u2028\u2029]/g, (c) => "\\u" + c.charCodeAt(0).toString(16));
+}
+
 export function curlSnippet(request, withKey) {
   const lines = [];
   let body = request.body;
@@ -17,12 +32,11 @@ export function curlSnippet(request, withKey) {
     lines.push("# Sent over the WebSocket; the same request over HTTP (SSE):");
     body = { ...body, stream: true };
   }
-  lines.push(`curl -N ${origin()}${request.path} \\`);
-  lines.push(`  -H "Content-Type: application/json" \\`);
+  lines.push(`curl -N ${shellWord(origin() + request.path)} \\`);
+  lines.push(`  -H ${shellWord("Content-Type: application/json")} \\`);
+  // Double quotes on purpose: the shell puts the key in from the environment.
   if (withKey) lines.push(`  -H "Authorization: Bearer $OVTRIO_API_KEY" \\`);
-  lines.push(`  -d @- <<'JSON'`);
-  lines.push(JSON.stringify(body, null, 2));
-  lines.push("JSON");
+  lines.push(`  -d ${shellWord(JSON.stringify(body, null, 2))}`);
   return lines.join("\n");
 }
 
@@ -33,20 +47,20 @@ export function pythonLiteral(value, indent = 0) {
   if (value === null || value === undefined) return "None";
   if (value === true) return "True";
   if (value === false) return "False";
-  if (typeof value === "number") return Number.isInteger(value) ? String(value) : String(value);
-  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "number") return Number.isFinite(value) ? String(value) : "None";
+  if (typeof value === "string") return pythonString(value);
   if (Array.isArray(value)) {
     if (!value.length) return "[]";
     return "[\n" + value.map((v) => pad + pythonLiteral(v, indent + 4) + ",\n").join("") + end + "]";
   }
   const entries = Object.entries(value);
   if (!entries.length) return "{}";
-  return "{\n" + entries.map(([k, v]) => pad + JSON.stringify(k) + ": " + pythonLiteral(v, indent + 4) + ",\n").join("") + end + "}";
+  return "{\n" + entries.map(([k, v]) => pad + pythonString(k) + ": " + pythonLiteral(v, indent + 4) + ",\n").join("") + end + "}";
 }
 
 export function pythonSnippet(request, withKey) {
   const key = withKey ? 'os.environ["OVTRIO_API_KEY"]' : '"unused"';
-  const head = ["import os", "", "from openai import OpenAI", "", `client = OpenAI(base_url="${origin()}/v1", api_key=${key})`];
+  const head = ["import os", "", "from openai import OpenAI", "", `client = OpenAI(base_url=${pythonString(origin() + "/v1")}, api_key=${key})`];
   if (request.mode === "socket") {
     return [
       ...head,
@@ -61,7 +75,7 @@ export function pythonSnippet(request, withKey) {
       "print()",
     ].join("\n");
   }
-  const known = PYTHON_PARAMS[request.mode];
+  const known = request.mode === "chat" ? PYTHON_PARAMS.chat : PYTHON_PARAMS.responses;
   const args = [];
   const extra = {};
   for (const [name, value] of Object.entries(request.body)) {

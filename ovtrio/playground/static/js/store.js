@@ -3,6 +3,8 @@
 // conversation's latest change, never another conversation; their images apart, once
 // each), and the API key only when the user asked for it to be remembered.
 
+import { readConversation, readRequest, SchemaError } from "./schema.js";
+
 const SETTINGS = "ovtrio.settings";
 const OLD_CONVERSATIONS = "ovtrio.conversations"; // where earlier versions kept them all
 const KEY = "ovtrio.apiKey";
@@ -178,7 +180,11 @@ export async function loadConversations() {
     return { list: read(OLD_CONVERSATIONS, []).filter(isConversation), available: false };
   }
   const used = new Set();
-  for (const c of list) if (Array.isArray(c.messages)) resolveRefs(c.messages, images, used);
+  for (const c of list) {
+    if (!Array.isArray(c.messages)) continue;
+    resolveRefs(c.messages, images, used);
+    dropForeignRequests(c.messages);
+  }
   for (const [key, url] of images) {
     storedImages.add(key);
     hashes.set(url, key);
@@ -200,6 +206,22 @@ export async function loadConversations() {
     list = list.concat(moved);
   }
   return { list: list.filter(isConversation), available: true };
+}
+
+// A request kept by a version of the page that did not check what it imported is
+// dropped unless it is one the page sends: its snippets could otherwise carry it.
+function dropForeignRequests(messages) {
+  for (const m of messages) {
+    if (!m || typeof m !== "object") continue;
+    if (m.request) {
+      try {
+        m.request = readRequest(m.request, "request");
+      } catch {
+        delete m.request;
+      }
+    }
+    for (const tail of Array.isArray(m.versions) ? m.versions : []) if (Array.isArray(tail)) dropForeignRequests(tail);
+  }
 }
 
 // Resolves to null when kept, or to the browser's error (a QuotaExceededError when full).
@@ -270,7 +292,9 @@ export function exportDocument(conversations) {
   return { format: EXPORT_FORMAT, version: 2, exported: new Date().toISOString(), conversations };
 }
 
-// The conversations of an exported file; throws an Error with a sentence for a bad one.
+// The conversations of an exported file, read against the conversation schema
+// (schema.js): {conversations, refused}, `refused` a sentence for each conversation
+// left out. Throws an Error with a sentence when none can be read.
 export function readExport(text) {
   let doc;
   try {
@@ -280,61 +304,18 @@ export function readExport(text) {
   }
   const list = Array.isArray(doc) ? doc : doc && doc.conversations;
   if (!Array.isArray(list)) throw new Error("The file holds no conversations.");
-  const good = list.filter(isConversation);
-  if (!good.length) throw new Error("None of the file's conversations could be read.");
-  return good.map((c) => {
-    const out = {
-      id: c.id,
-      title: c.title,
-      created: Number(c.created) || Date.now(),
-      updated: Number(c.updated) || Date.now(),
-      messages: c.messages.map(cleanMessage),
-    };
-    if (typeof c.system === "string") out.system = c.system;
-    if (typeof c.model === "string") out.model = c.model;
-    return out;
+  const conversations = [];
+  const refused = [];
+  list.forEach((c, i) => {
+    try {
+      conversations.push(readConversation(c, `conversations[${i}]`));
+    } catch (error) {
+      if (!(error instanceof SchemaError)) throw error;
+      refused.push(error.message);
+    }
   });
-}
-
-function plain(value, depth = 0) {
-  // JSON data only (a request body the page sent): no functions, bounded depth.
-  if (depth > 12) return null;
-  if (value === null || ["string", "number", "boolean"].includes(typeof value)) return value;
-  if (Array.isArray(value)) return value.map((v) => plain(v, depth + 1));
-  if (typeof value === "object") return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, plain(v, depth + 1)]));
-  return null;
-}
-
-// Only the fields the page knows, with their types: an imported file is data, not code.
-function cleanMessage(m) {
-  const out = { role: m.role, content: m.content };
-  for (const name of ["reasoning", "responseId", "error", "toolCallId", "name"]) if (typeof m[name] === "string") out[name] = m[name];
-  if (Array.isArray(m.images)) out.images = m.images.filter((url) => typeof url === "string" && url.startsWith("data:image/"));
-  if (Array.isArray(m.files)) out.files = m.files.filter((f) => f && typeof f.name === "string" && typeof f.text === "string").map((f) => ({ name: f.name, text: f.text }));
-  if (Array.isArray(m.toolCalls)) {
-    out.toolCalls = m.toolCalls
-      .filter((c) => c && typeof c.name === "string")
-      .map((c) => ({ id: String(c.id || ""), name: c.name, arguments: String(c.arguments || "") }));
+  if (!conversations.length) {
+    throw new Error(refused.length ? `None of the file's conversations could be read: ${refused[0]}${refused.length > 1 ? ` (and ${refused.length - 1} more)` : ""}.` : "The file holds no conversations.");
   }
-  if (m.request && typeof m.request === "object" && typeof m.request.path === "string") {
-    out.request = { mode: String(m.request.mode), path: m.request.path, body: plain(m.request.body) };
-  }
-  if (m.stats && typeof m.stats === "object") {
-    out.stats = {};
-    for (const [k, v] of Object.entries(m.stats)) if (["number", "string", "boolean"].includes(typeof v)) out.stats[k] = v;
-  }
-  if (Array.isArray(m.tokens)) {
-    out.tokens = m.tokens
-      .filter((t) => t && typeof t.t === "string" && typeof t.lp === "number")
-      .map((t) => ({
-        t: t.t,
-        lp: t.lp,
-        top: Array.isArray(t.top) ? t.top.filter((a) => a && typeof a.t === "string" && typeof a.lp === "number").map((a) => ({ t: a.t, lp: a.lp })) : [],
-      }));
-  }
-  if (Array.isArray(m.versions) && Number.isInteger(m.version)) {
-    out.versions = m.versions.map((tail) => (Array.isArray(tail) ? tail.filter(isMessage).map(cleanMessage) : null));
-    out.version = Math.max(0, Math.min(m.version, out.versions.length - 1));
-  }
-  return out;
+  return { conversations, refused };
 }
