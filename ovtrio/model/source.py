@@ -119,9 +119,10 @@ def embedded_model_path() -> Path:
     )
 
 
-def _check_gguf(path: Path) -> tuple[int, int | None, bool]:
+def check_gguf(path: Path) -> tuple[int, int | None, bool]:
     """The file's context length and vocabulary size, and whether its tensors need
-    converting; ModelLoadError when the engine cannot build it."""
+    converting; ModelLoadError when the engine cannot build it (a file shorter than its
+    header says among the reasons: the engine would crash reading it)."""
     from ovtrio.model.gguf_convert import convertible_types, needs_conversion
 
     try:
@@ -168,7 +169,7 @@ def resolve_model(settings: Settings) -> ModelSource:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"cannot load model {path}: expected a .gguf file or an OpenVINO IR folder")
-        context_length, vocab_size, convert = _check_gguf(path)
+        context_length, vocab_size, convert = check_gguf(path)
         return ModelSource(path, "gguf", name, context_length, {}, vocab_size, convert_tensors=convert)
 
     vision = is_vision_folder(path)

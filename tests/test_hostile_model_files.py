@@ -1,0 +1,151 @@
+"""Hostile files in a models folder (--models-dir), on a real server: each is asked for
+beside three innocent streams of the embedded model while /health is probed, and each
+fails alone, with a one-line reason, while the server goes on serving.
+
+A GGUF file shorter than its header says (a download not finished, a copy cut short, a
+tensor placed past the end, a file cut short after the server first read it) would
+crash the engine's GGUF reader, and with it the whole server: it is refused with a 503
+naming what is wrong, before the engine sees it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import loopback
+from conftest import RunningServer
+from helpers import beside_innocent_streams, health_stays_fast, post
+from ovtrio.model import embedded_model_path
+from server_pool import server_fixture
+
+INNOCENT = "innocent"
+
+
+def models_folder(folder: Path) -> None:
+    models = folder / "models"
+    models.mkdir()
+    (models / f"{INNOCENT}.gguf").symlink_to(embedded_model_path())
+
+
+hostile_files = server_fixture(
+    "hostile_files",
+    "--models-dir",
+    "{folder}/models",
+    "--no-embeddings",
+    "--num-kv-blocks",
+    "64",
+    prepare=models_folder,
+)
+
+
+@pytest.fixture
+def server(hostile_files: RunningServer) -> RunningServer:
+    """The server, its innocent model loaded (its first load is not what is measured)."""
+    assert chat(hostile_files, INNOCENT).status_code == 200
+    return hostile_files
+
+
+def folder_of(server: RunningServer) -> Path:
+    return server.log_path.parent / "models"
+
+
+def chat(server: RunningServer, model: str) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    return post(server.base_url, "/v1/chat/completions", body)
+
+
+def listed(server: RunningServer) -> dict[str, dict[str, Any]]:
+    models = loopback.get(server.base_url + "/v1/models", timeout=60)
+    assert models.status_code == 200, models.text
+    return {model["id"]: model["status"] for model in models.json()["data"]}
+
+
+def asked_beside_innocent_streams(server: RunningServer, model: str) -> httpx.Response:
+    """The answer to a chat naming `model`, asked while three streams of the innocent
+    model go on and /health is probed (health_stays_fast)."""
+    answers: list[httpx.Response] = []
+    beside_innocent_streams(
+        server,
+        lambda: health_stays_fast(server, lambda: answers.append(chat(server, model))),
+        max_tokens=32,
+        model=INNOCENT,
+    )
+    assert server.process.poll() is None, "the server died"
+    return answers[0]
+
+
+def copy_of_embedded(path: Path, size: int | None = None) -> Path:
+    """The embedded model's file, or its first `size` bytes."""
+    with open(embedded_model_path(), "rb") as source, open(path, "wb") as target:
+        if size is None:
+            shutil.copyfileobj(source, target)
+        else:
+            target.write(source.read(size))
+    return path
+
+
+def tensor_offset_at(path: Path, name: str) -> int:
+    """Where in the file the data offset of tensor `name` is written."""
+    with open(path, "rb") as file:
+        head = file.read(16 << 20)
+    named = struct.pack("<Q", len(name)) + name.encode()
+    at = head.index(named) + len(named)
+    (n_dims,) = struct.unpack_from("<I", head, at)
+    return at + 4 + 8 * n_dims + 4
+
+
+def cut_in_half(path: Path) -> None:
+    copy_of_embedded(path, embedded_model_path().stat().st_size // 2)
+
+
+def still_downloading(path: Path) -> None:
+    """All but its last megabyte: a download not finished."""
+    copy_of_embedded(path, embedded_model_path().stat().st_size - (1 << 20))
+
+
+def tensor_past_the_end(path: Path) -> None:
+    copy_of_embedded(path)
+    with open(path, "r+b") as file:
+        file.seek(tensor_offset_at(path, "token_embd.weight"))
+        file.write(struct.pack("<Q", 1 << 40))
+
+
+@pytest.mark.parametrize("damage", [cut_in_half, still_downloading, tensor_past_the_end])
+def test_a_gguf_shorter_than_its_header_says_fails_alone(server, damage):
+    name = f"short-{damage.__name__}"
+    path = folder_of(server) / f"{name}.gguf"
+    damage(path)
+    try:
+        refused = asked_beside_innocent_streams(server, name)
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert "shorter than its header says" in message, message
+        state = listed(server)[name]
+        assert state["value"] == "failed" and "shorter than its header says" in state["reason"], state
+        assert "\n" not in state["reason"]
+    finally:
+        path.unlink()
+    assert chat(server, INNOCENT).status_code == 200
+
+
+def test_a_gguf_cut_short_after_it_was_found_fails_alone(server):
+    """Listed whole (read at the folder's scan), then cut short in place before its first
+    request: read again before the engine sees it."""
+    name = "rewritten"
+    path = copy_of_embedded(folder_of(server) / f"{name}.gguf")
+    try:
+        assert listed(server)[name]["value"] == "unloaded"
+        os.truncate(path, path.stat().st_size // 3)
+        refused = asked_beside_innocent_streams(server, name)
+        assert refused.status_code == 503, refused.text
+        assert "shorter than its header says" in refused.json()["error"]["message"], refused.text
+    finally:
+        path.unlink()
+    assert chat(server, INNOCENT).status_code == 200
