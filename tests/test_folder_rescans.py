@@ -46,3 +46,26 @@ def test_unknown_names_read_the_folder_again_only_when_it_changed(tmp_path: Path
     clock[0] += registry_module.UNKNOWN_NAME_RESCAN
     assert registry.find("nobody") is None
     assert len(listings) == 3
+
+
+def test_a_file_whose_reading_fails_unforeseen_fails_alone(tmp_path: Path, monkeypatch) -> None:
+    """Whatever reading one file raises, it is listed failed with the reason, and the
+    folder's other models are served: the listing itself never fails."""
+    from ovtrio.model import source as source_module
+
+    for name in ("good", "bad"):
+        (tmp_path / f"{name}.gguf").symlink_to(embedded_model_path())
+    read = source_module.read_gguf_header
+
+    def failing_for_bad(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if Path(path).name == "bad.gguf":
+            raise RecursionError("maximum recursion depth exceeded")
+        return read(path, *args, **kwargs)
+
+    monkeypatch.setattr(source_module, "read_gguf_header", failing_for_bad)
+    registry = ModelRegistry([], drain_timeout=1, models_dir=Settings(models_dir=str(tmp_path)))
+    registry.rescan()
+    good, bad = registry.find("good"), registry.find("bad")
+    assert good is not None and good.failure is None and good.source is not None
+    assert bad is not None and bad.failed.is_set()
+    assert bad.failure is not None and "RecursionError" in bad.failure and "\n" not in bad.failure

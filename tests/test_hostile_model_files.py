@@ -149,3 +149,27 @@ def test_a_gguf_cut_short_after_it_was_found_fails_alone(server):
     finally:
         path.unlink()
     assert chat(server, INNOCENT).status_code == 200
+
+
+def deeply_nested(path: Path, depth: int = 100_000) -> Path:
+    """A GGUF header whose one metadata value is an array of an array of ... `depth` deep."""
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"deep" + struct.pack("<I", 9)
+    path.write_bytes(head + struct.pack("<IQ", 9, 1) * depth)
+    return path
+
+
+def test_metadata_nested_without_end_fails_its_file_alone_and_the_listing_goes_on(server):
+    name = "nested"
+    path = deeply_nested(folder_of(server) / f"{name}.gguf")
+    try:
+        refused = asked_beside_innocent_streams(server, name)
+        assert refused.status_code == 503, refused.text
+        assert "nests arrays" in refused.json()["error"]["message"], refused.text
+        # The model list and the metrics still answer, for every model.
+        state = listed(server)
+        assert state[name]["value"] == "failed" and "nests arrays" in state[name]["reason"], state[name]
+        assert state[INNOCENT]["value"] == "loaded"
+        metrics = loopback.get(server.base_url + "/metrics", timeout=60)
+        assert metrics.status_code == 200 and f'model_name="{INNOCENT}"' in metrics.text
+    finally:
+        path.unlink()

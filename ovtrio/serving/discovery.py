@@ -54,13 +54,25 @@ def folder_models(folder: Path) -> list[FolderModel]:
         if not is_text(entry.name):
             _warn_not_text(entry)
             continue
-        if entry.is_file() and entry.suffix.lower() == ".gguf":
-            found.append(FolderModel(entry.name[: -len(".gguf")], entry))
-        elif entry.is_dir():
-            kind = _kind_of(entry, _stamp(entry))
-            if kind != "generation" or is_model_folder(entry):
-                found.append(FolderModel(entry.name, entry, kind))
+        try:
+            model = _model_of(entry)
+        except Exception:  # an entry that cannot be read leaves the others listed
+            log.exception("cannot read '%s' of the models folder", printable_name(entry.name))
+            continue
+        if model is not None:
+            found.append(model)
     return found
+
+
+def _model_of(entry: Path) -> FolderModel | None:
+    """The model `entry` of the folder holds, if any."""
+    if entry.is_file() and entry.suffix.lower() == ".gguf":
+        return FolderModel(entry.name[: -len(".gguf")], entry)
+    if entry.is_dir():
+        kind = _kind_of(entry, _stamp(entry))
+        if kind != "generation" or is_model_folder(entry):
+            return FolderModel(entry.name, entry, kind)
+    return None
 
 
 @functools.lru_cache(maxsize=1024)

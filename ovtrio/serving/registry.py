@@ -38,6 +38,7 @@ from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.embedding.worker import EncoderObserver
 from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
+from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.source import check_model_name
 from ovtrio.scheduler import RequestObserver
 from ovtrio.serving.discovery import FolderModel, folder_models, settings_for
@@ -201,6 +202,10 @@ class ModelRegistry:
                 source = service.check()
             except ModelLoadError as exc:  # listed, failed, with the reason
                 service.failure = str(exc)
+                service.failed.set()
+            except Exception as exc:  # one file's unforeseen failure fails it alone, never the listing
+                log.exception("cannot read the model '%s' of the models folder", name)
+                service.failure = f"cannot read model {name}: {type(exc).__name__}: {client_reason(exc)}"
                 service.failed.set()
             else:
                 self._longest_context = max(self._longest_context, source.context_length)

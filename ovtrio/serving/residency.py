@@ -170,6 +170,11 @@ class Residency:
                 service.failure = str(exc)
                 service.failed.set()
                 return
+            except Exception as exc:  # an unforeseen failure of its files fails this model alone
+                log.exception("cannot read the model %s", service.model_name)
+                service.failure = f"cannot read model {service.model_name}: {type(exc).__name__}: {client_reason(exc)}"
+                service.failed.set()
+                return
         assert self._nursery is not None, "the residency runs before requests are served"
         self._watch(service)
         service.begin_cycle()
