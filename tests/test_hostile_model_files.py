@@ -21,7 +21,7 @@ import pytest
 
 import loopback
 from conftest import RunningServer
-from helpers import beside_innocent_streams, health_stays_fast, post
+from helpers import beside_innocent_streams, health_stays_fast
 from ovtrio.model import embedded_model_path
 from server_pool import server_fixture
 
@@ -48,7 +48,7 @@ hostile_files = server_fixture(
 @pytest.fixture
 def server(hostile_files: RunningServer) -> RunningServer:
     """The server, its innocent model loaded (its first load is not what is measured)."""
-    assert chat(hostile_files, INNOCENT).status_code == 200
+    assert chat(hostile_files, INNOCENT, timeout=600).status_code == 200  # a first load may convert the file
     return hostile_files
 
 
@@ -56,9 +56,9 @@ def folder_of(server: RunningServer) -> Path:
     return server.log_path.parent / "models"
 
 
-def chat(server: RunningServer, model: str) -> httpx.Response:
+def chat(server: RunningServer, model: str, timeout: float = 120) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-    return post(server.base_url, "/v1/chat/completions", body)
+    return loopback.post(server.base_url + "/v1/chat/completions", json=body, timeout=timeout)
 
 
 def listed(server: RunningServer) -> dict[str, dict[str, Any]]:
@@ -130,6 +130,10 @@ def test_a_gguf_shorter_than_its_header_says_fails_alone(server, damage):
         state = listed(server)[name]
         assert state["value"] == "failed" and "shorter than its header says" in state["reason"], state
         assert "\n" not in state["reason"]
+        # Clients read the model's file name; the server's log has its path.
+        for reason in (message, state["reason"]):
+            assert f"{name}.gguf" in reason and str(folder_of(server)) not in reason, reason
+        assert str(path) in server.log_path.read_text()
     finally:
         path.unlink()
     assert chat(server, INNOCENT).status_code == 200

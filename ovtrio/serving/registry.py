@@ -201,6 +201,7 @@ class ModelRegistry:
             try:
                 source = service.check()
             except ModelLoadError as exc:  # listed, failed, with the reason
+                log.warning("%s", exc)
                 service.failure = str(exc)
                 service.failed.set()
             except Exception as exc:  # one file's unforeseen failure fails it alone, never the listing

@@ -167,6 +167,7 @@ class Residency:
             try:
                 service.check()
             except ModelLoadError as exc:
+                log.warning("%s", exc)
                 service.failure = str(exc)
                 service.failed.set()
                 return

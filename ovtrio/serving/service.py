@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import trio
 
@@ -25,6 +26,7 @@ from ovtrio.model import ModelLoad, ModelLoadError, ModelSource, load_and_warm_u
 from ovtrio.model.backend import engine_backend
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.load_retry import FilesVersion, files_version
+from ovtrio.model.shown_paths import without_model_path
 from ovtrio.model.speculation import apply_defaults
 from ovtrio.scheduler import GenerationScheduler, RequestObserver, SchedulerStats, added_to
 from ovtrio.scheduler.engine_step import choose_step
@@ -68,7 +70,7 @@ class ModelService:
         self.cycles = 0
         self.ready = trio.Event()
         self.failed = trio.Event()
-        self.failure: str | None = None
+        self._failure: str | None = None
         self.refusal: str | None = None  # why the last load could not begin (refuse)
         # Seconds the last load took (loaded and warmed up), for the metrics and the list.
         self.load_seconds: float | None = None
@@ -95,6 +97,21 @@ class ModelService:
         # Where clients reach the server, when the launcher knows it (`ovtrio serve`
         # does; under a bare `hypercorn` the address is in hypercorn's own log line).
         self.base_url: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the last load or serving failed, as clients read it: the model named by its
+        file or folder, not its path (shown_paths.py; the log has the path)."""
+        return self._failure
+
+    @failure.setter
+    def failure(self, reason: str | None) -> None:
+        self._failure = None if reason is None else without_model_path(reason, self._model_path())
+
+    def _model_path(self) -> Path | None:
+        if self.source is not None:
+            return self.source.path
+        return Path(self.settings.model) if self.settings.model else None
 
     @property
     def model_name(self) -> str:
