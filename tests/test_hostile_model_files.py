@@ -177,3 +177,54 @@ def test_metadata_nested_without_end_fails_its_file_alone_and_the_listing_goes_o
         assert metrics.status_code == 200 and f'model_name="{INNOCENT}"' in metrics.text
     finally:
         path.unlink()
+
+
+# ---- what the folder holds under a model's names: read off the event loop, trusting nothing ----
+
+
+def ir_folder_with_config(folder: Path, make_config: Any) -> Path:
+    """A folder that looks like an OpenVINO IR, whose config.json `make_config` makes."""
+    folder.mkdir()
+    (folder / "openvino_model.xml").write_text("<net/>")
+    make_config(folder / "config.json")
+    return folder
+
+
+def refused_beside_innocent_streams(server: RunningServer, name: str, *reasons: str) -> None:
+    refused = asked_beside_innocent_streams(server, name)
+    assert refused.status_code == 503, refused.text
+    message = refused.json()["error"]["message"]
+    assert all(reason in message for reason in reasons), message
+    state = listed(server)
+    assert state[name]["value"] == "failed" and state[INNOCENT]["value"] == "loaded", state
+    assert chat(server, INNOCENT).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("make_config", "kind"),
+    [(os.mkfifo, "a FIFO"), (lambda path: path.symlink_to("/dev/zero"), "a character device")],
+    ids=["fifo", "dev_zero"],
+)
+def test_a_config_that_is_not_a_regular_file_fails_its_model_alone(server, make_config, kind):
+    """A config.json that is a FIFO (which would hold the event loop until something
+    writes to it) or a link to /dev/zero (read without end): not read, and said."""
+    name = f"config-{kind.split()[-1].lower()}"
+    folder = ir_folder_with_config(folder_of(server) / name, make_config)
+    try:
+        refused_beside_innocent_streams(server, name, "config.json is", kind)
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_header_claiming_more_entries_than_its_file_holds_fails_alone(server):
+    """2^60 metadata entries claimed in a sparse file of zeros (which parse as that many
+    empty entries): refused from the count and the file's size, before reading."""
+    name = "bomb"
+    path = folder_of(server) / f"{name}.gguf"
+    with open(path, "wb") as file:
+        file.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 60))
+        file.truncate(64 << 20)
+    try:
+        refused_beside_innocent_streams(server, name, "metadata entries", "bytes left in the file")
+    finally:
+        path.unlink()

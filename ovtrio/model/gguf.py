@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ovtrio.model.regular_files import open_regular
+
 
 @dataclass(frozen=True)
 class _Format:
@@ -249,7 +251,7 @@ def read_gguf_header(path: str | Path, keep_arrays: frozenset[str] = frozenset()
     Array values (the vocabulary, merges, ...) are skipped unless named in
     `keep_arrays`; scalars and strings are kept in `metadata`.
     """
-    with open(path, "rb") as stream:
+    with open_regular(path) as stream:
         if stream.read(4) != _format().magic:
             raise GGUFFormatError("not a GGUF file (bad magic number)")
         with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as data:

@@ -34,7 +34,7 @@ from ovtrio.serving import memory
 from ovtrio.serving.serving_model import ServingModel, load_summary, serving_model
 from ovtrio.settings.server import Settings
 
-__all__ = ["ModelService", "ObserverFactory", "ServingModel"]
+__all__ = ["ModelService", "ObserverFactory", "ServingModel", "check_model"]
 
 log = logging.getLogger("ovtrio")
 
@@ -42,6 +42,13 @@ log = logging.getLogger("ovtrio")
 # Makes the observer of a model's requests from its served name, its context length and
 # whether the pipeline speculates.
 ObserverFactory = Callable[[str, int, bool], RequestObserver]
+
+
+def check_model(settings: Settings) -> tuple[ModelSource, FilesVersion]:
+    """The model `settings` name, checked (resolve_model), and its files' version: what
+    ModelService.check finds, for a worker thread (it reads the files)."""
+    source = resolve_model(settings)
+    return source, files_version(source.path)
 
 
 class ModelService:
@@ -121,10 +128,22 @@ class ModelService:
         return self.source.name
 
     def check(self) -> ModelSource:
-        """Resolve and check the model path; raises ModelLoadError (one line) if unusable."""
-        self.source = resolve_model(self.settings)
-        self._checked_files = files_version(self.source.path)
+        """Resolve and check the model path; raises ModelLoadError (one line) if unusable.
+        It reads the model's files: on the event loop only before the server serves."""
+        self.take_check(*check_model(self.settings))
+        assert self.source is not None
         return self.source
+
+    async def check_in_thread(self) -> ModelSource:
+        """check, with the files read in a worker thread."""
+        self.take_check(*await trio.to_thread.run_sync(check_model, self.settings))
+        assert self.source is not None
+        return self.source
+
+    def take_check(self, source: ModelSource, files: FilesVersion) -> None:
+        """What check_model found of this model's files, in a worker thread."""
+        self.source = source
+        self._checked_files = files
 
     def files_changed(self) -> bool:
         """Whether the model's files changed since they were checked (a file replaced
