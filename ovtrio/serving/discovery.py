@@ -6,7 +6,10 @@ The folder is read again whenever a request names a model the server does not kn
 whenever the model list or /metrics is asked for, and (at most once a second) for a
 request whose body is over the limit (ovtrio/server/body_limit.py), so a file copied in
 later is served without a restart. Reading it is a directory listing, a GGUF header per
-new file and an IR's XML outputs per new folder: cheap enough for the event loop.
+new file and an IR's XML outputs per new folder, of files anyone may have put there: it
+runs in a worker thread (ModelRegistry.rescan), and reads only regular files
+(ovtrio/model/regular_files.py; `is_file` and `is_dir` follow links and check what they
+lead to).
 
 A folder may hold any kind of model: a generation model (GGUF or IR, vision-language
 included), an embedding model, a reranker (told apart by their IR's outputs,
