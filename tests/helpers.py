@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,11 +212,11 @@ def _innocent_stream(base_url: str, body: dict[str, Any]) -> str | None:
     return reason
 
 
-def beside_innocent_streams(server: Any, hostile: Callable[[], None], **params: Any) -> None:
+def beside_innocent_streams(server: Any, hostile: Callable[[], None], max_tokens: int = 8, **params: Any) -> None:
     """`hostile()` run while three ordinary chat streams (`params` added to each body) go
     on: all three must end well."""
     finished: list[str | None] = []
-    body = chat_body(stream=True, max_tokens=8, temperature=0, **params)
+    body = chat_body(stream=True, max_tokens=max_tokens, temperature=0, **params)
     streams = [
         threading.Thread(target=lambda: finished.append(_innocent_stream(server.base_url, body))) for _ in range(3)
     ]
@@ -227,3 +228,44 @@ def beside_innocent_streams(server: Any, hostile: Callable[[], None], **params: 
         for stream in streams:
             stream.join(timeout=600)
     assert len(finished) == 3 and all(reason in ("length", "stop") for reason in finished), finished
+
+
+# How much slower than its baseline /health may answer while something hostile goes on.
+HEALTH_SLOWDOWN = 20
+
+
+def _health_seconds(base_url: str) -> float:
+    began = time.perf_counter()
+    # A cap for a wait, not a deadline: a frozen event loop fails here instead of hanging.
+    assert loopback.get(base_url + "/health", timeout=120).status_code == 200
+    return time.perf_counter() - began
+
+
+def health_stays_fast(server: Any, during: Callable[[], None], baseline_probes: int = 20) -> float:
+    """`during()` run in a thread while /health is probed: the slowest probe meanwhile is
+    within HEALTH_SLOWDOWN times the slowest of `baseline_probes` probes taken just
+    before, in the same conditions (no wall-clock figure: a busy machine slows both).
+    Returns the ratio."""
+    baseline = max(_health_seconds(server.base_url) for _ in range(baseline_probes))
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            during()
+        except BaseException as exc:  # noqa: BLE001 (raised again in the test's thread)
+            failures.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    slowest = 0.0
+    while True:  # one probe at least, however soon `during` ends
+        slowest = max(slowest, _health_seconds(server.base_url))
+        if not worker.is_alive():
+            break
+        time.sleep(0.01)
+    worker.join()
+    if failures:
+        raise failures[0]
+    ratio = slowest / baseline
+    assert ratio <= HEALTH_SLOWDOWN, f"/health took {slowest:.3f} s, {ratio:.0f}x its baseline of {baseline:.3f} s"
+    return ratio

@@ -169,7 +169,11 @@ def limit_with_counted_rescans(vision: bool = False, audio: bool = False) -> tup
     clock = Clock()
     limit = BodyLimit(Settings(), config, vision=vision, audio=audio, clock=clock)
     rescans: list[float] = []
-    limit.rescan = lambda: rescans.append(clock.now)
+
+    async def rescan() -> None:
+        rescans.append(clock.now)
+
+    limit.rescan = rescan
     return limit, config, rescans, clock
 
 
@@ -189,25 +193,26 @@ def test_the_limit_grows_with_a_vision_or_whisper_model_and_never_falls_below_it
     assert at_start.bytes == body_bytes(settings, audio=True) > TEXT_LIMIT and at_start.audio
 
 
-def test_a_body_over_the_limit_has_the_folder_read_at_most_once_per_interval():
+@pytest.mark.trio
+async def test_a_body_over_the_limit_has_the_folder_read_at_most_once_per_interval():
     limit, _, rescans, clock = limit_with_counted_rescans()
-    limit.before_request(TEXT_LIMIT)  # within the limit
-    limit.before_request(None)  # no Content-Length: checked as it arrives
-    limit.before_request(limit.largest + 1)  # over any limit there could be
+    await limit.before_request(TEXT_LIMIT)  # within the limit
+    await limit.before_request(None)  # no Content-Length: checked as it arrives
+    await limit.before_request(limit.largest + 1)  # over any limit there could be
     assert rescans == []
     for _ in range(50):
-        limit.before_request(TEXT_LIMIT + 1)
+        await limit.before_request(TEXT_LIMIT + 1)
     assert rescans == [100.0]
     clock.now += RESCAN_INTERVAL / 2
-    limit.before_request(TEXT_LIMIT + 1)
+    await limit.before_request(TEXT_LIMIT + 1)
     assert rescans == [100.0]
     clock.now += RESCAN_INTERVAL / 2
-    limit.before_request(limit.largest)
+    await limit.before_request(limit.largest)
     assert rescans == [100.0, 100.0 + RESCAN_INTERVAL]
     # Without a models folder there is nothing to read.
     limit.rescan = None
     clock.now += 10 * RESCAN_INTERVAL
-    limit.before_request(TEXT_LIMIT + 1)
+    await limit.before_request(TEXT_LIMIT + 1)
     assert len(rescans) == 2
 
 

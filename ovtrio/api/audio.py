@@ -77,7 +77,7 @@ async def _serve(task: Task) -> Response:
         raise invalid(str(exc), exc.param) from None
     fields = form.fields
     _check_names(fields, _TRANSCRIPTION_FIELDS if task == "transcribe" else _TRANSLATION_FIELDS)
-    service = served_model_of_kind(_one(fields, "model"), "transcription", NO_MODEL)
+    service = await served_model_of_kind(_one(fields, "model"), "transcription", NO_MODEL)
     assert isinstance(service, TranscriptionService)
     response_format = _one(fields, "response_format") or "json"
     if response_format not in transcripts.FORMATS:

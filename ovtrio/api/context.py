@@ -32,7 +32,7 @@ def model_registry() -> ModelRegistry:
     return current_app.config[_MODELS]
 
 
-def model_service(name: str | None = None) -> ModelService:
+async def model_service(name: str | None = None) -> ModelService:
     """The service of the model named `name`, ready or not (None: the first model, for
     endpoints where `model` is optional); a 404 naming it if the server has none."""
     models = model_registry()
@@ -40,7 +40,7 @@ def model_service(name: str | None = None) -> ModelService:
         if models.default is None:
             raise invalid("Name the model this request is for in 'model' (see GET /v1/models).", "model")
         return models.default
-    service = models.find(name)
+    service = await models.find(name)
     if service is None:
         encoder = next((encoder for encoder in models.encoders if encoder.name == name), None)
         if encoder is not None:
@@ -61,7 +61,7 @@ async def ready_model(name: str | None = None, keep_alive: float | None = None) 
     (ovtrio/serving/residency.py). A 404 for an unknown model, or an unloaded one when
     the server loads models only when asked; a 503 when its load failed or found no
     room. `keep_alive`: the request's (seconds the model stays loaded after it)."""
-    service = model_service(name)
+    service = await model_service(name)
     models = model_registry()
     if service.failed.is_set() and (service.ready.is_set() or models.counts_for_readiness(service)):
         # Ready before it failed: it stopped while serving (serving/service.py).

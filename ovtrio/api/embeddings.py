@@ -75,7 +75,7 @@ def _encoded(vector: np.ndarray, encoding: str) -> Any:
 @blueprint.post("/v3/embeddings")
 async def embeddings() -> Any:
     body = await parse_body(EmbeddingsRequest)
-    encoder = encoder_for(body.model, "embedding", NO_EMBEDDER)
+    encoder = await encoder_for(body.model, "embedding", NO_EMBEDDER)
     if body.dimensions is not None:
         raise invalid(
             f"Invalid value for 'dimensions': the model '{encoder.name}' gives vectors of one size only"

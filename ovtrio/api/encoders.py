@@ -22,26 +22,26 @@ from ovtrio.embedding.worker import EncoderUnavailable, Job
 _JSON_IN_THREAD = 16 * 1024
 
 
-def encoder_for(name: str | None, kind: str, missing: str) -> EncoderService:
+async def encoder_for(name: str | None, kind: str, missing: str) -> EncoderService:
     """The encoder of `kind` that `name` names (None: the first); `missing` is the 404's
     message when the server has none of that kind."""
-    encoder = served_model_of_kind(name, kind, missing)
+    encoder = await served_model_of_kind(name, kind, missing)
     assert isinstance(encoder, EncoderService)
     return encoder
 
 
-def served_model_of_kind(name: str | None, kind: str, missing: str) -> EncoderService | TranscriptionService:
+async def served_model_of_kind(name: str | None, kind: str, missing: str) -> EncoderService | TranscriptionService:
     """The model of `kind` (embedding, rerank, transcription) that `name` names (see
     encoder_for)."""
     registry = model_registry()
     if registry.shutdown.draining.is_set():
         raise shutting_down()
-    encoder = registry.find_encoder(name, kind)
+    encoder = await registry.find_encoder(name, kind)
     if encoder is not None:
         return encoder
     if name is None:
         raise APIError(404, missing, param="model", code="model_not_found")
-    if registry.find(name) is None and not any(e.name == name for e in registry.encoders):
+    if await registry.find(name) is None and not any(e.name == name for e in registry.encoders):
         raise model_not_found(name)
     served = [f"'{e.name}'" for e in registry.encoders if e.kind == kind]
     where = f"; this server's are {', '.join(served)}" if served else f". {missing}"

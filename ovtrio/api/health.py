@@ -72,7 +72,7 @@ async def readiness() -> Any:
 async def model_readiness(model_name: str) -> Any:
     """One model: 200 when it serves, 503 while it loads, after it failed, or while the
     server drains; 404 (OpenAI's model_not_found) for a model the server does not serve."""
-    status = _model_status(model_service(model_name))
+    status = _model_status(await model_service(model_name))
     return status, 200 if status["status"] == "ready" else 503
 
 

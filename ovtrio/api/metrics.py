@@ -86,5 +86,5 @@ def install(app: Quart, metrics: ServerMetrics) -> None:
 async def metrics() -> Any:
     # The folder is read again first, as GET /v1/models does: the two tell of the same
     # models, a model whose file is gone (and that is unloaded) no longer in either.
-    model_registry().rescan()
+    await model_registry().rescan()
     return Response(generate_latest(metrics_registry()), mimetype="text/plain; version=0.0.4")

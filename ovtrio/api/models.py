@@ -93,7 +93,7 @@ def _encoder_card(encoder: EncoderService | TranscriptionService) -> dict[str, A
 @blueprint.get("/models")
 async def list_models() -> Any:
     registry = model_registry()
-    registry.rescan()
+    await registry.rescan()
     cards = [_model_card(service) for service in registry.services]
     return {"object": "list", "data": cards + [_encoder_card(encoder) for encoder in registry.encoders]}
 
@@ -101,13 +101,13 @@ async def list_models() -> Any:
 @blueprint.get("/v1/models/<model_id:model_id>")
 @blueprint.get("/v3/models/<model_id:model_id>")
 async def retrieve_model(model_id: str) -> Any:
-    model = _named(model_id)
+    model = await _named(model_id)
     return _model_card(model) if isinstance(model, ModelService) else _encoder_card(model)
 
 
-def _named(name: str) -> ModelService | EncoderService | TranscriptionService:
+async def _named(name: str) -> ModelService | EncoderService | TranscriptionService:
     """The model served as `name`, of whatever kind; a 404 if there is none."""
-    model = model_registry().lookup(name)
+    model = await model_registry().lookup(name)
     if model is None:
         raise model_not_found(name)
     return model
@@ -129,7 +129,7 @@ async def load_model() -> Any:
     """Load the model (wait for it) unless it is loaded; as a request naming it would,
     whether or not the server loads models on demand."""
     body = await parse_body(LoadRequest)
-    model = _named(body.model)
+    model = await _named(body.model)
     registry = model_registry()
     if not isinstance(model, ModelService):
         if registry.shutdown.draining.is_set():
@@ -145,13 +145,13 @@ async def load_model() -> Any:
                 retry_after=model.retry_after,
             )
         return {"success": True, "model": model.name, "status": _encoder_status(model)}
-    service = model_service(body.model)
+    service = await model_service(body.model)
     if registry.shutdown.draining.is_set():
         if service.state != "loaded":  # no load begins during the drain
             raise shutting_down()
         return {"success": True, "model": service.model_name, "status": _status(service)}
     if service.state in ("unloaded", "failed"):
-        registry.residency.load(service)
+        await registry.residency.load(service)
     await ready_model(body.model)
     return {"success": True, "model": service.model_name, "status": _status(service)}
 
@@ -162,7 +162,7 @@ async def unload_model() -> Any:
     `"drain": false` the unload is refused while it runs any."""
     body = await parse_body(UnloadRequest)
     registry = model_registry()
-    encoder = _named(body.model)
+    encoder = await _named(body.model)
     if not isinstance(encoder, ModelService):
         if encoder.state == "loading":  # as a generation model's: its load ends, then it unloads
             await encoder.settled()
@@ -179,7 +179,7 @@ async def unload_model() -> Any:
                 code="model_busy",
             )
         return {"success": True, "model": encoder.name, "status": _encoder_status(encoder), "ended_requests": 0}
-    service = model_service(body.model)
+    service = await model_service(body.model)
     try:
         cut = await model_registry().residency.unload(service, "request", wait=body.drain)
     except Busy as exc:

@@ -42,7 +42,7 @@ class RerankRequest(Body):
 @blueprint.post("/v3/rerank")
 async def rerank() -> Any:
     body = await parse_body(RerankRequest)
-    encoder = encoder_for(body.model, "rerank", NO_RERANKER)
+    encoder = await encoder_for(body.model, "rerank", NO_RERANKER)
     if not body.query:
         raise invalid("Invalid value for 'query': it must not be empty.", "query")
     if not body.documents:

@@ -23,6 +23,7 @@ from typing import BinaryIO, Literal
 from xml.etree import ElementTree
 
 from ovtrio.model.json_files import read_json_object
+from ovtrio.model.regular_files import open_regular
 from ovtrio.settings.server import Settings
 
 ModelKind = Literal["generation", "embedding", "rerank", "transcription"]
@@ -34,7 +35,8 @@ _GENERATION_INPUTS = ("beam_idx", "position_ids", "past_key_values")
 
 def ir_outputs(xml_path: Path) -> tuple[dict[str, int], set[str]]:
     """The IR's output names with their ranks, and its input names, from its XML."""
-    root = ElementTree.parse(xml_path).getroot()
+    with open_regular(xml_path) as xml:
+        root = ElementTree.parse(xml).getroot()
     layers = {layer.get("id"): layer for layer in root.iter("layer")}
     inputs: set[str] = set()
     for layer in layers.values():
@@ -83,8 +85,9 @@ def detect_kind(path: Path) -> ModelKind:
     if not path.is_dir() or not xml_path.is_file():
         return "generation"
     try:
-        if has_generation_inputs(xml_path):
-            return "generation"
+        with open_regular(xml_path) as xml:
+            if has_generation_inputs(xml):
+                return "generation"
         outputs, inputs = ir_outputs(xml_path)
     except (OSError, ElementTree.ParseError):
         return "generation"  # the generation loader says what is wrong with it

@@ -27,6 +27,7 @@ from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.worker import EncoderUnavailable, EncoderWorker, WorkerStats
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.load_retry import FailedLoad
+from ovtrio.model.shown_paths import without_model_path
 from ovtrio.model.source import ModelLoadError
 from ovtrio.scheduler import SHUTTING_DOWN
 from ovtrio.settings.server import Settings
@@ -122,7 +123,9 @@ class OnDemandEncoder(Generic[Model]):
 
     def fail(self, reason: str) -> None:
         """The model cannot serve (its load failed, or its folder is unusable): its
-        requests, now and until a retry, hear `reason`."""
+        requests, now and until a retry, hear `reason` (its folder named, not its path:
+        shown_paths.py)."""
+        reason = without_model_path(reason, self.folder)
         self.failure = reason
         self._failed_load = FailedLoad.now(self.folder)
         self.worker.close(

@@ -23,7 +23,7 @@ from ovtrio.model.engine_file import openable_by_engine
 from ovtrio.model.gguf_converted import engine_readable
 from ovtrio.model.long_rope import whole_prompt_settings
 from ovtrio.model.plain_text import PlainText, plain_text_of_ir, plain_text_without_ir
-from ovtrio.model.source import ModelLoadError, ModelSource
+from ovtrio.model.source import ModelLoadError, ModelSource, check_gguf
 from ovtrio.model.speculation import Speculation, pipeline_properties, speculation_for
 from ovtrio.model.vision import VisionModel, is_vision_folder, measure_image_tokens
 from ovtrio.model.vocabulary import Vocabulary, checked_vocabulary, read_vocabulary
@@ -332,6 +332,10 @@ def _engine(
 ) -> tuple[Any, Any, str, Path | None]:
     """Tokenizer and pipeline, where the engine's models came from, and the IR folder
     the engine serves (None: a GGUF file converted in memory only, or a vision model)."""
+    if source.kind == "gguf":
+        # Checked again as it is now, just before the converter or the engine reads it: a
+        # file cut short or rewritten since it was first checked would crash the engine.
+        check_gguf(source.path)
     try:
         if source.kind == "gguf" and settings.model_cache:
             with engine_readable(source, settings, phases) as readable:

@@ -9,6 +9,8 @@ use), so it works offline with zero configuration.
 from __future__ import annotations
 
 import importlib.util
+import os
+import threading
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 from ovtrio.model.backend import backend_conflict
 from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
-from ovtrio.model.json_files import read_json_object
+from ovtrio.model.json_files import check_json_file, read_json_object
 from ovtrio.model.long_rope import original_context
 from ovtrio.model.vision import is_vision_folder
 from ovtrio.settings.server import Settings
@@ -123,9 +125,45 @@ def embedded_model_path() -> Path:
     )
 
 
-def _check_gguf(path: Path) -> tuple[int, int | None, bool]:
+# The GGUF files found unusable: by path, the file's identity then (device, inode, size,
+# mtime) and why. Such a file is not parsed again until it changes: its header may be
+# large or hostile, and a request for it comes again and again.
+_REFUSED: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+_REFUSED_LOCK = threading.Lock()
+_REFUSED_KEPT = 1024
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
+def check_gguf(path: Path) -> tuple[int, int | None, bool]:
     """The file's context length and vocabulary size, and whether its tensors need
-    converting; ModelLoadError when the engine cannot build it."""
+    converting; ModelLoadError when the engine cannot build it (a file shorter than its
+    header says among the reasons: the engine would crash reading it). A file refused
+    before is refused again without being read, until it changes."""
+    identity = _identity(path)
+    with _REFUSED_LOCK:
+        known = _REFUSED.get(str(path))
+    if identity is not None and known is not None and known[0] == identity:
+        raise ModelLoadError(known[1])
+    try:
+        return _check_gguf_now(path)
+    except ModelLoadError as exc:
+        if identity is not None:
+            with _REFUSED_LOCK:
+                _REFUSED.pop(str(path), None)
+                _REFUSED[str(path)] = (identity, str(exc))
+                while len(_REFUSED) > _REFUSED_KEPT:
+                    del _REFUSED[next(iter(_REFUSED))]
+        raise
+
+
+def _check_gguf_now(path: Path) -> tuple[int, int | None, bool]:
     from ovtrio.model.gguf_convert import convertible_types, needs_conversion
 
     try:
@@ -172,7 +210,7 @@ def resolve_model(settings: Settings) -> ModelSource:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"cannot load model {path}: expected a .gguf file or an OpenVINO IR folder")
-        context_length, vocab_size, convert = _check_gguf(path)
+        context_length, vocab_size, convert = check_gguf(path)
         return ModelSource(path, "gguf", name, context_length, {}, vocab_size, convert_tensors=convert)
 
     vision = is_vision_folder(path)
@@ -182,6 +220,9 @@ def resolve_model(settings: Settings) -> ModelSource:
             " vision models of a vision-language model (export one with `optimum-cli export openvino --model ID"
             " FOLDER`)"
         )
+    for beside in ("config.json", "generation_config.json"):
+        if (unsafe := check_json_file(path / beside)) is not None:
+            raise ModelLoadError(f"cannot load model {path}: {unsafe}")
     config = read_json_object(path / "config.json")
     if vision:  # a VLM's language model keeps its settings in text_config
         text_config = config.get("text_config")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ class BodyLimit:
         self.audio = audio
         # The largest the limit can become: a body over it is refused without a listing.
         self.largest = body_bytes(settings, vision=True, audio=True)
-        self.rescan: Callable[[], None] | None = None
+        self.rescan: Callable[[], Awaitable[None]] | None = None
         self._next_rescan = -math.inf
         config["MAX_CONTENT_LENGTH"] = self.at_start
 
@@ -107,7 +107,7 @@ class BodyLimit:
             )
         self._config["MAX_CONTENT_LENGTH"] = limit
 
-    def before_request(self, content_length: int | None) -> None:
+    async def before_request(self, content_length: int | None) -> None:
         """Read models_dir again, when allowed, if a request declares a body over the limit
         that a model newly found could make fit."""
         if self.rescan is None or content_length is None or not self.bytes < content_length <= self.largest:
@@ -117,7 +117,7 @@ class BodyLimit:
             return
         self._next_rescan = now + RESCAN_INTERVAL
         log.debug("a body of %d bytes is over the %d-byte limit: models folder read again", content_length, self.bytes)
-        self.rescan()
+        await self.rescan()
 
 
 def declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
@@ -139,7 +139,7 @@ def install(app: QuartTrio, limit: BodyLimit) -> None:
 
     async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            limit.before_request(declared_length(scope["headers"]))
+            await limit.before_request(declared_length(scope["headers"]))
         await serve(scope, receive, send)
 
     app.asgi_app = asgi_app  # type: ignore[method-assign]

@@ -6,7 +6,10 @@ The folder is read again whenever a request names a model the server does not kn
 whenever the model list or /metrics is asked for, and (at most once a second) for a
 request whose body is over the limit (ovtrio/server/body_limit.py), so a file copied in
 later is served without a restart. Reading it is a directory listing, a GGUF header per
-new file and an IR's XML outputs per new folder: cheap enough for the event loop.
+new file and an IR's XML outputs per new folder, of files anyone may have put there: it
+runs in a worker thread (ModelRegistry.rescan), and reads only regular files
+(ovtrio/model/regular_files.py; `is_file` and `is_dir` follow links and check what they
+lead to).
 
 A folder may hold any kind of model: a generation model (GGUF or IR, vision-language
 included), an embedding model, a reranker (told apart by their IR's outputs,
@@ -54,13 +57,25 @@ def folder_models(folder: Path) -> list[FolderModel]:
         if not is_text(entry.name):
             _warn_not_text(entry)
             continue
-        if entry.is_file() and entry.suffix.lower() == ".gguf":
-            found.append(FolderModel(entry.name[: -len(".gguf")], entry))
-        elif entry.is_dir():
-            kind = _kind_of(entry, _stamp(entry))
-            if kind != "generation" or is_model_folder(entry):
-                found.append(FolderModel(entry.name, entry, kind))
+        try:
+            model = _model_of(entry)
+        except Exception:  # an entry that cannot be read leaves the others listed
+            log.exception("cannot read '%s' of the models folder", printable_name(entry.name))
+            continue
+        if model is not None:
+            found.append(model)
     return found
+
+
+def _model_of(entry: Path) -> FolderModel | None:
+    """The model `entry` of the folder holds, if any."""
+    if entry.is_file() and entry.suffix.lower() == ".gguf":
+        return FolderModel(entry.name[: -len(".gguf")], entry)
+    if entry.is_dir():
+        kind = _kind_of(entry, _stamp(entry))
+        if kind != "generation" or is_model_folder(entry):
+            return FolderModel(entry.name, entry, kind)
+    return None
 
 
 @functools.lru_cache(maxsize=1024)

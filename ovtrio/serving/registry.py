@@ -40,7 +40,8 @@ from ovtrio.embedding.worker import EncoderObserver
 from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
 from ovtrio.model.source import check_model_name
 from ovtrio.scheduler import RequestObserver
-from ovtrio.serving.discovery import FolderModel, folder_models, settings_for
+from ovtrio.serving.discovery import FolderModel, settings_for
+from ovtrio.serving.folder_reading import Reading, entries_changed_at, read_folder
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.residency import Residency, ResidencyRules
 from ovtrio.serving.service import ModelService, ObserverFactory, ServingModel
@@ -49,17 +50,9 @@ from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
 
-# Seconds between two rescans of models_dir for names the server does not serve, while
-# the folder's entries stay as they were (Registry._look_again).
-UNKNOWN_NAME_RESCAN = 1.0
-
-
-def _entries_changed_at(folder: Path) -> int | None:
-    """When an entry of `folder` was last added, removed or renamed (its mtime)."""
-    try:
-        return folder.stat().st_mtime_ns
-    except OSError:
-        return None
+# Seconds between two readings of models_dir that requests start, while the folder's
+# entries stay as they were (ModelRegistry.rescan).
+RESCAN_INTERVAL = 1.0
 
 
 ModelStatus = Literal["loading", "ready", "failed", "draining", "unloaded", "unloading"]
@@ -134,9 +127,11 @@ class ModelRegistry:
         self._longest_context = 0
         self._running = trio.CancelScope()
         self._on_rescan = on_rescan
-        # When the folder's entries last changed, as the last rescan found it, and when
-        # that rescan ran (time.monotonic): what _look_again compares.
+        # When the folder's entries last changed, as the last reading found it, and when
+        # that reading began (time.monotonic): what rescan compares.
         self._scanned: tuple[int | None, float] = (None, float("-inf"))
+        # Set when the reading under way ends; None when none is.
+        self._reading: trio.Event | None = None
         self._forget = on_forget or (lambda name: None)
 
     def check(self) -> None:
@@ -159,26 +154,60 @@ class ModelRegistry:
             if encoder.name in names:
                 raise ModelLoadError(f"two models are served as '{encoder.name}'; give each its own served_model_name")
             names.add(encoder.name)
-        self.rescan()
+        self._read_now()
 
-    def rescan(self) -> None:
-        """Serve the models of models_dir added since the last look, and forget those
+    @property
+    def _known_names(self) -> frozenset[str]:
+        return frozenset(self._by_name) | {encoder.name for encoder in self.encoders}
+
+    def _folder(self) -> Path | None:
+        defaults = self._folder_defaults
+        return Path(defaults.models_dir).expanduser() if defaults is not None and defaults.models_dir else None
+
+    def _read_now(self) -> None:
+        """Read models_dir here, blocking: at start, before the server serves."""
+        if (folder := self._folder()) is None or self._folder_defaults is None:
+            return
+        self._scanned = (entries_changed_at(folder), time.monotonic())
+        self._take(read_folder(folder, self._folder_defaults, self._known_names))
+
+    async def rescan(self) -> None:
+        """Read models_dir again for a request (a listing, /metrics, an unknown name): at
+        once when its entries changed since the last reading, else at most every
+        RESCAN_INTERVAL seconds (a folder whose files are still arriving). In a worker
+        thread, one reading at a time (a request meanwhile waits for it): a client asking
+        in a loop neither has the folder read more often nor holds up the event loop."""
+        if (folder := self._folder()) is None or self._folder_defaults is None:
+            return
+        while self._reading is not None:
+            await self._reading.wait()
+        changed_at, when = self._scanned
+        now_changed_at = entries_changed_at(folder)
+        if now_changed_at == changed_at and time.monotonic() - when < RESCAN_INTERVAL:
+            return
+        reading = self._reading = trio.Event()
+        try:
+            self._scanned = (now_changed_at, time.monotonic())
+            found = await trio.to_thread.run_sync(read_folder, folder, self._folder_defaults, self._known_names)
+            self._take(found)
+        finally:
+            self._reading = None
+            reading.set()
+
+    def _take(self, found: Reading) -> None:
+        """Serve the models of models_dir added since the last reading, and forget those
         whose file is gone and that are not loaded (discovery.py): all the server kept
         of them, their metrics too, so one of the same name found later starts afresh."""
-        if self._folder_defaults is None or self._folder_defaults.models_dir is None:
-            return
-        folder = Path(self._folder_defaults.models_dir).expanduser()
-        self._scanned = (_entries_changed_at(folder), time.monotonic())
-        found = {model.name: model for model in folder_models(folder)}
+        models = found.models
         for service in list(self.services):
-            if service.on_demand and service.model_name not in found and service.state in ("unloaded", "failed"):
+            if service.on_demand and service.model_name not in models and service.state in ("unloaded", "failed"):
                 self.services.remove(service)
                 del self._by_name[service.model_name]
                 self.residency.failed_loads.forget(service)
                 self._forget(service.model_name)
         for encoder in list(self.encoders):
             scope = self._found_encoders.get(encoder.name)
-            if scope is not None and encoder.name not in found and encoder.state in ("unloaded", "failed"):
+            if scope is not None and encoder.name not in models and encoder.state in ("unloaded", "failed"):
                 scope.cancel()
                 self.encoders.remove(encoder)
                 del self._found_encoders[encoder.name]
@@ -186,24 +215,27 @@ class ModelRegistry:
                     self._unstarted.remove(encoder)
                 self._forget(encoder.name)
         taken = {encoder.name for encoder in self.encoders}
-        for name, model in found.items():
+        for name, model in models.items():
             if name in self._by_name or name in taken:
                 continue
             if model.kind != "generation":
-                self._serve_encoder(model)
+                if name in found.encoders:
+                    self._serve_encoder(model, found.encoders[name])
+                continue
+            checked = found.generation.get(name)
+            if checked is None:  # known when the reading began, forgotten since: the next reading checks it
                 continue
             service = ModelService(
-                settings_for(model, self._folder_defaults),
+                settings_for(model, self._folder_defaults),  # type: ignore[arg-type]
                 observer=self._observer_of if self._observer else None,
                 on_demand=True,
             )
-            try:
-                source = service.check()
-            except ModelLoadError as exc:  # listed, failed, with the reason
-                service.failure = str(exc)
+            if isinstance(checked, str):  # listed, failed, with the reason
+                service.failure = checked
                 service.failed.set()
             else:
-                self._longest_context = max(self._longest_context, source.context_length)
+                service.take_check(*checked)
+                self._longest_context = max(self._longest_context, checked[0].context_length)
             self.services.append(service)
             self._by_name[name] = service
         if self._on_rescan is not None:
@@ -217,21 +249,13 @@ class ModelRegistry:
         """Whether a transcription (Whisper) model is served."""
         return any(encoder.kind == "transcription" for encoder in self.encoders)
 
-    def _serve_encoder(self, model: FolderModel) -> None:
+    def _serve_encoder(self, model: FolderModel, failure: str | None) -> None:
         """Serve the encoder `model` of models_dir, loaded on its first request; a folder
-        that cannot serve is listed failed, with the reason, and tried again on the next
-        request."""
+        that cannot serve (`failure` says why) is listed failed, with the reason, and
+        tried again on the next request."""
         assert self._folder_defaults is not None
         settings = settings_for(model, self._folder_defaults)
         encoder: Encoder
-        failure = None
-        try:
-            if model.kind == "transcription":
-                check_transcription_folder(model.path)
-            else:
-                check_encoder_folder(model.name, model.path)
-        except ModelLoadError as exc:
-            failure = str(exc)
         if model.kind == "transcription":
             encoder = TranscriptionService(model.name, settings, model.path, observer=self._encoder_observer)
         else:
@@ -263,38 +287,26 @@ class ModelRegistry:
         None when the server serves only a models_dir, and it is empty."""
         return self.services[0] if self.services else None
 
-    def find(self, name: str) -> ModelService | None:
+    async def find(self, name: str) -> ModelService | None:
         """The model served as `name`, looking in models_dir again if it is unknown."""
         service = self._by_name.get(name)
         if service is None and self._folder_defaults is not None:
-            self._look_again()
+            await self.rescan()
             service = self._by_name.get(name)
         return service
-
-    def _look_again(self) -> None:
-        """Rescan for a name the server does not serve: at once when the folder's entries
-        changed since the last look (a file or folder added, removed or renamed), else
-        at most every UNKNOWN_NAME_RESCAN seconds (a folder copied in whose files are
-        still arriving). A client naming unknown models in a loop would otherwise have
-        the folder listed at each of its requests, on the event loop."""
-        assert self._folder_defaults is not None and self._folder_defaults.models_dir is not None
-        changed_at, when = self._scanned
-        folder = Path(self._folder_defaults.models_dir).expanduser()
-        if _entries_changed_at(folder) != changed_at or time.monotonic() - when >= UNKNOWN_NAME_RESCAN:
-            self.rescan()
 
     async def acquire(self, service: ModelService, keep_alive: float | None = None) -> ServingModel:
         """The loaded model of `service`, loaded first if need be (Residency.acquire)."""
         return await self.residency.acquire(service, keep_alive)
 
-    def find_encoder(self, name: str | None, kind: str) -> Encoder | None:
+    async def find_encoder(self, name: str | None, kind: str) -> Encoder | None:
         """The encoder of `kind` named `name` (None: the first of that kind), looking in
         models_dir again if it is unknown."""
         for looked_again in (False, True):
             if looked_again:
                 if name is None or self._folder_defaults is None:
                     return None
-                self._look_again()
+                await self.rescan()
             for encoder in self.encoders:
                 if encoder.kind == kind and (name is None or encoder.name == name):
                     return encoder
@@ -304,10 +316,10 @@ class ModelRegistry:
         """The encoder served as `name`, of whatever kind."""
         return next((encoder for encoder in self.encoders if encoder.name == name), None)
 
-    def lookup(self, name: str) -> ModelService | Encoder | None:
+    async def lookup(self, name: str) -> ModelService | Encoder | None:
         """The model served as `name`, of whatever kind, looking in models_dir again if
         it is unknown."""
-        return self._by_name.get(name) or self.named_encoder(name) or self.find(name) or self.named_encoder(name)
+        return self._by_name.get(name) or self.named_encoder(name) or await self.find(name) or self.named_encoder(name)
 
     def status(self, service: ModelService) -> ModelStatus:
         state = service.state

@@ -87,6 +87,7 @@ class Residency:
         self._nursery: trio.Nursery | None = None
         self.failed_loads = FailedLoads()  # the registry forgets a model there too
         self._unloads: dict[ModelService, trio.Event] = {}  # unloads under way, set when each ends
+        self._checks: dict[ModelService, trio.Event] = {}  # checks of files under way (load), likewise
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Runs before the models loaded at start begin loading: their loads are counted
@@ -144,7 +145,7 @@ class Residency:
                     if state == "failed":
                         raise LoadFailed(service.failure or "it failed to load", self.failed_loads.retry_after(service))
                     raise NotLoaded()
-                self.load(service)
+                await self.load(service)
             await service.settled(unless=self._stopping)
             if self._stopping.is_set():
                 raise Stopping()
@@ -154,27 +155,53 @@ class Residency:
                 raise NoRoom(service.refusal, max(1, round(self.rules.load_wait / 2)))
             raise LoadFailed(service.failure or "it failed to load", self.failed_loads.retry_after(service))
 
-    def load(self, service: ModelService) -> None:
-        """Begin loading `service` (unless it is loaded or loading): at once in its state,
-        in a task of the residency's nursery for the work."""
+    async def load(self, service: ModelService) -> None:
+        """Begin loading `service` (unless it is loaded or loading), in a task of the
+        residency's nursery for the work. A model unusable when found, or whose files
+        changed since they were checked, is checked again first, its files read in a
+        worker thread (one check at a time per model: a request that comes meanwhile
+        waits for it); the check's failure fails the model, with the reason."""
+        while (under_way := self._checks.get(service)) is not None:
+            await under_way.wait()
         if service.state in ("loading", "loaded", "unloading"):
             return
         if self.failed_loads.too_soon(service):  # its waiters hear why it failed
             return
         if service not in self._services():  # forgotten (its file gone) while its request waited
             return service.fail("its file is gone from the models folder")
-        if service.source is None or service.files_changed():  # unusable when found, or replaced since
-            try:
-                service.check()
-            except ModelLoadError as exc:
-                service.failure = str(exc)
-                service.failed.set()
+        checking = self._checks[service] = trio.Event()
+        try:
+            # Unusable when found, or replaced since: checked again.
+            stale = service.source is None or await trio.to_thread.run_sync(service.files_changed)
+            if stale and not await self._checked(service):
                 return
-        assert self._nursery is not None, "the residency runs before requests are served"
-        self._watch(service)
-        service.begin_cycle()
-        self._queued.add(service)
-        self._nursery.start_soon(self._load, service)
+            if service.state in ("loading", "loaded", "unloading"):
+                return
+            assert self._nursery is not None, "the residency runs before requests are served"
+            self._watch(service)
+            service.begin_cycle()
+            self._queued.add(service)
+            self._nursery.start_soon(self._load, service)
+        finally:
+            del self._checks[service]
+            checking.set()
+
+    async def _checked(self, service: ModelService) -> bool:
+        """Check `service`'s files again, in a worker thread; False (the model failed,
+        with the reason) if they cannot serve."""
+        try:
+            await service.check_in_thread()
+        except ModelLoadError as exc:
+            log.warning("%s", exc)
+            service.failure = str(exc)
+            service.failed.set()
+            return False
+        except Exception as exc:  # an unforeseen failure of its files fails this model alone
+            log.exception("cannot read the model %s", service.model_name)
+            service.failure = f"cannot read model {service.model_name}: {type(exc).__name__}: {client_reason(exc)}"
+            service.failed.set()
+            return False
+        return True
 
     async def unload(self, service: ModelService, reason: str, *, wait: bool = True) -> int:
         """Unload `service` (see ModelService.unload); with `wait` False, refuse (Busy)

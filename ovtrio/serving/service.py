@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import trio
 
@@ -25,6 +26,7 @@ from ovtrio.model import ModelLoad, ModelLoadError, ModelSource, load_and_warm_u
 from ovtrio.model.backend import engine_backend
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.load_retry import FilesVersion, files_version
+from ovtrio.model.shown_paths import without_model_path
 from ovtrio.model.speculation import apply_defaults
 from ovtrio.scheduler import GenerationScheduler, RequestObserver, SchedulerStats, added_to
 from ovtrio.scheduler.engine_step import choose_step
@@ -32,7 +34,7 @@ from ovtrio.serving import memory
 from ovtrio.serving.serving_model import ServingModel, load_summary, serving_model
 from ovtrio.settings.server import Settings
 
-__all__ = ["ModelService", "ObserverFactory", "ServingModel"]
+__all__ = ["ModelService", "ObserverFactory", "ServingModel", "check_model"]
 
 log = logging.getLogger("ovtrio")
 
@@ -40,6 +42,13 @@ log = logging.getLogger("ovtrio")
 # Makes the observer of a model's requests from its served name, its context length and
 # whether the pipeline speculates.
 ObserverFactory = Callable[[str, int, bool], RequestObserver]
+
+
+def check_model(settings: Settings) -> tuple[ModelSource, FilesVersion]:
+    """The model `settings` name, checked (resolve_model), and its files' version: what
+    ModelService.check finds, for a worker thread (it reads the files)."""
+    source = resolve_model(settings)
+    return source, files_version(source.path)
 
 
 class ModelService:
@@ -68,7 +77,7 @@ class ModelService:
         self.cycles = 0
         self.ready = trio.Event()
         self.failed = trio.Event()
-        self.failure: str | None = None
+        self._failure: str | None = None
         self.refusal: str | None = None  # why the last load could not begin (refuse)
         # Seconds the last load took (loaded and warmed up), for the metrics and the list.
         self.load_seconds: float | None = None
@@ -97,6 +106,21 @@ class ModelService:
         self.base_url: str | None = None
 
     @property
+    def failure(self) -> str | None:
+        """Why the last load or serving failed, as clients read it: the model named by its
+        file or folder, not its path (shown_paths.py; the log has the path)."""
+        return self._failure
+
+    @failure.setter
+    def failure(self, reason: str | None) -> None:
+        self._failure = None if reason is None else without_model_path(reason, self._model_path())
+
+    def _model_path(self) -> Path | None:
+        if self.source is not None:
+            return self.source.path
+        return Path(self.settings.model) if self.settings.model else None
+
+    @property
     def model_name(self) -> str:
         if self.source is None:  # a models_dir's model whose file is unusable: named after it
             assert self.settings.served_model_name is not None, "check() runs before serving"
@@ -104,10 +128,22 @@ class ModelService:
         return self.source.name
 
     def check(self) -> ModelSource:
-        """Resolve and check the model path; raises ModelLoadError (one line) if unusable."""
-        self.source = resolve_model(self.settings)
-        self._checked_files = files_version(self.source.path)
+        """Resolve and check the model path; raises ModelLoadError (one line) if unusable.
+        It reads the model's files: on the event loop only before the server serves."""
+        self.take_check(*check_model(self.settings))
+        assert self.source is not None
         return self.source
+
+    async def check_in_thread(self) -> ModelSource:
+        """check, with the files read in a worker thread."""
+        self.take_check(*await trio.to_thread.run_sync(check_model, self.settings))
+        assert self.source is not None
+        return self.source
+
+    def take_check(self, source: ModelSource, files: FilesVersion) -> None:
+        """What check_model found of this model's files, in a worker thread."""
+        self.source = source
+        self._checked_files = files
 
     def files_changed(self) -> bool:
         """Whether the model's files changed since they were checked (a file replaced
