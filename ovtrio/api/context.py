@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from quart import Quart, current_app, has_request_context, request
 
+from ovtrio.api.audio_admission import UploadAdmission
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.serving.registry import ModelRegistry
@@ -19,6 +20,7 @@ _MODELS = "OVTRIO_MODELS"
 _RESPONSES = "OVTRIO_RESPONSE_STORE"
 _METRICS = "OVTRIO_METRICS"
 _SOCKET_LIMITS = "OVTRIO_SOCKET_LIMITS"
+_UPLOADS = "OVTRIO_UPLOAD_ADMISSION"
 
 
 def attach(app: Quart, models: ModelRegistry, responses: ResponseStore, metrics: CollectorRegistry) -> None:
@@ -140,6 +142,12 @@ async def generation_model(name: str, keep_alive: float | None = None) -> Servin
     if model_registry().shutdown.draining.is_set():
         raise shutting_down()
     return await ready_model(name, keep_alive)
+
+
+def upload_admission() -> UploadAdmission:
+    """The audio uploads in hand (ovtrio/api/audio_admission.py), one count per app."""
+    admission: UploadAdmission = current_app.config.setdefault(_UPLOADS, UploadAdmission())
+    return admission
 
 
 def response_store() -> ResponseStore:
