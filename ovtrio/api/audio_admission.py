@@ -4,8 +4,9 @@ A transcription request's file (up to --audio-max-bytes, 25 MB by default) is re
 memory and decoded before its job can be queued. Checked only then, twenty uploads sent
 together would all be read and decoded (over a gigabyte) for most of them to hear the
 queue's 429. So each upload takes a place first, from the headers alone: the places of
-the transcription models' queues (--audio-max-queued-requests each), less the jobs
-waiting there and the uploads already in hand (read, decoded, not yet queued). One
+the transcription models' queues (--audio-max-queued-requests each, and the model's
+thread when it computes nothing), less the jobs waiting there and the uploads already
+in hand (read, decoded, not yet queued). One
 that finds none gets the 429 with Retry-After without its body being read.
 
 The model a request names is in the body, so the places counted are those of every

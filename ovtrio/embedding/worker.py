@@ -150,8 +150,9 @@ class EncoderWorker(Generic[Model]):
         return job
 
     def room(self) -> int:
-        """Places of the queue free now: how many jobs `enqueue` would take."""
-        return self._max_queued - self._waiting_jobs()
+        """How many more jobs could be taken now: the queue's free places, and the
+        thread when it computes nothing (the next job starts at once, holding no place)."""
+        return self._max_queued - self._waiting_jobs() + (0 if self._running else 1)
 
     def refusal(self, waiting: int) -> Overloaded:
         """The Overloaded refusing a request that found `waiting` requests ahead of it
