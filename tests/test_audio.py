@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -546,6 +547,82 @@ def test_a_full_queue_gives_429_with_retry_after(audio_server, client):
     assert all(response.status_code in (200, 429) for response in short)
     assert sum(response.status_code == 200 for response in short) >= QUEUED
     assert held[0].status_code == 200
+
+
+def hold_upload(server: RunningServer, size: int) -> socket.socket:
+    """A raw connection that sends a form's headers and first bytes, declaring a file of
+    `size` bytes, and then sends nothing more: an upload in hand, being read."""
+    head = multipart({"model": WHISPER}, b"")[: -len("\r\n--b0undary--\r\n")]
+    host, port = server.base_url.removeprefix("http://").split(":")
+    holder = socket.create_connection((host, int(port)))
+    holder.sendall(
+        b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: multipart/form-data; boundary=b0undary\r\n"
+        + f"Content-Length: {len(head) + size + 32}\r\n\r\n".encode()
+        + head
+    )
+    return holder
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_uploads_past_the_queues_places_get_429_before_their_bodies_are_read(audio_server, client):
+    """Uploads being read hold the queue's places: with all of them in hand, twenty
+    more sent together are refused from their headers, and the server's memory grows by
+    a small part of what they carry."""
+    from helpers import assert_error
+
+    client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)))  # loaded, idle
+    upload = wav(tone(120.0))  # 3.8 MB, under the fixture's --audio-max-bytes
+    # The queue's places, and the idle thread's (a job queued then starts at once).
+    holders = [hold_upload(audio_server, len(upload)) for _ in range(QUEUED + 1)]
+    small = wav(SPEECH)
+    wait_for(lambda: post_form(audio_server, file=small).status_code == 429, "the holders took every place", 60)
+
+    pid = audio_server.process.pid
+    baseline = rss_mb(pid)
+    peak = [baseline]
+    sending = threading.Event()
+
+    def sample() -> None:
+        while not sending.is_set():
+            peak[0] = max(peak[0], rss_mb(pid))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    replies: list[httpx.Response | Exception] = []
+
+    def send() -> None:
+        try:
+            replies.append(post_form(audio_server, file=upload))
+        except httpx.TransportError as exc:  # what a refusal mid-upload could look like
+            replies.append(exc)
+
+    senders = [threading.Thread(target=send) for _ in range(20)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(timeout=600)
+    sending.set()
+    sampler.join()
+    statuses = [reply.status_code if isinstance(reply, httpx.Response) else repr(reply) for reply in replies]
+    assert statuses == [429] * 20, statuses
+    refused = replies[0]
+    assert isinstance(refused, httpx.Response)
+    assert_error(refused, 429, param=None, type="requests", code="rate_limit_exceeded")
+    assert int(refused.headers["Retry-After"]) >= 1
+    grown, carried = peak[0] - baseline, 20 * len(upload) / 2**20
+    assert grown < 0.2 * carried, f"RSS grew {grown:.0f} MB for {carried:.0f} MB of uploads"
+
+    for holder in holders:  # the uploads in hand end: their places come back
+        holder.close()
+    wait_for(lambda: post_form(audio_server, file=small).status_code == 200, "the places came back", 60)
 
 
 def test_health_answers_while_four_transcriptions_run(audio_server, client):

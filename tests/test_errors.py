@@ -180,6 +180,35 @@ def test_a_long_unknown_model_name_is_not_sent_back_whole(server):
     assert name[:200] in error["message"] and len(response.content) < 1_000, len(response.content)
 
 
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 1}),
+        ("/v1/responses", {"input": "Hi", "max_output_tokens": 16}),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+        ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hi"}]}),
+        ("/v1/embeddings", {"input": "Hi"}),
+        ("/v1/rerank", {"query": "Hi", "documents": ["a"]}),
+        ("/tokenize", {"prompt": "Hi"}),
+        ("/detokenize", {"tokens": [1]}),
+        ("/models/load", {}),
+        ("/models/unload", {}),
+    ],
+)
+def test_no_route_sends_a_long_unknown_model_name_back_whole(server, path, body):
+    name = "gpt-" + "x" * 100_000
+    response = post(server.base_url, path, body | {"model": name})
+    assert response.status_code == 404, response.text[:300]
+    assert name[:100] in response.text and len(response.content) < 1_000, len(response.content)
+
+
+def test_no_get_sends_a_long_unknown_model_name_back_whole(server):
+    name = "gpt-" + "x" * 4_000  # in the path or the query: as long as a request line may be
+    for path in (f"/v1/models/{name}", f"/v2/models/{name}/ready", f"/tokenizer_info?model={name}"):
+        refused = loopback.get(server.base_url + path, timeout=30)
+        assert refused.status_code == 404 and len(refused.content) < 1_000, (path[:20], refused.text[:300])
+
+
 @pytest.mark.parametrize("path", ["/v1/models/nope", "/v3/models/nope"])
 def test_unknown_model_card_is_404(server, path):
     assert_error(loopback.get(server.base_url + path), 404, param="model", code="model_not_found")

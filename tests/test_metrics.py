@@ -246,6 +246,33 @@ def test_http_responses_by_route_and_status(server):
     )
 
 
+def test_made_up_methods_count_as_other_and_add_no_series(server):
+    def series(metrics: Scrape) -> dict[tuple[str, ...], float]:
+        family = metrics.families["ovtrio_http_responses"]
+        return {
+            (sample.labels["method"], sample.labels["route"], sample.labels["status"]): sample.value
+            for sample in family.samples
+            if sample.name == "ovtrio_http_responses_total"
+        }
+
+    for method in ("BREW", "PROPFIND"):  # a series for "other" at each status they get, once
+        loopback.request(method, server.base_url + "/v1/models", timeout=10)
+        loopback.request(method, server.base_url + "/nowhere", timeout=10)
+    scrape(server)  # and one for the scrapes themselves
+    before = series(scrape(server))
+    statuses = {
+        loopback.request(f"M{i}", server.base_url + path, timeout=10).status_code
+        for i in range(100)
+        for path in ("/v1/models", "/nowhere")
+    }
+    after = series(scrape(server))
+    assert statuses <= {404, 405}
+    assert set(after) == set(before), set(after) ^ set(before)
+    others = sum(value - before[labels] for labels, value in after.items() if labels[0] == "other")
+    assert others == 200
+    assert {labels[0] for labels in after} <= {"GET", "HEAD", "POST", "DELETE", "OPTIONS", "other"}
+
+
 def test_a_model_loaded_at_start_is_counted_as_loads_are(server):
     """Loads minus unloads is the number loaded, for a model loaded at start too (its
     load was not counted, its unloads were)."""

@@ -293,6 +293,44 @@ def test_without_autoload_a_model_is_loaded_by_hand_and_unloads_when_idle(by_han
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
 
 
+def tokenizer_info(server: RunningServer, model: str, method: str = "GET") -> httpx.Response:
+    return loopback.request(method, server.base_url + "/tokenizer_info", params={"model": model}, timeout=30)
+
+
+def test_a_get_loads_no_model_and_makes_none_unload_for_its_room(server):
+    # What an <img> tag on any page makes a browser send, with no key and no Origin.
+    for name in ("alpha", "beta"):
+        assert chat(server, name).status_code == 200
+    time.sleep(GRACE + 0.5)  # both idle: a load of gamma would unload one of them
+    before = loads(server, "gamma")
+    for method in ("GET", "HEAD"):
+        refused = tokenizer_info(server, "gamma", method)
+        assert refused.status_code == 409, refused.text
+    error = tokenizer_info(server, "gamma").json()["error"]
+    assert error["code"] == "model_not_loaded" and error["param"] == "model"
+    assert "unloaded" in error["message"] and "POST /models/load" in error["message"]
+    now = states(server)
+    assert {name: now[name]["value"] for name in NAMES} == {"alpha": "loaded", "beta": "loaded", "gamma": "unloaded"}
+    assert loads(server, "gamma") == before
+    # A loaded model answers; one that failed says why, and is not loaded again for it.
+    served = tokenizer_info(server, "alpha")
+    assert served.status_code == 200 and served.json()["model"] == "alpha"
+    broken = tokenizer_info(server, "broken")
+    assert broken.status_code == 503 and "mamba" in broken.json()["error"]["message"]
+
+
+def test_gets_do_not_keep_a_model_from_unloading_when_idle(by_hand):
+    loaded = loopback.post(by_hand.base_url + "/models/load", json={"model": "alpha"}, timeout=120)
+    assert loaded.status_code == 200
+    deadline = time.monotonic() + 60
+    while states(by_hand)["alpha"]["value"] == "loaded":
+        assert time.monotonic() < deadline, "GETs kept the model loaded past --model-idle-unload"
+        assert tokenizer_info(by_hand, "alpha").status_code in (200, 409)  # 409: unloading since
+        time.sleep(0.2)
+    wait_for_state(by_hand, "alpha", "unloaded")
+    assert tokenizer_info(by_hand, "alpha").status_code == 409
+
+
 def test_keep_alive_zero_unloads_the_model_after_its_request(serve_on_demand):
     server = serve_on_demand
     reply = chat(server, "gamma", keep_alive=0)

@@ -710,3 +710,29 @@ def test_with_an_api_key_the_page_asks_for_it_and_then_works(browser, keyed_play
     assert not banner.is_visible()
     watched.check(allow_refused_key=True)
     page.context.close()
+
+
+def test_the_response_format_is_off_and_says_why_when_the_server_cannot_constrain(browser, server):
+    """A model card whose structured_output is unavailable (a server without XGrammar:
+    tests/test_structured_output_availability.py) turns the response-format control off."""
+    reason = "structured output needs XGrammar on this server (xgrammar is not installed): pip install xgrammar"
+
+    def without_constraints(page) -> None:
+        def answer(route) -> None:
+            response = route.fetch()
+            body = response.json()
+            for card in body["data"]:
+                card["structured_output"] = {"available": False, "reason": reason}
+            route.fulfill(response=response, json=body)
+
+        page.route("**/v1/models", answer)
+
+    for setup, disabled in ((None, False), (without_constraints, True)):
+        watched = open_page(browser, server, setup)
+        try:
+            page_ready(watched.page)
+            control = watched.page.locator("#s-response-format")
+            assert control.is_disabled() is disabled
+            assert ("pip install" in (control.get_attribute("title") or "")) is disabled
+        finally:
+            watched.page.context.close()

@@ -108,6 +108,26 @@ def test_forced_calls_streamed_in_openai_delta_format(server):
     )
 
 
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["required", {"type": "function", "function": {"name": "add"}}, {"type": "function", "name": "get_weather"}],
+)
+def test_a_streamed_forced_call_opens_with_null_content_as_openais(server, tool_choice):
+    """The first chunk of a choice that carries tool calls has "content": null (a client
+    reading "" begins a text part before the call); text replies keep "" (OpenAI's)."""
+    chunks = stream_post(
+        server.base_url, "/v1/chat/completions", {**tool_body(tool_choice, temperature=0), "stream": True}
+    )
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks if chunk["choices"]]
+    assert all(delta.get("content") is None for delta in deltas), deltas
+    assert any(delta.get("tool_calls") for delta in deltas)
+    for chunk in chunks:
+        validate(chunk, "CreateChatCompletionStreamResponse")
+    text = stream_post(server.base_url, "/v1/chat/completions", chat_body(max_tokens=2, stream=True))
+    assert text[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
 def test_sdk_reads_forced_calls(client):
     reply = client.chat.completions.create(
         model="SmolLM2-135M-Instruct",

@@ -6,9 +6,10 @@ mpeg, mpga, oga, ogg, wav or webm), `model`, `language` (an ISO code the model k
 transcriptions only), `prompt`, `temperature` (0 to 1), `response_format` (json, text,
 srt, vtt, verbose_json), `timestamp_granularities[]` (segment, word; with verbose_json)
 and `stream` (OpenAI's `transcript.text.delta` and `transcript.text.done` events, with
-json or text). Everything is checked, the file decoded (in a worker thread) and the
-request admitted before the response starts: what is wrong with it is a 400 naming the
-field, a full queue a 429.
+json or text). A place in the model's queue is taken before the body is read
+(ovtrio/api/audio_admission.py): a full queue is a 429 that reads nothing of the file.
+Everything is checked, the file decoded (in a worker thread) and the request queued
+before the response starts: what is wrong with it is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from quart import Blueprint, Response, request
 from werkzeug.datastructures import MultiDict
 
 from ovtrio.api import audio_form as forms
+from ovtrio.api.audio_admission import Place
 from ovtrio.api.audio_stream import streamed, unavailable
+from ovtrio.api.context import model_registry, upload_admission
 from ovtrio.api.encoders import served_model_of_kind
 from ovtrio.api.errors import APIError, invalid
 from ovtrio.audio import transcripts
@@ -69,6 +72,15 @@ async def translations() -> Any:
 
 async def _serve(task: Task) -> Response:
     boundary = _boundary()
+    registry = model_registry()
+    served = [encoder for encoder in registry.encoders if isinstance(encoder, TranscriptionService)]
+    if not served:  # none known yet (a models_dir may hold one): nothing to hold a place in
+        return await _serve_form(task, boundary, None)
+    with upload_admission().admitted(served) as place:  # before the body is read (audio_admission.py)
+        return await _serve_form(task, boundary, place)
+
+
+async def _serve_form(task: Task, boundary: bytes, place: Place | None) -> Response:
     body = await request.get_data(as_text=False)
     assert isinstance(body, (bytes, bytearray))
     try:
@@ -107,9 +119,17 @@ async def _serve(task: Task) -> Response:
             code="request_too_large",
         )
     audio = await _decoded(service, upload.data)
+
+    def enqueued(service: TranscriptionService, work: TranscriptionWork) -> Job:
+        try:
+            return _enqueued(service, work)
+        finally:
+            if place is not None:
+                place.queued()
+
     if stream:
-        return streamed(service, audio, options, _enqueued)
-    transcript = await _run(service, _enqueued(service, TranscriptionWork(audio, options)))
+        return streamed(service, audio, options, enqueued)
+    transcript = await _run(service, enqueued(service, TranscriptionWork(audio, options)))
     return _reply(service, transcript, audio, options, response_format)
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
-from quart import Quart, current_app
+from quart import Quart, current_app, has_request_context, request
 
+from ovtrio.api.audio_admission import UploadAdmission
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.serving.registry import ModelRegistry
@@ -19,6 +20,7 @@ _MODELS = "OVTRIO_MODELS"
 _RESPONSES = "OVTRIO_RESPONSE_STORE"
 _METRICS = "OVTRIO_METRICS"
 _SOCKET_LIMITS = "OVTRIO_SOCKET_LIMITS"
+_UPLOADS = "OVTRIO_UPLOAD_ADMISSION"
 
 
 def attach(app: Quart, models: ModelRegistry, responses: ResponseStore, metrics: CollectorRegistry) -> None:
@@ -55,12 +57,21 @@ async def model_service(name: str | None = None) -> ModelService:
     return service
 
 
+# Requests a page of any origin has a visitor's browser send without asking it (an
+# <img> tag's GET carries no Origin header, and no API key is needed to send one): they
+# read what is loaded and never load a model, nor make another unload for its room.
+READ_ONLY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 async def ready_model(name: str | None = None, keep_alive: float | None = None) -> ServingModel:
     """The loaded model named `name` and its scheduler (see model_service), once loaded:
     a model that loads at start is waited for as one that loads on demand
     (ovtrio/serving/residency.py). A 404 for an unknown model, or an unloaded one when
     the server loads models only when asked; a 503 when its load failed or found no
-    room. `keep_alive`: the request's (seconds the model stays loaded after it)."""
+    room. `keep_alive`: the request's (seconds the model stays loaded after it).
+
+    A GET (READ_ONLY_METHODS) gets the model only if it is loaded, and leaves its idle
+    time running: a 409 when it is not loaded, a 503 while it loads or after it failed."""
     service = await model_service(name)
     models = model_registry()
     if service.failed.is_set() and (service.ready.is_set() or models.counts_for_readiness(service)):
@@ -71,6 +82,8 @@ async def ready_model(name: str | None = None, keep_alive: float | None = None) 
         # Loading at start: the server is not ready yet, and says so to each request as
         # its readiness does (a load balancer sends them elsewhere meanwhile).
         raise APIError(503, "The model is still loading; retry shortly.", code="model_loading", retry_after=1)
+    if has_request_context() and request.method in READ_ONLY_METHODS:
+        return _loaded_for_reading(service, models)
     try:
         return await models.acquire(service, keep_alive)
     except NotLoaded:
@@ -95,6 +108,33 @@ async def ready_model(name: str | None = None, keep_alive: float | None = None) 
         raise shutting_down() from None
 
 
+def _loaded_for_reading(service: ModelService, models: ModelRegistry) -> ServingModel:
+    serving = models.residency.loaded(service)
+    if serving is not None:
+        return serving
+    status = models.status(service)
+    if status == "failed":
+        raise APIError(
+            503,
+            f"The model '{service.model_name}' failed to load: {service.failure}",
+            code="model_unavailable",
+            retry_after=models.residency.failed_loads.retry_after(service),
+        )
+    if status == "draining":
+        raise shutting_down()
+    if status == "loading":
+        raise APIError(
+            503, f"The model '{service.model_name}' is loading; retry shortly.", code="model_loading", retry_after=1
+        )
+    raise APIError(
+        409,
+        f"The model '{service.model_name}' is {status}, and a GET request loads no model: load it with POST"
+        f' /models/load {{"model": "{service.model_name}"}} (or any POST request naming it), then ask again.',
+        param="model",
+        code="model_not_loaded",
+    )
+
+
 async def generation_model(name: str, keep_alive: float | None = None) -> ServingModel:
     """The ready model named `name`, for a new generation request; also a 503 once the
     server has begun to shut down (ovtrio/serving/shutdown.py): those in flight may finish, new
@@ -102,6 +142,12 @@ async def generation_model(name: str, keep_alive: float | None = None) -> Servin
     if model_registry().shutdown.draining.is_set():
         raise shutting_down()
     return await ready_model(name, keep_alive)
+
+
+def upload_admission() -> UploadAdmission:
+    """The audio uploads in hand (ovtrio/api/audio_admission.py), one count per app."""
+    admission: UploadAdmission = current_app.config.setdefault(_UPLOADS, UploadAdmission())
+    return admission
 
 
 def response_store() -> ResponseStore:

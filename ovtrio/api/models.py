@@ -19,8 +19,9 @@ from ovtrio.api.errors import APIError, model_not_found, shutting_down
 from ovtrio.api.generation import parse_body
 from ovtrio.audio.service import TranscriptionService
 from ovtrio.embedding.service import EncoderService
+from ovtrio.model.grammar_check import structured_output_missing
 from ovtrio.serving.residency import Busy
-from ovtrio.serving.service import ModelService
+from ovtrio.serving.service import ModelService, ServingModel
 
 blueprint = Blueprint("models", __name__)
 
@@ -61,7 +62,18 @@ def _model_card(service: ModelService) -> dict[str, Any]:
     serving = service.serving
     if serving is not None:
         card["chat_format"] = serving.chat_format.describe()
+    card["structured_output"] = _structured_output(serving)
     return card
+
+
+def _structured_output(serving: ServingModel | None) -> dict[str, Any]:
+    """Whether the model's output can be constrained (response_format json_schema or
+    json_object, forced tool calls: tool_choice required or named), and why not: a
+    client can tell before it sends one that would be refused."""
+    missing = structured_output_missing()
+    if missing is None and serving is not None and not serving.capabilities.structured_output:
+        missing = "this server's stateful engine backend does not constrain output"
+    return {"available": False, "reason": missing} if missing is not None else {"available": True}
 
 
 def _encoder_status(encoder: EncoderService | TranscriptionService) -> dict[str, Any]:

@@ -144,15 +144,26 @@ class EncoderWorker(Generic[Model]):
             raise self._closed
         waiting = self._waiting_jobs()
         if waiting >= self._max_queued:
-            self._rejected += 1
-            self._observer.rejected()
-            raise Overloaded(
-                f"The server has {waiting} requests waiting for this model; retry later.",
-                self._retry.seconds(),
-            )
+            raise self.refusal(waiting)
         self._queue.append(job)
         self._wakeup.set()
         return job
+
+    def room(self) -> int:
+        """How many more jobs could be taken now: the queue's free places, and the
+        thread when it computes nothing (the next job starts at once, holding no place)."""
+        return self._max_queued - self._waiting_jobs() + (0 if self._running else 1)
+
+    def refusal(self, waiting: int) -> Overloaded:
+        """The Overloaded refusing a request that found `waiting` requests ahead of it
+        (counted as rejected), with the recent queue time as its retry hint."""
+        self._rejected += 1
+        self._observer.rejected()
+        return Overloaded(f"The server has {waiting} requests waiting for this model; retry later.", self.retry_after())
+
+    def retry_after(self) -> int:
+        """Whole seconds a refused request had best wait: how long jobs lately waited."""
+        return self._retry.seconds()
 
     async def wait(self, job: Job) -> Job:
         """`job` once computed (its error raised). Cancelled (the client left), the job

@@ -34,6 +34,7 @@ and every constraint is refused at once, saying how to install it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -49,11 +50,25 @@ from typing import Any
 
 import trio
 
-from ovtrio.model.grammar_worker import XGRAMMAR_VERSION
+from ovtrio.model.grammar_worker import XGRAMMAR_VERSION, xgrammar_missing
 
 log = logging.getLogger("ovtrio")
 
 WORKER = Path(__file__).with_name("grammar_worker.py")
+
+
+@functools.cache
+def structured_output_missing() -> str | None:
+    """Why no output constraint can be compiled in this process's environment (the
+    XGrammar the engine compiles with is not installed), saying how to install it;
+    None when it can. Read once: what /v1/models tells clients before they send one."""
+    missing = xgrammar_missing()
+    if missing is None:
+        return None
+    return (
+        f"structured output needs XGrammar on this server ({missing}):"
+        f" pip install --no-deps xgrammar=={XGRAMMAR_VERSION}"
+    )
 
 
 @dataclass(frozen=True)

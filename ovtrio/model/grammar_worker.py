@@ -45,16 +45,25 @@ XGRAMMAR_VERSION = "0.1.31"
 VOCAB_RAW = 0  # xgrammar.VocabType.RAW: token strings are the tokens' own bytes
 
 
-def load_bindings() -> Any:
-    """XGrammar's compiled module, without its Python package's imports (torch)."""
+def xgrammar_missing() -> str | None:
+    """Why the XGrammar the engine compiles with is not installed (read from the
+    installed distributions, nothing loaded); None when it is."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         found = version("xgrammar")
     except PackageNotFoundError:
-        raise ImportError("xgrammar is not installed") from None
+        return "xgrammar is not installed"
     if found != XGRAMMAR_VERSION:
-        raise ImportError(f"xgrammar {found} is installed; the engine compiles with {XGRAMMAR_VERSION}")
+        return f"xgrammar {found} is installed; the engine compiles with {XGRAMMAR_VERSION}"
+    return None
+
+
+def load_bindings() -> Any:
+    """XGrammar's compiled module, without its Python package's imports (torch)."""
+    missing = xgrammar_missing()
+    if missing is not None:
+        raise ImportError(missing)
     spec = importlib.util.find_spec("xgrammar")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("the xgrammar package is not installed")

@@ -227,6 +227,11 @@ class ModelMetrics:
         preprocess.labels(self._model_name).observe(seconds)
 
 
+# The methods the HTTP response counter names. A client may send any token as its
+# method: counted under its own name, each made-up one would add series for good.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+
+
 class ServerMetrics:
     """The app's registry and the metrics recorded into it as things happen."""
 
@@ -234,8 +239,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self._responses = Counter(
             "ovtrio_http_responses",
-            "HTTP responses by method, route (the matched route pattern, 'unmatched' for "
-            "none) and status code; a stream counts once, with the status it started with",
+            "HTTP responses by method ('other' for one HTTP does not define), route (the matched route pattern,"
+            " 'unmatched' for none) and status code; a stream counts once, with the status it started with",
             ("method", "route", "status"),
             registry=self.registry,
         )
@@ -265,7 +270,8 @@ class ServerMetrics:
         self.encoders.forget(model_name)
 
     def response(self, method: str, route: str, status: int) -> None:
-        self._responses.labels(method, route, str(status)).inc()
+        """Count one HTTP response; a method outside HTTP_METHODS counts as "other"."""
+        self._responses.labels(method if method in HTTP_METHODS else "other", route, str(status)).inc()
 
 
 LOAD_SECONDS_BUCKETS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)

@@ -155,6 +155,13 @@ class Residency:
                 raise NoRoom(service.refusal, max(1, round(self.rules.load_wait / 2)))
             raise LoadFailed(service.failure or "it failed to load", self.failed_loads.retry_after(service))
 
+    def loaded(self, service: ModelService) -> ServingModel | None:
+        """The loaded model of `service` as it is now, or None: no load begins, and the
+        model's idle time goes on (a read that does not use it keeps it no longer)."""
+        if service.state == "loaded":
+            return service.serving
+        return None
+
     async def load(self, service: ModelService) -> None:
         """Begin loading `service` (unless it is loaded or loading), in a task of the
         residency's nursery for the work. A model unusable when found, or whose files

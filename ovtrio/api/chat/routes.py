@@ -7,7 +7,7 @@ from typing import Any
 from quart import Blueprint
 
 from ovtrio.api.chat.writer import ChatWriter
-from ovtrio.api.conversation import chat_stage, encode_conversation, output_constraint
+from ovtrio.api.conversation import chat_stage, encode_conversation, forced, output_constraint
 from ovtrio.api.formats import from_response_format
 from ovtrio.api.generation import accept, envelope, generation_request, respond
 from ovtrio.api.protocol import ChatCompletionRequest
@@ -38,7 +38,9 @@ async def create_chat_completion() -> Any:
     generation = generation_request(
         model, body, [prompt.ids], constraint=constraint, keep_special_token_ids=markers, texts=texts
     )
-    writer = ChatWriter(envelope("chatcmpl-", model, body), choices=body.n, logprobs=body.logprobs)
+    writer = ChatWriter(
+        envelope("chatcmpl-", model, body), choices=body.n, logprobs=body.logprobs, calls_forced=forced(body)
+    )
     if body.logprobs and body.top_logprobs:
         return await _with_top_logprobs(model, body, prompt.ids, generation, stage, writer)
     return await respond(model, body, generation, stage, writer, body.n)

@@ -32,10 +32,15 @@ def _reasoning(text: str) -> dict[str, str]:
 
 
 class ChatWriter:
-    def __init__(self, envelope: Envelope, *, choices: int = 1, logprobs: bool = False) -> None:
+    def __init__(
+        self, envelope: Envelope, *, choices: int = 1, logprobs: bool = False, calls_forced: bool = False
+    ) -> None:
+        """`calls_forced`: the request forces a tool call (tool_choice "required" or a
+        named function), so each choice carries tool calls and no content."""
         self.envelope = envelope
         self.choices = choices
         self.logprobs = logprobs
+        self.calls_forced = calls_forced
 
     def _chunk(
         self, index: int, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None
@@ -45,7 +50,10 @@ class ChatWriter:
         )
 
     def opening(self) -> list[dict[str, Any]]:
-        return [self._chunk(i, {"role": "assistant", "content": ""}) for i in range(self.choices)]
+        # As OpenAI's: content null in a choice that carries tool calls (a client reading
+        # "" would begin a text part before the call).
+        content = None if self.calls_forced else ""
+        return [self._chunk(i, {"role": "assistant", "content": content}) for i in range(self.choices)]
 
     def write(self, events: list[OutputEvent]) -> list[dict[str, Any]]:
         chunks = []

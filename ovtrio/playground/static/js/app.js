@@ -1056,6 +1056,23 @@ function showAttach() {
   ui.attach.hidden = !takes;
   ui.attach.disabled = !takes;
   ui.picker.disabled = !takes;
+  showConstraints();
+}
+
+// When /v1/models says the model's output cannot be constrained (`structured_output`
+// not available: XGrammar missing), the response-format control says why and is off:
+// a JSON reply would only come back as a 400.
+function showConstraints() {
+  const card = state.modelCards.find((m) => m.id === ui.model.value);
+  const constrain = card && card.structured_output;
+  const unavailable = Boolean(constrain && constrain.available === false);
+  const format = $("#s-response-format");
+  format.disabled = unavailable;
+  format.title = unavailable ? `Unavailable: ${constrain.reason || "this server cannot constrain output"}` : "";
+  if (unavailable && format.value) {
+    format.value = "";
+    state.settings.response_format = ""; // for this model only: not saved
+  }
 }
 
 function showPendingImages() {
