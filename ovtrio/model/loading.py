@@ -16,6 +16,7 @@ from typing import Any
 
 from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
+from ovtrio.model.cache_build import EntryBuildError, build_entry_in_child
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.engine_file import openable_by_engine
 from ovtrio.model.gguf_converted import engine_readable
@@ -114,11 +115,13 @@ def _build(
         on_folder(path)
 
     extra = {"enable_save_ov_model": True} if save else {}
-    # An IR folder's continuous-batching pipeline reads the tokenizer itself, and its
-    # constructor lets go of the GIL; the Tokenizer's constructor holds it throughout
-    # (0.1 s on a quiet 2-core machine, 0.65 s measured under load), which would pause
-    # the event loop of a server that loads a model while it serves others.
-    own_tokenizer = save or path.is_file() or engine_backend(settings) == "stateful"
+    # The continuous-batching pipeline reads the tokenizer itself (from an IR folder or a
+    # GGUF file), and its constructor lets go of the GIL; the Tokenizer's constructor
+    # holds it throughout (0.1 s from IR on a quiet 2-core machine, 0.65 s measured under
+    # load, 6-7 s from a GGUF file), which would pause the event loop of a server that
+    # loads a model while it serves others. Only it can save the tokenizer's IR: that is
+    # done in a child process (cache_build.py).
+    own_tokenizer = save or engine_backend(settings) == "stateful"
     tokenizer = None
     if own_tokenizer:
         started = time.perf_counter()
@@ -213,14 +216,25 @@ def _build_with_cache(
             log.warning("model cache entry %s is unusable (%s); rebuilding it", folder, client_reason(exc))
             replacing = True
     try:
-        with cache.building(key, source.path, identity, replacing) as path:
-            tokenizer, pipeline = _build(path, settings, phases, save=True)
-    except OSError as exc:
-        log.warning("cannot keep the converted model in %s (%s); converting at every start", cache.root, exc)
+        started = time.perf_counter()
+        folder = build_entry_in_child(source.path, cache.root, replacing, settings.load_timeout or None)
+        phases["conversion"] = phases.get("conversion", 0.0) + time.perf_counter() - started
+    except (OSError, EntryBuildError) as exc:
+        # A full or unwritable cache, or a conversion the engine fails only when it saves
+        # what it converts: served uncached (the engine converts in memory at each start).
+        # A model the engine cannot read fails here again, with the engine's reason.
+        log.warning("cannot keep the converted model in %s (%s); loading it uncached", cache.root, exc)
         with openable_by_engine(source.path) as path:
             tokenizer, pipeline = _build(path, settings, phases)
         return tokenizer, pipeline, "converted, not cached", None
-    return tokenizer, pipeline, f"converted and cached in {cache.entry(key)}", cache.entry(key)
+    tokenizer, pipeline = _build(folder, settings, phases, on_folder=on_folder)
+    return tokenizer, pipeline, f"converted and cached in {folder}", folder
+
+
+def build_saving(path: Path, settings: Settings) -> None:
+    """Build the pipeline for the GGUF file at `path`, the engine writing the IR it
+    converts next to it (for cache_build.py's child, which builds a cache entry)."""
+    _build(path, settings, {}, save=True)
 
 
 def convert_into_cache(source: ModelSource, settings: Settings) -> str:
