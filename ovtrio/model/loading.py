@@ -218,7 +218,7 @@ def _build_with_cache(
     try:
         started = time.perf_counter()
         folder = build_entry_in_child(source.path, cache.root, replacing, settings.load_timeout or None)
-        phases["conversion"] = phases.get("conversion", 0.0) + time.perf_counter() - started
+        phases["IR conversion"] = time.perf_counter() - started
     except (OSError, EntryBuildError) as exc:
         # A full or unwritable cache, or a conversion the engine fails only when it saves
         # what it converts: served uncached (the engine converts in memory at each start).
