@@ -77,21 +77,19 @@ class ScriptedPipeline(FakePipeline):
 
 def main() -> None:
     from ovtrio.model import load_thread, loading
-    from ovtrio.serving import service
 
     rules = json.loads(Path(os.environ["OVTRIO_TEST_SCRIPT"]).read_text())
     real_load = loading.load_and_warm_up
 
-    def load_and_warm_up(source: Any, settings: Any) -> Any:
-        model, kv_capacity = real_load(source, settings)
+    def load_and_warm_up(source: Any, settings: Any, progress: Any = None) -> Any:
+        model, kv_capacity = real_load(source, settings, progress)
         model.pipeline = ScriptedPipeline(model.pipeline, model.tokenizer, rules)
         return model, kv_capacity
 
-    # Each module that calls it by its own name: the load thread of `ovtrio serve`, and
-    # the service's load on demand.
+    # Each module that calls it by its own name: the load thread (of `ovtrio serve`'s
+    # models at start, and of each load on demand).
     loading.load_and_warm_up = load_and_warm_up  # type: ignore[assignment]
     load_thread.load_and_warm_up = load_and_warm_up  # type: ignore[assignment]
-    service.load_and_warm_up = load_and_warm_up  # type: ignore[assignment]
     from ovtrio.server.cli import main as serve
 
     serve()

@@ -175,7 +175,7 @@ def test_the_converted_file_is_kept_and_found_again(tmp_path, all_types):
 def test_of_two_conversions_at_once_the_first_published_stays(tmp_path, all_types, monkeypatch):
     from ovtrio.model import gguf_converted
 
-    def convert_while_another_publishes(source, destination, preference):
+    def convert_while_another_publishes(source, destination, preference, timeout=None):
         lines = convert(source, destination, preference)
         final = destination.parent / f"{conversion_key(model_identity(source), preference)}.gguf"
         final.write_bytes(b"the other server's file")
@@ -201,7 +201,7 @@ def test_the_key_follows_the_files_identity_and_the_preference(tmp_path, all_typ
 def test_a_failed_conversion_leaves_nothing(tmp_path, all_types, monkeypatch):
     from ovtrio.model import gguf_converted
 
-    def half_then_fail(source, destination, preference):
+    def half_then_fail(source, destination, preference, timeout=None):
         destination.write_bytes(all_types.read_bytes()[:1000])
         raise ConversionError("stopped half-way")
 

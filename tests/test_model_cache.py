@@ -252,10 +252,11 @@ def load_line(log: str) -> str:
 
 
 def test_the_first_start_converts_into_the_cache(server):
-    """The session's first server found the session's cache empty (conftest.py)."""
+    """The session's first server found the session's cache empty (conftest.py): a child
+    built the entry (the IR conversion), then the server loaded it."""
     line = load_line(server.log_path.read_text())
     assert "(converted and cached in " in line, line
-    for phase in ("tokenizer", "model", "vocabulary", "warm-up"):
+    for phase in ("IR conversion", "model", "vocabulary", "warm-up"):
         assert f" {phase} " in line, line
     assert len(list((SESSION_CACHE / "gguf").iterdir())) == 1
 

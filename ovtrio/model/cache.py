@@ -155,6 +155,11 @@ class ModelCache:
             return  # gone already (another server discarded it)
         shutil.rmtree(aside, ignore_errors=True)
 
+    def remove_builds_of(self, pid: int) -> None:
+        """Remove what a build by process `pid` left (a process killed half-way)."""
+        for folder in self.entries.glob(f".building-*-{pid}-*"):
+            shutil.rmtree(folder, ignore_errors=True)
+
     @contextmanager
     def building(self, key: str, model_path: Path, identity: ModelIdentity, replacing: bool = False) -> Iterator[Path]:
         """A path to hand the engine instead of `model_path`, in a temporary folder

@@ -11,8 +11,11 @@ more (docs/benchmarks.md#gguf-conversion), not a float copy of the model.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -34,7 +37,9 @@ from ovtrio.model.gguf_targets import (
     target_for,
 )
 
-_ROW_VALUES = 1 << 22  # weights dequantized at once (16 MiB of float32)
+_PIECE_VALUES = 1 << 22  # weights dequantized at once (16 MiB of float32)
+MAX_GROWTH = 6  # output bytes per input byte a conversion may write
+_ALIGNMENT = 32  # at most this much padding after each tensor (GGUF's default alignment)
 _SKIPPED_KEYS = ("GGUF.", "general.architecture", "general.alignment", "general.file_type")
 _MOSTLY_Q8_0 = 7
 
@@ -106,6 +111,7 @@ def convert(source: Path, destination: Path, preference: Preference = "exact") -
     if unknown:
         raise ConversionError(f"GGUF tensor types {', '.join(unknown)} cannot be read")
     tensors = [_checked(source, t) for t in tensors]
+    _check_room(source, destination, tensors, int(reader.data_offset))
     writer = gguf.GGUFWriter(destination, str(reader.fields["general.architecture"].contents()))
     try:
         _copy_metadata(reader, writer, tensors)
@@ -132,6 +138,28 @@ def convert(source: Path, destination: Path, preference: Preference = "exact") -
     finally:
         writer.close()
     return summary(tensors)
+
+
+def _check_room(source: Path, destination: Path, tensors: list[TensorPlan], header_bytes: int) -> None:
+    """Refuse a conversion whose tensors would take more than MAX_GROWTH times the bytes
+    of the input's, and fail (OSError, ENOSPC) one whose output does not fit where it
+    goes, before writing. `header_bytes`: where the input's tensor data begins (the new
+    file's header is as large)."""
+    tensor_bytes = sum(_bytes(t) for t in tensors)
+    given = max(1, source.stat().st_size - header_bytes)
+    if tensor_bytes > MAX_GROWTH * given:
+        raise ConversionError(
+            f"converting it would write {tensor_bytes / 2**20:.1f} MiB of tensors from {given / 2**20:.1f} MiB,"
+            f" more than {MAX_GROWTH} times as much: its header does not describe the weights in the file"
+        )
+    needed = header_bytes + tensor_bytes + _ALIGNMENT * len(tensors)
+    free = shutil.disk_usage(destination.parent).free
+    if needed > free:
+        raise OSError(
+            errno.ENOSPC,
+            f"the converted file needs {needed / 2**20:.0f} MiB and {destination.parent} has"
+            f" {free / 2**20:.0f} MiB free",
+        )
 
 
 def _checked(path: Path, t: TensorPlan) -> TensorPlan:
@@ -175,17 +203,21 @@ def _bytes(t: TensorPlan) -> int:
 
 
 def _raw_chunks(file: Any, t: TensorPlan) -> Iterator[np.ndarray]:
-    """The tensor's bytes, a few thousand whole rows at a time, as [rows, row bytes]."""
-    rows = int(np.prod(t.shape[1:], dtype=np.int64)) if len(t.shape) > 1 else 1
-    row_bytes = t.size // rows
-    step = max(1, _ROW_VALUES // t.shape[0])
-    for first in range(0, rows, step):
-        count = min(step, rows - first)
-        file.seek(t.offset + first * row_bytes)
-        data = file.read(count * row_bytes)
-        if len(data) != count * row_bytes:
+    """The tensor's bytes in pieces of whole blocks, as [blocks, block bytes]: at most
+    _PIECE_VALUES weights each (a row longer than that is cut), each a whole number of
+    the target type's blocks too."""
+    block, block_bytes = _sizes(t.source)
+    target_block = _sizes(t.target.type_name)[0] if t.target else block
+    unit = math.lcm(block, target_block) // block  # source blocks that end on both types' blocks
+    blocks = int(np.prod(t.shape, dtype=np.int64)) // block
+    step = max(1, _PIECE_VALUES // (unit * block)) * unit
+    for first in range(0, blocks, step):
+        count = min(step, blocks - first)
+        file.seek(t.offset + first * block_bytes)
+        data = file.read(count * block_bytes)
+        if len(data) != count * block_bytes:
             raise ConversionError(f"tensor {t.name} ends past the end of the file")
-        yield np.frombuffer(data, dtype=np.uint8).reshape(count, row_bytes)
+        yield np.frombuffer(data, dtype=np.uint8).reshape(count, block_bytes)
 
 
 def _weight_chunks(file: Any, t: TensorPlan) -> Iterator[np.ndarray]:
@@ -219,16 +251,23 @@ def _converted_chunks(file: Any, t: TensorPlan) -> Iterator[np.ndarray]:
 _CHILD = "from ovtrio.model.gguf_convert import main; main()"
 
 
-def convert_in_child(source: Path, destination: Path, preference: Preference = "exact") -> list[str]:
+def convert_in_child(
+    source: Path, destination: Path, preference: Preference = "exact", timeout: float | None = None
+) -> list[str]:
     """convert() in a process of its own: numpy's decoding holds the GIL in many short
     calls, which in the server's process would slow its event loop (health checks
     answered in a second instead of milliseconds while the model converts), and the
-    memory it takes is returned whole when it ends."""
-    result = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(source), str(destination), preference],
-        capture_output=True,
-        text=True,
-    )
+    memory it takes is returned whole when it ends. A child still converting after
+    `timeout` seconds is ended (ConversionError); what it wrote is the caller's to remove."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(source), str(destination), preference],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise ConversionError(f"converting its tensors took longer than {timeout:g} s (--load-timeout)") from None
     if result.returncode != 0:
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         reason = lines[-1] if lines else f"exit status {result.returncode}"

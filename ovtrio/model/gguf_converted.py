@@ -74,10 +74,13 @@ class Converted:
     seconds: float
 
 
-def converted_in_cache(source: Path, cache_root: Path, preference: Preference) -> Converted:
-    """The converted file for `source` in the cache at `cache_root`: found, or made now.
-    Raises OSError when the cache cannot be written, ConversionError when the file
-    cannot be converted."""
+def converted_in_cache(
+    source: Path, cache_root: Path, preference: Preference, timeout: float | None = None
+) -> Converted:
+    """The converted file for `source` in the cache at `cache_root`: found, or made now
+    (within `timeout` seconds). Raises OSError when the cache cannot be written (or is
+    full), ConversionError when the file cannot be converted; either way, nothing it
+    wrote is left."""
     started = time.perf_counter()
     found = cached_conversion(source, cache_root, preference)
     if found is not None:
@@ -89,7 +92,7 @@ def converted_in_cache(source: Path, cache_root: Path, preference: Preference) -
     _remove_abandoned(folder)
     partial = folder / _partial_name(key)
     try:
-        lines = convert_in_child(source, partial, preference)
+        lines = convert_in_child(source, partial, preference, timeout)
         summary_file = folder / f".{key}.{os.getpid()}.json.partial"
         summary_file.write_text(json.dumps({"source": str(source), "converted": lines}), encoding="utf-8")
         os.replace(summary_file, final.with_suffix(".json"))
@@ -118,13 +121,13 @@ def _cached_lines(final: Path) -> list[str]:
 
 
 @contextmanager
-def converted_for_now(source: Path, preference: Preference) -> Iterator[Converted]:
+def converted_for_now(source: Path, preference: Preference, timeout: float | None = None) -> Iterator[Converted]:
     """The converted file in a temporary folder, removed when the block ends (no cache)."""
     started = time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="ovtrio-gguf-"))
     try:
         target = folder / source.name
-        lines = convert_in_child(source, target, preference)
+        lines = convert_in_child(source, target, preference, timeout)
         yield Converted(target, lines, False, time.perf_counter() - started)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -150,20 +153,26 @@ def engine_readable(source: ModelSource, settings: Settings, phases: dict[str, f
         _log_conversion(source, found)
         yield dataclasses.replace(source, path=found.path, convert_tensors=False)
         return
+    timeout = settings.load_timeout or None
     try:
         if settings.model_cache:
             try:
                 converted = converted_in_cache(
-                    source.path, cache_folder(settings.cache_dir, settings.data_dir), settings.gguf_conversion
+                    source.path, cache_folder(settings.cache_dir, settings.data_dir), settings.gguf_conversion, timeout
                 )
             except OSError as exc:
                 log.warning("cannot keep the converted GGUF file in the model cache (%s); converting for now", exc)
             else:
                 phases["conversion"] = time.perf_counter() - started
                 _log_conversion(source, converted)
-                yield dataclasses.replace(source, path=converted.path, convert_tensors=False)
+                try:
+                    yield dataclasses.replace(source, path=converted.path, convert_tensors=False)
+                except BaseException:
+                    if not converted.cached:  # the engine refused it: keep nothing of it
+                        _remove_converted(converted.path)
+                    raise
                 return
-        with converted_for_now(source.path, settings.gguf_conversion) as converted:
+        with converted_for_now(source.path, settings.gguf_conversion, timeout) as converted:
             phases["conversion"] = time.perf_counter() - started
             _log_conversion(source, converted)
             yield dataclasses.replace(source, path=converted.path, convert_tensors=False)
@@ -171,6 +180,13 @@ def engine_readable(source: ModelSource, settings: Settings, phases: dict[str, f
         from ovtrio.model.source import ModelLoadError
 
         raise ModelLoadError(f"cannot load model {source.path}: {exc}") from None
+
+
+def _remove_converted(final: Path) -> None:
+    """A converted file (and what it says it is) the engine did not load."""
+    log.info("removing %s: the engine did not load it", final)
+    final.unlink(missing_ok=True)
+    final.with_suffix(".json").unlink(missing_ok=True)
 
 
 def _log_conversion(source: ModelSource, converted: Converted) -> None:

@@ -10,23 +10,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ovtrio.model import grammar_cache
 from ovtrio.model.backend import engine_backend, stateful_properties
 from ovtrio.model.cache import CacheEntryError, ModelCache, cache_folder, engine_versions, entry_key, model_identity
+from ovtrio.model.cache_build import EntryBuildError, build_entry_in_child
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.engine_file import openable_by_engine
 from ovtrio.model.gguf_converted import engine_readable
+from ovtrio.model.load_deadline import LoadProgress
+from ovtrio.model.load_tables import LoadTables
 from ovtrio.model.long_rope import whole_prompt_settings
-from ovtrio.model.plain_text import PlainText, plain_text_of_ir, plain_text_without_ir
+from ovtrio.model.plain_text import PlainText
 from ovtrio.model.source import ModelLoadError, ModelSource, check_gguf
 from ovtrio.model.speculation import Speculation, pipeline_properties, speculation_for
 from ovtrio.model.vision import VisionModel, is_vision_folder, measure_image_tokens
-from ovtrio.model.vocabulary import Vocabulary, checked_vocabulary, read_vocabulary
+from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.model.warm_up import warm_up, warm_up_stateful
 from ovtrio.settings.server import Settings
 
@@ -115,11 +116,13 @@ def _build(
         on_folder(path)
 
     extra = {"enable_save_ov_model": True} if save else {}
-    # An IR folder's continuous-batching pipeline reads the tokenizer itself, and its
-    # constructor lets go of the GIL; the Tokenizer's constructor holds it throughout
-    # (0.1 s on a quiet 2-core machine, 0.65 s measured under load), which would pause
-    # the event loop of a server that loads a model while it serves others.
-    own_tokenizer = save or path.is_file() or engine_backend(settings) == "stateful"
+    # The continuous-batching pipeline reads the tokenizer itself (from an IR folder or a
+    # GGUF file), and its constructor lets go of the GIL; the Tokenizer's constructor
+    # holds it throughout (0.1 s from IR on a quiet 2-core machine, 0.65 s measured under
+    # load, 6-7 s from a GGUF file), which would pause the event loop of a server that
+    # loads a model while it serves others. Only it can save the tokenizer's IR: that is
+    # done in a child process (cache_build.py).
+    own_tokenizer = save or engine_backend(settings) == "stateful"
     tokenizer = None
     if own_tokenizer:
         started = time.perf_counter()
@@ -214,14 +217,25 @@ def _build_with_cache(
             log.warning("model cache entry %s is unusable (%s); rebuilding it", folder, client_reason(exc))
             replacing = True
     try:
-        with cache.building(key, source.path, identity, replacing) as path:
-            tokenizer, pipeline = _build(path, settings, phases, save=True)
-    except OSError as exc:
-        log.warning("cannot keep the converted model in %s (%s); converting at every start", cache.root, exc)
+        started = time.perf_counter()
+        folder = build_entry_in_child(source.path, cache.root, replacing, settings.load_timeout or None)
+        phases["IR conversion"] = time.perf_counter() - started
+    except (OSError, EntryBuildError) as exc:
+        # A full or unwritable cache, or a conversion the engine fails only when it saves
+        # what it converts: served uncached (the engine converts in memory at each start).
+        # A model the engine cannot read fails here again, with the engine's reason.
+        log.warning("cannot keep the converted model in %s (%s); loading it uncached", cache.root, exc)
         with openable_by_engine(source.path) as path:
             tokenizer, pipeline = _build(path, settings, phases)
         return tokenizer, pipeline, "converted, not cached", None
-    return tokenizer, pipeline, f"converted and cached in {cache.entry(key)}", cache.entry(key)
+    tokenizer, pipeline = _build(folder, settings, phases, on_folder=on_folder)
+    return tokenizer, pipeline, f"converted and cached in {folder}", folder
+
+
+def build_saving(path: Path, settings: Settings) -> None:
+    """Build the pipeline for the GGUF file at `path`, the engine writing the IR it
+    converts next to it (for cache_build.py's child, which builds a cache entry)."""
+    _build(path, settings, {}, save=True)
 
 
 def convert_into_cache(source: ModelSource, settings: Settings) -> str:
@@ -260,20 +274,28 @@ def convert_into_cache(source: ModelSource, settings: Settings) -> str:
 
 def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     """Build the backend's pipeline. Blocking; releases the GIL while compiling."""
-    return _load(source, settings, warm=False)[0]
+    return _load(source, settings, warm=False, progress=LoadProgress(source.name, None))[0]
 
 
-def load_and_warm_up(source: ModelSource, settings: Settings) -> tuple[LoadedModel, int]:
+def load_and_warm_up(
+    source: ModelSource, settings: Settings, progress: LoadProgress | None = None
+) -> tuple[LoadedModel, int]:
     """load_model, then warm_up (timed as a phase of the load); the model and its KV
-    cache capacity in tokens."""
-    log.info("loading %s (%s) on %s", source.path, source.kind, settings.device)
-    model, kv_capacity = _load(source, settings, warm=True)
-    if source.vision:
-        model.vision = _measure_images(model, engine_backend(settings) == "stateful")
+    cache capacity in tokens. `progress` is told each phase as it begins, and that the
+    load ended (load_deadline.py: what watches it fails it past its deadline)."""
+    progress = progress or LoadProgress(source.name, None)
+    try:
+        log.info("loading %s (%s) on %s", source.path, source.kind, settings.device)
+        model, kv_capacity = _load(source, settings, warm=True, progress=progress)
+        if source.vision:
+            progress.enter("image measurement")
+            model.vision = _measure_images(model, engine_backend(settings) == "stateful")
+    finally:
+        progress.end()
     return model, kv_capacity
 
 
-def _load(source: ModelSource, settings: Settings, warm: bool) -> tuple[LoadedModel, int]:
+def _load(source: ModelSource, settings: Settings, warm: bool, progress: LoadProgress) -> tuple[LoadedModel, int]:
     """The engine's pipeline, the tables read from the model's files, and (with `warm`)
     the warm-up. The engine compiles on one core, without the GIL; the Python work of a
     load (the compiled-grammar seam, the vocabulary, the plain-text tokenizer from the
@@ -283,52 +305,56 @@ def _load(source: ModelSource, settings: Settings, warm: bool) -> tuple[LoadedMo
     started = time.perf_counter()
     phases: dict[str, float] = {}
     settings = whole_prompt_settings(source, settings)  # a LongRoPE model's engine prefills prompts whole
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ovtrio-load-beside") as beside:
-        # Before any pipeline can compile a grammar (its first structured request).
-        bounded = beside.submit(grammar_cache.install, settings.grammar_cache_bytes)
-        table = beside.submit(read_vocabulary, source.path, source.kind)
-        plain_of_ir: dict[Path, Future[PlainText | None]] = {}
-
-        def on_folder(folder: Path) -> None:
-            plain_of_ir[folder] = beside.submit(plain_text_of_ir, folder)
-
-        tokenizer, pipeline, origin, ir_folder = _engine(source, settings, phases, on_folder)
-        if settings.chat_template:
-            try:
-                template = Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
-            except OSError as exc:
-                raise ModelLoadError(f"cannot read chat template {settings.chat_template}: {exc.strerror}") from None
+    progress.enter("chat template")
+    template = _chat_template(settings)
+    with LoadTables(source.path, source.kind, settings.grammar_cache_bytes) as tables:
+        progress.enter("GGUF tensor conversion" if source.convert_tensors else "engine")
+        tokenizer, pipeline, origin, ir_folder = _engine(source, settings, phases, tables.on_folder, progress)
+        if template is not None:
             tokenizer.set_chat_template(template)
+        progress.enter("vocabulary")
         tables_started = time.perf_counter()
-        vocabulary = checked_vocabulary(table.result(), tokenizer)
         # The tokenizer's IR: an IR folder's own, or the GGUF file's cache entry (which a
         # first conversion writes only as the pipeline is built: read it now).
-        tokenizer_folder = source.path if source.kind != "gguf" else ir_folder
-        made = plain_of_ir.get(tokenizer_folder) if tokenizer_folder is not None else None
-        plain = made.result() if made is not None else plain_text_of_ir(tokenizer_folder)
-        plain_text = plain or plain_text_without_ir(tokenizer, _special_texts(vocabulary))
+        read = tables.finish(tokenizer, source.path if source.kind != "gguf" else ir_folder)
         phases["vocabulary"] = time.perf_counter() - tables_started
-        bounded.result()
     model = LoadedModel(
         source=source,
         pipeline=pipeline,
         tokenizer=tokenizer,
         device=settings.device,
         load_seconds=0.0,
-        vocabulary=vocabulary,
+        vocabulary=read.vocabulary,
         phases=phases,
         origin=origin,
         speculation=speculation_for(settings, source),
         model_xml=ir_folder / "openvino_model.xml" if ir_folder is not None else None,
-        plain_text=plain_text,
+        plain_text=read.plain_text,
     )
+    if warm:
+        progress.enter("warm-up")
     kv_capacity = _warm_up(model, settings) if warm else 0
     model.load_seconds = time.perf_counter() - started
     return model, kv_capacity
 
 
+def _chat_template(settings: Settings) -> str | None:
+    """The --chat-template file's text (read before the engine compiles: a path that
+    cannot be read fails the load at once)."""
+    if not settings.chat_template:
+        return None
+    try:
+        return Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read chat template {settings.chat_template}: {exc.strerror}") from None
+
+
 def _engine(
-    source: ModelSource, settings: Settings, phases: dict[str, float], on_folder: FolderHook
+    source: ModelSource,
+    settings: Settings,
+    phases: dict[str, float],
+    on_folder: FolderHook,
+    progress: LoadProgress | None = None,
 ) -> tuple[Any, Any, str, Path | None]:
     """Tokenizer and pipeline, where the engine's models came from, and the IR folder
     the engine serves (None: a GGUF file converted in memory only, or a vision model)."""
@@ -339,9 +365,13 @@ def _engine(
     try:
         if source.kind == "gguf" and settings.model_cache:
             with engine_readable(source, settings, phases) as readable:
+                if progress is not None:
+                    progress.enter("engine")
                 return _build_with_cache(readable, settings, phases, on_folder)
         if source.kind == "gguf":
             with engine_readable(source, settings, phases) as readable, openable_by_engine(readable.path) as path:
+                if progress is not None:
+                    progress.enter("engine")
                 tokenizer, pipeline = _build(path, settings, phases)
             return tokenizer, pipeline, "converted", None
         tokenizer, pipeline = _build(source.path, settings, phases, on_folder=on_folder)
@@ -367,12 +397,6 @@ def _warm_up(model: LoadedModel, settings: Settings) -> int:
         ) from None
     model.phases["warm-up"] = time.perf_counter() - started
     return kv_capacity
-
-
-def _special_texts(vocabulary: Vocabulary | None) -> list[str]:
-    if vocabulary is None or not vocabulary.pieces:
-        return []
-    return [vocabulary.pieces[i] for i in vocabulary.special_ids if i < len(vocabulary.pieces)]
 
 
 def _measure_images(model: LoadedModel, stateful: bool) -> VisionModel:

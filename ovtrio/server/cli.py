@@ -21,6 +21,7 @@ from ovtrio.model import (
 )
 from ovtrio.model.load_thread import import_engine
 from ovtrio.model.loading import convert_into_cache
+from ovtrio.server.early_signals import EarlySignals
 from ovtrio.server.logs import configure_logging
 from ovtrio.settings.model import ModelSettings
 from ovtrio.settings.server import (
@@ -78,7 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def serve(settings: Settings, loading: Sequence[ModelLoad] | None = None) -> int:
+async def serve(
+    settings: Settings, loading: Sequence[ModelLoad] | None = None, early: EarlySignals | None = None
+) -> int:
+    """Serve until a shutdown signal (or one that came before, in `early`) or until every
+    model failed; the exit code."""
     import trio
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
@@ -107,7 +112,8 @@ async def serve(settings: Settings, loading: Sequence[ModelLoad] | None = None) 
             """Returns, and so has Hypercorn stop listening and wind down, once every model
             failed to load or a signal came and the drain that follows it is over."""
             nonlocal failed
-            received = await _signal_or_failure(signals, models.failed)
+            received = early.received if early is not None and early.received else None
+            received = received or await _signal_or_failure(signals, models.failed)
             if received is None:
                 failed = True
                 return
@@ -193,13 +199,15 @@ def main(argv: list[str] | None = None) -> None:
             settings.host,
         )
     import_engine()  # before the load thread starts (its docstring says why)
+    # Before the load: a start that hangs can still be stopped (early_signals.py).
+    early = EarlySignals(SHUTDOWN_SIGNALS)
     loading = start_loading_in_order(list(zip(sources, each_model)))  # while the web framework is imported
     # Trio too is imported only now (0.05 s): before the load begins, every import is
     # the load's delay. So is the web framework's, inside serve.
     import trio
 
     try:
-        code = trio.run(serve, settings, loading)
+        code = trio.run(serve, settings, loading, early)
     except KeyboardInterrupt:
         code = 0
     raise SystemExit(code)

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import trio
 
-from ovtrio.model import ModelLoad, ModelLoadError, ModelSource, load_and_warm_up, resolve_model
+from ovtrio.model import LoadedModel, ModelLoad, ModelLoadError, ModelSource, resolve_model, start_loading
 from ovtrio.model.backend import engine_backend
 from ovtrio.model.engine_errors import client_reason
+from ovtrio.model.load_deadline import dump_stacks
 from ovtrio.model.load_retry import FilesVersion, files_version
 from ovtrio.model.shown_paths import without_model_path
 from ovtrio.model.speculation import apply_defaults
@@ -319,9 +320,9 @@ class ModelService:
         try:
             if self.loading is not None:
                 loading, self.loading = self.loading, None
-                model, kv_capacity = await trio.to_thread.run_sync(loading.take)
             else:
-                model, kv_capacity = await trio.to_thread.run_sync(load_and_warm_up, source, self.settings)
+                loading = start_loading(source, self.settings)
+            model, kv_capacity = await loaded_within_deadline(loading)
             stateful = engine_backend(self.settings) == "stateful"
             step = (
                 None
@@ -360,6 +361,26 @@ class ModelService:
                 source.context_length,
                 where,
             )
+
+
+async def loaded_within_deadline(load: ModelLoad) -> tuple[LoadedModel, int]:
+    """The load's result once it ends; ModelLoadError naming the phase it hung in (and
+    every thread's stack in the log) once it is past its deadline (load_deadline.py).
+    Cancelled (the server stops), it leaves the load's thread to itself: a load that
+    hangs never holds a shutdown."""
+    progress = load.progress
+    while True:
+        deadline = progress.deadline()
+        wait_for = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if await trio.to_thread.run_sync(load.wait, wait_for, abandon_on_cancel=True):
+            return load.take()
+        deadline = progress.deadline()  # a load that began late has its deadline moved
+        if deadline is not None and time.monotonic() >= deadline:
+            load.abandon()
+            progress.end()
+            log.error("the load of %s is past its deadline; the stack of each thread follows", progress.name)
+            dump_stacks()
+            raise ModelLoadError(progress.overdue_reason())
 
 
 async def settle_memory() -> None:

@@ -93,6 +93,13 @@ class ModelSettings(BaseModel):
         " Q3_K as Q6_K, BF16 as F16) and otherwise uses Q8_0, within 1/254 of each 32-weight block's largest;"
         " small uses Q6_K or Q4_1 instead (a smaller, faster model, further from the file; see docs/models.md)",
     )
+    load_timeout: float = Field(
+        3600.0,
+        ge=0,
+        description="seconds a load of the model (conversion, compile, warm-up) may take before it is failed with"
+        " the phase it hung in named in the log (`ovtrio serve` then exits with status 1 if no model is left);"
+        " 0 waits for ever",
+    )
     device: str = Field(
         "CPU",
         description="OpenVINO device: CPU, GPU, GPU.1, NPU, AUTO, HETERO:GPU,CPU, ...; a device this machine lacks"
