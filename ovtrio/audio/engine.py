@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ovtrio.audio.decode import SAMPLE_RATE, Audio
-from ovtrio.audio.windows import WindowOutput, stitch
+from ovtrio.audio.windows import WindowOutput, in_order, stitch
+from ovtrio.audio.word_bounds import bounded_words
 from ovtrio.model.json_files import read_json_object
 from ovtrio.model.source import ModelLoadError
 
@@ -149,10 +150,13 @@ class Transcriber:
         options: Options,
         prompt: tuple[str | None, int],
         stream: Callable[[str], bool],
+        last_speech: float = 0.0,
     ) -> tuple[int, Transcript]:
         """Transcribe the window of `audio` from sample `start`; returns where the next
         window starts and what this one made. `stream(text)` gets the text as it is
-        written (windows without timestamps) and returns True to stop."""
+        written (windows without timestamps) and returns True to stop. `last_speech`:
+        where the segments before this window ended, in seconds (word timings after a
+        pause are bounded, ovtrio/audio/word_bounds.py)."""
         samples = audio.window(start, WINDOW_SAMPLES)
         heard = len(samples)
         if heard < _SHORTEST_SAMPLES:
@@ -196,7 +200,8 @@ class Transcriber:
         part.segments = [
             Segment(offset + s.start, offset + s.end, s.text, self._tokens(s.text), seek) for s in kept.segments
         ]
-        part.words = [Word(w.text, offset + w.start, offset + w.end) for w in kept.words]
+        words = in_order(bounded_words(kept.segments, kept.words, last_speech - offset), kept.advance)
+        part.words = [Word(w.text, offset + w.start, offset + w.end) for w in words]
         if part.text:
             stream(part.text)  # the window's text, as one piece
         return next_start, part

@@ -150,14 +150,19 @@ def _timed(chunks: Sequence[ChunkRecord], limit: float) -> list[Timed]:
 
 
 def _words(words: Sequence[WordRecord], limit: float) -> list[Timed]:
-    """The words that start before `limit`, in order and within [0, limit]."""
+    return in_order([Timed(word.start_ts, word.end_ts, word.word) for word in words], limit)
+
+
+def in_order(items: Sequence[Timed], limit: float) -> list[Timed]:
+    """The `items` that start before `limit`, each starting where the one before ended at
+    the earliest, within [0, limit]."""
     timed: list[Timed] = []
     floor = 0.0
-    for word in words:
-        start = max(word.start_ts, floor)
+    for item in items:
+        start = max(item.start, floor)
         if start >= limit:
             break
-        end = min(max(word.end_ts, start), limit)
-        timed.append(Timed(start, end, word.word))
+        end = min(max(item.end, start), limit)
+        timed.append(Timed(start, end, item.text))
         floor = end
     return timed
