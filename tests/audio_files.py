@@ -76,3 +76,33 @@ def encoded(samples: np.ndarray, extension: str, rate: int = RATE) -> bytes:
         for packet in stream.encode(None):
             container.mux(packet)
     return buffer.getvalue()
+
+
+def speech_like(seconds: float, seed: int = 7, rate: int = RATE) -> np.ndarray:
+    """Int16 samples shaped like someone talking: voiced syllables (a pitch of 100-180 Hz
+    and its harmonics under two formants, a rising and falling envelope) in words of one
+    to three, a short gap between words and a longer pause between sentences, which run
+    on regardless of where a 30 s window ends. Every syllable peaks at the same level, so
+    any 30 s of it is as loud as the whole."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(int(rate * seconds), dtype=np.float32)
+    at = int(0.4 * rate)
+    while at < len(out):
+        for _ in range(int(rng.integers(5, 11))):  # a sentence's words
+            for _ in range(int(rng.integers(1, 4))):  # a word's syllables
+                length = int(rate * rng.uniform(0.12, 0.28))
+                t = np.arange(length) / rate
+                pitch = rng.uniform(100, 180)
+                formants = rng.uniform(300, 900), rng.uniform(1000, 2500)
+                voiced = sum(
+                    np.sin(2 * np.pi * pitch * k * t) * sum(np.exp(-(((pitch * k - f) / 250.0) ** 2)) for f in formants)
+                    for k in range(1, int(3500 // pitch))
+                )
+                syllable = voiced * np.sin(np.pi * t / t[-1])
+                syllable = 0.35 * syllable / np.max(np.abs(syllable))
+                piece = out[at : at + length]
+                piece[:] = syllable[: len(piece)]
+                at += length
+            at += int(rate * rng.uniform(0.05, 0.12))
+        at += int(rate * rng.uniform(0.5, 0.9))
+    return (out * 32767).astype(np.int16)

@@ -11,6 +11,7 @@ with the tone itself; lossy ones with what PyAV decodes of the file.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import socket
 import threading
@@ -25,9 +26,11 @@ import openai
 import pytest
 
 import tiny_whisper
-from audio_files import as_float, encoded, tone, wav
+from audio_files import as_float, encoded, speech_like, tone, wav
 from conftest import RunningServer
 from openai_schema import validate
+from ovtrio.audio.windows import Timed
+from ovtrio.audio.word_bounds import bounded_words
 from server_pool import server_fixture
 
 WHISPER = "whisper"
@@ -179,8 +182,12 @@ def test_verbose_json_has_the_pipelines_segments_and_words(client, pipeline):
     assert [(s["start"], s["end"], s["text"]) for s in body["segments"]] == [
         (round(c.start_ts, 3), round(c.end_ts, 3), c.text) for c in expected.chunks
     ]
+    # The pipeline's words, bounded after a pause as OpenAI's Whisper bounds them
+    # (tests/test_audio_word_bounds.py).
+    segments = [Timed(c.start_ts, c.end_ts, c.text) for c in expected.chunks]
+    words = bounded_words(segments, [Timed(w.start_ts, w.end_ts, w.word) for w in expected.words])
     assert [(w["word"], w["start"], w["end"]) for w in body["words"]] == [
-        (w.word.strip(), round(w.start_ts, 3), round(w.end_ts, 3)) for w in expected.words
+        (w.text.strip(), round(w.start, 3), round(w.end, 3)) for w in words
     ]
     assert body["words"] and body["segments"]
     for item in body["segments"] + body["words"]:
@@ -296,6 +303,78 @@ def test_long_audio_is_transcribed_a_30_s_window_at_a_time(client, pipeline):
     assert {s["seek"] for s in segments} == {0, 3000, 6000}
     assert all(0 <= s["start"] <= s["end"] <= 65.0 for s in segments)
     assert result.duration == pytest.approx(65.0)
+
+
+def test_audio_a_few_samples_past_a_window_is_transcribed(client):
+    """The last window of 30.005 s is 80 samples, fewer than the pipeline's feature
+    extractor takes: it hears them followed by silence."""
+    result = client.audio.transcriptions.create(
+        model=WHISPER, file=("long.wav", wav(tone(30.005))), response_format="verbose_json"
+    )
+    assert result.duration == pytest.approx(30.005)
+    assert all(0 <= s.start <= s.end <= 30.005 for s in result.segments)
+
+
+TALKING = "talking"
+talking_audio_server = server_fixture(
+    "talking_audio_server",
+    "--transcription-model",
+    "{folder}/" + TALKING,
+    "--no-embeddings",
+    prepare=lambda folder: tiny_whisper.build(folder / TALKING, talking=True),
+)
+
+
+@pytest.fixture(scope="module")
+def talking_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import openvino_genai
+
+    folder = tiny_whisper.build(tmp_path_factory.mktemp("talking"), talking=True)
+    return openvino_genai.WhisperPipeline(str(folder), "CPU", word_timestamps=True)
+
+
+def test_a_sentence_a_window_cuts_is_one_segment_of_the_next_window(talking_audio_server, talking_pipeline):
+    """The talking fixture ends every full window inside a segment, as someone who speaks
+    on past a window's end does. Given those 30 s alone, the pipeline goes on from the end
+    of the last complete segment and reports the cut sentence as a segment that ends past
+    the window. The server keeps what a window heard whole and starts the next window at
+    the end of its last complete segment, as the pipeline's own long-form loop does: each
+    window's segments are what the pipeline writes of the audio from that window's `seek`
+    up to where the next window starts, a sentence across 30 s is one segment, and
+    segments and words are in order, never overlap and stay within the audio."""
+    talk = speech_like(70.0)
+    client = openai.OpenAI(base_url=talking_audio_server.v1, api_key="unused", max_retries=0, timeout=300)
+    body = client.audio.transcriptions.create(
+        model=TALKING,
+        file=("talk.wav", wav(talk)),
+        response_format="verbose_json",
+        timestamp_granularities=["word", "segment"],
+    ).model_dump(exclude_none=True)
+    segments, words = body["segments"], body["words"]
+    assert segments and words and body["duration"] == pytest.approx(70.0)
+    for items in (segments, words):
+        assert all(0 <= item["start"] <= item["end"] <= body["duration"] for item in items)
+        assert all(before["end"] <= after["start"] for before, after in itertools.pairwise(items)), items
+    alone = reference(talking_pipeline, talk[: 30 * 16000], return_timestamps=True, language="<|en|>").chunks
+    assert max(chunk.end_ts for chunk in alone) > 30.0, "the pipeline alone reports segments past the window"
+    seeks = sorted({segment["seek"] for segment in segments})
+    assert len(seeks) >= 3 and seeks[0] == 0 and seeks[1] < 3000
+    ends = [*seeks[1:], round(body["duration"] * 100)]
+    for seek, following, last in zip(seeks, ends, [False] * (len(seeks) - 1) + [True], strict=True):
+        ours = [(s["start"], s["end"], s["text"]) for s in segments if s["seek"] == seek]
+        window = talk[seek * 160 : seek * 160 + 30 * 16000]
+        chunks = reference(talking_pipeline, window, return_timestamps=True, language="<|en|>").chunks
+        heard = (following - seek) / 100
+        expected = [
+            (round(seek / 100 + c.start_ts, 3), round(seek / 100 + min(c.end_ts, heard), 3), c.text)
+            for c in chunks
+            if c.start_ts < heard and (c.end_ts <= heard or last)
+        ]
+        assert ours == expected
+        if not last:
+            assert ours[-1][1] == following / 100, "the next window starts at the end of the last complete segment"
+    across = [s for s in segments if s["start"] < 30.0 < s["end"]]
+    assert len(across) == 1, "a sentence across the first window's end is one segment"
 
 
 def form(fields: dict[str, Any] | None = None, file: bytes | None = None, name: str = "speech.wav") -> dict[str, Any]:

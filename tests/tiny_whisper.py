@@ -178,7 +178,7 @@ def build_encoder(w: _Weights):
     return ov.Model([ops.result(out)], [features], "encoder")
 
 
-def build_decoder(w: _Weights, vocab_size: int, scripted: bool = True):
+def build_decoder(w: _Weights, vocab_size: int, scripted: bool = True, talking: bool = False):
     import openvino as ov
     import openvino.opset6 as ops6
     import openvino.opset13 as ops
@@ -240,17 +240,22 @@ def build_decoder(w: _Weights, vocab_size: int, scripted: bool = True):
         x = ops.add(x, _mlp(ops, _layer_norm(ops, x, w), w))
     logits = ops.matmul(_layer_norm(ops, x, w), ops.constant(embedding), False, True)
     if scripted:
-        logits = ops.add(logits, _scripted_logits(ops, positions, vocab_size, w.shape.text_tokens))
+        logits = ops.add(logits, _scripted_logits(ops, positions, vocab_size, w.shape.text_tokens, talking))
     logits = _named(logits, "logits")
     return ov.Model([ops.result(logits)], sinks, [input_ids, encoder_states, beam_idx], "decoder")
 
 
-def _scripted_logits(ops, positions, vocab_size: int, text_tokens: int):
+def _scripted_logits(ops, positions, vocab_size: int, text_tokens: int, talking: bool = False):
     """What keeps the random model's output transcript-like, added to its logits at each
     position p: text is lowercase letters and spaces; `<|endoftext|>` grows likelier with
     p (so a window ends after a few dozen tokens); every SEGMENT_TOKENS-th position a
     timestamp wins, and the timestamp that wins is the one nearest p * 0.1 s, so segments
-    follow each other in time; `<|en|>` is the language detected."""
+    follow each other in time; `<|en|>` is the language detected.
+
+    `talking`, as a window of someone who speaks on past its end: the timestamps that win
+    are those nearest p * 0.5 s (segments of 3.5 s), and `<|endoftext|>` never comes
+    right after a timestamp, so the window ends inside a segment that has no end
+    timestamp (the sentence goes on in the next window)."""
     ids = vocabulary(text_tokens)
     bias = np.full(vocab_size, -30.0, dtype=np.float32)
     letters = [_byte_token(byte) for byte in range(ord("a"), ord("z") + 1)]
@@ -270,8 +275,14 @@ def _scripted_logits(ops, positions, vocab_size: int, text_tokens: int):
     f32 = lambda value: ops.constant(np.asarray(value, dtype=np.float32))  # noqa: E731
     ending = ops.multiply(ops.add(f32(-24.0), ops.multiply(pos, f32(0.5))), f32(eot))
     segment_turn = ops.equal(ops.floor_mod(pos, f32(SEGMENT_TOKENS)), f32(0.0))
+    if talking:
+        # The position after a segment's closing timestamp (the timestamp rules allow only
+        # another timestamp or the end there): no end.
+        after_turn = ops.equal(ops.floor_mod(pos, f32(SEGMENT_TOKENS)), f32(1.0))
+        ending = ops.add(ending, ops.multiply(ops.select(after_turn, f32(-100.0), f32(0.0)), f32(eot)))
     turn_bias = ops.select(segment_turn, f32(60.0), f32(0.0))
-    nearest = ops.negative(ops.abs(ops.subtract(f32(index), ops.multiply(pos, f32(5.0)))))
+    stamps_per_position = 25.0 if talking else 5.0
+    nearest = ops.negative(ops.abs(ops.subtract(f32(index), ops.multiply(pos, f32(stamps_per_position)))))
     timing = ops.multiply(ops.add(turn_bias, ops.multiply(nearest, f32(0.3))), f32(stamps))
     # A different favourite letter at each position (the random decoder alone repeats one).
     table = np.zeros((TARGET_POSITIONS, vocab_size), dtype=np.float32)
@@ -365,10 +376,11 @@ def _configs(folder: Path, ids: dict[str, int], vocab_size: int, w: _Weights) ->
         (folder / name).write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
-def build(folder: Path, seed: int = SEED, shape: Shape = TINY, scripted: bool = True) -> Path:
+def build(folder: Path, seed: int = SEED, shape: Shape = TINY, scripted: bool = True, talking: bool = False) -> Path:
     """Write the fixture into `folder` (created) and return it. Not `scripted`, the
     random decoder writes what it will: stray bytes (text that is not UTF-8) and
-    timestamps anywhere, as a broken model might."""
+    timestamps anywhere, as a broken model might. `talking`, every full window ends
+    inside a segment (see _scripted_logits)."""
     import openvino as ov
     import openvino_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -379,7 +391,9 @@ def build(folder: Path, seed: int = SEED, shape: Shape = TINY, scripted: bool = 
     weights = _Weights(seed, shape)
     ov.save_model(build_encoder(weights), str(folder / "openvino_encoder_model.xml"), compress_to_fp16=False)
     ov.save_model(
-        build_decoder(weights, vocab_size, scripted), str(folder / "openvino_decoder_model.xml"), compress_to_fp16=False
+        build_decoder(weights, vocab_size, scripted, talking),
+        str(folder / "openvino_decoder_model.xml"),
+        compress_to_fp16=False,
     )
     _configs(folder, ids, vocab_size, weights)
     hf_tokenizer = PreTrainedTokenizerFast(

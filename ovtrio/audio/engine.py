@@ -6,8 +6,9 @@ Here each call is one window (WINDOW_SAMPLES, what the encoder takes), so the wo
 (ovtrio/audio/service.py) can run another request's window between two of a long file's,
 and a request whose client left ends at its current window (or sooner: the streamer
 stops a window without timestamps at its next token). Windows follow each other the way
-the pipeline's own long-form loop does: a full window whose last segment has no end
-timestamp is cut before that segment, and the next window starts there.
+the pipeline's own long-form loop does: a window that ends inside a segment keeps what
+came before it, and the next window starts at the end of its last complete segment
+(ovtrio/audio/windows.py).
 
 The pipeline holds its tokenizer and computes in its own threads; a `Transcriber` is used
 from one thread at a time (the worker's).
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ovtrio.audio.decode import SAMPLE_RATE, Audio
+from ovtrio.audio.windows import WindowOutput, in_order, stitch
+from ovtrio.audio.word_bounds import bounded_words
 from ovtrio.model.json_files import read_json_object
 from ovtrio.model.source import ModelLoadError
 
@@ -31,9 +34,7 @@ log = logging.getLogger("ovtrio")
 
 WINDOW_SECONDS = 30
 WINDOW_SAMPLES = WINDOW_SECONDS * SAMPLE_RATE
-# A window whose unfinished last segment starts before this is not cut there: the next
-# window would cover mostly the same audio again.
-_LEAST_ADVANCE = 5 * SAMPLE_RATE
+_SHORTEST_SAMPLES = 401  # the feature extractor takes more than n_fft / 2 (200) samples
 
 Task = Literal["transcribe", "translate"]
 _UNSET = 2**63  # GenerationConfig's "no limit" is SIZE_MAX
@@ -149,61 +150,82 @@ class Transcriber:
         options: Options,
         prompt: tuple[str | None, int],
         stream: Callable[[str], bool],
+        last_speech: float = 0.0,
     ) -> tuple[int, Transcript]:
         """Transcribe the window of `audio` from sample `start`; returns where the next
         window starts and what this one made. `stream(text)` gets the text as it is
-        written (windows without timestamps) and returns True to stop."""
+        written (windows without timestamps) and returns True to stop. `last_speech`:
+        where the segments before this window ended, in seconds (word timings after a
+        pause are bounded, ovtrio/audio/word_bounds.py)."""
         samples = audio.window(start, WINDOW_SAMPLES)
+        heard = len(samples)
+        if heard < _SHORTEST_SAMPLES:
+            # The pipeline refuses fewer samples than its STFT pads with (the last few
+            # milliseconds of a file just over a window): silence after them.
+            samples += [0.0] * (_SHORTEST_SAMPLES - heard)
         long_form = len(audio.samples) > WINDOW_SAMPLES
         timestamps = options.segments or options.words or long_form
         config = self._config(options, prompt, timestamps)
-        streamer = _streamer(stream) if not timestamps else _stopper(stream)
-        result = self._generate(samples, config, streamer)
+        if timestamps:
+            result, passes = self._generate(samples, config, lambda: _passes(stream))
+        else:
+            result, _ = self._generate(samples, config, lambda: _streamer(stream))
         offset = start / SAMPLE_RATE
         seek = start * 100 // SAMPLE_RATE
         part = Transcript(language=getattr(result, "language", None) or options.language, windows=1)
         part.output_tokens = int(result.perf_metrics.get_num_generated_tokens())
-        chunks = list(result.chunks or []) if timestamps else []
-        next_start = start + len(samples)
         part.text = result.texts[0]
-        if chunks and len(samples) == WINDOW_SAMPLES and chunks[-1].end_ts < 0:
-            # The last segment runs past the window: the next window starts at it.
-            cut = start + int(chunks[-1].start_ts * SAMPLE_RATE)
-            if cut - start >= _LEAST_ADVANCE:
-                chunks.pop()
-                next_start = cut
-                part.text = "".join(chunk.text for chunk in chunks)
-        for chunk in chunks:
-            end = chunk.end_ts if chunk.end_ts >= 0 else len(samples) / SAMPLE_RATE
-            text = chunk.text
-            part.segments.append(Segment(offset + chunk.start_ts, offset + end, text, self._tokens(text), seek))
-        if options.words and result.words:
-            limit = (next_start - start) / SAMPLE_RATE
-            part.words = [
-                Word(word.word, offset + word.start_ts, offset + min(word.end_ts, limit))
-                for word in result.words
-                if word.start_ts < limit
-            ]
-        if timestamps and part.text:
+        next_start = start + heard
+        if not timestamps:
+            return next_start, part
+        first = passes.first or []
+        kept = stitch(
+            WindowOutput(
+                chunks=list(result.chunks or []),
+                words=list(result.words or []) if options.words else [],
+                # Its text tells which segments the first pass wrote, when there was a
+                # second (the detokenizer holds the GIL: not asked otherwise).
+                first_text=self.tokenizer.decode(first) if first and passes.went_on else "",
+                first_tokens=len(first),
+                went_on=passes.went_on,
+            ),
+            seconds=heard / SAMPLE_RATE,
+            full=next_start < len(audio.samples),
+        )
+        if kept.advance < heard / SAMPLE_RATE:
+            # Cut: the next window starts on the 10 ms grid of the pipeline's own seek.
+            next_start = start + round(kept.advance * 100) * SAMPLE_RATE // 100
+        if not kept.whole:
+            part.text = "".join(segment.text for segment in kept.segments)
+        part.segments = [
+            Segment(offset + s.start, offset + s.end, s.text, self._tokens(s.text), seek) for s in kept.segments
+        ]
+        words = in_order(bounded_words(kept.segments, kept.words, last_speech - offset), kept.advance)
+        part.words = [Word(w.text, offset + w.start, offset + w.end) for w in words]
+        if part.text:
             stream(part.text)  # the window's text, as one piece
         return next_start, part
 
-    def _generate(self, samples: list[float], config: Any, streamer: Callable[[str], Any]) -> Any:
-        """The window's result. Word timings are computed from a first pass's text: the
-        pipeline's word splitting (openvino-genai 2026.4) crashes the process on text
-        that is not valid UTF-8 (a model writing stray bytes), so the words are asked
-        for, in a second pass that writes the same greedy text, only when the first
-        pass's text is clean; otherwise the window has no words."""
+    def _generate(self, samples: list[float], config: Any, streamer: Callable[[], Any]) -> tuple[Any, Any]:
+        """The window's result, and the streamer (made by `streamer`) of the pass it came
+        from. Word timings are computed from a first pass's text: the pipeline's word
+        splitting (openvino-genai 2026.4) crashes the process on text that is not valid
+        UTF-8 (a model writing stray bytes), so the words are asked for, in a second pass
+        that writes the same greedy text, only when the first pass's text is clean;
+        otherwise the window has no words."""
         if not config.word_timestamps:
-            return self.pipeline.generate(samples, config, streamer)
+            first = streamer()
+            return self.pipeline.generate(samples, config, first), first
         config.word_timestamps = False
-        result = self.pipeline.generate(samples, config, streamer)
+        first = streamer()
+        result = self.pipeline.generate(samples, config, first)
         text = result.texts[0]
         if "\ufffd" in text or any(ord(ch) < 32 and ch not in "\t\n\r" for ch in text):
             log.warning("no word timestamps for a window whose text is not clean UTF-8")
-            return result
+            return result, first
         config.word_timestamps = True
-        return self.pipeline.generate(samples, config, streamer)
+        second = streamer()
+        return self.pipeline.generate(samples, config, second), second
 
     def _tokens(self, text: str) -> list[int]:
         if not text:
@@ -244,15 +266,40 @@ def _streamer(stream: Callable[[str], bool]) -> Callable[[str], Any]:
     return write
 
 
-def _stopper(stream: Callable[[str], bool]) -> Callable[[str], Any]:
-    """With timestamps the pipeline calls its streamer once, at the window's end (the
-    window's text is streamed by `window` instead): this only asks whether to stop."""
+def _passes(stream: Callable[[str], bool]) -> Any:
+    """The streamer of a window with timestamps. The pipeline calls it once a pass is
+    done, with that pass's text tokens (not token by token): the first call's tokens are
+    the first pass's complete segments; a second call means the first pass ended inside
+    a segment and the pipeline went on from its last complete one, over the window's end
+    (ovtrio/audio/windows.py): that pass is not wanted, and the pipeline stops there
+    (its segments are reported, its words are not computed). `stream("")` says whether
+    to stop after the first."""
+    return _passes_class()(stream)
+
+
+@functools.cache
+def _passes_class() -> type:
     import openvino_genai
 
-    def write(_: str) -> Any:
-        return openvino_genai.StreamingStatus.CANCEL if stream("") else openvino_genai.StreamingStatus.RUNNING
+    class Passes(openvino_genai.StreamerBase):
+        def __init__(self, stream: Callable[[str], bool]) -> None:
+            super().__init__()
+            self.stream = stream
+            self.first: list[int] | None = None
+            self.went_on = False
 
-    return write
+        def write(self, tokens: int | list[int]) -> Any:
+            if self.first is None:
+                self.first = [tokens] if isinstance(tokens, int) else list(tokens)
+                stop = self.stream("")
+                return openvino_genai.StreamingStatus.CANCEL if stop else openvino_genai.StreamingStatus.RUNNING
+            self.went_on = True
+            return openvino_genai.StreamingStatus.CANCEL
+
+        def end(self) -> None:
+            pass
+
+    return Passes
 
 
 def language_name(code: str | None) -> str:

@@ -86,7 +86,10 @@ def _transcribe_part(model: Transcriber, jobs: Sequence[Job]) -> None:
 
         # The prompt goes with the first window only, as in the pipeline's own loop.
         prompt = progress.prompt if progress.start == 0 else (None, 0)
-        next_start, part = model.window(work.audio, progress.start, progress.options, prompt, stream)
+        ended = [part.segments[-1].end for part in progress.parts if part.segments]
+        next_start, part = model.window(
+            work.audio, progress.start, progress.options, prompt, stream, last_speech=ended[-1] if ended else 0.0
+        )
         progress.parts.append(part)
         progress.start = next_start
         if progress.options.language is None and part.language:
