@@ -49,6 +49,11 @@ BUSY_CHECK = "could not check the output format"
 BUSY_CHECK_PATIENCE = 600
 
 
+# Seconds a request may take: a cap for a server that hangs (a loaded machine takes
+# minutes for what an idle one does in seconds).
+REQUEST_CAP = 300
+
+
 def post(base_url: str, path: str, body: Any = None, *, content: str | bytes | None = None) -> httpx.Response:
     """POST a JSON body (or raw `content`) and return the response. A 429 for a
     constraint check the load starved is sent again after its Retry-After: what comes
@@ -58,9 +63,9 @@ def post(base_url: str, path: str, body: Any = None, *, content: str | bytes | N
     while True:
         if content is not None:
             headers = {"content-type": "application/json"}
-            reply = loopback.post(base_url + path, content=content, headers=headers, timeout=60)
+            reply = loopback.post(base_url + path, content=content, headers=headers, timeout=REQUEST_CAP)
         else:
-            reply = loopback.post(base_url + path, json=body, timeout=60)
+            reply = loopback.post(base_url + path, json=body, timeout=REQUEST_CAP)
         if reply.status_code != 429 or BUSY_CHECK not in reply.text or time.monotonic() > give_up:
             return reply
         time.sleep(float(reply.headers["retry-after"]))
