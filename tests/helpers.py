@@ -40,11 +40,35 @@ def completion_body(prompt: str = "The capital of France is", **params: Any) -> 
     return {"model": MODEL, "prompt": prompt, **params}
 
 
+# A 429 that says the server could not check an output format now: its grammar
+# checker was starved of CPU by other work on the machine, and the same constraint may
+# compile the next time.
+BUSY_CHECK = "could not check the output format"
+# Seconds `post` sends a request again past such 429s: a cap for a checker that never
+# gets to run, not a figure to meet.
+BUSY_CHECK_PATIENCE = 600
+
+
+# Seconds a request may take: a cap for a server that hangs (a loaded machine takes
+# minutes for what an idle one does in seconds).
+REQUEST_CAP = 300
+
+
 def post(base_url: str, path: str, body: Any = None, *, content: str | bytes | None = None) -> httpx.Response:
-    """POST a JSON body (or raw `content`) and return the response."""
-    if content is not None:
-        return loopback.post(base_url + path, content=content, headers={"content-type": "application/json"}, timeout=60)
-    return loopback.post(base_url + path, json=body, timeout=60)
+    """POST a JSON body (or raw `content`) and return the response. A 429 for a
+    constraint check the load starved is sent again after its Retry-After: what comes
+    back is what the request itself decides (a 400 for a constraint, a 200), never how
+    busy the machine was."""
+    give_up = time.monotonic() + BUSY_CHECK_PATIENCE
+    while True:
+        if content is not None:
+            headers = {"content-type": "application/json"}
+            reply = loopback.post(base_url + path, content=content, headers=headers, timeout=REQUEST_CAP)
+        else:
+            reply = loopback.post(base_url + path, json=body, timeout=REQUEST_CAP)
+        if reply.status_code != 429 or BUSY_CHECK not in reply.text or time.monotonic() > give_up:
+            return reply
+        time.sleep(float(reply.headers["retry-after"]))
 
 
 @dataclass

@@ -160,9 +160,10 @@ class ServerPool:
         env = {key: _fill(value, paths) for key, value in spec.env.items()}
         self._launched[name] = self._starter(folder, ServerSpec(args, env, {}, spec.hypercorn))
 
-    def wait_for(self, name: str, condition: Callable[[], bool], timeout: float = 300) -> None:
+    def wait_for(self, name: str, condition: Callable[[], bool], timeout: float = 600) -> None:
         """Wait until `condition()` holds, or the launched server `name` has exited (its
-        test reports why), or `timeout` seconds."""
+        test reports why), or `timeout` seconds (only a cap for a start that hangs: the
+        others are then launched anyway, and the test of `name` reports it)."""
         launched = self._launched.get(name)
         deadline = time.monotonic() + timeout
         while not condition() and time.monotonic() < deadline:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import loopback
-from conftest import running_server
+from conftest import READY_WITHIN, running_server
 from gguf_files import as_f16, dequantized, requantized_embedded, tensors_file
 from ovtrio.model.cache import model_identity
 from ovtrio.model.gguf_convert import ConversionError, convert, plan
@@ -232,9 +232,10 @@ def test_a_start_killed_while_converting_leaves_nothing_used_and_the_next_conver
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + READY_WITHIN  # a cap for a hang
         while not any(p.stat().st_size > 1 << 20 for p in (cache / FOLDER).glob(".*.partial")):
-            assert process.poll() is None and time.monotonic() < deadline, "no conversion seen"
+            assert process.poll() is None, "the server exited before its conversion was seen"
+            assert time.monotonic() < deadline, f"no conversion seen in {READY_WITHIN} s (a hang)"
             time.sleep(0.05)
     finally:
         os.killpg(process.pid, signal.SIGKILL)

@@ -21,7 +21,7 @@ import trio
 from trio_websocket import open_websocket_url
 
 import loopback
-from conftest import held_loading
+from conftest import READY_WITHIN, held_loading
 from helpers import chat_body, post
 from ovtrio.model import embedded_model_path
 from ovtrio.settings.config_file import model_settings
@@ -225,9 +225,10 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
         def ready(name: str) -> httpx.Response:
             return loopback.get(f"{base}/v2/models/{name}/ready", timeout=10)
 
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + READY_WITHIN  # a cap for a hang
         while ready("small-a").status_code != 200 or ready("broken").json()["status"] != "failed":
-            assert time.monotonic() < deadline and loading.process.poll() is None, "small-a did not load"
+            assert loading.process.poll() is None, "the server exited while small-a loaded"
+            assert time.monotonic() < deadline, f"small-a still loading after {READY_WITHIN} s (a hang)"
             time.sleep(0.1)
         held = ready("held")
         assert held.status_code == 503 and held.json()["status"] == "loading"
@@ -254,7 +255,8 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
 
         loading.release(template.read_text())
         while ready("held").status_code != 200:
-            assert time.monotonic() < deadline and loading.process.poll() is None, "held did not load"
+            assert loading.process.poll() is None, "the server exited while held loaded"
+            assert time.monotonic() < deadline, f"held still loading after {READY_WITHIN} s (a hang)"
             time.sleep(0.1)
         later = post(base, "/v1/chat/completions", chat_body(model="held", max_tokens=2))
         assert later.status_code == 200 and later.json()["model"] == "held"

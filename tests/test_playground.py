@@ -341,14 +341,23 @@ async def test_a_browser_websocket_offers_the_key_as_a_subprotocol(keyed_playgro
 browser_test = pytest.mark.browser
 
 
+# A page of the playground's origin that loads one of its modules and marks itself
+# ready: what any page costs the browser on this machine now (Playwright answers it).
+BASELINE_PAGE = (
+    '<!doctype html><script type="module">import "/playground/js/dom.js"; performance.mark("baseline-ready");</script>'
+)
+
+
 @browser_test
-def test_the_text_box_takes_input_within_500_ms_of_navigation(browser, server):
+def test_the_text_box_takes_input_soon_after_navigation(browser, server):
     """Measured in the browser, from navigation start to the page's `playground-ready`
-    mark (set once its handlers are installed); the best of three fresh pages, so that
-    the other work on a loaded machine does not decide it, after one first page that pays
-    for the browser's own start."""
+    mark (set once its handlers are installed), against the same for a page of the same
+    origin that loads one module and marks itself ready, in turn: the best of three
+    fresh pages of each, after one first page that pays for the browser's own start.
+    A ratio, so that the other work on a loaded machine, which slows both, does not
+    decide it (idle, the playground was ready in about 100-200 ms)."""
     open_page(browser, server).page.context.close()
-    times = []
+    times, baselines = [], []
     for _ in range(3):
         watched = open_page(browser, server)
         page = watched.page
@@ -357,7 +366,16 @@ def test_the_text_box_takes_input_within_500_ms_of_navigation(browser, server):
         assert page.input_value("#prompt") == "typed"
         watched.check()
         page.context.close()
-    assert min(times) < 500, f"the page was ready {times} ms after navigation"
+        context = browser.new_context()
+        page = context.new_page()
+        page.route(
+            server.base_url + "/baseline", lambda route: route.fulfill(body=BASELINE_PAGE, content_type="text/html")
+        )
+        page.goto(server.base_url + "/baseline")
+        page.wait_for_function("performance.getEntriesByName('baseline-ready').length > 0")
+        baselines.append(page.evaluate("performance.getEntriesByName('baseline-ready')[0].startTime"))
+        context.close()
+    assert min(times) < 8 * min(baselines), f"the page was ready {times} ms after navigation; a bare page {baselines}"
 
 
 @browser_test
@@ -404,14 +422,19 @@ def test_stop_cancels_the_request_on_the_server(watched, server, mode, how):
     send(page, "Write a very long story.")
     page.wait_for_function("() => document.querySelector('.msg.assistant.streaming .content')?.textContent.length > 10")
     assert server.metric("ovtrio_requests_running", model_name=MODEL) >= 1
+    generated = server.metric("ovtrio_generated_tokens_total", model_name=MODEL)
     if how == "button":
         page.click("#stop")
     else:
         page.keyboard.press("Escape")
-    stopped = time.monotonic()
+    # The server's own count: what it generated after Stop, a few tokens while the
+    # cancel reaches it (however slow the machine), not the ~4000 left of the request.
+    give_up = time.monotonic() + 600  # a cap for a request that never ends
     while server.metric("ovtrio_requests_running", model_name=MODEL) > 0:
-        assert time.monotonic() - stopped < 2, "the server still runs the request 2 s after Stop"
+        assert time.monotonic() < give_up, "the server still runs the request 10 minutes after Stop"
         time.sleep(0.05)
+    after_stop = server.metric("ovtrio_generated_tokens_total", model_name=MODEL) - generated
+    assert after_stop < 400, f"the server generated {after_stop:.0f} tokens after Stop"
     wait_for_reply(page)
     reply = last_reply(page)
     assert reply["stats"]["finish"] == "stopped" and reply["content"]

@@ -463,7 +463,9 @@ def test_responses_top_logprobs_is_refused_not_ignored(hypercorn_server):
 
 def test_the_server_answers_while_a_long_prompt_is_scored(hypercorn_server):
     """Scoring runs in a worker thread, a chunk at a time, without the GIL: /health
-    answers within a fraction of the scoring's time while it runs."""
+    answers within a fraction of the scoring's time while it runs (both measured in
+    the same run, so a busy machine slows the two alike; a scoring that held the GIL
+    keeps one /health waiting for most of it)."""
     import threading
     import time
 
@@ -497,4 +499,6 @@ def test_the_server_answers_while_a_long_prompt_is_scored(hypercorn_server):
     assert outcome["reply"].status_code == 200, outcome["reply"].text
     assert outcome["reply"].json()["usage"]["prompt_tokens"] > 1000
     assert len(waits) >= 3
-    assert max(waits) < max(1.0, outcome["seconds"] / 3), (max(waits), outcome["seconds"])
+    waits.sort()
+    assert waits[len(waits) // 2] < outcome["seconds"] / 10, (waits, outcome["seconds"])
+    assert waits[-1] < outcome["seconds"] / 2, (waits, outcome["seconds"])
