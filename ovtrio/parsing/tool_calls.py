@@ -122,7 +122,7 @@ class ToolCallParser:
         self._calls: list[ToolCall] = []
         self._call: _PendingCall | None = None
         self._object: CallObject | None = None
-        self._held_space = ""  # whitespace at the start of a content stretch
+        self._held_space: list[str] = []  # whitespace at the start of a content stretch, in pieces
         self._stretch_has_text = False
         self._blank: dict[int, str] = {}  # see _space_end
 
@@ -138,8 +138,8 @@ class ToolCallParser:
         """End of generation: resolve what was held back."""
         self._run(final=True)
         if not self._calls:  # no call to separate from: the whitespace is content
-            self._content.append(self._held_space)
-        self._held_space = ""
+            self._content += self._held_space
+        self._held_space = []
         return self._take()
 
     @property
@@ -177,10 +177,10 @@ class ToolCallParser:
         if self._stretch_has_text:
             self._content.append(text)
             return
-        self._held_space += text
+        self._held_space.append(text)  # pieces: a long run of whitespace is not copied again
         if text.strip():  # what was held is whitespace: only the new text can end it
-            self._content.append(self._held_space)
-            self._held_space, self._stretch_has_text = "", True
+            self._content += self._held_space
+            self._held_space, self._stretch_has_text = [], True
 
     def _space_end(self, start: int = 0) -> int:
         """`skip_space(self._buf, start)`, for states that wait while the buffer holds only
@@ -218,8 +218,8 @@ class ToolCallParser:
 
     def _open_call(self, marker: str) -> None:
         """A call may start here; whitespace-only content just before it separated it."""
-        self._call = _PendingCall(raw=self._held_space + marker)
-        self._held_space, self._stretch_has_text = "", False
+        self._call = _PendingCall(raw="".join(self._held_space) + marker)
+        self._held_space, self._stretch_has_text = [], False
 
     def _take_into_call(self, count: int) -> None:
         """Move `count` characters of the buffer into the pending call's raw text."""
