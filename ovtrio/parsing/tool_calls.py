@@ -285,6 +285,11 @@ class ToolCallParser:
         raw, self._call = self._call.raw, None
         self._emit_content(raw)
 
+    def _takes_name(self, name: str) -> bool:
+        """Whether an object naming this function is a call (the formats that find calls
+        in prose take only the request's tools)."""
+        return True
+
     def _drop_call(self) -> None:
         """An empty call list ("[TOOL_CALLS][]"): nothing to keep, nothing to show."""
         self._call = None
@@ -315,10 +320,14 @@ class ToolCallParser:
         obj, call = self._object, self._call
         assert obj is not None and call is not None
         self._take_into_call(obj.consume(self._buf))
-        self._stream_call(obj.name, obj.args)
+        # A name the reader does not take: the object is read to its end all the same
+        # (however the text is split, the same text is given back).
+        allowed = obj.name is None or self._takes_name(obj.name)
+        if allowed:
+            self._stream_call(obj.name, obj.args)
         if not (obj.done or obj.failed or final):
             return False
-        complete = obj.done and obj.name is not None and (obj.args is not None or not self.requires_args)
+        complete = obj.done and obj.name is not None and allowed and (obj.args is not None or not self.requires_args)
         if call.index is not None or complete:
             self._close_call(obj.name, obj.args)
             self._state = self._then
