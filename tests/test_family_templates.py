@@ -114,6 +114,46 @@ R1_REPLY = "The user greets me.\n</think>\n\nHello!"
 EFFORT_REPLY = "<|channel|>final<|message|>EFFORT-HIGH"
 
 
+# Replies that write the format out of place, as the families do (openai/harmony's,
+# OVMS's and vLLM's own tests): (served model, reply, content, reasoning, calls). A request
+# whose question is OUT-OF-PLACE-<key> gets the reply.
+PARIS = '{"city": "Paris"}'
+OUT_OF_PLACE: dict[str, tuple[str, str, str, str, list[tuple[str, Any]]]] = {
+    "harmony-text-before-the-first-header": (
+        "gpt-oss",
+        "... Let's use the tool.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json"
+        f"<|message|>{PARIS}<|call|>",
+        "... Let's use the tool.",
+        "",
+        [("get_weather", {"city": "Paris"})],
+    ),
+    "harmony-header-without-message": (
+        "gpt-oss",
+        "<|channel|>analysis I must refuse<|end|><|start|>assistant<|channel|>analysis<|message|>We must refuse"
+        "<|end|><|start|>assistant<|channel|>final<|message|>I'm sorry, but I can't help with that.<|return|>",
+        "I'm sorry, but I can't help with that.",
+        "I must refuseWe must refuse",
+        [],
+    ),
+    "llama3-python-tag-after-text": (
+        "llama3.2",
+        "This is a content part and next will be a tool call."
+        f'<|python_tag|>{{"name": "get_weather", "parameters": {PARIS}}}',
+        "This is a content part and next will be a tool call.",
+        "",
+        [("get_weather", {"city": "Paris"})],
+    ),
+    "llama3-calls-after-text": (
+        "llama3.2",
+        f'Here are the results: {{"name": "get_weather", "parameters": {PARIS}}}; '
+        '{"name": "get_weather", "parameters": {"city": "Rome"}} Would you like to know more? {"name": "Bob"}',
+        'Here are the results:  Would you like to know more? {"name": "Bob"}',
+        "",
+        [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})],
+    ),
+}
+
+
 def question(family: str) -> str:
     return f"QUESTION-{family}: what is the weather in Paris?"
 
@@ -126,6 +166,7 @@ def script() -> list[dict[str, str]]:
     rules = [{"when": f"QUESTION-{name}", "reply": call} for name, (_, _, call, _, _) in FAMILIES.items()]
     rules += [{"when": f"RESULT-{name}", "reply": answer} for name, (_, _, _, answer, _) in FAMILIES.items()]
     rules += [{"when": f"QUESTION-{R1}", "reply": R1_REPLY}, {"when": "Reasoning: high", "reply": EFFORT_REPLY}]
+    rules += [{"when": f"OUT-OF-PLACE-{key}", "reply": reply} for key, (_, reply, *_) in OUT_OF_PLACE.items()]
     return rules
 
 
@@ -290,6 +331,42 @@ def test_streamed_calls_are_the_unary_ones(scripted, family):
     ]
     assert content == (unary.message.content or "")
     assert reasoning == (getattr(unary.message, "reasoning_content", None) or "")
+
+
+@pytest.mark.parametrize("key", OUT_OF_PLACE)
+def test_a_format_written_out_of_place_reads_as_its_own_parsers_read_it(scripted, key):
+    """No marker reaches the client, text that is not a call stays content, and the
+    stream adds up to the unary reply."""
+    model, _, content, reasoning, calls = OUT_OF_PLACE[key]
+    sdk = client(scripted)
+    request: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"OUT-OF-PLACE-{key}: go"}],
+        "tools": [WEATHER_TOOL],
+        "max_tokens": 300,
+    }
+    unary = sdk.chat.completions.create(**request).choices[0]
+    assert unary.finish_reason == ("tool_calls" if calls else "stop")
+    assert (unary.message.content or "") == content
+    assert (getattr(unary.message, "reasoning_content", None) or "") == reasoning
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in unary.message.tool_calls or []]
+    assert got == calls
+    streamed = {"content": "", "reasoning": ""}
+    arguments: dict[int, list[str]] = {}
+    for chunk in sdk.chat.completions.create(**request, stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is None:
+            continue
+        streamed["content"] += delta.content or ""
+        streamed["reasoning"] += getattr(delta, "reasoning_content", None) or ""
+        for call in delta.tool_calls or []:
+            entry = arguments.setdefault(call.index, ["", ""])
+            entry[0] += call.function.name or ""
+            entry[1] += call.function.arguments or ""
+    assert streamed == {"content": content, "reasoning": reasoning}
+    assert [tuple(arguments[i]) for i in sorted(arguments)] == [
+        (c.function.name, c.function.arguments) for c in unary.message.tool_calls or []
+    ]
 
 
 @pytest.mark.parametrize("max_tokens", [3, 12, 20, 25])

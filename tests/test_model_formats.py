@@ -166,6 +166,12 @@ SAMPLES += [
         [("get_weather", WEATHER)],
     ),
     Sample(
+        "harmony-cut-in-the-prompt's-header",
+        HarmonyParser,
+        " to=functions.get_weather<|channel|>commentary json",
+        "",
+    ),
+    Sample(
         "harmony-text-starting-with-to=",
         HarmonyParser,
         "to=do: nothing, no header here.",
@@ -195,10 +201,11 @@ SAMPLES += [
         HARMONY_REASONING,
     ),
     Sample(
+        # A header the output ends in began no message: no text of it, no marker.
         "harmony-cut-in-header",
         HarmonyParser,
         HARMONY_THINKING + "<|start|>assistant<|channel|>commentary to=functions.get_wea",
-        "<|start|>assistant<|channel|>commentary to=functions.get_wea",
+        "",
         [],
         HARMONY_REASONING,
     ),
@@ -216,6 +223,139 @@ SAMPLES += [
         "No channels at all.",
         "No channels at all.",
     ),
+    # Markers where they have no place are dropped, and the text on both sides read on.
+    Sample(
+        "harmony-stray-markers",
+        HarmonyParser,
+        "Hi<|end|> there<|message|>!<|constrain|><|call|><|channel|>final<|message|>A<|message|>B<|constrain|>C",
+        "Hi there!ABC",
+    ),
+    Sample(
+        "harmony-header-ended-by-the-next-header",
+        HarmonyParser,
+        "<|channel|>analysis Refusing. <|start|>assistant<|channel|>final<|message|>No.",
+        "No.",
+        [],
+        "Refusing.",
+    ),
+    Sample(
+        "harmony-header-without-message-keeps-no-marker",
+        HarmonyParser,
+        "<|start|>assistant<|channel|>commentary <|constrain|>json tail<|end|>",
+        "json tail",
+    ),
+    Sample(
+        # Longer than any header: read as the message's text from there, streamed.
+        "harmony-header-too-long",
+        HarmonyParser,
+        "<|channel|>analysis "
+        + "word " * 150
+        + "<|constrain|>end<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+        "Done.",
+        [],
+        ("word " * 150).strip() + " end",
+    ),
+    Sample(
+        "harmony-header-too-long-on-content",
+        HarmonyParser,
+        "<|start|>assistant<|channel|>final " + "x" * 520 + "<|channel|>final<|message|>!",
+        "x" * 520 + "!",
+    ),
+]
+
+# openai/harmony's own parser tests (tests/test_harmony.py, src/tests.rs and test-data/),
+# as its non-strict parser reads them: the reply follows the prompt's <|start|>assistant.
+HARMONY_SORRY = "<|start|>assistant<|channel|>final<|message|>I'm sorry, but I can't help with that.<|return|>"
+SAMPLES += [
+    Sample(
+        "harmony-own-missing-message-token",  # text before any header is a message of its own
+        HarmonyParser,
+        "I must refuse<|end|><|start|>assistant<|channel|>analysis<|message|>We must refuse<|end|>" + HARMONY_SORRY,
+        "I must refuseI'm sorry, but I can't help with that.",
+        [],
+        "We must refuse",
+    ),
+    Sample(
+        "harmony-own-missing-message-token-other-initial-headers",
+        HarmonyParser,
+        "<|channel|>analysis I must refuse<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>We must refuse<|end|>" + HARMONY_SORRY,
+        "I'm sorry, but I can't help with that.",
+        [],
+        "I must refuseWe must refuse",
+    ),
+    Sample(
+        "harmony-own-missing-message-token-tool-call",
+        HarmonyParser,
+        "... Let's use the tool.<|end|>"
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json"
+        '<|message|>{"location": "Tokyo"}<|call|>',
+        "... Let's use the tool.",
+        [("get_weather", {"location": "Tokyo"})],
+    ),
+    Sample(
+        "harmony-own-missing-message-token-non-strict",
+        HarmonyParser,
+        "<|channel|>commentary Hello<|end|>",
+        "Hello",
+    ),
+    Sample(
+        "harmony-own-simple-reasoning-response",
+        HarmonyParser,
+        '<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.<|return|>'
+        "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.",
+        "2 + 2 = 4.",
+        [],
+        'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.',
+    ),
+    Sample(
+        # Addressed to a tool that is not a function: the model's own business.
+        "harmony-own-simple-tool-call",
+        HarmonyParser,
+        '<|channel|>analysis<|message|>User asks: "What is the weather in Tokyo?" We need to use lookup_weather tool.'
+        '<|return|><|start|>assistant to=lookup_weather<|channel|>analysis code<|message|>{"location": "Tokyo"}',
+        "",
+        [],
+        'User asks: "What is the weather in Tokyo?" We need to use lookup_weather tool.{"location": "Tokyo"}',
+    ),
+    Sample(
+        "harmony-own-tool-call-with-constrain-tokenized-correctly",
+        HarmonyParser,
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary"
+        ' <|constrain|>json<|message|>{"location": "Tokyo"}<|call|>',
+        "",
+        [("get_weather", {"location": "Tokyo"})],
+    ),
+    Sample(
+        "harmony-own-tool-call-with-constrain-marker-adjacent",
+        HarmonyParser,
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary"
+        '<|constrain|>json<|message|>{"location": "Tokyo"}<|end|>',
+        "",
+        [("get_weather", {"location": "Tokyo"})],
+    ),
+    Sample(
+        "harmony-own-tool-call-with-channel-before-recipient-and-constrain-adjacent",
+        HarmonyParser,
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather"
+        '<|constrain|>json<|message|>{"latitude":48.8566,"longitude":2.3522}<|call|>',
+        "",
+        [("get_weather", {"latitude": 48.8566, "longitude": 2.3522})],
+    ),
+    Sample(
+        "harmony-own-streamable-parser",  # a browser call, and the browser's answer, in the reply
+        HarmonyParser,
+        '<|channel|>analysis<|message|>User asks "Who is the current US president?" Let\'s browse to confirm.<|end|>'
+        '<|start|>assistant<|channel|>commentary to=browser.search code<|message|>{"query": "current US president", '
+        '"topn": 10, "source": "news"}<|call|><|start|>browser.search to=assistant<|channel|>commentary<|message|>'
+        '{"result": "https://openai.com/"}<|end|>',
+        "",
+        [],
+        'User asks "Who is the current US president?" Let\'s browse to confirm.'
+        '{"query": "current US president", "topn": 10, "source": "news"}{"result": "https://openai.com/"}',
+    ),
+]
+SAMPLES += [
     Sample(
         "qwen3_coder-content-around",
         Qwen3CoderToolParser,
@@ -482,6 +622,17 @@ def test_harmony_streams_reasoning_and_arguments_as_they_come() -> None:
     assert [d.arguments for d in parser.feed('ty": "Paris"} ').tool_calls] == ['ty": "Paris"}']
 
 
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
+
+
+@pytest.mark.parametrize("sample", [s for s in SAMPLES if s.parser is HarmonyParser], ids=lambda s: s.id)
+def test_no_harmony_marker_reaches_the_client(sample: Sample) -> None:
+    for pieces in [[sample.text], *splittings(sample.text)[:: max(1, len(sample.text) // 40)]]:
+        content, reasoning, calls, _ = run(sample.parser, pieces)
+        for text in (content, reasoning, *(arguments for _, arguments in calls)):
+            assert not any(marker in text for marker in HARMONY_MARKERS), (text, pieces)
+
+
 def test_harmony_without_tools_gives_calls_as_content() -> None:
     text = HARMONY_THINKING + harmony_call("get_weather", WEATHER)
     content, calls = HarmonyParser.for_request({})().parse(text)
@@ -512,6 +663,8 @@ LONG_RUNS = [
     (PythonicToolParser, "[f(a=1)", " "),
     (PythonicToolParser, "[f(a=1)]", " "),
     (HarmonyParser, '<|channel|>commentary to=functions.f<|message|>{"a":', " "),
+    (HarmonyParser, "", " "),
+    (HarmonyParser, "<|channel|>analysis ", "a "),
     (lambda: ReasoningSplitter(False), "", "\n"),
 ]
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pytest
@@ -34,7 +36,7 @@ NOT_JSON = object()  # expected value of arguments cut short: not parseable
 @dataclass
 class Sample:
     id: str
-    parser: type[ToolCallParser]
+    parser: Callable[[], ToolCallParser]  # a reader class, or one made for a request's tools
     text: str
     content: str
     calls: list[tuple[str, str, Any]] = field(default_factory=list)  # (name, raw arguments, json value)
@@ -234,6 +236,13 @@ def llama_call(name: str, parameters: str) -> str:
     return '{"name": "' + name + '", "parameters": ' + parameters + "}"
 
 
+EXAMPLE_ARGS = '{"arg1": "value1", "arg2": 42}'
+QUERY_1 = '{"query": "test1"}'
+QUERY_2 = '{"query": "test2"}'
+LLAMA_WITH_TOOLS = Llama3JsonToolParser.for_request(
+    {"searchTool": {}, "getOpenIncidentsTool": {}, "get_weather": {}, "example_tool": {}}
+)
+
 LLAMA = [
     Sample(
         "single",
@@ -335,6 +344,97 @@ LLAMA = [
         "Here: " + llama_call("f", "{}"),
     ),
     Sample("empty", Llama3JsonToolParser, "", ""),
+    # After text: a <|python_tag|> call anywhere (OVMS's test), and, when the request has
+    # tools, calls that name them (vLLM's); what is not a call stays content.
+    Sample(
+        "python_tag_after_text",
+        Llama3JsonToolParser,
+        "This is a content part and next will be a tool call."
+        '<|python_tag|>{"name": "example_tool", "parameters": {"arg1": "value1", "arg2": 42}}',
+        "This is a content part and next will be a tool call.",
+        [("example_tool", EXAMPLE_ARGS, value(EXAMPLE_ARGS))],
+    ),
+    Sample(
+        "python_tag_after_text_with_tools",
+        LLAMA_WITH_TOOLS,
+        "Sure.\n<|python_tag|>" + llama_call("get_weather", WEATHER) + "; " + llama_call("get_weather", LONDON),
+        "Sure.\n",
+        [("get_weather", WEATHER, value(WEATHER)), ("get_weather", LONDON, value(LONDON))],
+    ),
+    Sample(
+        "calls_after_text",
+        LLAMA_WITH_TOOLS,
+        "Here are the results: "
+        + llama_call("searchTool", QUERY_1)
+        + "; "
+        + llama_call("getOpenIncidentsTool", "{}")
+        + "; "
+        + llama_call("searchTool", QUERY_2)
+        + " Would you like to know more?",
+        "Here are the results:  Would you like to know more?",
+        [
+            ("searchTool", QUERY_1, value(QUERY_1)),
+            ("getOpenIncidentsTool", "{}", {}),
+            ("searchTool", QUERY_2, value(QUERY_2)),
+        ],
+    ),
+    Sample(
+        "one_call_after_text",
+        LLAMA_WITH_TOOLS,
+        'Here is the result: {"name": "getOpenIncidentsTool", "parameters": {}} Would you like to know more?',
+        "Here is the result:  Would you like to know more?",
+        [("getOpenIncidentsTool", "{}", {})],
+    ),
+    Sample(
+        "prose_with_braces_and_tools",
+        LLAMA_WITH_TOOLS,
+        "In Python, {1, 2} is a set and {} a dict; {braces} {{ }} {",
+        "In Python, {1, 2} is a set and {} a dict; {braces} {{ }} {",
+    ),
+    Sample(
+        "json_naming_no_tool_after_text",
+        LLAMA_WITH_TOOLS,
+        'The record is {"name": "Bob", "parameters": {"name": "searchTool", "parameters": {}}}; done.',
+        'The record is {"name": "Bob", "parameters": {"name": "searchTool", "parameters": {}}}; done.',
+    ),
+    Sample(
+        "json_without_name_after_text",
+        LLAMA_WITH_TOOLS,
+        'It returns {"parameters": {"query": "x"}, "ok": true}.',
+        'It returns {"parameters": {"query": "x"}, "ok": true}.',
+    ),
+    Sample(
+        "tool_name_without_parameters_after_text",
+        LLAMA_WITH_TOOLS,
+        'Call {"name": "searchTool"} later.',
+        'Call {"name": "searchTool"} later.',
+    ),
+    Sample(
+        "call_after_text_then_a_tool_name_in_prose",
+        LLAMA_WITH_TOOLS,
+        "Checking. " + llama_call("searchTool", QUERY_1) + '\nThen {"name": "Bob"} and {"a": 1}.',
+        'Checking. \nThen {"name": "Bob"} and {"a": 1}.',
+        [("searchTool", QUERY_1, value(QUERY_1))],
+    ),
+    Sample(
+        "calls_later_are_content_without_tools",
+        Llama3JsonToolParser,
+        "Here: " + llama_call("searchTool", QUERY_1),
+        "Here: " + llama_call("searchTool", QUERY_1),
+    ),
+    Sample(
+        "cut_in_call_after_text",
+        LLAMA_WITH_TOOLS,
+        'Here: {"name": "searchTool", "parameters": {"query": "te',
+        "Here: ",
+        [("searchTool", '{"query": "te', NOT_JSON)],
+    ),
+    Sample(
+        "cut_before_name_after_text",
+        LLAMA_WITH_TOOLS,
+        'Here: {"name": "search',
+        'Here: {"name": "search',
+    ),
 ]
 
 MISTRAL = [
@@ -621,7 +721,8 @@ SAMPLES = HERMES + LLAMA + MISTRAL + JSON_TOOL_CALLS
 
 
 def sample_id(sample: Sample) -> str:
-    return f"{sample.parser.__name__}-{sample.id}"
+    maker = sample.parser.func if isinstance(sample.parser, partial) else sample.parser
+    return f"{getattr(maker, '__name__', 'parser')}-{sample.id}"
 
 
 # --- Splitting and streaming -----------------------------------------------------------
@@ -634,9 +735,9 @@ class Streamed:
     parser: ToolCallParser
 
 
-def stream(parser_cls: type[ToolCallParser], pieces: list[str]) -> Streamed:
+def stream(make: Callable[[], ToolCallParser], pieces: list[str]) -> Streamed:
     """Feed the pieces and check the deltas are well-formed OpenAI tool-call deltas."""
-    parser = parser_cls()
+    parser = make()
     deltas: list[ParsedDelta] = [parser.feed(piece) for piece in pieces] + [parser.finish()]
     ids: list[str] = []
     names: list[str] = []

@@ -122,7 +122,7 @@ class ToolCallParser:
         self._calls: list[ToolCall] = []
         self._call: _PendingCall | None = None
         self._object: CallObject | None = None
-        self._held_space = ""  # whitespace at the start of a content stretch
+        self._held_space: list[str] = []  # whitespace at the start of a content stretch, in pieces
         self._stretch_has_text = False
         self._blank: dict[int, str] = {}  # see _space_end
 
@@ -138,8 +138,8 @@ class ToolCallParser:
         """End of generation: resolve what was held back."""
         self._run(final=True)
         if not self._calls:  # no call to separate from: the whitespace is content
-            self._content.append(self._held_space)
-        self._held_space = ""
+            self._content += self._held_space
+        self._held_space = []
         return self._take()
 
     @property
@@ -177,10 +177,10 @@ class ToolCallParser:
         if self._stretch_has_text:
             self._content.append(text)
             return
-        self._held_space += text
+        self._held_space.append(text)  # pieces: a long run of whitespace is not copied again
         if text.strip():  # what was held is whitespace: only the new text can end it
-            self._content.append(self._held_space)
-            self._held_space, self._stretch_has_text = "", True
+            self._content += self._held_space
+            self._held_space, self._stretch_has_text = [], True
 
     def _space_end(self, start: int = 0) -> int:
         """`skip_space(self._buf, start)`, for states that wait while the buffer holds only
@@ -218,8 +218,8 @@ class ToolCallParser:
 
     def _open_call(self, marker: str) -> None:
         """A call may start here; whitespace-only content just before it separated it."""
-        self._call = _PendingCall(raw=self._held_space + marker)
-        self._held_space, self._stretch_has_text = "", False
+        self._call = _PendingCall(raw="".join(self._held_space) + marker)
+        self._held_space, self._stretch_has_text = [], False
 
     def _take_into_call(self, count: int) -> None:
         """Move `count` characters of the buffer into the pending call's raw text."""
@@ -285,6 +285,11 @@ class ToolCallParser:
         raw, self._call = self._call.raw, None
         self._emit_content(raw)
 
+    def _takes_name(self, name: str) -> bool:
+        """Whether an object naming this function is a call (the formats that find calls
+        in prose take only the request's tools)."""
+        return True
+
     def _drop_call(self) -> None:
         """An empty call list ("[TOOL_CALLS][]"): nothing to keep, nothing to show."""
         self._call = None
@@ -315,10 +320,14 @@ class ToolCallParser:
         obj, call = self._object, self._call
         assert obj is not None and call is not None
         self._take_into_call(obj.consume(self._buf))
-        self._stream_call(obj.name, obj.args)
+        # A name the reader does not take: the object is read to its end all the same
+        # (however the text is split, the same text is given back).
+        allowed = obj.name is None or self._takes_name(obj.name)
+        if allowed:
+            self._stream_call(obj.name, obj.args)
         if not (obj.done or obj.failed or final):
             return False
-        complete = obj.done and obj.name is not None and (obj.args is not None or not self.requires_args)
+        complete = obj.done and obj.name is not None and allowed and (obj.args is not None or not self.requires_args)
         if call.index is not None or complete:
             self._close_call(obj.name, obj.args)
             self._state = self._then
