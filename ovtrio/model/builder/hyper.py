@@ -1,0 +1,61 @@
+"""A decoder's hyper-parameters, read from a GGUF file's metadata (`<architecture>.*` keys)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class MissingMetadata(ValueError):
+    """A key the architecture needs is not in the file; the message names it."""
+
+
+@dataclass(frozen=True)
+class Hyper:
+    architecture: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    feed_forward: int
+    eps: float
+    context_length: int
+    rope_base: float
+    rope_scale: float  # linear scaling of the positions (1: none)
+    sliding_window: int  # 0: none
+    final_softcap: float  # 0: none
+
+
+def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
+    """The hyper-parameters in `metadata`. Raises MissingMetadata naming a missing key."""
+    arch = str(metadata.get("general.architecture"))
+
+    def need(key: str) -> Any:
+        full = f"{arch}.{key}"
+        if full not in metadata:
+            raise MissingMetadata(f"the file has no '{full}'")
+        return metadata[full]
+
+    def optional(key: str, default: Any) -> Any:
+        return metadata.get(f"{arch}.{key}", default)
+
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    scaling = optional("rope.scaling.type", "none")
+    return Hyper(
+        architecture=arch,
+        hidden=hidden,
+        layers=int(need("block_count")),
+        heads=heads,
+        kv_heads=int(optional("attention.head_count_kv", heads)),
+        head_dim=int(optional("attention.key_length", hidden // heads)),
+        feed_forward=int(need("feed_forward_length")),
+        eps=float(need("attention.layer_norm_rms_epsilon")),
+        context_length=int(optional("context_length", 2048)),
+        rope_base=float(optional("rope.freq_base", 10_000.0)),
+        rope_scale=float(optional("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+        sliding_window=int(optional("attention.sliding_window", 0)),
+        final_softcap=float(optional("final_logit_softcapping", 0.0)),
+    )

