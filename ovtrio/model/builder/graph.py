@@ -126,14 +126,34 @@ def rope_frequencies(head_dim: int, theta: float, rotary_dim: int | None = None)
     return (1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))).astype(np.float32)
 
 
-def apply_rope(x: ov.Output, tables: tuple[ov.Output, ...], head_dim: int) -> ov.Output:
-    """x * cos + rotate_half(x) * sin, x [batch, heads, length, head_dim] (NeoX order)."""
+def apply_rope(x: ov.Output, tables: tuple[ov.Output, ...], head_dim: int, rotary_dim: int | None = None) -> ov.Output:
+    """x * cos + rotate_half(x) * sin, x [batch, heads, length, head_dim] (NeoX order); with
+    `rotary_dim` below head_dim only the first rotary_dim dimensions turn (partial rotary,
+    the tables built for rotary_dim), the rest pass as they are."""
     cos, sin = tables
-    half = head_dim // 2
-    first = ops.slice(x, const([0]), const([half]), const([1]), const([3]))
-    second = ops.slice(x, const([half]), const([head_dim]), const([1]), const([3]))
+    dim = rotary_dim or head_dim
+    turned = x if dim == head_dim else ops.slice(x, const([0]), const([dim]), const([1]), const([3])).output(0)
+    half = dim // 2
+    first = ops.slice(turned, const([0]), const([half]), const([1]), const([3]))
+    second = ops.slice(turned, const([half]), const([dim]), const([1]), const([3]))
     rotated = ops.concat([ops.negative(second), first], 3)
-    return ops.add(ops.multiply(x, cos), ops.multiply(rotated, sin)).output(0)
+    out = ops.add(ops.multiply(turned, cos), ops.multiply(rotated, sin))
+    if dim == head_dim:
+        return out.output(0)
+    passed = ops.slice(x, const([dim]), const([head_dim]), const([1]), const([3]))
+    return ops.concat([out, passed], 3).output(0)
+
+
+def longrope_frequencies(
+    rotary_dim: int, theta: float, factors: np.ndarray, context_length: int, original_context_length: int
+) -> tuple[np.ndarray, float]:
+    """LongRoPE (Phi-3.5, Phi-4-mini): each inverse frequency divided by its factor, and the
+    attention factor sqrt(1 + ln(scale) / ln(original)) that multiplies cos and sin, scale
+    being context_length / original_context_length (1 when not above 1)."""
+    frequencies = rope_frequencies(rotary_dim, theta) / factors.astype(np.float32).reshape(-1)
+    scale = context_length / original_context_length if original_context_length else 1.0
+    factor = float(np.sqrt(1 + np.log(scale) / np.log(original_context_length))) if scale > 1.0 else 1.0
+    return frequencies.astype(np.float32), factor
 
 
 def _padding(graph: Inputs) -> ov.Output:

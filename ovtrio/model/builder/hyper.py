@@ -26,6 +26,8 @@ class Hyper:
     rope_scale: float  # linear scaling of the positions (1: none)
     sliding_window: int  # 0: none
     final_softcap: float  # 0: none
+    rotary_dim: int  # dimensions of each head rotated (partial rotary below head_dim)
+    original_context_length: int  # the context the rope was trained at before scaling (0: not scaled)
 
 
 def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
@@ -58,4 +60,6 @@ def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
         rope_scale=float(optional("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
         sliding_window=int(optional("attention.sliding_window", 0)),
         final_softcap=float(optional("final_logit_softcapping", 0.0)),
+        rotary_dim=int(optional("rope.dimension_count", int(optional("attention.key_length", hidden // heads)))),
+        original_context_length=int(optional("rope.scaling.original_context_length", 0)),
     )
