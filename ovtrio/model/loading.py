@@ -238,40 +238,6 @@ def build_saving(path: Path, settings: Settings) -> None:
     _build(path, settings, {}, save=True)
 
 
-def convert_into_cache(source: ModelSource, settings: Settings) -> str:
-    """Convert a GGUF model into the model cache, unless it is there already, without
-    serving it; say where its entry is. The engine runs it on the CPU with a KV cache of
-    one block (the entry is the same for every device and setting). Raises
-    ModelLoadError, also when the cache cannot keep the entry."""
-    if source.kind != "gguf":
-        return f"{source.path} is an OpenVINO IR folder, served as it is"
-    if not settings.model_cache:
-        raise ModelLoadError("the model cache is off (--no-model-cache): there is nothing to convert into")
-    quick = settings.model_copy(
-        update={
-            "device": "CPU",
-            "backend": "continuous_batching",
-            "num_kv_blocks": 1,
-            "draft_model": None,
-            "prompt_lookup": False,
-            "plugin_config": {},
-            "inference_precision": "auto",
-            "kv_cache_precision": "auto",
-            "num_threads": None,
-        }
-    )
-    try:
-        with engine_readable(source, quick, {}) as readable:
-            _tokenizer, _pipeline, origin, _folder = _build_with_cache(readable, quick, {})
-    except ModelLoadError:
-        raise
-    except Exception as exc:  # noqa: BLE001 (the engine raises RuntimeError with a multi-line C++ trace)
-        raise ModelLoadError(f"cannot convert model {source.path}: {client_reason(exc)}") from None
-    if "not cached" in origin:
-        raise ModelLoadError(f"cannot keep the converted model {source.path} in the model cache (see the warning)")
-    return origin
-
-
 def load_model(source: ModelSource, settings: Settings) -> LoadedModel:
     """Build the backend's pipeline. Blocking; releases the GIL while compiling."""
     return _load(source, settings, warm=False, progress=LoadProgress(source.name, None))[0]
@@ -364,7 +330,9 @@ def _engine(
         check_gguf(source.path)
     try:
         if source.build_graph:
-            return _built(source, settings, phases, on_folder)
+            from ovtrio.model.builder.load import built_engine
+
+            return built_engine(source, settings, phases, on_folder, _build)
         if source.kind == "gguf" and settings.model_cache:
             with engine_readable(source, settings, phases) as readable:
                 if progress is not None:
@@ -387,26 +355,6 @@ def _engine(
         raise ModelLoadError(
             f"cannot load model {source.path} on {settings.device}{with_hints}: {client_reason(exc)}"
         ) from None
-
-
-def _built(
-    source: ModelSource, settings: Settings, phases: dict[str, float], on_folder: FolderHook
-) -> tuple[Any, Any, str, Path | None]:
-    """Tokenizer and pipeline of a GGUF file whose model ovtrio builds (builder/): from
-    the IR folder built into the model cache (or, without one, a temporary folder)."""
-    from ovtrio.model.builder.cached import built_folder
-    from ovtrio.model.builder.child import BuildError
-
-    started = time.perf_counter()
-    cache_root = cache_folder(settings.cache_dir, settings.data_dir) if settings.model_cache else None
-    try:
-        with built_folder(source.path, cache_root) as (folder, origin):
-            phases["build"] = time.perf_counter() - started
-            cached = cache_root is not None and "not cached" not in origin
-            tokenizer, pipeline = _build(folder, settings, phases, on_folder=on_folder if cached else None)
-    except BuildError as exc:
-        raise ModelLoadError(f"cannot build model {source.path}: {exc}") from None
-    return tokenizer, pipeline, origin, folder if cached else None
 
 
 def _warm_up(model: LoadedModel, settings: Settings) -> int:

@@ -19,8 +19,8 @@ from ovtrio.model import (
     resolve_model,
     start_loading_in_order,
 )
+from ovtrio.model.convert_cache import convert_into_cache
 from ovtrio.model.load_thread import import_engine
-from ovtrio.model.loading import convert_into_cache
 from ovtrio.server.early_signals import EarlySignals
 from ovtrio.server.logs import configure_logging
 from ovtrio.settings.model import ModelSettings
