@@ -8,6 +8,7 @@ failed, which readiness and liveness report. Pure logic against the fake pipelin
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -70,7 +71,7 @@ class BrokenScheduler:
 async def test_a_scheduler_that_dies_marks_its_model_failed_for_readiness_and_liveness():
     registry = ModelRegistry([Settings()], drain_timeout=1)
     service = registry.services[0]
-    service.source = SimpleNamespace(name="m")  # type: ignore[assignment]
+    service.source = SimpleNamespace(name="m", path=Path("m"))  # type: ignore[assignment]
     service.ready.set()  # it was serving
     assert registry.status(service) == "ready"
     async with trio.open_nursery() as nursery:
