@@ -254,3 +254,30 @@ async def test_without_xgrammar_every_constraint_is_refused_at_once_with_how_to_
         assert len([r for r in caplog.records if "xgrammar" in r.getMessage()]) == 1
     finally:
         grammars.close()
+
+
+@pytest.mark.parametrize(
+    "string",
+    [{"type": "string"}, {"type": "string", "maxLength": 8}, {"type": "string", "pattern": "^a.*$"}],
+    ids=["plain", "max-length", "pattern-dot"],
+)
+def test_the_grammar_lets_no_raw_control_character_into_a_string(string):
+    """What the engine is given admits JSON only: no raw U+0000-U+001F (nor a raw quote)
+    in a string, its escapes still allowed, counted strings and patterns included."""
+    from ovtrio.model.grammar_worker import VOCAB_RAW, json_safe, load_bindings
+
+    xgr = load_bindings()
+    vocab = [bytes([i]) for i in range(256)] + [b"</s>"]
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(vocab, VOCAB_RAW, len(vocab), [256], True), 1, False, -1)
+    schema = json.dumps({"type": "object", "properties": {"city": string}, "required": ["city"]})
+    text = json_safe(xgr.Grammar.from_json_schema(schema, False, None, None, True, None, False).to_string())
+    compiled = compiler.compile_grammar(xgr.Grammar.from_ebnf(text, "root"))
+
+    def accepted(output: str) -> bool:
+        matcher = xgr.GrammarMatcher(compiled, [256], False, 0)
+        return bool(matcher.accept_string(output, False) and matcher.accept_token(256, False))
+
+    for raw in ('{"city": "a\x01b"}', '{"city": "a\tb"}', '{"city": "a"b"}'):
+        assert not accepted(raw), raw
+    for valid in ('{"city": "a\\tb"}', '{"city": "a\\u0001"}', '{"city": "ab"}'):
+        assert accepted(valid) and json.loads(valid), valid

@@ -103,6 +103,57 @@ def structural_tag_json(tags: list[dict[str, str]], triggers: list[str]) -> str:
     )
 
 
+# One character of a JSON string: any but the control characters U+0000-U+001F (which
+# JSON forbids raw), '"' and '\', or an escape.
+JSON_CHAR_RULE = "ovtrio_json_char"
+_JSON_CHAR = r'(([^\0-\x1f\"\\]) | ("\\" (([\"\\/bfnrt]) | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))))'
+# The classes XGrammar 0.1.31 writes for a string's characters where it counts them
+# (minLength, maxLength) and for a pattern's ".": raw control characters, no escapes
+# ('"' and '\' raw too, for "."), which no JSON parser takes.
+_LOOSE_CLASSES = ('[^\\"\\\\\\r\\n]', "[\\0-\\U0010ffff]")
+_CONTROLS_OUT = '\\0-\\x1f\\"\\\\'  # what a negated class must leave out, as EBNF writes it
+
+
+def json_safe(grammar: str) -> str:
+    """The EBNF `grammar` with every character class that stands for a string's
+    characters kept to what JSON allows there: the classes of _LOOSE_CLASSES become one
+    JSON string character (escapes included), and any other negated class (a pattern's
+    `[^a]`) leaves out control characters, '"' and '\' too. Quoted literals and the
+    classes that already do (XGrammar's plain strings) are left as they are."""
+    out: list[str] = []
+    pos, replaced = 0, False
+    while pos < len(grammar):
+        char = grammar[pos]
+        if char == '"':
+            end = _closing(grammar, pos + 1, '"')
+            out.append(grammar[pos : end + 1])
+            pos = end + 1
+        elif char == "[":
+            end = _closing(grammar, pos + 1, "]")
+            cls = grammar[pos : end + 1]
+            if cls in _LOOSE_CLASSES:
+                out.append(JSON_CHAR_RULE)
+                replaced = True
+            elif cls.startswith("[^") and not cls.startswith("[^\\0-\\x1f"):
+                out.append("[^" + _CONTROLS_OUT + cls[2:])
+            else:
+                out.append(cls)
+            pos = end + 1
+        else:
+            out.append(char)
+            pos += 1
+    if replaced:
+        out.append(f"\n{JSON_CHAR_RULE} ::= {_JSON_CHAR}\n")
+    return "".join(out)
+
+
+def _closing(text: str, pos: int, quote: str) -> int:
+    """Where the literal or class opened before `pos` closes (past escapes)."""
+    while pos < len(text) and text[pos] != quote:
+        pos += 2 if text[pos] == "\\" else 1
+    return pos
+
+
 class Compiler:
     def __init__(self, xgr: Any, vocab: list[bytes], eos_token_id: int, max_text: int, max_compiled: int) -> None:
         self._xgr = xgr
@@ -121,7 +172,7 @@ class Compiler:
             grammar = xgr.Grammar.from_json_schema(request["schema"], False, None, None, True, None, False)
         else:
             grammar = xgr.Grammar.from_structural_tag(structural_tag_json(request["tags"], request["triggers"]))
-        text = grammar.to_string()
+        text = json_safe(grammar.to_string())
         if len(text) > self._max_text:
             return {"error": f"its grammar is {len(text)} characters, more than {self._max_text}", "size": True}
         compiled = self._compiler.compile_grammar(xgr.Grammar.from_ebnf(text, "root"))
