@@ -8,6 +8,7 @@ engine's own GGUF models too): what is left is float rounding."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -81,6 +82,27 @@ def _stateful_greedy(folder: Path, ids: list[int], count: int) -> list[int]:
     return chosen
 
 
+def _paged_output(folder: Path, ids: list[int], count: int) -> Any:
+    """`count` greedy tokens (with their logprobs) from the continuous-batching pipeline,
+    its prefill sliced into steps of 16 tokens, smaller than the prompts here."""
+    import openvino as ov
+    import openvino_genai
+
+    scheduler = openvino_genai.SchedulerConfig()
+    scheduler.max_num_batched_tokens = 16
+    scheduler.num_kv_blocks = 16
+    scheduler.enable_prefix_caching = False
+    pipeline = openvino_genai.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", EXACT)
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = count
+    config.ignore_eos = True
+    config.logprobs = 1
+    handle = pipeline.add_request(0, ov.Tensor(np.array([ids], np.int64)), config)
+    while pipeline.has_non_finished_requests():
+        pipeline.step()
+    return handle.read_all()[0]
+
+
 def test_the_names_of_built_architectures_are_the_builders_table() -> None:
     assert frozenset(ARCHITECTURES) == BUILT_ARCHITECTURES
 
@@ -121,22 +143,7 @@ def test_the_paged_pipeline_keeps_the_window_and_gives_the_graphs_greedy_tokens(
     """The continuous-batching pipeline turns each attention into its paged attention: the
     local layers' window must survive the rewrite (taken from the mask's pattern), in a
     prefill sliced smaller than the prompt."""
-    import openvino as ov
-    import openvino_genai
-
-    scheduler = openvino_genai.SchedulerConfig()
-    scheduler.max_num_batched_tokens = 16
-    scheduler.num_kv_blocks = 16
-    scheduler.enable_prefix_caching = False
-    pipeline = openvino_genai.ContinuousBatchingPipeline(str(gemma3_folder), scheduler, "CPU", EXACT)
-    config = openvino_genai.GenerationConfig()
-    config.max_new_tokens = 12
-    config.ignore_eos = True
-    config.logprobs = 1
-    handle = pipeline.add_request(0, ov.Tensor(np.array([PROMPT], np.int64)), config)
-    while pipeline.has_non_finished_requests():
-        pipeline.step()
-    output = handle.read_all()[0]
+    output = _paged_output(gemma3_folder, PROMPT, 12)
     tokens = list(output.generated_ids)
     assert tokens == _stateful_greedy(gemma3_folder, PROMPT, 12)
 

@@ -13,7 +13,7 @@ import pytest
 from gguf_architectures import write_phi3
 from ovtrio.model.builder.folder import write_ir_folder
 from phi3_reference import forward, read_gguf
-from test_gguf_builder import EXACT, _stateful_greedy, _stateful_logits
+from test_gguf_builder import _paged_output, _stateful_greedy, _stateful_logits
 
 WINDOW = 8
 PROMPT = [1, *range(6, 262, 7)]  # <s> and 37 byte tokens: past the window many times
@@ -67,23 +67,8 @@ def test_the_window_and_the_own_output_give_the_reference_logits(
 def test_the_paged_pipeline_gives_the_graphs_greedy_tokens(model: str, request: pytest.FixtureRequest) -> None:
     """The continuous-batching pipeline's paged attention keeps the rope and the window, in
     a prefill sliced smaller than the prompt."""
-    import openvino as ov
-    import openvino_genai
-
     folder, (metadata, weights) = request.getfixturevalue(model)
-    scheduler = openvino_genai.SchedulerConfig()
-    scheduler.max_num_batched_tokens = 16
-    scheduler.num_kv_blocks = 16
-    scheduler.enable_prefix_caching = False
-    pipeline = openvino_genai.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", EXACT)
-    config = openvino_genai.GenerationConfig()
-    config.max_new_tokens = 12
-    config.ignore_eos = True
-    config.logprobs = 1
-    handle = pipeline.add_request(0, ov.Tensor(np.array([PROMPT], np.int64)), config)
-    while pipeline.has_non_finished_requests():
-        pipeline.step()
-    output = handle.read_all()[0]
+    output = _paged_output(folder, PROMPT, 12)
     assert list(output.generated_ids) == _stateful_greedy(folder, PROMPT, 12)
     logits = forward(metadata, weights, PROMPT)[-1]
     shifted = logits - logits.max()
