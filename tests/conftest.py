@@ -40,6 +40,15 @@ SESSION_CACHE = Path(tempfile.mkdtemp(prefix="ovtrio-test-cache-"))
 os.environ["OVTRIO_CACHE_DIR"] = str(SESSION_CACHE)
 
 
+def embedded_entry() -> Path:
+    """The session cache's entry of the embedded model (other tests add entries of
+    their own files beside it)."""
+    from ovtrio.model import embedded_model_path
+    from ovtrio.model.cache import engine_versions, entry_key, model_identity
+
+    return SESSION_CACHE / "gguf" / entry_key(model_identity(embedded_model_path()), engine_versions())
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -705,11 +705,19 @@ def test_uploads_past_the_queues_places_get_429_before_their_bodies_are_read(aud
 
 
 def test_health_answers_while_four_transcriptions_run(audio_server, client):
-    """The event loop keeps running while the model computes: a window of the fixture
-    takes a few hundred milliseconds, so a GIL held through one would show as probes that
-    wait that long. (Its p99 against the 50 ms goal is measured by `python -m bench audio`,
+    """The event loop keeps running while the model computes. A GIL held through a
+    window would make a probe wait for the window in flight to end: half a window's time
+    at the median, with four long requests running windows back to back. The window's
+    time is measured here, as one short request's (one window, its overhead included).
+    (Its p99 against the 50 ms goal is measured by `python -m bench audio`,
     docs/benchmarks.md: here other work shares the cores.)"""
     client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)))
+    windows = []
+    for _ in range(3):
+        started = time.perf_counter()
+        client.audio.transcriptions.create(model=WHISPER, file=("speech.wav", wav(SPEECH)))
+        windows.append(time.perf_counter() - started)
+    window = float(np.median(windows))
     held: list[httpx.Response] = []
     threads = [long_request(audio_server, held) for _ in range(4)]
     latencies: list[float] = []
@@ -721,9 +729,11 @@ def test_health_answers_while_four_transcriptions_run(audio_server, client):
             time.sleep(0.01)
     assert [response.status_code for response in held] == [200] * 4
     assert len(latencies) > 50
-    figures = f"p50 {np.median(latencies) * 1000:.1f} ms, p99 {np.percentile(latencies, 99) * 1000:.1f} ms"
-    assert np.median(latencies) <= 0.050, figures
-    assert max(latencies) <= 0.250, figures + f", max {max(latencies) * 1000:.1f} ms"
+    figures = (
+        f"p50 {np.median(latencies) * 1000:.1f} ms, p99 {np.percentile(latencies, 99) * 1000:.1f} ms,"
+        f" max {max(latencies) * 1000:.1f} ms; a window {window * 1000:.0f} ms"
+    )
+    assert np.median(latencies) <= window / 5, figures
 
 
 def build_garbled(folder: Any) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import loopback
-from conftest import MODEL, SESSION_CACHE, RunningServer
+from conftest import MODEL, SESSION_CACHE, RunningServer, embedded_entry
 from ovtrio.model import embedded_model_path
 from ovtrio.model.cache import (
     ENTRY_FILES,
@@ -31,6 +31,7 @@ from ovtrio.model.cache import (
     entry_key,
     model_identity,
 )
+from ovtrio.model.cache_build import EntryBuildError
 from server_pool import server_fixture
 
 VERSIONS = {"openvino": "2026.4.1", "openvino-genai": "2026.4.1.0", "openvino-tokenizers": "2026.4.1.0"}
@@ -154,24 +155,41 @@ def test_a_replacing_build_replaces_the_entry_only_once_it_succeeds(tmp_path, mo
 
 
 def _loading_with_a_fake_engine(monkeypatch, fails_on: set[str]) -> list[str]:
-    """ovtrio.model.loading with `_build` (the engine) replaced: it fails on the cache
-    entry ("entry") and/or on the conversion ("conversion"), else writes what the engine
-    would. Returns what it was asked to build, in order."""
+    """ovtrio.model.loading with the engine replaced: loading the cache's entry
+    ("entry"), the child's conversion into the cache ("conversion"), loading what it
+    converted ("converted") and loading the file uncached ("uncached") each fail when
+    named in `fails_on`, else do what the engine would. Returns what it was asked to do, in order."""
     from ovtrio.model import loading
 
     asked: list[str] = []
 
-    def fake_build(path: Path, settings, phases, save: bool = False, on_folder=None):
-        what = "conversion" if save else "entry"
+    def attempt(what: str) -> None:
         asked.append(what)
         if what in fails_on:
             raise RuntimeError(f"Exception from src/core: the {what} failed\n")
-        if save:
-            for name in ENTRY_FILES:
-                (path.parent / name).write_text("converted")
+
+    def fake_build(path: Path, settings, phases, save: bool = False, on_folder=None):
+        if path.is_file():  # the GGUF file itself: served uncached
+            attempt("uncached")
+        else:
+            attempt("converted" if (path / "openvino_model.xml").read_text() == "converted" else "entry")
         return "tokenizer", "pipeline"
 
+    def fake_child(model_path: Path, cache_root: Path, replacing: bool, timeout):
+        cache = ModelCache(cache_root)
+        identity = model_identity(model_path)
+        key = entry_key(identity, engine_versions())
+        try:
+            with cache.building(key, model_path, identity, replacing) as link:
+                attempt("conversion")
+                for name in ENTRY_FILES:
+                    (link.parent / name).write_text("converted")
+        except RuntimeError as exc:  # what the real child reports of the engine's failure
+            raise EntryBuildError(str(exc)) from None
+        return cache.entry(key)
+
     monkeypatch.setattr(loading, "_build", fake_build)
+    monkeypatch.setattr(loading, "build_entry_in_child", fake_child)
     return asked
 
 
@@ -192,26 +210,44 @@ def test_an_entry_the_engine_cannot_load_is_replaced_by_a_conversion_that_loads(
     _build(cache, model, key)
     asked = _loading_with_a_fake_engine(monkeypatch, fails_on={"entry"})
     _, _, origin, _ = _build_with_cache(source, settings, {})
-    assert asked == ["entry", "conversion"]
+    assert asked == ["entry", "conversion", "converted"]
     assert origin.startswith("converted and cached in ")
     assert (cache.lookup(key) / "openvino_model.xml").read_text() == "converted"
 
 
-def test_a_failure_that_is_not_the_entrys_leaves_the_entry(tmp_path, model, monkeypatch):
-    """Settings the engine refuses fail the entry and the conversion alike: the error is
-    the engine's, and the entry stays for the next start instead of being converted
-    again then."""
+def test_a_conversion_that_fails_leaves_the_entry(tmp_path, model, monkeypatch):
+    """The child replaces the entry only once its conversion succeeds: one that fails
+    leaves the old entry for the next start; the model is then loaded uncached, and
+    fails with the engine's reason when the engine cannot read it either."""
     from ovtrio.model.loading import _build_with_cache
 
     source, settings = _source_and_settings(tmp_path, model)
     cache = ModelCache(tmp_path / "cache")
     key = entry_key(model_identity(model), engine_versions())
     _build(cache, model, key)
-    asked = _loading_with_a_fake_engine(monkeypatch, fails_on={"entry", "conversion"})
-    with pytest.raises(RuntimeError, match="the conversion failed"):
+    asked = _loading_with_a_fake_engine(monkeypatch, fails_on={"entry", "conversion", "uncached"})
+    with pytest.raises(RuntimeError, match="the uncached failed"):
         _build_with_cache(source, settings, {})
-    assert asked == ["entry", "conversion"]
+    assert asked == ["entry", "conversion", "uncached"]
     assert (cache.lookup(key) / "openvino_model.xml").read_text() == "openvino_model.xml"
+    assert [p.name for p in cache.entries.iterdir()] == [key]
+
+
+def test_a_failure_that_is_not_the_entrys_is_the_engines_reason(tmp_path, model, monkeypatch):
+    """Settings the engine refuses fail the entry and what the child converted alike:
+    the error is the engine's, and the entry in the cache is the converted one, which
+    the next start loads."""
+    from ovtrio.model.loading import _build_with_cache
+
+    source, settings = _source_and_settings(tmp_path, model)
+    cache = ModelCache(tmp_path / "cache")
+    key = entry_key(model_identity(model), engine_versions())
+    _build(cache, model, key)
+    asked = _loading_with_a_fake_engine(monkeypatch, fails_on={"entry", "converted"})
+    with pytest.raises(RuntimeError, match="the converted failed"):
+        _build_with_cache(source, settings, {})
+    assert asked == ["entry", "conversion", "converted"]
+    assert (cache.lookup(key) / "openvino_model.xml").read_text() == "converted"
     assert [p.name for p in cache.entries.iterdir()] == [key]
 
 
@@ -258,7 +294,7 @@ def test_the_first_start_converts_into_the_cache(server):
     assert "(converted and cached in " in line, line
     for phase in ("IR conversion", "model", "vocabulary", "warm-up"):
         assert f" {phase} " in line, line
-    assert len(list((SESSION_CACHE / "gguf").iterdir())) == 1
+    assert embedded_entry().name in line and (embedded_entry() / "openvino_model.xml").is_file(), line
 
 
 def test_the_second_start_loads_the_cache_and_answers_the_same(server, alternate_server):

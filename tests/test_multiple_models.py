@@ -202,7 +202,9 @@ def test_requests_to_one_model_move_only_its_metrics(models_server):
 def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_path):
     """small-a loads first and serves; broken fails while loading (an IR folder whose
     model file the engine cannot read, which passes the checks made before loading);
-    held waits for its chat template, a pipe the test writes (conftest.held_loading)."""
+    held waits for its chat template, a pipe the test writes (conftest.held_loading).
+    small-a and broken name a template file of their own: a load reads its template
+    first."""
     template = Path(__file__).parent / "data" / "plain_template.jinja"
     config = tmp_path / "models.json"
     damaged = tmp_path / "damaged-ir"
@@ -213,7 +215,7 @@ def test_one_model_serves_while_another_loads_and_a_failed_one_is_reported(tmp_p
             {
                 "models": [
                     {"served_model_name": "small-a", "model": EMBEDDED, "chat_template": str(template)},
-                    {"served_model_name": "broken", "model": str(damaged)},
+                    {"served_model_name": "broken", "model": str(damaged), "chat_template": str(template)},
                     {"served_model_name": "held", "model": EMBEDDED},
                 ]
             }

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import loopback
-from conftest import HYPERCORN_MODEL, SESSION_CACHE
+from conftest import HYPERCORN_MODEL, embedded_entry
 from helpers import assert_error, post
 from server_pool import server_fixture
 from sse import stream_post
@@ -186,7 +186,7 @@ def test_more_than_twenty_top_tokens_is_refused(exact_scoring_server, body, para
 def direct_logprobs(ids: list[int]) -> np.ndarray:
     """log P(ids[i] | ids[:i]) for i >= 1, from the served IR run here with plain
     OpenVINO inference and numpy (float64) log-softmax over its logits."""
-    (xml,) = SESSION_CACHE.glob("gguf/*/openvino_model.xml")
+    xml = embedded_entry() / "openvino_model.xml"
     compiled = _compiled(str(xml))
     request = compiled.create_infer_request()
     request.reset_state()

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from ovtrio.model.cache import ModelCache, engine_versions, entry_key, model_identity
+from ovtrio.model.child_log import relay_records, send_records_to_parent
 
 _CHILD = "from ovtrio.model.cache_build import main; main()"
 
@@ -45,9 +46,9 @@ def build_entry_in_child(model_path: Path, cache_root: Path, replacing: bool, ti
             child.wait()
             cache.remove_builds_of(child.pid)
             raise EntryBuildError(f"the engine's conversion took longer than {timeout:g} s") from None
+    lines = relay_records(stderr)
     if child.returncode != 0:
         cache.remove_builds_of(child.pid)
-        lines = [line for line in stderr.splitlines() if line.strip()]
         reason = lines[-1] if lines else f"exit status {child.returncode}"
         if reason.startswith("OSError: "):
             raise OSError(reason.removeprefix("OSError: "))
@@ -62,6 +63,7 @@ def main() -> None:
     from ovtrio.model.loading import build_saving
     from ovtrio.settings.server import Settings
 
+    send_records_to_parent()
     model_path, cache_root, replacing = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "replace"
     settings = Settings.model_validate({"device": "CPU", "backend": "continuous_batching", "num_kv_blocks": 1})
     cache = ModelCache(cache_root)

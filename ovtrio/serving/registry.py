@@ -132,6 +132,9 @@ class ModelRegistry:
         self._scanned: tuple[int | None, float] = (None, float("-inf"))
         # Set when the reading under way ends; None when none is.
         self._reading: trio.Event | None = None
+        # The names the last reading found: a model gone from the folder is forgotten
+        # once it is unloaded, whether or not the folder is read again by then.
+        self._found_names: frozenset[str] | None = None
         self._forget = on_forget or (lambda name: None)
 
     def check(self) -> None:
@@ -184,6 +187,8 @@ class ModelRegistry:
         changed_at, when = self._scanned
         now_changed_at = entries_changed_at(folder)
         if now_changed_at == changed_at and time.monotonic() - when < RESCAN_INTERVAL:
+            if self._found_names is not None:
+                self._forget_gone(self._found_names)
             return
         reading = self._reading = trio.Event()
         try:
@@ -194,26 +199,31 @@ class ModelRegistry:
             self._reading = None
             reading.set()
 
-    def _take(self, found: Reading) -> None:
-        """Serve the models of models_dir added since the last reading, and forget those
-        whose file is gone and that are not loaded (discovery.py): all the server kept
-        of them, their metrics too, so one of the same name found later starts afresh."""
-        models = found.models
+    def _forget_gone(self, found: frozenset[str]) -> None:
+        """Forget the models of models_dir not among `found` that are not loaded."""
         for service in list(self.services):
-            if service.on_demand and service.model_name not in models and service.state in ("unloaded", "failed"):
+            if service.on_demand and service.model_name not in found and service.state in ("unloaded", "failed"):
                 self.services.remove(service)
                 del self._by_name[service.model_name]
                 self.residency.failed_loads.forget(service)
                 self._forget(service.model_name)
         for encoder in list(self.encoders):
             scope = self._found_encoders.get(encoder.name)
-            if scope is not None and encoder.name not in models and encoder.state in ("unloaded", "failed"):
+            if scope is not None and encoder.name not in found and encoder.state in ("unloaded", "failed"):
                 scope.cancel()
                 self.encoders.remove(encoder)
                 del self._found_encoders[encoder.name]
                 if encoder in self._unstarted:
                     self._unstarted.remove(encoder)
                 self._forget(encoder.name)
+
+    def _take(self, found: Reading) -> None:
+        """Serve the models of models_dir added since the last reading, and forget those
+        whose file is gone and that are not loaded (discovery.py): all the server kept
+        of them, their metrics too, so one of the same name found later starts afresh."""
+        models = found.models
+        self._found_names = frozenset(models)
+        self._forget_gone(self._found_names)
         taken = {encoder.name for encoder in self.encoders}
         for name, model in models.items():
             if name in self._by_name or name in taken:

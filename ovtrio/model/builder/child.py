@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ovtrio.model.child_log import relay_records, send_records_to_parent
+
 _CHILD = "from ovtrio.model.builder.child import main; main()"
 
 
@@ -23,8 +25,8 @@ def build_in_child(source: Path, folder: Path) -> list[str]:
     """Build the model of the GGUF file `source` into `folder`; the lines to log. Raises
     BuildError, or OSError when `folder` cannot be written."""
     result = subprocess.run([sys.executable, "-c", _CHILD, str(source), str(folder)], capture_output=True, text=True)
+    lines = relay_records(result.stderr)
     if result.returncode != 0:
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
         reason = lines[-1] if lines else f"exit status {result.returncode}"
         if reason.startswith("OSError: "):
             raise OSError(reason.removeprefix("OSError: "))
@@ -37,6 +39,7 @@ def main() -> None:
     lines as JSON on the last line."""
     from ovtrio.model.builder.folder import write_ir_folder
 
+    send_records_to_parent()
     source, folder = sys.argv[1:3]
     try:
         lines = write_ir_folder(Path(source), Path(folder))
