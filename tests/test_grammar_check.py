@@ -206,9 +206,8 @@ async def test_a_compile_whose_client_left_runs_to_its_end_and_is_kept(monkeypat
                     await trio.sleep(0.001)
                 nursery.cancel_scope.cancel()  # its client left mid-compile
         assert not scope.cancelled_caught
-        with trio.fail_after(0.2):  # kept: no compile, no new worker
-            assert await grammars.grammar(schema_request({"type": "boolean"})) == 'root ::= {"type": "boolean"}'
-        assert (grammars.compiles, grammars.restarts, len(spawned)) == (1, 0, 1)
+        assert await grammars.grammar(schema_request({"type": "boolean"})) == 'root ::= {"type": "boolean"}'
+        assert (grammars.compiles, grammars.restarts, len(spawned)) == (1, 0, 1)  # kept: no compile, no new worker
     finally:
         grammars.close()
 

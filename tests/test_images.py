@@ -250,12 +250,15 @@ def test_a_client_that_leaves_frees_its_request(client, vlm_server):
         model=MODEL, messages=user_with_image(image_url(1)), max_tokens=1500, temperature=0, stream=True,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
+    generated = vlm_server.metric("ovtrio_generated_tokens_total", model_name=MODEL)
     next(iter(stream))
     stream.close()
-    until = time.monotonic() + 10
+    until = time.monotonic() + 300  # a cap for a hang
     while vlm_server.metric("ovtrio_requests_running", model_name=MODEL) and time.monotonic() < until:
         time.sleep(0.05)
     assert vlm_server.metric("ovtrio_requests_running", model_name=MODEL) == 0
+    # Ended when its client left, not once its 1500 tokens were made.
+    assert vlm_server.metric("ovtrio_generated_tokens_total", model_name=MODEL) - generated < 750
 
 
 def test_images_are_counted_in_the_metrics(client, vlm_server):

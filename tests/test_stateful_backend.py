@@ -127,10 +127,10 @@ def test_a_cancelled_stream_frees_the_engine_for_the_next_request(stateful_serve
     settled = stateful_server.metric("ovtrio_generated_tokens_total")
     time.sleep(0.5)
     assert stateful_server.metric("ovtrio_generated_tokens_total") == settled, "tokens are still being generated"
-    started = time.monotonic()
     response = post(stateful_server.base_url, "/v3/chat/completions", chat_body("Hi", max_tokens=4, ignore_eos=True))
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
-    assert time.monotonic() - started < 20
+    # The engine made those four tokens and nothing more for the stream that was left.
+    assert stateful_server.metric("ovtrio_generated_tokens_total") == settled + 4
 
 
 def test_concurrent_requests_run_one_after_the_other_with_their_own_output(

@@ -85,6 +85,18 @@ class Options:
     quiet_every: float = 60.0
     poll: float = 1.0
     seed: int = 0
+    # The traffic goes on past `seconds` until the run has seen this much (a test's goal,
+    # so a slow machine runs longer instead of checking less), up to `cap` seconds.
+    at_least: Goal | None = None
+    cap: float = 1800.0
+
+
+@dataclass(frozen=True)
+class Goal:
+    requests: int = 0
+    answered: int = 0  # of them answered 200
+    quiet_checks: int = 0
+    models_loaded: int = 0
 
 
 @dataclass
@@ -109,6 +121,23 @@ class Findings:
     @property
     def requests(self) -> int:
         return sum(self.answers.values())
+
+    @property
+    def answered(self) -> int:
+        return sum(count for key, count in self.answers.items() if key.endswith(": 200"))
+
+    @property
+    def models_loaded(self) -> set[str]:
+        """The models seen loaded at least once."""
+        return {name for _, statuses in self.states for name, status in statuses.items() if status == "loaded"}
+
+    def reached(self, goal: Goal, quiet_to_come: int) -> bool:
+        return (
+            self.requests >= goal.requests
+            and self.answered >= goal.answered
+            and len(self.quiet_checks) + quiet_to_come >= goal.quiet_checks
+            and len(self.models_loaded) >= goal.models_loaded
+        )
 
 
 def metric_samples(exposition: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -388,12 +417,20 @@ class Soak:
             self.findings.violation("model_card: no state", reply.text)
         return self.judge("model_card", reply, reply.content, {})
 
+    def traffic_done(self, until: float) -> bool:
+        """Past `until`, with the goal reached (the quiet moment at the end counting
+        among its quiet checks), or past the cap."""
+        now, goal = time.monotonic(), self.options.at_least
+        if now >= self.began + self.options.cap:
+            return True
+        return now >= until and (goal is None or self.findings.reached(goal, quiet_to_come=1))
+
     async def client(self, until: float) -> None:
         kinds = self.kinds()
         weights = [weight for _, weight, _ in kinds]
-        while time.monotonic() < until:
+        while not self.traffic_done(until):
             await self.gate.wait()
-            if time.monotonic() >= until:
+            if self.traffic_done(until):
                 return
             name, _, action = self.random.choices(kinds, weights)[0]
             await self.send(name, action)
@@ -491,8 +528,9 @@ class Soak:
 
     async def quiet_checks(self, until: float) -> None:
         while True:
-            await trio.sleep(min(self.options.quiet_every, max(0.0, until - time.monotonic() - 1)))
-            if time.monotonic() >= until - 2:
+            before_end = until - time.monotonic() - 1
+            await trio.sleep(min(self.options.quiet_every, before_end) if before_end > 0 else self.options.quiet_every)
+            if self.traffic_done(until - 2):
                 return
             await self.quiet_moment()
 
