@@ -7,11 +7,13 @@ started as `ovtrio serve` starts its load or as a load starts its second thread
 generous cap, then counted.
 
 Before the binding's tables were built up front, about one start in seven of these
-froze (3 of 20 measured); the fast set makes 8 starts, the slow one 100.
+froze (3 of 20 measured); the fast set makes 8 starts, the slow one 30 (100 with
+OVTRIO_BINDING_STARTS=100: 0 of 100 froze, in 130 s on a 2-core EPYC).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,7 @@ from ovtrio.model.source import embedded_model_path
 
 CHILD = Path(__file__).with_name("binding_race.py")
 FROZEN_AFTER = 120  # seconds: a start that takes this long to read twice is frozen
+SLOW_STARTS = int(os.environ.get("OVTRIO_BINDING_STARTS", "30"))
 
 
 @pytest.fixture(scope="module")
@@ -60,5 +63,5 @@ def test_two_threads_reading_engine_data_at_a_start_never_freeze_it(tokenizer_ir
 
 
 @pytest.mark.slow
-def test_a_hundred_starts_reading_engine_data_on_two_threads_never_freeze(tokenizer_ir):
-    assert frozen_starts(tokenizer_ir, 100) == []
+def test_many_starts_reading_engine_data_on_two_threads_never_freeze(tokenizer_ir):
+    assert frozen_starts(tokenizer_ir, SLOW_STARTS) == []

@@ -28,7 +28,7 @@ from bench.scenarios.models_soak import NAMES, Goal, Options, Soak, prepare, ser
 MODELS = NAMES[:4]
 # Seconds of traffic under each launcher (the scenario's own runs last minutes), and what
 # the traffic goes on until it has seen, however long a slow machine takes.
-SECONDS = float(os.environ.get("OVTRIO_TEST_SOAK_SECONDS", "20"))
+SECONDS = float(os.environ.get("OVTRIO_TEST_SOAK_SECONDS", "10"))
 GOAL = Goal(requests=15, answered=8, quiet_checks=3, models_loaded=3)
 # What the run may leave in memory after its last unload, over the first load and unload, in MB.
 RSS_BOUND_MB = 50

@@ -7,6 +7,7 @@ model alone, with the reason, never the reading."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,30 @@ def entries_changed_at(folder: Path) -> int | None:
         return folder.stat().st_mtime_ns
     except OSError:
         return None
+
+
+# Seconds between two readings of models_dir that requests start, while the folder's
+# entries stay as they were (ModelRegistry.rescan).
+RESCAN_INTERVAL = 1.0
+
+
+class ReadingsDue:
+    """Whether a request's reading of models_dir is due: at once when its entries
+    changed since the last reading, else once RESCAN_INTERVAL seconds have passed (a
+    folder whose files are still arriving)."""
+
+    def __init__(self) -> None:
+        # When the entries last changed, as the last reading found them, and when that
+        # reading began (time.monotonic).
+        self._last: tuple[int | None, float] = (None, float("-inf"))
+
+    def due(self, folder: Path) -> bool:
+        changed_at, when = self._last
+        return entries_changed_at(folder) != changed_at or time.monotonic() - when >= RESCAN_INTERVAL
+
+    def begin(self, folder: Path) -> None:
+        """A reading begins now."""
+        self._last = (entries_changed_at(folder), time.monotonic())
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ for all of them and waits for the requests in flight on each (ovtrio/serving/shu
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -41,7 +40,7 @@ from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
 from ovtrio.model.source import check_model_name
 from ovtrio.scheduler import RequestObserver
 from ovtrio.serving.discovery import FolderModel, settings_for
-from ovtrio.serving.folder_reading import Reading, entries_changed_at, read_folder
+from ovtrio.serving.folder_reading import Reading, ReadingsDue, read_folder
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.residency import Residency, ResidencyRules
 from ovtrio.serving.service import ModelService, ObserverFactory, ServingModel
@@ -49,11 +48,6 @@ from ovtrio.serving.shutdown import Shutdown
 from ovtrio.settings.server import Settings
 
 log = logging.getLogger("ovtrio")
-
-# Seconds between two readings of models_dir that requests start, while the folder's
-# entries stay as they were (ModelRegistry.rescan).
-RESCAN_INTERVAL = 1.0
-
 
 ModelStatus = Literal["loading", "ready", "failed", "draining", "unloaded", "unloading"]
 Encoder = EncoderService | TranscriptionService
@@ -127,9 +121,7 @@ class ModelRegistry:
         self._longest_context = 0
         self._running = trio.CancelScope()
         self._on_rescan = on_rescan
-        # When the folder's entries last changed, as the last reading found it, and when
-        # that reading began (time.monotonic): what rescan compares.
-        self._scanned: tuple[int | None, float] = (None, float("-inf"))
+        self._readings = ReadingsDue()
         # Set when the reading under way ends; None when none is.
         self._reading: trio.Event | None = None
         # The names the last reading found: a model gone from the folder is forgotten
@@ -171,28 +163,25 @@ class ModelRegistry:
         """Read models_dir here, blocking: at start, before the server serves."""
         if (folder := self._folder()) is None or self._folder_defaults is None:
             return
-        self._scanned = (entries_changed_at(folder), time.monotonic())
+        self._readings.begin(folder)
         self._take(read_folder(folder, self._folder_defaults, self._known_names))
 
     async def rescan(self) -> None:
-        """Read models_dir again for a request (a listing, /metrics, an unknown name): at
-        once when its entries changed since the last reading, else at most every
-        RESCAN_INTERVAL seconds (a folder whose files are still arriving). In a worker
+        """Read models_dir again for a request (a listing, /metrics, an unknown name),
+        when a reading is due (folder_reading.ReadingsDue). In a worker
         thread, one reading at a time (a request meanwhile waits for it): a client asking
         in a loop neither has the folder read more often nor holds up the event loop."""
         if (folder := self._folder()) is None or self._folder_defaults is None:
             return
         while self._reading is not None:
             await self._reading.wait()
-        changed_at, when = self._scanned
-        now_changed_at = entries_changed_at(folder)
-        if now_changed_at == changed_at and time.monotonic() - when < RESCAN_INTERVAL:
+        if not self._readings.due(folder):
             if self._found_names is not None:
                 self._forget_gone(self._found_names)
             return
         reading = self._reading = trio.Event()
         try:
-            self._scanned = (now_changed_at, time.monotonic())
+            self._readings.begin(folder)
             found = await trio.to_thread.run_sync(read_folder, folder, self._folder_defaults, self._known_names)
             self._take(found)
         finally:
