@@ -32,6 +32,9 @@ from server_pool import server_fixture
 from test_startup import gguf_with_architecture
 
 NAMES = ("alpha", "beta", "gamma")
+# Seconds after which a wait for the server's state is a hang (not a deadline: a busy
+# machine's load or first token takes seconds).
+HANG_CAP = 300
 # Small KV caches: two models loaded at once beside the other test servers.
 KV_BLOCKS = "64"
 
@@ -100,7 +103,7 @@ def chat_running(server: RunningServer, model: str, max_tokens: int) -> tuple[th
     done: list[httpx.Response] = []
     running = threading.Thread(target=lambda: done.append(chat(server, model, max_tokens=max_tokens)))
     running.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_CAP
     while server.metric("ovtrio_requests_running", model_name=model) < 1:
         assert time.monotonic() < deadline
         time.sleep(0.02)
@@ -203,7 +206,8 @@ def test_concurrent_first_requests_share_one_load_while_health_stays_fast(server
     assert [reply.status_code for reply in replies] == [200] * 4, [reply.text for reply in replies]
     assert len(left) == 1  # it left, and the load went on for the others
     assert loads(server, "alpha") == before + 1
-    assert slowest < 1.0
+    # A load that held the event loop would hold a probe for much of its own time.
+    assert slowest < states(server)["alpha"]["load_seconds"] / 3, (slowest, states(server)["alpha"])
 
 
 def test_a_request_during_its_models_unload_gets_a_clear_answer(server):
@@ -216,7 +220,7 @@ def test_a_request_during_its_models_unload_gets_a_clear_answer(server):
 
     running = threading.Thread(target=long_request)
     running.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_CAP
     while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
         assert time.monotonic() < deadline
         time.sleep(0.02)
@@ -246,7 +250,7 @@ def test_an_unload_whose_client_leaves_while_the_model_drains_still_ends(serve_o
     finish: list[Any] = []
     running = threading.Thread(target=lambda: finish.append(chat(server, "alpha", max_tokens=300)))
     running.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_CAP
     while server.metric("ovtrio_requests_running", model_name="alpha") < 1:
         assert time.monotonic() < deadline
         time.sleep(0.02)
@@ -596,7 +600,7 @@ def test_an_unload_asked_while_the_load_waits_for_room_calls_the_load_off(room_i
     assert chat(server, "beta").status_code == 200
     running = threading.Thread(target=lambda: chat(server, "beta", max_tokens=1000))
     running.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HANG_CAP
     while server.metric("ovtrio_requests_running", model_name="beta") < 1:
         assert time.monotonic() < deadline
         time.sleep(0.02)
@@ -604,12 +608,11 @@ def test_an_unload_asked_while_the_load_waits_for_room_calls_the_load_off(room_i
     asking = threading.Thread(target=lambda: waiting.append(chat(server, "alpha")))
     asking.start()
     wait_for_state(server, "alpha", "loading")
-    began = time.monotonic()
-    unloaded = loopback.post(server.base_url + "/models/unload", json={"model": "alpha"}, timeout=60)
-    took = time.monotonic() - began
-    asking.join(timeout=60)
+    unloaded = loopback.post(server.base_url + "/models/unload", json={"model": "alpha"}, timeout=300)
+    # The unload did not wait for the load's room: beta's long chat still runs.
+    assert server.metric("ovtrio_requests_running", model_name="beta") == 1, "the unload waited for the room"
+    asking.join(timeout=300)
     assert unloaded.status_code == 200, unloaded.text
-    assert took < 10, f"the unload waited {took:.1f} s for the load's room"
     assert waiting and waiting[0].status_code == 503 and "Retry-After" in waiting[0].headers, waiting
     assert states(server)["alpha"]["value"] == "unloaded"
     assert states(server)["beta"]["value"] == "loaded"
