@@ -131,7 +131,7 @@ def loads(server: RunningServer, model: str) -> float:
     return count(server, "ovtrio_model_loads_total", model_name=model)
 
 
-def wait_for_state(server: RunningServer, model: str, state: str, timeout: float = 60) -> None:
+def wait_for_state(server: RunningServer, model: str, state: str, timeout: float = HANG_CAP) -> None:
     deadline = time.monotonic() + timeout
     while states(server)[model]["value"] != state:
         assert time.monotonic() < deadline, f"{model} is {states(server)[model]}, not {state}"
@@ -291,7 +291,7 @@ def test_without_autoload_a_model_is_loaded_by_hand_and_unloads_when_idle(by_han
     assert loaded.status_code == 200 and loaded.json()["status"]["value"] == "loaded"
     assert chat(by_hand, "beta").status_code == 200
     # Idle for --model-idle-unload seconds: unloaded.
-    wait_for_state(by_hand, "beta", "unloaded", timeout=30)
+    wait_for_state(by_hand, "beta", "unloaded")
     assert by_hand.metric("ovtrio_model_unloads_total", model_name="beta", reason="idle") >= 1
     unknown = loopback.post(by_hand.base_url + "/models/load", json={"model": "nothing"}, timeout=10)
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
@@ -339,7 +339,7 @@ def test_keep_alive_zero_unloads_the_model_after_its_request(serve_on_demand):
     server = serve_on_demand
     reply = chat(server, "gamma", keep_alive=0)
     assert reply.status_code == 200
-    wait_for_state(server, "gamma", "unloaded", timeout=30)
+    wait_for_state(server, "gamma", "unloaded")
     assert server.metric("ovtrio_model_unloads_total", model_name="gamma", reason="idle") >= 1
     for value in ("soon", "nan", "inf"):  # NaN never compares: the model would never unload
         bad = chat(server, "gamma", keep_alive=value)
@@ -390,14 +390,14 @@ def test_the_embedding_model_unloads_when_idle_and_loads_again(by_hand):
 
     first = embed()
     assert first.status_code == 200, first.text
-    wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded", timeout=30)
+    wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded")
     assert by_hand.metric("ovtrio_model_unloads_total", model_name=EMBEDDED_EMBEDDER_NAME, reason="idle") >= 1
     again = embed()
     assert again.status_code == 200
     assert again.json()["data"][0]["embedding"] == first.json()["data"][0]["embedding"]
     # And by hand (or by the idle rule, whichever comes first).
     assert unload(by_hand, EMBEDDED_EMBEDDER_NAME).status_code == 200
-    wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded", timeout=10)
+    wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded")
 
 
 # One model at a time, and a load waits at most 1 s for room.
