@@ -43,6 +43,13 @@ hostile_files = server_fixture(
     "64",
     prepare=models_folder,
 )
+# The same under `hypercorn -k trio ovtrio.app:app`, for the files that crashed the server.
+hostile_files_hypercorn = server_fixture(
+    "hostile_files_hypercorn",
+    env={"OVTRIO_MODELS_DIR": "{folder}/models", "OVTRIO_EMBEDDINGS": "false", "OVTRIO_NUM_KV_BLOCKS": "64"},
+    hypercorn=True,
+    prepare=models_folder,
+)
 
 
 @pytest.fixture
@@ -117,8 +124,23 @@ def tensor_past_the_end(path: Path) -> None:
         file.write(struct.pack("<Q", 1 << 40))
 
 
-@pytest.mark.parametrize("damage", [cut_in_half, still_downloading, tensor_past_the_end])
-def test_a_gguf_shorter_than_its_header_says_fails_alone(server, damage):
+@pytest.fixture
+def server_of_each_launcher(request: pytest.FixtureRequest) -> RunningServer:
+    launched = request.getfixturevalue(request.param)
+    assert chat(launched, INNOCENT, timeout=600).status_code == 200
+    return launched
+
+
+@pytest.mark.parametrize(
+    "server_of_each_launcher, damage",
+    [
+        *(("hostile_files", damage) for damage in (cut_in_half, still_downloading, tensor_past_the_end)),
+        *(("hostile_files_hypercorn", damage) for damage in (cut_in_half, tensor_past_the_end)),
+    ],
+    indirect=["server_of_each_launcher"],
+)
+def test_a_gguf_shorter_than_its_header_says_fails_alone(server_of_each_launcher, damage):
+    server = server_of_each_launcher
     name = f"short-{damage.__name__}"
     path = folder_of(server) / f"{name}.gguf"
     damage(path)
