@@ -14,7 +14,6 @@ import trio
 
 from ovtrio.model import embedded_model_path
 from ovtrio.serving import folder_reading
-from ovtrio.serving import registry as registry_module
 from ovtrio.serving.registry import ModelRegistry
 from ovtrio.settings.server import Settings
 
@@ -30,7 +29,7 @@ async def test_unknown_names_read_the_folder_again_only_when_it_changed(tmp_path
 
     monkeypatch.setattr(folder_reading, "folder_models", counted)
     clock = [1000.0]
-    monkeypatch.setattr(registry_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(folder_reading.time, "monotonic", lambda: clock[0])
     registry = ModelRegistry([], drain_timeout=1, models_dir=Settings(models_dir=str(tmp_path)))
     registry.check()  # the listing at start
     assert len(listings) == 1
@@ -50,7 +49,7 @@ async def test_unknown_names_read_the_folder_again_only_when_it_changed(tmp_path
     # A second on, an unknown name reads the folder again (a folder still being copied).
     assert await registry.find("nobody") is None
     assert len(listings) == 2
-    clock[0] += registry_module.RESCAN_INTERVAL
+    clock[0] += folder_reading.RESCAN_INTERVAL
     assert await registry.find("nobody") is None
     assert len(listings) == 3
 
