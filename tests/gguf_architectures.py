@@ -55,14 +55,16 @@ def write_gemma3(
     seed: int = 0,
     tensor_types: dict[str, str] | None = None,
     chat_template: str | None = None,
+    architecture: str = "gemma3",
 ) -> Path:
     """A Gemma 3 text model of `layers` layers (the sixth global, the others local with
-    `window`), random weights of a trained model's scale."""
+    `window`), random weights of a trained model's scale. `architecture="gemma2"` writes
+    Gemma 2's layout instead: no query and key norms, its two soft caps."""
     rng = np.random.default_rng(seed)
     types = {**GEMMA3_TYPES, **(tensor_types or {})}
     tokens, scores, token_types = vocabulary()
-    writer = gguf.GGUFWriter(str(path), "gemma3")
-    a = "gemma3"
+    a = architecture
+    writer = gguf.GGUFWriter(str(path), a)
     writer.add_uint32(f"{a}.context_length", 4096)
     writer.add_uint32(f"{a}.embedding_length", hidden)
     writer.add_uint32(f"{a}.block_count", layers)
@@ -72,8 +74,11 @@ def write_gemma3(
     writer.add_uint32(f"{a}.attention.key_length", head_dim)
     writer.add_uint32(f"{a}.attention.value_length", head_dim)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
+    writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0 if a == "gemma3" else 10_000.0)
     writer.add_uint32(f"{a}.attention.sliding_window", window)
+    if a == "gemma2":
+        writer.add_float32(f"{a}.attn_logit_softcapping", 50.0)
+        writer.add_float32(f"{a}.final_logit_softcapping", 30.0)
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -104,8 +109,9 @@ def write_gemma3(
         matrix(p + "attn_q.weight", heads * head_dim, hidden, types["attn_q"])
         matrix(p + "attn_k.weight", kv_heads * head_dim, hidden, types["attn_k"])
         matrix(p + "attn_v.weight", kv_heads * head_dim, hidden, types["attn_v"])
-        norm(p + "attn_q_norm.weight", head_dim)
-        norm(p + "attn_k_norm.weight", head_dim)
+        if a == "gemma3":
+            norm(p + "attn_q_norm.weight", head_dim)
+            norm(p + "attn_k_norm.weight", head_dim)
         matrix(p + "attn_output.weight", hidden, heads * head_dim, types["attn_output"])
         norm(p + "post_attention_norm.weight", hidden)
         norm(p + "ffn_norm.weight", hidden)

@@ -1,4 +1,4 @@
-"""Gemma 3 (text), GGUF architecture `gemma3`.
+"""Gemma 3 (text), GGUF architecture `gemma3`, and the decoder it shares with Gemma 2.
 
 As transformers' Gemma3ForCausalLM computes it: embeddings scaled by sqrt(hidden size);
 per layer RMS norms before and after attention and the MLP, RMS norms of each head's
@@ -12,6 +12,9 @@ query_pre_attn_scalar is hidden size / heads (as llama.cpp takes it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import openvino as ov
@@ -36,7 +39,25 @@ def attention_scale(hyper: Hyper) -> float:
     return float(hyper.head_dim**-0.5)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What differs between the Gemma generations that share this decoder."""
+
+    architecture: str
+    is_local: Callable[[int], bool]  # whether a layer attends to the sliding window only
+    local_rope_base: float | None  # the local layers' own rope base (None: the file's)
+    head_norms: bool  # RMS norms of each head's query and key
+    attention_scale: Callable[[Hyper], float]
+
+
+GEMMA3 = Layout(ARCHITECTURE, is_local, LOCAL_ROPE_BASE, True, attention_scale)
+
+
 def build(hyper: Hyper, tensors: GGUFTensors) -> ov.Model:
+    return build_gemma(GEMMA3, hyper, tensors)
+
+
+def build_gemma(layout: Layout, hyper: Hyper, tensors: GGUFTensors) -> ov.Model:
     graph = g.inputs()
     caches = g.Caches([])
     embeddings = g.matrix(tensors.matrix("token_embd.weight"))
@@ -45,20 +66,25 @@ def build(hyper: Hyper, tensors: GGUFTensors) -> ov.Model:
 
     global_frequencies = g.rope_frequencies(hyper.head_dim, hyper.rope_base) / np.float32(hyper.rope_scale)
     global_tables = g.rope_tables(graph, global_frequencies)
-    local_tables = g.rope_tables(graph, g.rope_frequencies(hyper.head_dim, LOCAL_ROPE_BASE))
+    local_tables = (
+        g.rope_tables(graph, g.rope_frequencies(hyper.head_dim, layout.local_rope_base))
+        if layout.local_rope_base is not None
+        else global_tables
+    )
     full_mask = g.causal_mask(graph)
     window_mask = g.sliding_mask(graph, hyper.sliding_window) if hyper.sliding_window else full_mask
-    scale = attention_scale(hyper)
+    scale = layout.attention_scale(hyper)
 
     for layer in range(hyper.layers):
         name = f"blk.{layer}."
-        local = is_local(layer) and hyper.sliding_window > 0
+        local = layout.is_local(layer) and hyper.sliding_window > 0
         h = g.rms_norm(x, tensors.values(name + "attn_norm.weight"), hyper.eps)
         q = g.split_heads(g.linear(h, g.matrix(tensors.matrix(name + "attn_q.weight"))), hyper.heads, hyper.head_dim)
         k = g.split_heads(g.linear(h, g.matrix(tensors.matrix(name + "attn_k.weight"))), hyper.kv_heads, hyper.head_dim)
         v = g.split_heads(g.linear(h, g.matrix(tensors.matrix(name + "attn_v.weight"))), hyper.kv_heads, hyper.head_dim)
-        q = g.rms_norm(q, tensors.values(name + "attn_q_norm.weight"), hyper.eps)
-        k = g.rms_norm(k, tensors.values(name + "attn_k_norm.weight"), hyper.eps)
+        if layout.head_norms:
+            q = g.rms_norm(q, tensors.values(name + "attn_q_norm.weight"), hyper.eps)
+            k = g.rms_norm(k, tensors.values(name + "attn_k_norm.weight"), hyper.eps)
         tables = local_tables if local else global_tables
         q = g.apply_rope(g.to_heads_first(q), tables, hyper.head_dim)
         k = g.apply_rope(g.to_heads_first(k), tables, hyper.head_dim)
@@ -89,4 +115,4 @@ def build(hyper: Hyper, tensors: GGUFTensors) -> ov.Model:
     if hyper.final_softcap:
         cap = g.const(hyper.final_softcap, np.float32)
         logits = ops.multiply(ops.tanh(ops.divide(logits, cap)), cap).output(0)
-    return g.model(graph, logits, caches, ARCHITECTURE)
+    return g.model(graph, logits, caches, layout.architecture)
