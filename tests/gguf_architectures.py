@@ -33,8 +33,11 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     types[3] = gguf.TokenType.UNKNOWN
     tokens += [f"<0x{byte:02X}>" for byte in range(256)]
     types += [gguf.TokenType.BYTE] * 256
-    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
-    for piece in letters + WORDS:
+    # Every printable ASCII character is a piece of its own, as in Gemma's real vocabulary:
+    # the engine hands XGrammar the pieces as written (a byte token is "<0x7B>" to it), so
+    # JSON under a constraint is written with these pieces, never with byte tokens.
+    printable = [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    for piece in printable + WORDS:
         if piece not in tokens:
             tokens.append(piece)
             types.append(gguf.TokenType.NORMAL)
@@ -145,8 +148,11 @@ def phi3_vocabulary() -> tuple[list[str], list[float], list[int]]:
     tokens, types = list(PHI3_SPECIALS), [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
     tokens += [f"<0x{byte:02X}>" for byte in range(256)]
     types += [gguf.TokenType.BYTE] * 256
-    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
-    for piece in letters + WORDS:
+    # Every printable ASCII character is a piece of its own, as in Gemma's real vocabulary:
+    # the engine hands XGrammar the pieces as written (a byte token is "<0x7B>" to it), so
+    # JSON under a constraint is written with these pieces, never with byte tokens.
+    printable = [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    for piece in printable + WORDS:
         if piece not in tokens:
             tokens.append(piece)
             types.append(gguf.TokenType.NORMAL)
@@ -235,6 +241,147 @@ def write_phi3(
         norm(p + "ffn_norm.weight", hidden)
         matrix(p + "ffn_up.weight", 2 * feed_forward, hidden, PHI3_TYPES["ffn_up"])
         matrix(p + "ffn_down.weight", hidden, feed_forward, PHI3_TYPES["ffn_down"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+QWEN_MOE_TYPES = {
+    "attn_q": "Q4_K",
+    "attn_k": "Q8_0",
+    "attn_v": "Q6_K",
+    "attn_output": "Q4_0",
+    "ffn_gate_exps": "Q4_K",
+    "ffn_up_exps": "Q5_0",
+    "ffn_down_exps": "Q6_K",
+    "ffn_gate_shexp": "Q4_0",
+    "ffn_up_shexp": "Q8_0",
+    "ffn_down_shexp": "Q4_1",
+}
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet: one printable character for each byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    characters, extra = [], 0
+    for byte in range(256):
+        if byte in printable:
+            characters.append(chr(byte))
+        else:
+            characters.append(chr(256 + extra))
+            extra += 1
+    return characters
+
+
+def qwen_vocabulary() -> tuple[list[str], list[int], list[str]]:
+    """Tokens, types and merges of a small byte-level BPE vocabulary of Qwen's kind: the
+    256 byte characters, a few merged words, then the chat control tokens."""
+    merges = ["Ġ t", "h e", "Ġt he", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "H e", "l l", "He ll", "Hell o"]
+    tokens = _byte_alphabet() + ["Ġt", "he", "Ġthe", "Ġw", "or", "Ġwor", "ld", "Ġworld", "He", "ll", "Hell", "Hello"]
+    types = [int(gguf.TokenType.NORMAL)] * len(tokens)
+    tokens += QWEN_SPECIALS
+    types += [int(gguf.TokenType.CONTROL)] * len(QWEN_SPECIALS)
+    return tokens, types, merges
+
+
+def write_qwen_moe(
+    path: Path,
+    *,
+    architecture: str = "qwen3moe",
+    layers: int = 2,
+    hidden: int = 256,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 128,
+    experts: int = 16,
+    experts_used: int = 4,
+    expert_feed_forward: int = 256,
+    shared_feed_forward: int = 256,
+    tied: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A mixture-of-experts Qwen model as llama.cpp's conversion writes it: experts'
+    weights stacked [experts, rows, columns] (ffn_{gate,up,down}_exps), the router
+    ffn_gate_inp; for `qwen3moe` per-head query and key norms and a head size of its own
+    (`attention.key_length`, above hidden / heads as in Qwen3-30B-A3B); for `qwen2moe`
+    q/k/v biases and a shared expert with its sigmoid gate."""
+    rng = np.random.default_rng(seed)
+    tokens, token_types, merges = qwen_vocabulary()
+    a = architecture
+    qwen3 = a == "qwen3moe"
+    writer = gguf.GGUFWriter(str(path), a)
+    writer.add_uint32(f"{a}.context_length", 32768)
+    writer.add_uint32(f"{a}.embedding_length", hidden)
+    writer.add_uint32(f"{a}.block_count", layers)
+    writer.add_uint32(f"{a}.feed_forward_length", 4 * hidden)
+    writer.add_uint32(f"{a}.attention.head_count", heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", kv_heads)
+    if qwen3:
+        writer.add_uint32(f"{a}.attention.key_length", head_dim)
+        writer.add_uint32(f"{a}.attention.value_length", head_dim)
+    else:
+        head_dim = hidden // heads
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
+    writer.add_uint32(f"{a}.expert_count", experts)
+    writer.add_uint32(f"{a}.expert_used_count", experts_used)
+    writer.add_uint32(f"{a}.expert_feed_forward_length", expert_feed_forward)
+    if not qwen3:
+        writer.add_uint32(f"{a}.expert_shared_feed_forward_length", shared_feed_forward)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+
+    def matrix(name: str, shape: tuple[int, ...], type_name: str) -> None:
+        rows, cols = int(np.prod(shape[:-1])), shape[-1]
+        weights = rng.normal(0, cols**-0.5, (rows, cols)).astype(np.float32)
+        data = blocks_of(None if type_name.endswith("_K") else weights, rows, cols, type_name, rng)
+        writer.add_tensor(name, data.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[type_name])
+
+    def vector(name: str, size: int, center: float = 1.0, spread: float = 0.1) -> None:
+        writer.add_tensor(name, (center + rng.normal(0, spread, size)).astype(np.float32))
+
+    matrix("token_embd.weight", (len(tokens), hidden), "Q8_0")
+    vector("output_norm.weight", hidden)
+    if not tied:
+        matrix("output.weight", (len(tokens), hidden), "Q6_K")
+    t = QWEN_MOE_TYPES
+    for layer in range(layers):
+        p = f"blk.{layer}."
+        vector(p + "attn_norm.weight", hidden)
+        matrix(p + "attn_q.weight", (heads * head_dim, hidden), t["attn_q"])
+        matrix(p + "attn_k.weight", (kv_heads * head_dim, hidden), t["attn_k"])
+        matrix(p + "attn_v.weight", (kv_heads * head_dim, hidden), t["attn_v"])
+        if qwen3:
+            vector(p + "attn_q_norm.weight", head_dim)
+            vector(p + "attn_k_norm.weight", head_dim)
+        else:
+            vector(p + "attn_q.bias", heads * head_dim, 0.0, 0.5)
+            vector(p + "attn_k.bias", kv_heads * head_dim, 0.0, 0.5)
+            vector(p + "attn_v.bias", kv_heads * head_dim, 0.0, 0.5)
+        matrix(p + "attn_output.weight", (hidden, heads * head_dim), t["attn_output"])
+        vector(p + "ffn_norm.weight", hidden)
+        # A trained router's logits spread over a few units: the chosen experts are clear.
+        writer.add_tensor(
+            p + "ffn_gate_inp.weight", rng.normal(0, 2 * hidden**-0.5, (experts, hidden)).astype(np.float32)
+        )
+        matrix(p + "ffn_gate_exps.weight", (experts, expert_feed_forward, hidden), t["ffn_gate_exps"])
+        matrix(p + "ffn_up_exps.weight", (experts, expert_feed_forward, hidden), t["ffn_up_exps"])
+        matrix(p + "ffn_down_exps.weight", (experts, hidden, expert_feed_forward), t["ffn_down_exps"])
+        if not qwen3:
+            writer.add_tensor(p + "ffn_gate_inp_shexp.weight", rng.normal(0, hidden**-0.5, hidden).astype(np.float32))
+            matrix(p + "ffn_gate_shexp.weight", (shared_feed_forward, hidden), t["ffn_gate_shexp"])
+            matrix(p + "ffn_up_shexp.weight", (shared_feed_forward, hidden), t["ffn_up_shexp"])
+            matrix(p + "ffn_down_shexp.weight", (hidden, shared_feed_forward), t["ffn_down_shexp"])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -4,6 +4,7 @@ has none, and its logits against the numpy forward pass of the file's own weight
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,3 +102,55 @@ def test_the_built_model_computes_the_files_logits(gemma_server: RunningServer, 
     expected = forward(metadata, weights, ids)
     assert float(np.abs(got - expected).max()) < 1e-3 * float(np.abs(expected).max())
     assert (got.argmax(-1) == expected.argmax(-1)).all()
+
+
+def test_a_schema_and_a_forced_tool_call_are_written_in_gemmas_pieces(gemma_server: RunningServer) -> None:
+    """Gemma's vocabulary is sentencepiece's: a space is "▁" in its pieces and no token
+    holds one. A schema whose enum and pattern hold spaces, and a forced call, are
+    written to their end and parse (an all-masked step would write padding to max_tokens)."""
+    client = openai.OpenAI(base_url=gemma_server.v1, api_key="unused", max_retries=0)
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"enum": ["New York", "Los Angeles"]},
+            "street": {"type": "string", "pattern": "^[A-Za-z]+ [A-Za-z]+$"},
+        },
+        "required": ["city", "street"],
+        "additionalProperties": False,
+    }
+    shaped = client.chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "Give a US city and a street in JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}},
+        max_tokens=60,
+        temperature=0,
+    )
+    assert shaped.choices[0].finish_reason == "stop", shaped.choices[0].message.content
+    place = json.loads(shaped.choices[0].message.content or "")
+    assert place["city"] in ("New York", "Los Angeles")
+    assert re.fullmatch(r"[A-Za-z]+ [A-Za-z]+", place["street"])
+
+    called = client.chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string", "maxLength": 20}},
+                        "required": ["city"],
+                        "additionalProperties": False,
+                    },
+                },
+            }
+        ],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60,
+        temperature=0,
+    )
+    calls = called.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather", called.choices[0]  # type: ignore[union-attr]
+    assert isinstance(json.loads(calls[0].function.arguments)["city"], str)  # type: ignore[union-attr]

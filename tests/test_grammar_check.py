@@ -38,8 +38,9 @@ async def test_a_schema_compiles_to_a_grammar_without_free_whitespace():
     try:
         grammar = await grammars.grammar(schema_request({"type": "object", "properties": {"a": {"type": "integer"}}}))
         root = next(line for line in grammar.splitlines() if line.startswith("root ::="))
-        # The engine's default would allow any whitespace between the tokens ([ \n\t]*).
-        assert root == 'root ::= (("{" "\\"a\\"" ": " basic_integer "}") | ("{" "}"))'
+        # The engine's default would allow any whitespace between the tokens ([ \n\t]*);
+        # XGrammar's own separators without it are ", " and ": ".
+        assert root == 'root ::= (("{" "\\"a\\"" ":" basic_integer "}") | ("{" "}"))'
         assert await grammars.grammar(schema_request({"type": "object", "properties": {"a": {"type": "integer"}}}))
         assert grammars.compiles == 1  # the second came from the cache
     finally:
@@ -280,3 +281,47 @@ def test_the_grammar_lets_no_raw_control_character_into_a_string(string):
         assert not accepted(raw), raw
     for valid in ('{"city": "a\\tb"}', '{"city": "a\\u0001"}', '{"city": "ab"}'):
         assert accepted(valid) and json.loads(valid), valid
+
+
+SPACE = "\u2581"  # sentencepiece's space
+
+
+async def test_on_a_sentencepiece_vocabulary_a_grammars_spaces_are_spelt_as_its_pieces_spell_them():
+    """The engine matches a sentencepiece model's pieces as written ("▁York"), where no
+    token holds a space: the grammar it is given spells every space of a literal, an enum
+    or a pattern's class as "▁", and the pieces then write what the schema allows."""
+    from ovtrio.model.grammar_worker import VOCAB_RAW, load_bindings
+
+    pieces = ["<pad>", "</s>", "{", "}", '"', ":", ",", "c", "p", "New", SPACE + "York", SPACE, "a", "b", "~", "\u00e9"]
+    vocab = [piece.encode() for piece in pieces]
+    assert grammar_check.space_piece(vocab) == SPACE
+    assert grammar_check.space_piece(VOCABULARY.token_bytes) is None  # byte-level: spaces are spaces
+    schema = {
+        "type": "object",
+        "properties": {
+            "c": {"enum": ["New York", "b"]},
+            "p": {"type": "string", "pattern": "^[ -~]+$"},  # a space bounding a range
+        },
+        "required": ["c", "p"],
+        "additionalProperties": False,
+    }
+    grammars = GrammarChecker(lambda: (vocab, 1))
+    try:
+        text = await grammars.grammar({"kind": "json_schema", "schema": json.dumps(schema), "stop_token_ids": [1]})
+    finally:
+        grammars.close()
+    assert '"\\"New' + SPACE + 'York\\""' in text
+
+    xgr = load_bindings()
+    compiled = xgr.GrammarCompiler(xgr.TokenizerInfo(vocab, VOCAB_RAW, len(vocab), [1], True), 1, False, -1)
+    grammar = compiled.compile_grammar(xgr.Grammar.from_ebnf(text, "root"))
+
+    def writes(*written: str) -> bool:
+        matcher = xgr.GrammarMatcher(grammar, [1], False, 0)
+        return all(matcher.accept_token(pieces.index(piece), False) for piece in (*written, "</s>"))
+
+    quoted = ('"', "c", '"', ":", '"', "New", SPACE + "York", '"', ",", '"', "p", '"', ":", '"')
+    assert writes("{", *quoted, "a", SPACE, "~", '"', "}")
+    # The pattern's class still holds its range and nothing outside it.
+    assert not writes("{", *quoted, "a", "\u00e9", '"', "}")
+    assert not writes("{", '"', "c", '"', ":", '"', "New", '"', "}")  # "New" alone is no enum value

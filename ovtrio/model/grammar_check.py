@@ -143,6 +143,20 @@ def grammar_vocabulary(tokenizer: Any, vocabulary: Any) -> tuple[list[bytes], in
     return tokens, eos
 
 
+SENTENCEPIECE_SPACE = "\u2581".encode()
+
+
+def space_piece(tokens: list[bytes]) -> str | None:
+    """What stands for a space in the tokens as the engine reads them: "▁" in a
+    sentencepiece vocabulary, whose pieces spell a space so (the engine gives XGrammar the
+    pieces as written, VocabType RAW, so a grammar's space must be spelt the same way to
+    be writable at all); None where tokens hold spaces themselves (byte-level ones, which
+    the engine reads decoded)."""
+    marked = sum(1 for token in tokens if SENTENCEPIECE_SPACE in token)
+    spaced = sum(1 for token in tokens if b" " in token)
+    return SENTENCEPIECE_SPACE.decode() if marked > spaced else None
+
+
 class GrammarChecker:
     def __init__(self, vocabulary: Callable[[], tuple[list[bytes], int]], limits: GrammarLimits = GrammarLimits()):
         """`vocabulary` gives the model's tokens and end-of-sequence id
@@ -165,6 +179,10 @@ class GrammarChecker:
         self._closed = False
         self.compiles = 0
         self.restarts = 0
+
+    def _pickled_vocabulary(self) -> bytes:
+        tokens, eos_token_id = self._vocabulary()
+        return pickle.dumps((*sampled(tokens, eos_token_id), space_piece(tokens)))
 
     async def grammar(self, request: dict[str, Any]) -> str:
         """The EBNF grammar of `request` (a `kind` of "json_schema" with its `schema`
@@ -296,7 +314,7 @@ class GrammarChecker:
             await killed.wait()
         self._killed.clear()
         if self._vocab is None:
-            self._vocab = await trio.to_thread.run_sync(lambda: pickle.dumps(sampled(*self._vocabulary())))
+            self._vocab = await trio.to_thread.run_sync(self._pickled_vocabulary)
         self._check_open()
         limits = self.limits
         command = [sys.executable, str(WORKER), str(limits.memory), str(limits.text), str(limits.compiled)]

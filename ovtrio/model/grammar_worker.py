@@ -43,6 +43,8 @@ from typing import Any
 
 XGRAMMAR_VERSION = "0.1.31"
 VOCAB_RAW = 0  # xgrammar.VocabType.RAW: token strings are the tokens' own bytes
+# JSON's separators, comma and colon, with no space after them.
+COMPACT = [",", ":"]
 
 
 def xgrammar_missing() -> str | None:
@@ -147,6 +149,35 @@ def json_safe(grammar: str) -> str:
     return "".join(out)
 
 
+def spaces_as(grammar: str, piece: str) -> str:
+    """The EBNF `grammar` with each space in its quoted literals and character classes
+    spelt `piece`, as the vocabulary the engine matches against spells it (a
+    sentencepiece vocabulary's "▁"): there a space is written by the pieces that hold
+    "▁" and decodes to a space, and no token holds a space itself, so a grammar that
+    asks for one would leave the model no token to write (the engine then takes the
+    first id of an all-masked step, the padding token, to the end of max_tokens).
+    A class gains `piece` beside its space rather than in its place, where the space may
+    bound a range (`[ -~]`). Spaces outside literals and classes are the grammar's own
+    syntax and stay."""
+    out: list[str] = []
+    pos = 0
+    while pos < len(grammar):
+        char = grammar[pos]
+        if char == '"':
+            end = _closing(grammar, pos + 1, '"')
+            out.append(grammar[pos : end + 1].replace(" ", piece))
+            pos = end + 1
+        elif char == "[":
+            end = _closing(grammar, pos + 1, "]")
+            cls = grammar[pos : end + 1]
+            out.append(cls[:-1] + piece + "]" if " " in cls else cls)
+            pos = end + 1
+        else:
+            out.append(char)
+            pos += 1
+    return "".join(out)
+
+
 def _closing(text: str, pos: int, quote: str) -> int:
     """Where the literal or class opened before `pos` closes (past escapes)."""
     while pos < len(text) and text[pos] != quote:
@@ -155,8 +186,17 @@ def _closing(text: str, pos: int, quote: str) -> int:
 
 
 class Compiler:
-    def __init__(self, xgr: Any, vocab: list[bytes], eos_token_id: int, max_text: int, max_compiled: int) -> None:
+    def __init__(
+        self,
+        xgr: Any,
+        vocab: list[bytes],
+        eos_token_id: int,
+        max_text: int,
+        max_compiled: int,
+        space: str | None = None,
+    ) -> None:
         self._xgr = xgr
+        self._space = space
         info = xgr.TokenizerInfo(vocab, VOCAB_RAW, len(vocab), [eos_token_id], True)
         # One thread, no cache: the parent caches what it learns, and a compile here
         # should not take the cores the engine steps on.
@@ -167,12 +207,15 @@ class Compiler:
     def compile(self, request: dict[str, Any]) -> dict[str, Any]:
         xgr = self._xgr
         if request["kind"] == "json_schema":
-            # Grammar::FromJSONSchema's arguments: any_whitespace, indent, separators,
-            # strict_mode (the engine's default), max_whitespace_cnt, print_converted_ebnf.
-            grammar = xgr.Grammar.from_json_schema(request["schema"], False, None, None, True, None, False)
+            # Grammar::FromJSONSchema's arguments: any_whitespace, indent, separators
+            # (without spaces: XGrammar's own are ", " and ": "), strict_mode (the
+            # engine's default), max_whitespace_cnt, print_converted_ebnf.
+            grammar = xgr.Grammar.from_json_schema(request["schema"], False, None, COMPACT, True, None, False)
         else:
             grammar = xgr.Grammar.from_structural_tag(structural_tag_json(request["tags"], request["triggers"]))
         text = json_safe(grammar.to_string())
+        if self._space is not None:
+            text = spaces_as(text, self._space)
         if len(text) > self._max_text:
             return {"error": f"its grammar is {len(text)} characters, more than {self._max_text}", "size": True}
         compiled = self._compiler.compile_grammar(xgr.Grammar.from_ebnf(text, "root"))
@@ -197,7 +240,7 @@ def main() -> None:
     # engine's steps come first (the time limit is on this process's CPU time).
     os.nice(10)
     source = sys.stdin.buffer
-    vocab, eos_token_id = pickle.loads(source.read(int(source.readline())))
+    vocab, eos_token_id, space = pickle.loads(source.read(int(source.readline())))
     out = sys.stdout
     try:
         bindings = load_bindings()
@@ -205,7 +248,7 @@ def main() -> None:
         out.write(json.dumps({"unavailable": str(exc)}) + "\n")
         out.flush()
         return
-    compiler = Compiler(bindings, vocab, eos_token_id, max_text, max_compiled)
+    compiler = Compiler(bindings, vocab, eos_token_id, max_text, max_compiled, space)
     if memory > 0:
         limit = _address_space() + memory
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

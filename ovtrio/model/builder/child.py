@@ -47,4 +47,7 @@ def main() -> None:
         sys.exit(f"OSError: {exc}")
     except (ValueError, KeyError, IndexError) as exc:
         sys.exit(f"BuildError: {exc}")
+    except Exception as exc:  # noqa: BLE001 - whatever a file makes the graph's ops raise fails that file alone
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        sys.exit(f"BuildError: {type(exc).__name__}: {first}")
     print(json.dumps(lines))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovtrio.model.builder import gemma2, gemma3, phi3
+from ovtrio.model.builder import gemma2, gemma3, phi3, qwen2moe, qwen3moe
 from ovtrio.model.builder.hyper import Hyper, read_hyper
 from ovtrio.model.builder.tensors import GGUFTensors
 from ovtrio.model.builder.tokenizer import ARRAYS, build_tokenizers
@@ -40,6 +40,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     gemma2.ARCHITECTURE: Architecture(gemma2.build, "gemma", ("<end_of_turn>",)),
     gemma3.ARCHITECTURE: Architecture(gemma3.build, "gemma", ("<end_of_turn>",)),
     phi3.ARCHITECTURE: Architecture(phi3.build, "phi3", ("<|end|>",)),
+    qwen2moe.ARCHITECTURE: Architecture(qwen2moe.build, "chatml", ("<|im_end|>",)),
+    qwen3moe.ARCHITECTURE: Architecture(qwen3moe.build, "chatml", ("<|im_end|>",)),
 }
 
 

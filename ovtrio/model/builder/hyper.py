@@ -28,6 +28,8 @@ class Hyper:
     final_softcap: float  # 0: none
     rotary_dim: int  # dimensions of each head rotated (partial rotary below head_dim)
     original_context_length: int  # the context the rope was trained at before scaling (0: not scaled)
+    experts: int = 0  # routed experts of a mixture-of-experts MLP (0: a dense MLP)
+    experts_used: int = 0  # experts each token goes through
 
 
 def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
@@ -46,6 +48,7 @@ def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
     scaling = optional("rope.scaling.type", "none")
+    experts = int(optional("expert_count", 0))
     return Hyper(
         architecture=arch,
         hidden=hidden,
@@ -53,7 +56,8 @@ def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
         heads=heads,
         kv_heads=int(optional("attention.head_count_kv", heads)),
         head_dim=int(optional("attention.key_length", hidden // heads)),
-        feed_forward=int(need("feed_forward_length")),
+        # A mixture of experts' MLP is sized by expert_feed_forward_length instead.
+        feed_forward=int(optional("feed_forward_length", 0) if experts else need("feed_forward_length")),
         eps=float(need("attention.layer_norm_rms_epsilon")),
         context_length=int(optional("context_length", 2048)),
         rope_base=float(optional("rope.freq_base", 10_000.0)),
@@ -62,4 +66,6 @@ def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
         final_softcap=float(optional("final_logit_softcapping", 0.0)),
         rotary_dim=int(optional("rope.dimension_count", int(optional("attention.key_length", hidden // heads)))),
         original_context_length=int(optional("rope.scaling.original_context_length", 0)),
+        experts=experts,
+        experts_used=int(need("expert_used_count")) if experts else 0,
     )
