@@ -387,3 +387,97 @@ def write_qwen_moe(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+DENSE_TYPES = {
+    "attn_q": "Q4_K",
+    "attn_k": "Q8_0",
+    "attn_v": "Q6_K",
+    "attn_output": "Q4_0",
+    "ffn_gate": "Q5_0",
+    "ffn_up": "Q4_1",
+    "ffn_down": "Q6_K",
+}
+# Granite 3's multipliers (granite-3.x-instruct's config: embedding_multiplier,
+# residual_multiplier, attention_multiplier, logits_scaling).
+GRANITE_SCALES = {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.0078125, "logit_scale": 8.0}
+
+
+def write_dense(
+    path: Path,
+    architecture: str,
+    *,
+    layers: int = 4,
+    hidden: int = 256,
+    heads: int = 4,
+    kv_heads: int = 2,
+    feed_forward: int = 512,
+    tied: bool = True,
+    seed: int = 0,
+) -> Path:
+    """A llama-shaped dense model as llama.cpp's conversion writes `smollm3`, `granite`
+    and `olmo2` files, with a byte-level BPE vocabulary (as all three have): for granite
+    its four multipliers; for olmo2 norms after attention and the MLP (none before) and
+    query and key norms across all heads."""
+    rng = np.random.default_rng(seed)
+    tokens, token_types, merges = qwen_vocabulary()
+    a = architecture
+    olmo2 = a == "olmo2"
+    head_dim = hidden // heads
+    writer = gguf.GGUFWriter(str(path), a)
+    writer.add_uint32(f"{a}.context_length", 8192)
+    writer.add_uint32(f"{a}.embedding_length", hidden)
+    writer.add_uint32(f"{a}.block_count", layers)
+    writer.add_uint32(f"{a}.feed_forward_length", feed_forward)
+    writer.add_uint32(f"{a}.attention.head_count", heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", kv_heads)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32(f"{a}.rope.freq_base", 500_000.0)
+    if a == "granite":
+        for key, value in GRANITE_SCALES.items():
+            writer.add_float32(f"{a}.{key}", value)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_add_bos_token(False)
+
+    def matrix(name: str, shape: tuple[int, int], type_name: str) -> None:
+        rows, cols = shape
+        weights = rng.normal(0, cols**-0.5, (rows, cols)).astype(np.float32)
+        data = blocks_of(None if type_name.endswith("_K") else weights, rows, cols, type_name, rng)
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[type_name])
+
+    def vector(name: str, size: int) -> None:
+        writer.add_tensor(name, (1.0 + rng.normal(0, 0.1, size)).astype(np.float32))
+
+    matrix("token_embd.weight", (len(tokens), hidden), "Q8_0")
+    vector("output_norm.weight", hidden)
+    if not tied:
+        matrix("output.weight", (len(tokens), hidden), "Q6_K")
+    t = DENSE_TYPES
+    for layer in range(layers):
+        p = f"blk.{layer}."
+        matrix(p + "attn_q.weight", (heads * head_dim, hidden), t["attn_q"])
+        matrix(p + "attn_k.weight", (kv_heads * head_dim, hidden), t["attn_k"])
+        matrix(p + "attn_v.weight", (kv_heads * head_dim, hidden), t["attn_v"])
+        matrix(p + "attn_output.weight", (hidden, heads * head_dim), t["attn_output"])
+        matrix(p + "ffn_gate.weight", (feed_forward, hidden), t["ffn_gate"])
+        matrix(p + "ffn_up.weight", (feed_forward, hidden), t["ffn_up"])
+        matrix(p + "ffn_down.weight", (hidden, feed_forward), t["ffn_down"])
+        if olmo2:
+            vector(p + "attn_q_norm.weight", heads * head_dim)
+            vector(p + "attn_k_norm.weight", kv_heads * head_dim)
+            vector(p + "post_attention_norm.weight", hidden)
+            vector(p + "post_ffw_norm.weight", hidden)
+        else:
+            vector(p + "attn_norm.weight", hidden)
+            vector(p + "ffn_norm.weight", hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

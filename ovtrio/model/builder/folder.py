@@ -18,7 +18,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovtrio.model.builder import gemma2, gemma3, phi3, qwen2moe, qwen3moe
+from ovtrio.model.builder import dense, gemma2, gemma3, phi3, qwen2moe, qwen3moe
 from ovtrio.model.builder.hyper import Hyper, read_hyper
 from ovtrio.model.builder.tensors import GGUFTensors
 from ovtrio.model.builder.tokenizer import ARRAYS, build_tokenizers
@@ -42,6 +42,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     phi3.ARCHITECTURE: Architecture(phi3.build, "phi3", ("<|end|>",)),
     qwen2moe.ARCHITECTURE: Architecture(qwen2moe.build, "chatml", ("<|im_end|>",)),
     qwen3moe.ARCHITECTURE: Architecture(qwen3moe.build, "chatml", ("<|im_end|>",)),
+    dense.SMOLLM3.architecture: Architecture(dense.builder(dense.SMOLLM3), "chatml", ("<|im_end|>",)),
+    dense.GRANITE.architecture: Architecture(dense.builder(dense.GRANITE), "granite", ("<|end_of_text|>",)),
+    dense.OLMO2.architecture: Architecture(dense.builder(dense.OLMO2), "olmo2", ()),
 }
 
 

@@ -30,6 +30,11 @@ class Hyper:
     original_context_length: int  # the context the rope was trained at before scaling (0: not scaled)
     experts: int = 0  # routed experts of a mixture-of-experts MLP (0: a dense MLP)
     experts_used: int = 0  # experts each token goes through
+    # Granite's multipliers (1, or 0 for attention_scale: 1/sqrt(head_dim), where absent).
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0
+    attention_scale: float = 0.0
+    logit_scale: float = 1.0
 
 
 def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
@@ -68,4 +73,8 @@ def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
         original_context_length=int(optional("rope.scaling.original_context_length", 0)),
         experts=experts,
         experts_used=int(need("expert_used_count")) if experts else 0,
+        embedding_scale=float(optional("embedding_scale", 1.0)),
+        residual_scale=float(optional("residual_scale", 1.0)),
+        attention_scale=float(optional("attention.scale", 0.0)),
+        logit_scale=float(optional("logit_scale", 1.0)),
     )

@@ -1,0 +1,66 @@
+"""The builder's llama-shaped dense architectures (dense.py: SmolLM3, Granite, OLMo 2)
+against an independent numpy forward pass (dense_reference.py) on random-weight GGUF
+files in llama.cpp's layout: SmolLM3's layers without rotary embeddings, Granite's four
+multipliers, OLMo 2's post-norms and whole-projection query and key norms. Compared as
+test_gguf_builder.py compares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dense_reference import forward, read_gguf
+from gguf_architectures import write_dense
+from ovtrio.model.builder.folder import write_ir_folder
+from test_gguf_builder import _paged_output, _stateful_greedy, _stateful_logits
+
+PROMPT = [*range(40, 260, 6)]  # 37 byte tokens
+
+
+@pytest.fixture(scope="module", params=["smollm3", "granite", "olmo2"])
+def dense(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[dict, dict]]:
+    architecture = request.param
+    file = write_dense(
+        tmp_path_factory.mktemp(architecture) / f"{architecture}.gguf", architecture, tied=architecture != "olmo2"
+    )
+    folder = tmp_path_factory.mktemp(f"{architecture}-ir")
+    write_ir_folder(file, folder)
+    return folder, read_gguf(str(file))
+
+
+def test_the_graph_gives_the_reference_logits(dense: tuple[Path, tuple[dict, dict]]) -> None:
+    folder, (metadata, weights) = dense
+    expected = forward(metadata, weights, PROMPT)
+    got = _stateful_logits(folder, PROMPT)
+    difference = float(np.abs(got - expected).max())
+    assert difference < 1e-4 * float(np.abs(expected).max()) + 1e-5, difference
+    if metadata["general.architecture"] == "smollm3":  # the no-rope layer is no rounding matter
+        roped = forward(metadata, weights, PROMPT, rope_everywhere=True)
+        assert float(np.abs(roped - expected).max()) > 100 * difference
+
+
+def test_the_paged_pipeline_gives_the_graphs_greedy_tokens(dense: tuple[Path, tuple[dict, dict]]) -> None:
+    folder, (metadata, weights) = dense
+    output = _paged_output(folder, PROMPT, 12)
+    assert list(output.generated_ids) == _stateful_greedy(folder, PROMPT, 12)
+    logits = forward(metadata, weights, PROMPT)[-1]
+    shifted = logits - logits.max()
+    expected = float(shifted[output.generated_ids[0]] - np.log(np.exp(shifted).sum()))
+    assert abs(float(output.generated_log_probs[0]) - expected) < 1e-3
+
+
+def test_a_file_without_a_template_gets_its_familys(dense: tuple[Path, tuple[dict, dict]]) -> None:
+    import openvino_genai
+
+    folder, (metadata, _) = dense
+    rendered = openvino_genai.Tokenizer(str(folder)).apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True
+    )
+    expected = {
+        "smollm3": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        "granite": "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>",
+        "olmo2": "<|endoftext|><|user|>\nHi\n<|assistant|>\n",
+    }
+    assert rendered == expected[metadata["general.architecture"]]
