@@ -1,14 +1,19 @@
 """A mixture of experts' MLP: routed experts chosen per token by a router, and an
 optional shared expert every token goes through.
 
-Built in the vectorized form optimum-intel exports MoE models in (its patched
-Qwen3-MoE forward): the hidden states tiled once per expert, each projection one batched
-MatMul over the stacked experts' weights [experts, rows, columns], the top-k routing
-weights scattered into a [tokens, experts] matrix that weighs each expert's output, and a
-ReduceSum over the experts. OpenVINO's MoE fusion (FuseVectorizedMOE3GEMM) matches exactly
-this pattern and replaces it by its MOE kernel where the device has one (GPU); elsewhere
-the graph computes every expert and zero-weights the unchosen ones, which gives the
-same numbers at the cost of dense compute (docs/models.md has the figures).
+Built as three 2-D MatMuls a layer over every expert at once: the experts' gate and up
+matrices stacked row after row ([experts x rows, hidden]), their down matrices side by
+side ([hidden, experts x rows]), each kept as its codes in the decompression pattern
+the CPU plugin fuses into its MatMul; the top-k routing weights, scattered into a
+[tokens, experts] matrix, weigh each expert's activations before the down projection, so
+that MatMul sums the chosen experts' outputs (the others weighed zero).
+
+Every expert is computed for every token, as the CPU plugin (2026.4) has no MoE kernel;
+but the weights stay compressed. The form optimum-intel exports (the hidden states tiled
+per expert, batched MatMuls over [experts, rows, columns]), which OpenVINO fuses into its
+MOE kernel on GPU, had the CPU plugin fold the stacked experts into f32 constants: for a
+random qwen3moe of 128 experts (810 MB of Q4_K/Q5_0/Q6_K) 8.6 GB resident and 6.6 tok/s
+where this form gives the figures in docs/benchmarks.md#gguf-architectures-built-by-ovtrio.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import openvino.opset15 as ops
 
 from ovtrio.model.builder import graph as g
 from ovtrio.model.builder.tensors import GGUFTensors
+from ovtrio.model.builder.weights import Codes
 
 
 @dataclass(frozen=True)
@@ -47,18 +53,17 @@ def routed_experts(x: ov.Output, hidden: int, routing: Routing, tensors: GGUFTen
         weights = ops.divide(weights, ops.reduce_sum(weights, g.const([-1]), True)).output(0)
     zeros = ops.broadcast(g.const(0.0, np.float32), ops.shape_of(probabilities))
     per_expert = ops.scatter_elements_update(zeros, chosen, weights, g.const(1))
-    per_expert = ops.transpose(per_expert, g.const([1, 0]))  # [experts, tokens]
-    batch = ops.gather(ops.shape_of(x), g.const([0]), g.const(0))
-    per_expert = ops.reshape(per_expert, ops.concat([g.const([experts]), batch, g.const([-1])], 0), False)
-    per_expert = ops.unsqueeze(per_expert, g.const(-1))  # [experts, batch, length, 1]
 
-    tiled = ops.tile(flat, g.const([experts, 1]))
-    tiled = ops.reshape(tiled, g.const([experts, -1, hidden]), False).output(0)  # [experts, tokens, hidden]
-    gate = ops.matmul(tiled, _stacked(tensors, name + "ffn_gate_exps.weight"), False, True)
-    up = ops.matmul(tiled, _stacked(tensors, name + "ffn_up_exps.weight"), False, True)
-    down = ops.matmul(ops.multiply(ops.swish(gate), up), _stacked(tensors, name + "ffn_down_exps.weight"), False, True)
-    down = ops.reshape(down, ops.concat([g.const([experts]), batch, g.const([-1, hidden])], 0), False)
-    return ops.reduce_sum(ops.multiply(down, per_expert), g.const([0]), False).output(0)
+    gate = g.linear(flat.output(0), g.matrix(_side_by_side(tensors, name + "ffn_gate_exps.weight", False)))
+    up = g.linear(flat.output(0), g.matrix(_side_by_side(tensors, name + "ffn_up_exps.weight", False)))
+    active = ops.multiply(ops.swish(gate), up)  # [tokens, experts x rows]
+    rows = tensors.shape(name + "ffn_up_exps.weight")[1]
+    weighed = ops.multiply(
+        ops.reshape(active, g.const([-1, experts, rows]), False), ops.unsqueeze(per_expert, g.const(-1))
+    )
+    weighed = ops.reshape(weighed, g.const([-1, experts * rows]), False).output(0)
+    down = g.linear(weighed, g.matrix(_side_by_side(tensors, name + "ffn_down_exps.weight", True)))
+    return ops.reshape(down, ops.shape_of(x), False).output(0)
 
 
 def shared_expert(x: ov.Output, tensors: GGUFTensors, name: str) -> ov.Output:
@@ -74,6 +79,22 @@ def shared_expert(x: ov.Output, tensors: GGUFTensors, name: str) -> ov.Output:
     return ops.multiply(out, scale).output(0)
 
 
-def _stacked(tensors: GGUFTensors, name: str) -> ov.Output:
-    """A stacked experts' weight [experts, rows, columns], its codes kept as a matrix's."""
-    return g.matrix(tensors.matrix(name), tensors.shape(name))
+def _side_by_side(tensors: GGUFTensors, name: str, columns: bool) -> Codes | np.ndarray:
+    """A stacked experts' weight [experts, rows, columns] as one 2-D weight: the experts'
+    rows one after another [experts x rows, columns], or (`columns`) their columns side
+    by side [rows, experts x columns]. Codes are regrouped as they are (a group never
+    crosses a row), so the weight is the file's, still compressed."""
+    experts, rows, cols = tensors.shape(name)
+    weight = tensors.matrix(name)
+    if isinstance(weight, np.ndarray):
+        stacked = weight.reshape(experts, rows, cols)
+        return stacked.transpose(1, 0, 2).reshape(rows, -1) if columns else stacked.reshape(experts * rows, cols)
+
+    def regrouped(part: np.ndarray) -> np.ndarray:
+        grouped = part.reshape(experts, rows, -1, part.shape[-1])
+        if columns:
+            return np.ascontiguousarray(grouped.transpose(1, 0, 2, 3)).reshape(rows, -1, part.shape[-1])
+        return grouped.reshape(experts * rows, -1, part.shape[-1])
+
+    zero_point = None if weight.zero_point is None else regrouped(weight.zero_point)
+    return Codes(regrouped(weight.codes), regrouped(weight.scale), zero_point, weight.bits)
