@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from fake_engine import VOCABULARY
-from ovtrio.model import grammar_check
+from ovtrio.model import grammar_check, grammar_worker
 from ovtrio.model.grammar_check import CheckerBusy, CheckerClosed, ConstraintRefused, GrammarChecker, GrammarLimits
 
 
@@ -294,8 +294,8 @@ async def test_on_a_sentencepiece_vocabulary_a_grammars_spaces_are_spelt_as_its_
 
     pieces = ["<pad>", "</s>", "{", "}", '"', ":", ",", "c", "p", "New", SPACE + "York", SPACE, "a", "b", "~", "\u00e9"]
     vocab = [piece.encode() for piece in pieces]
-    assert grammar_check.space_piece(vocab) == SPACE
-    assert grammar_check.space_piece(VOCABULARY.token_bytes) is None  # byte-level: spaces are spaces
+    assert grammar_worker.space_piece(vocab) == SPACE
+    assert grammar_worker.space_piece(VOCABULARY.token_bytes) is None  # byte-level: spaces are spaces
     schema = {
         "type": "object",
         "properties": {

@@ -50,7 +50,7 @@ from typing import Any
 
 import trio
 
-from ovtrio.model.grammar_worker import XGRAMMAR_VERSION, xgrammar_missing
+from ovtrio.model.grammar_worker import XGRAMMAR_VERSION, space_piece, xgrammar_missing
 
 log = logging.getLogger("ovtrio")
 
@@ -141,20 +141,6 @@ def grammar_vocabulary(tokenizer: Any, vocabulary: Any) -> tuple[list[bytes], in
     # Without a tokenizer (an engine that has none to give) no id ends the sequence early.
     eos = int(tokenizer.get_eos_token_id()) if tokenizer is not None else 0
     return tokens, eos
-
-
-SENTENCEPIECE_SPACE = "\u2581".encode()
-
-
-def space_piece(tokens: list[bytes]) -> str | None:
-    """What stands for a space in the tokens as the engine reads them: "▁" in a
-    sentencepiece vocabulary, whose pieces spell a space so (the engine gives XGrammar the
-    pieces as written, VocabType RAW, so a grammar's space must be spelt the same way to
-    be writable at all); None where tokens hold spaces themselves (byte-level ones, which
-    the engine reads decoded)."""
-    marked = sum(1 for token in tokens if SENTENCEPIECE_SPACE in token)
-    spaced = sum(1 for token in tokens if b" " in token)
-    return SENTENCEPIECE_SPACE.decode() if marked > spaced else None
 
 
 class GrammarChecker:

@@ -149,6 +149,20 @@ def json_safe(grammar: str) -> str:
     return "".join(out)
 
 
+SENTENCEPIECE_SPACE = "\u2581".encode()
+
+
+def space_piece(tokens: list[bytes]) -> str | None:
+    """What stands for a space in the tokens as the engine reads them: "▁" in a
+    sentencepiece vocabulary, whose pieces spell a space so (the engine gives XGrammar the
+    pieces as written, VocabType RAW, so a grammar's space must be spelt the same way to
+    be writable at all); None where tokens hold spaces themselves (byte-level ones, which
+    the engine reads decoded)."""
+    marked = sum(1 for token in tokens if SENTENCEPIECE_SPACE in token)
+    spaced = sum(1 for token in tokens if b" " in token)
+    return SENTENCEPIECE_SPACE.decode() if marked > spaced else None
+
+
 def spaces_as(grammar: str, piece: str) -> str:
     """The EBNF `grammar` with each space in its quoted literals and character classes
     spelt `piece`, as the vocabulary the engine matches against spells it (a
