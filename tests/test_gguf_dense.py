@@ -64,3 +64,20 @@ def test_a_file_without_a_template_gets_its_familys(dense: tuple[Path, tuple[dic
         "olmo2": "<|endoftext|><|user|>\nHi\n<|assistant|>\n",
     }
     assert rendered == expected[metadata["general.architecture"]]
+
+
+def test_a_file_whose_tensors_do_not_fit_its_header_fails_its_build_in_one_line(tmp_path: Path) -> None:
+    """A header that says 3 heads over tensors written for 4: the build child refuses it
+    with one line naming what did not fit, and the server's process never sees it."""
+    import gguf
+
+    from ovtrio.model.builder.child import BuildError, build_in_child
+
+    good = write_dense(tmp_path / "good.gguf", "smollm3")
+    reader = gguf.GGUFReader(str(good), "r+")
+    field = reader.fields["smollm3.attention.head_count"]
+    field.parts[field.data[0]][0] = 3  # the memory map writes through to the file
+    del reader
+    with pytest.raises(BuildError) as refused:
+        build_in_child(good, tmp_path / "built")
+    assert "\n" not in str(refused.value) and str(refused.value)
