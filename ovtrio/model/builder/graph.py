@@ -72,13 +72,11 @@ def inputs() -> Inputs:
     )
 
 
-def matrix(codes: Codes | np.ndarray, shape: tuple[int, ...] | None = None) -> ov.Output:
-    """A weight [rows, columns] (or `shape`, e.g. [experts, rows, columns]) as f32: a
-    constant, or its codes in the decompression pattern."""
+def matrix(codes: Codes | np.ndarray) -> ov.Output:
+    """A weight [rows, columns] as f32: a constant, or its codes in the decompression pattern."""
     if isinstance(codes, np.ndarray):
-        values = codes if shape is None else codes.reshape(shape)
-        node = ops.constant(values)
-        return node.output(0) if values.dtype == np.float32 else ops.convert(node, ov.Type.f32).output(0)
+        node = ops.constant(codes)
+        return node.output(0) if codes.dtype == np.float32 else ops.convert(node, ov.Type.f32).output(0)
     rows = codes.codes.shape[0]
     if codes.bits == 4:
         packed = ov.Tensor(ov.Type.u4, list(codes.codes.shape))
@@ -90,7 +88,7 @@ def matrix(codes: Codes | np.ndarray, shape: tuple[int, ...] | None = None) -> o
     if codes.zero_point is not None:
         values = ops.subtract(values, ops.constant(codes.zero_point))
     values = ops.multiply(values, ops.constant(codes.scale))
-    return ops.reshape(values, const(list(shape) if shape else [rows, -1]), False).output(0)
+    return ops.reshape(values, const([rows, -1]), False).output(0)
 
 
 def _pack_u4(codes: np.ndarray) -> np.ndarray:
