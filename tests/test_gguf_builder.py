@@ -103,6 +103,16 @@ def _paged_output(folder: Path, ids: list[int], count: int) -> Any:
     return handle.read_all()[0]
 
 
+def assert_paged_greedy_is_the_graphs(folder: Path, ids: list[int], reference_last_logits: np.ndarray) -> None:
+    """The paged pipeline's 12 greedy tokens (prefill sliced smaller than `ids`) are the
+    stateful graph's, and its first token's logprob is the reference's within 1e-3."""
+    output = _paged_output(folder, ids, 12)
+    assert list(output.generated_ids) == _stateful_greedy(folder, ids, 12)
+    shifted = reference_last_logits - reference_last_logits.max()
+    expected = float(shifted[output.generated_ids[0]] - np.log(np.exp(shifted).sum()))
+    assert abs(float(output.generated_log_probs[0]) - expected) < 1e-3
+
+
 def test_the_names_of_built_architectures_are_the_builders_table() -> None:
     assert frozenset(ARCHITECTURES) == BUILT_ARCHITECTURES
 

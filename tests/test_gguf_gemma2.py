@@ -15,7 +15,7 @@ import pytest
 from gemma2_reference import forward, read_gguf
 from gguf_architectures import write_gemma3
 from ovtrio.model.builder.folder import write_ir_folder
-from test_gguf_builder import _paged_output, _stateful_greedy, _stateful_logits
+from test_gguf_builder import _stateful_logits, assert_paged_greedy_is_the_graphs
 
 WINDOW = 8
 PROMPT = [2, *range(6, 262, 7)]  # BOS and 37 byte tokens: past the window many times
@@ -51,12 +51,7 @@ def test_the_graph_gives_the_reference_logits_without_the_attention_cap(gemma2: 
 
 def test_the_paged_pipeline_gives_the_graphs_greedy_tokens(gemma2: tuple[Path, tuple[dict, dict]]) -> None:
     folder, (metadata, weights) = gemma2
-    output = _paged_output(folder, PROMPT, 12)
-    assert list(output.generated_ids) == _stateful_greedy(folder, PROMPT, 12)
-    logits = forward(metadata, weights, PROMPT, attention_softcap=False)[-1]
-    shifted = logits - logits.max()
-    expected = float(shifted[output.generated_ids[0]] - np.log(np.exp(shifted).sum()))
-    assert abs(float(output.generated_log_probs[0]) - expected) < 1e-3
+    assert_paged_greedy_is_the_graphs(folder, PROMPT, forward(metadata, weights, PROMPT, attention_softcap=False)[-1])
 
 
 def test_a_gemma2_file_gets_gemmas_template(gemma2: tuple[Path, tuple[dict, dict]]) -> None:

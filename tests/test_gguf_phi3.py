@@ -13,7 +13,7 @@ import pytest
 from gguf_architectures import write_phi3
 from ovtrio.model.builder.folder import write_ir_folder
 from phi3_reference import forward, read_gguf
-from test_gguf_builder import _paged_output, _stateful_greedy, _stateful_logits
+from test_gguf_builder import _stateful_logits, assert_paged_greedy_is_the_graphs
 
 WINDOW = 8
 PROMPT = [1, *range(6, 262, 7)]  # <s> and 37 byte tokens: past the window many times
@@ -68,12 +68,7 @@ def test_the_paged_pipeline_gives_the_graphs_greedy_tokens(model: str, request: 
     """The continuous-batching pipeline's paged attention keeps the rope and the window, in
     a prefill sliced smaller than the prompt."""
     folder, (metadata, weights) = request.getfixturevalue(model)
-    output = _paged_output(folder, PROMPT, 12)
-    assert list(output.generated_ids) == _stateful_greedy(folder, PROMPT, 12)
-    logits = forward(metadata, weights, PROMPT)[-1]
-    shifted = logits - logits.max()
-    expected = float(shifted[output.generated_ids[0]] - np.log(np.exp(shifted).sum()))
-    assert abs(float(output.generated_log_probs[0]) - expected) < 1e-3
+    assert_paged_greedy_is_the_graphs(folder, PROMPT, forward(metadata, weights, PROMPT)[-1])
 
 
 def test_phis_template_and_end_of_turn(phi3_mini_4k: tuple[Path, tuple[dict, dict]]) -> None:

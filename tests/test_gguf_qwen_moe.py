@@ -14,7 +14,7 @@ import pytest
 from gguf_architectures import write_qwen_moe
 from ovtrio.model.builder.folder import write_ir_folder
 from qwen_moe_reference import forward, read_gguf
-from test_gguf_builder import _paged_output, _stateful_greedy, _stateful_logits
+from test_gguf_builder import _stateful_logits, assert_paged_greedy_is_the_graphs
 
 PROMPT = [*range(40, 260, 6)]  # 37 byte tokens
 
@@ -45,12 +45,7 @@ def test_the_paged_pipeline_gives_the_graphs_greedy_tokens(moe: tuple[Path, tupl
     """Prefill sliced into 16-token steps, then decoding one token a step: the experts are
     chosen per token whatever the batch holds."""
     folder, (metadata, weights) = moe
-    output = _paged_output(folder, PROMPT, 12)
-    assert list(output.generated_ids) == _stateful_greedy(folder, PROMPT, 12)
-    logits = forward(metadata, weights, PROMPT)[-1]
-    shifted = logits - logits.max()
-    expected = float(shifted[output.generated_ids[0]] - np.log(np.exp(shifted).sum()))
-    assert abs(float(output.generated_log_probs[0]) - expected) < 1e-3
+    assert_paged_greedy_is_the_graphs(folder, PROMPT, forward(metadata, weights, PROMPT)[-1])
 
 
 def test_the_byte_level_tokenizer_round_trips_and_chatml_is_the_fallback(moe: tuple[Path, tuple[dict, dict]]) -> None:
