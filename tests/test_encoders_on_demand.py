@@ -37,16 +37,17 @@ from test_models_on_demand import (
     CYCLES,
     KV_BLOCKS,
     RSS_BOUND_MB,
+    StreamUntilTold,
     _rss_mb,
     _worker_pid,
     chat,
-    chat_running,
     count,
     loads,
     series_of,
     states,
     unload,
     wait_for_state,
+    wait_until_running,
 )
 
 EMBEDDER = "minilm"
@@ -429,16 +430,18 @@ def test_models_max_counts_the_encoders(launcher, request):
     assert server.metric("ovtrio_model_unloads_total", model_name=EMBEDDER, reason="lru") >= 1
     # While the generation model runs a request, the embedder finds no room: 503 with
     # Retry-After after --models-load-wait, and it stays unloaded, not failed.
-    running, done = chat_running(server, "alpha", 150)
+    running = StreamUntilTold(server, "alpha", max_tokens=2000)
+    running.start()
+    wait_until_running(server, "alpha")
     refused = embed(server)
     by_hand = loopback.post(server.base_url + "/models/load", json={"model": EMBEDDER}, timeout=60)
-    running.join()
+    running.stop()
+    assert running.status == 200 and not running.ended
     for reply in (refused, by_hand):
         assert reply.status_code == 503, reply.text
         error = reply.json()["error"]
         assert error["code"] == "model_unavailable" and "--models-max 1" in error["message"], error
         assert int(reply.headers["Retry-After"]) >= 1
-    assert done[0].status_code == 200
     assert states(server)[EMBEDDER]["value"] == "unloaded"
 
 
