@@ -356,8 +356,24 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # once it is there and load it (about 3 s of CPU each instead of 6).
     if wanted:
         _pool().start_in_background(wanted[0], _model_cached, wanted[1:])
+    for item in session.items:
+        for name in _needs(item):
+            if name in registered():
+                _LAST_USER[name] = item.nodeid
     if "embedded_pipeline" in used:
         _pipeline(after_conversion=bool(wanted))
+
+
+# Each server's last test: after it, the server is stopped (ServerPool.retire).
+_LAST_USER: dict[str, str] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # the test's fixtures are torn down, those of its module too when it is the last
+    done = [name for name, last in _LAST_USER.items() if last == item.nodeid]
+    if done and _POOL is not None:
+        _POOL.retire(done)
 
 
 def _needs(item: pytest.Item) -> list[str]:

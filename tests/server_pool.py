@@ -97,6 +97,7 @@ class ServerPool:
         self._launcher_done = threading.Event()
         self._launcher_done.set()
         self._closing = False
+        self._stopping: list[threading.Thread] = []  # stops of retired servers
 
     def start_in_background(
         self, first: str, ready_for_others: Callable[[], bool], others: Iterable[str], at_once: int = 1
@@ -190,9 +191,28 @@ class ServerPool:
         del self._serving[name]
         return server
 
+    def retire(self, names: Iterable[str]) -> None:
+        """Stop the servers `names`, which no test still to run uses, in a thread: an
+        idle server still wakes to look for idle models and trim memory (about 1% of a
+        core each), and late in the suite dozens of them would be idle."""
+        retired = []
+        with self._lock:
+            for name in names:
+                if name in self._queue:
+                    self._queue.remove(name)
+                for held in (self._serving, self._launched):
+                    if name in held:
+                        retired.append(held.pop(name))
+        if retired:
+            stopping = threading.Thread(target=lambda: [self._stop(server) for server in retired], daemon=True)
+            stopping.start()
+            self._stopping.append(stopping)
+
     def close(self) -> None:
         self._closing = True
         self._launcher_done.wait()
+        for stopping in self._stopping:
+            stopping.join()
         for server in [*self._serving.values(), *self._launched.values()]:
             self._stop(server)
         self._serving.clear()
