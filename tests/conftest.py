@@ -344,28 +344,26 @@ def _is_slow(item: pytest.Item) -> bool:
     return bool(set(_needs(item)) & (_NEEDS_A_MODEL | set(registered())))
 
 
+# Each server's last test: after it, the server is stopped (ServerPool.retire).
+_LAST_USER: dict[str, str] = {}
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start every server the collected tests use, and the in-process pipeline, while
     the tests run (server_pool.py says why): the shared server first, the rest in the
     order of use."""
     used: dict[str, None] = {}
     for item in session.items:
-        used.update(dict.fromkeys(_needs(item)))
+        needs = _needs(item)
+        used.update(dict.fromkeys(needs))
+        _LAST_USER.update((name, item.nodeid) for name in needs if name in registered())
     wanted = [name for name in ("server", *used) if name in used and name in registered()]
     # The first server converts the model into the session's cache; the others start
     # once it is there and load it (about 3 s of CPU each instead of 6).
     if wanted:
         _pool().start_in_background(wanted[0], _model_cached, wanted[1:])
-    for item in session.items:
-        for name in _needs(item):
-            if name in registered():
-                _LAST_USER[name] = item.nodeid
     if "embedded_pipeline" in used:
         _pipeline(after_conversion=bool(wanted))
-
-
-# Each server's last test: after it, the server is stopped (ServerPool.retire).
-_LAST_USER: dict[str, str] = {}
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -75,27 +75,30 @@ class ScriptedPipeline(FakePipeline):
             handle.unread.append(FakeOutput(tokens, [0.0] * len(tokens), 0.0, reason))
 
 
-_REAL_BUILD: Any = None
-_BUILT: dict[str, Any] = {}  # a model folder's path and engine settings: its pipeline
 # What only a model's name, prompt and parsing depend on, not its pipeline.
 _NOT_THE_ENGINES = {"served_model_name", "chat_template", "parse_special_in_content", "tool_parser", "reasoning_parser"}
 
 
-def build_once(path: Path, settings: Any, phases: dict[str, float], save: bool = False, on_folder: Any = None) -> Any:
-    """The engine's tokenizer and pipeline, the pipeline compiled once for each model
-    folder and engine settings: the script, not the pipeline, writes every reply (the pipeline only warms up
-    and gives its generation config), so models of the same files share it; each gets
-    a tokenizer of its own, which takes its own chat template."""
+def pipelines_built_once(real_build: Any) -> Any:
+    """`real_build` (the loader's tokenizer and pipeline of a model folder) with the
+    pipeline compiled once for each folder and engine settings: the script, not the
+    pipeline, writes every reply (the pipeline only warms up and gives its generation
+    config), so models of the same files share it; each gets a tokenizer of its own,
+    which takes its own chat template."""
     import openvino_genai
 
-    key = f"{path} {settings.model_dump_json(exclude=_NOT_THE_ENGINES)}"
-    if save or key not in _BUILT:
-        tokenizer, pipeline = _REAL_BUILD(path, settings, phases, save, on_folder)
-        _BUILT[key] = pipeline
-        return tokenizer, pipeline
-    if on_folder is not None and path.is_dir():
-        on_folder(path)
-    return openvino_genai.Tokenizer(str(path)), _BUILT[key]
+    built: dict[str, Any] = {}  # a folder's path and engine settings: its pipeline
+
+    def build(path: Path, settings: Any, phases: dict[str, float], save: bool = False, on_folder: Any = None) -> Any:
+        key = f"{path} {settings.model_dump_json(exclude=_NOT_THE_ENGINES)}"
+        if save or key not in built:
+            tokenizer, built[key] = real_build(path, settings, phases, save, on_folder)
+            return tokenizer, built[key]
+        if on_folder is not None and path.is_dir():
+            on_folder(path)
+        return openvino_genai.Tokenizer(str(path)), built[key]
+
+    return build
 
 
 def main() -> None:
@@ -103,8 +106,6 @@ def main() -> None:
 
     rules = json.loads(Path(os.environ["OVTRIO_TEST_SCRIPT"]).read_text())
     real_load = loading.load_and_warm_up
-    global _REAL_BUILD
-    _REAL_BUILD = loading._build
 
     def load_and_warm_up(source: Any, settings: Any, progress: Any = None) -> Any:
         model, kv_capacity = real_load(source, settings, progress)
@@ -115,7 +116,7 @@ def main() -> None:
     # models at start, and of each load on demand).
     loading.load_and_warm_up = load_and_warm_up  # type: ignore[assignment]
     load_thread.load_and_warm_up = load_and_warm_up  # type: ignore[assignment]
-    loading._build = build_once  # type: ignore[assignment]
+    loading._build = pipelines_built_once(loading._build)  # type: ignore[assignment]
     from ovtrio.server.cli import main as serve
 
     serve()

@@ -92,9 +92,14 @@ def server(request: pytest.FixtureRequest) -> RunningServer:
     return server
 
 
-def chat(server: RunningServer, model: str, **params: Any) -> httpx.Response:
+def chat_body(model: str, **params: Any) -> dict[str, Any]:
+    """A chat whose length max_tokens forces (2 tokens unless it says otherwise)."""
     body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "ignore_eos": True}
-    return post(server.base_url, "/v1/chat/completions", {**body, **params})
+    return {**body, **params}
+
+
+def chat(server: RunningServer, model: str, **params: Any) -> httpx.Response:
+    return post(server.base_url, "/v1/chat/completions", chat_body(model, **params))
 
 
 class StreamUntilTold(threading.Thread):
@@ -104,13 +109,7 @@ class StreamUntilTold(threading.Thread):
 
     def __init__(self, server: RunningServer, model: str, max_tokens: int) -> None:
         super().__init__()
-        self.body = {
-            "model": model,
-            "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "stream": True,
-        }
+        self.body = chat_body(model, max_tokens=max_tokens, stream=True)
         self.url = server.base_url + "/v1/chat/completions"
         self.stopping = threading.Event()
         self.status = 0
