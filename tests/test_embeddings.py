@@ -303,26 +303,49 @@ def test_a_full_queue_gives_429_and_a_client_that_left_costs_nothing(encoder_ser
     assert encoder_server.metric("ovtrio_encoder_requests_rejected_total", model_name=EMBEDDER) >= 1
 
 
+def _arriving_together(server: RunningServer, bodies: list[bytes]) -> list[int]:
+    """Sends each body to /v1/embeddings on its own connection, all but the last byte
+    first and then the last bytes of all of them one after another, so the requests are
+    complete within microseconds of one another (threads started together can be
+    milliseconds apart on a busy machine, long enough for a batch to fall between them).
+    Returns the replies' status codes."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    connections = [socket.create_connection((host, int(port))) for _ in bodies]
+    try:
+        requests = [
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+            for body in bodies
+        ]
+        for connection, request in zip(connections, requests):
+            connection.sendall(request[:-1])
+        for connection, request in zip(connections, requests):
+            connection.sendall(request[-1:])
+        statuses = []
+        for connection in connections:
+            connection.settimeout(600)
+            reply = b""
+            while chunk := connection.recv(65536):
+                reply += chunk
+            statuses.append(int(reply.split(b" ", 2)[1]))
+        return statuses
+    finally:
+        for connection in connections:
+            connection.close()
+
+
 def test_requests_that_arrive_together_share_a_batch(encoder_server: RunningServer) -> None:
     embed(encoder_server, input="warm")
     batches = _batches(encoder_server)
     held: list[httpx.Response] = []
     holder = _holder(encoder_server, held)
     wait_for(lambda: _batches(encoder_server) > batches, "the holding request started")
-    replies: list[httpx.Response] = []
-    together = threading.Barrier(QUEUED)
-
-    def send() -> None:
-        together.wait()
-        replies.append(embed(encoder_server, input="together"))
-
-    threads = [threading.Thread(target=send) for _ in range(QUEUED)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=600)
+    body = json.dumps({"model": EMBEDDER, "input": "together"}).encode()
+    statuses = _arriving_together(encoder_server, [body] * QUEUED)
     holder.join(timeout=600)
-    assert [r.status_code for r in replies] == [200] * QUEUED
+    assert held and held[0].status_code == 200, held[0].text if held else "no reply"
+    assert statuses == [200] * QUEUED
     # The holder's parts (a batch each) and one batch of both waiting requests.
     assert _batches(encoder_server) == batches + HOLDER_INPUTS // 8 + 1
 
