@@ -81,6 +81,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ovtrio.serving",),  # the served models: service, registry, shutdown, metrics, memory
     ("ovtrio.audio",),  # speech in: Whisper on the encoders' worker
     ("ovtrio.embedding", "ovtrio.scoring", "ovtrio.images", "ovtrio.output"),
+    ("ovtrio.lifecycle",),  # what every served model's lifecycle shares: its leases
     ("ovtrio.scheduler",),  # the engine's one owner; knows nothing of HTTP
     ("ovtrio.model",),  # everything that knows the model
     ("ovtrio.parsing", "ovtrio.settings", "ovtrio.errors", "ovtrio.seams"),  # they import no other ovtrio package

@@ -1,11 +1,12 @@
-"""Encoders in --models-dir, on real servers under both launchers: a folder holding the
+"""Encoders in --models-dir, on real servers: a folder holding the
 embedded GGUF, an embedding model (the embedded embedder's converted IR), a Whisper model
 (tiny_whisper.py), an embedding folder without its tokenizer, one whose weights are cut
 short and a Whisper folder whose config.json is. Each is served as its kind under its
 folder's name, listed with its state, loaded on its first request, unloaded by hand and
 when idle, and found or forgotten as the folder changes; --models-max counts them; a
 vision model in the folder gives the server the body limit images need. Nothing here
-depends on what a model writes: a reloaded model is compared with itself.
+depends on what a model writes: a reloaded model is compared with itself. Encoders of a
+folder under the hypercorn command: test_launcher_parity.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from conftest import SESSION_CACHE, RunningServer
 from helpers import beside_innocent_streams, post
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME, embedded_embedder_folder
 from ovtrio.model import embedded_model_path
-from ovtrio.serving.residency import GRACE
 from server_pool import server_fixture
 from test_models_on_demand import (
     CYCLES,
@@ -101,12 +101,6 @@ serve_encoders = server_fixture(
     KV_BLOCKS,
     prepare=encoders_folder,
 )
-hypercorn_encoders = server_fixture(
-    "hypercorn_encoders",
-    env={"OVTRIO_MODELS_DIR": "{folder}/models", "OVTRIO_NUM_KV_BLOCKS": KV_BLOCKS},
-    hypercorn=True,
-    prepare=encoders_folder,
-)
 # Unloads whatever has been idle for 2 s.
 idle_encoders = server_fixture(
     "idle_encoders",
@@ -120,10 +114,10 @@ idle_encoders = server_fixture(
 )
 
 
-@pytest.fixture(params=["serve_encoders", "hypercorn_encoders"])
-def server(request: pytest.FixtureRequest) -> RunningServer:
-    """Each launcher's server, with the embedder and the Whisper model unloaded."""
-    server = request.getfixturevalue(request.param)
+@pytest.fixture
+def server(serve_encoders: RunningServer) -> RunningServer:
+    """The server, with the embedder and the Whisper model unloaded."""
+    server = serve_encoders
     for name in (EMBEDDER, WHISPER):
         reply = unload(server, name)
         assert reply.status_code == 200, reply.text
@@ -395,35 +389,30 @@ def generation_and_embedder(folder: Path) -> None:
     link_embedder(models / EMBEDDER)
 
 
-def one_model_at_a_time(name: str, hypercorn: bool) -> Any:
-    """Room for one model, an encoder or not, and a load waits at most 1 s for it."""
-    if hypercorn:
-        env = {
-            "OVTRIO_MODELS_DIR": "{folder}/models",
-            "OVTRIO_MODELS_MAX": "1",
-            "OVTRIO_MODELS_LOAD_WAIT": "1",
-            "OVTRIO_NUM_KV_BLOCKS": KV_BLOCKS,
-        }
-        return server_fixture(name, env=env, hypercorn=True, prepare=generation_and_embedder)
-    flags = ("--models-max", "1", "--models-load-wait", "1", "--num-kv-blocks", KV_BLOCKS)
-    return server_fixture(name, "--models-dir", "{folder}/models", *flags, prepare=generation_and_embedder)
+# Room for one model, an encoder or not, and a load waits at most 1 s for it.
+serve_one_model = server_fixture(
+    "serve_one_model",
+    "--models-dir",
+    "{folder}/models",
+    "--models-max",
+    "1",
+    "--models-load-wait",
+    "1",
+    "--num-kv-blocks",
+    KV_BLOCKS,
+    prepare=generation_and_embedder,
+)
 
 
-serve_one_model = one_model_at_a_time("serve_one_model", hypercorn=False)
-hypercorn_one_model = one_model_at_a_time("hypercorn_one_model", hypercorn=True)
-
-
-@pytest.mark.parametrize("launcher", ["serve_one_model", "hypercorn_one_model"])
-def test_models_max_counts_the_encoders(launcher, request):
-    server = request.getfixturevalue(launcher)
+def test_models_max_counts_the_encoders(serve_one_model):
+    server = serve_one_model
     assert chat(server, "alpha").status_code == 200
-    time.sleep(GRACE + 0.5)  # past the grace a model just named keeps
-    # The embedder takes the generation model's place, and then gives it back.
+    # Idle once its request's lease has ended: the embedder takes the generation model's
+    # place, and then gives it back.
     assert embed(server).status_code == 200
     now = states(server)
     assert (now["alpha"]["value"], now[EMBEDDER]["value"]) == ("unloaded", "loaded")
     assert server.metric("ovtrio_model_unloads_total", model_name="alpha", reason="lru") >= 1
-    time.sleep(GRACE + 0.5)
     assert chat(server, "alpha").status_code == 200
     now = states(server)
     assert (now["alpha"]["value"], now[EMBEDDER]["value"]) == ("loaded", "unloaded")
@@ -462,17 +451,10 @@ vision_in_folder = server_fixture(
     "--no-embeddings",
     prepare=vision_folder,
 )
-vision_in_folder_hypercorn = server_fixture(
-    "vision_in_folder_hypercorn",
-    env={"OVTRIO_MODELS_DIR": "{folder}/models", "OVTRIO_MAX_BODY_BYTES": str(TEXT_LIMIT), "OVTRIO_EMBEDDINGS": "0"},
-    hypercorn=True,
-    prepare=vision_folder,
-)
 
 
-@pytest.mark.parametrize("launcher", ["vision_in_folder", "vision_in_folder_hypercorn"])
-def test_a_vision_model_in_the_folder_gets_the_body_limit_images_need(launcher, request):
-    server = request.getfixturevalue(launcher)
+def test_a_vision_model_in_the_folder_gets_the_body_limit_images_need(vision_in_folder):
+    server = vision_in_folder
     buffer = io.BytesIO()
     Image.fromarray(np.random.default_rng(7).integers(0, 256, (300, 300, 3), dtype=np.uint8)).save(buffer, "PNG")
     url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()

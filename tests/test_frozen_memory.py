@@ -1,4 +1,4 @@
-"""What a model's ready does to the collector (ovtrio/serving/service.py settle_memory):
+"""What a model's ready does to the collector (ovtrio/serving/load_waits.py settle_memory):
 what lives then is frozen, out of a full collection's walk, but garbage made before it
 is collected first, never frozen for good (each model loaded on demand freezes once
 more, and an unloaded one is freed by reference counts, with no unfreeze)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from ovtrio.serving.service import settle_memory
+from ovtrio.serving.load_waits import settle_memory
 
 
 class Node:

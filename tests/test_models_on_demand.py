@@ -27,7 +27,6 @@ from conftest import RunningServer
 from helpers import beside_innocent_streams, post
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME
 from ovtrio.model import embedded_model_path
-from ovtrio.serving.residency import GRACE
 from server_pool import server_fixture
 from test_startup import gguf_with_architecture
 
@@ -57,17 +56,6 @@ def on_demand_server(name: str) -> Any:
 
 
 serve_on_demand = on_demand_server("serve_on_demand")
-hypercorn_on_demand = server_fixture(
-    "hypercorn_on_demand",
-    env={
-        "OVTRIO_MODELS_DIR": "{folder}/models",
-        "OVTRIO_MODELS_MAX": "2",
-        "OVTRIO_NUM_KV_BLOCKS": KV_BLOCKS,
-        "OVTRIO_EMBEDDINGS": "false",
-    },
-    hypercorn=True,
-    prepare=models_folder,
-)
 # Loads only when asked, and unloads a model idle for 2 s (the embedded embedder too).
 by_hand = server_fixture(
     "by_hand",
@@ -82,10 +70,11 @@ by_hand = server_fixture(
 )
 
 
-@pytest.fixture(params=["serve_on_demand", "hypercorn_on_demand"])
-def server(request: pytest.FixtureRequest) -> RunningServer:
-    """Each launcher's server, with every model unloaded."""
-    server = request.getfixturevalue(request.param)
+@pytest.fixture
+def server(serve_on_demand: RunningServer) -> RunningServer:
+    """The server, with every model unloaded (a models folder under the hypercorn
+    command: test_launcher_parity.py)."""
+    server = serve_on_demand
     for name in NAMES:
         reply = unload(server, name)
         assert reply.status_code == 200, reply.text
@@ -203,9 +192,8 @@ def test_the_folder_is_listed_with_each_state_and_a_model_loads_on_its_first_req
 def test_the_least_recently_used_idle_model_makes_room(server):
     for name in ("alpha", "beta"):
         assert chat(server, name).status_code == 200
-    time.sleep(GRACE + 0.5)  # past the grace a model just named keeps
-    assert chat(server, "alpha").status_code == 200  # beta is now the least recently used
-    time.sleep(GRACE + 0.5)
+    # Each request's lease ends with its response: beta is now the least recently used.
+    assert chat(server, "alpha").status_code == 200
     assert chat(server, "gamma").status_code == 200
     now = states(server)
     assert {name: now[name]["value"] for name in NAMES} == {"alpha": "loaded", "beta": "unloaded", "gamma": "loaded"}
@@ -336,7 +324,7 @@ def test_a_get_loads_no_model_and_makes_none_unload_for_its_room(server):
     # What an <img> tag on any page makes a browser send, with no key and no Origin.
     for name in ("alpha", "beta"):
         assert chat(server, name).status_code == 200
-    time.sleep(GRACE + 0.5)  # both idle: a load of gamma would unload one of them
+    # Both idle (their requests' leases have ended): a load of gamma would unload one of them.
     before = loads(server, "gamma")
     for method in ("GET", "HEAD"):
         refused = tokenizer_info(server, "gamma", method)
@@ -464,8 +452,7 @@ def test_a_load_with_no_room_waits_then_is_a_503_with_retry_after(one_at_a_time)
     assert error["code"] == "model_unavailable" and "--models-max 1" in error["message"]
     assert int(refused.headers["Retry-After"]) >= 1
     assert done[0].status_code == 200
-    # Once alpha is idle (and past its grace), beta takes its place.
-    time.sleep(GRACE)
+    # Once alpha is idle (its requests' leases ended), beta takes its place.
     assert chat(server, "beta").status_code == 200
     now = states(server)
     assert (now["alpha"]["value"], now["beta"]["value"]) == ("unloaded", "loaded")

@@ -23,8 +23,7 @@ from ovtrio.embedding.worker import EncoderWorker
 from ovtrio.model import load_retry
 from ovtrio.model.load_retry import FailedLoad
 from ovtrio.scheduler.interface import SchedulerStats
-from ovtrio.serving import residency as residency_module
-from ovtrio.serving.residency import LoadFailed, Residency, ResidencyRules, Stopping
+from ovtrio.serving.residency import Busy, LoadFailed, NoRoom, Residency, ResidencyRules, Stopping
 from ovtrio.serving.service import ModelService
 from ovtrio.settings.server import Settings
 
@@ -147,7 +146,6 @@ async def test_an_unload_whose_client_leaves_while_the_engine_stops_leaves_it_un
         await residency.unload(alpha, "request")
     await wait_until(lambda: alpha.state == "unloaded")
     assert alpha.serving is None
-    alpha.last_used -= residency_module.GRACE  # long unused
     with trio.fail_after(5):
         await residency.acquire(beta)
 
@@ -185,7 +183,6 @@ async def test_a_search_for_room_whose_unload_changes_nothing_yields_and_gives_u
     alpha, beta = FakeService("alpha"), FakeService("beta")
     residency, _ = await started(nursery, alpha, beta)
     await residency.acquire(alpha)
-    alpha.last_used -= residency_module.GRACE
 
     async def unload_nothing(service: ModelService, reason: str, *, wait: bool = True) -> int:
         return 0
@@ -238,27 +235,25 @@ async def test_a_file_unusable_when_first_read_loads_once_it_is_usable(nursery):
     assert first is second and alpha.runs == 1
     assert alpha.state == "loaded" and alpha.failure is None
     await wait_until(lambda: metrics.loads["alpha"] == 1)
-    alpha.last_used -= residency_module.GRACE
     with trio.fail_after(5):  # it counts under models_max: beta's load unloads it
         await residency.acquire(beta)
     assert alpha.state == "unloaded"
 
 
 async def test_a_model_loaded_at_start_keeps_its_idle_time_and_is_counted(nursery):
-    """As the registry starts them: the residency first, then the model's own run."""
+    """As the registry starts them: the residency first, then the model's own run. Its
+    idle time starts when it is loaded (not when trio's clock began)."""
     alpha = FakeService("alpha", on_demand=False)
-    _, metrics = await started(nursery, alpha, models_max=0, idle_unload=0.0)
+    _, metrics = await started(nursery, alpha, models_max=0, idle_unload=0.2)
+    before_load = trio.current_time()
     await nursery.start(alpha.run)
-    await wait_until(lambda: alpha.state == "loaded")
-    await trio.sleep(4 * residency_module.IDLE_CHECK)
-    assert alpha.state == "loaded"  # idle for less than the grace a loaded model has
-    assert metrics.loads["alpha"] == 1
-    await wait_until(lambda: alpha.state == "unloaded")  # after the grace, idle: unloaded
+    await wait_until(lambda: metrics.loads["alpha"] == 1)
+    await wait_until(lambda: alpha.state == "unloaded")  # idle: unloaded
     assert metrics.unloads["alpha"] == 1
+    assert alpha.last_used >= before_load
 
 
 async def test_an_idle_unload_that_raises_leaves_the_residency_running(nursery, monkeypatch):
-    monkeypatch.setattr(residency_module, "GRACE", 0.0)
     alpha, beta = FakeService("alpha"), FakeService("beta")
     residency, _ = await started(nursery, alpha, beta, models_max=0, idle_unload=0.5)
     await residency.acquire(alpha)
@@ -270,7 +265,7 @@ async def test_an_idle_unload_that_raises_leaves_the_residency_running(nursery, 
     monkeypatch.setattr(alpha, "unload", broken)
     await wait_until(lambda: beta.state == "unloaded")
     assert alpha.state == "loaded"
-    await trio.sleep(2 * residency_module.IDLE_CHECK)  # looked at again, and again
+    await trio.sleep(2 * rules().idle_check)  # looked at again, and again
     await residency.acquire(beta)  # the residency still loads
     assert beta.state == "loaded"
 
@@ -304,13 +299,14 @@ async def encoder_started(nursery: trio.Nursery, encoder: FakeEncoder, **kwargs:
 
 
 async def test_a_preloaded_encoder_keeps_its_idle_time(nursery):
+    """Its idle time starts when it is loaded (not when trio's clock began)."""
     encoder = FakeEncoder("embedder", preload=True)
-    _, metrics = await encoder_started(nursery, encoder, models_max=0, idle_unload=0.0)
-    await wait_until(lambda: encoder.state == "loaded")
-    await trio.sleep(4 * residency_module.IDLE_CHECK)
-    assert encoder.state == "loaded"  # it was unloaded at once: idle since trio's clock began
+    before_load = trio.current_time()
+    _, metrics = await encoder_started(nursery, encoder, models_max=0, idle_unload=0.2)
+    await wait_until(lambda: metrics.loads["embedder"] == 1)
     await wait_until(lambda: encoder.state == "unloaded")
-    assert (metrics.loads["embedder"], metrics.unloads["embedder"]) == (1, 1)
+    assert metrics.unloads["embedder"] == 1
+    assert encoder.last_used >= before_load
 
 
 async def test_an_encoder_unloaded_twice_at_once_is_counted_once(nursery):
@@ -456,3 +452,77 @@ async def test_a_request_waiting_for_a_load_when_the_server_stops_is_refused_at_
     alpha.loads.set()
     await wait_until(lambda: alpha.serving is not None)
     await wait_until(lambda: alpha.serving.scheduler.draining)
+
+
+async def test_a_model_with_a_lease_out_is_neither_idle_nor_unloaded_to_make_room(nursery):
+    """A request holds its model from the moment it is handed over (before it submits
+    anything): no idle unload and no load making room takes it away meanwhile; once
+    the lease is given back, its idle time starts then."""
+    alpha, beta = FakeService("alpha"), FakeService("beta")
+    residency, metrics = await started(nursery, alpha, beta, idle_unload=0.2)
+    serving, lease = await residency.take_lease(alpha)
+    assert serving.scheduler.in_flight == 0  # nothing submitted: only the lease holds it
+    with pytest.raises(NoRoom):  # beta's load waits load_wait (1 s) for room, and finds none
+        await residency.acquire(beta)
+    assert alpha.state == "loaded" and metrics.unloads["alpha"] == 0
+    returned_at = trio.current_time()
+    lease.release()
+    lease.release()  # a second release gives nothing back twice
+    assert alpha.leases.held == 0 and alpha.last_used >= returned_at
+    await wait_until(lambda: alpha.state == "unloaded")  # idle now: unloaded after 0.2 s
+    assert metrics.reasons == ["idle"]
+
+
+async def test_an_unload_waits_for_the_leases_and_their_requests_may_still_submit(nursery):
+    alpha = FakeService("alpha")
+    residency, metrics = await started(nursery, alpha)
+    async with residency.lease(alpha) as serving:
+        with pytest.raises(Busy):  # an unload that does not wait refuses while it is held
+            await residency.unload(alpha, "request", wait=False)
+        unloading = trio.Event()
+
+        async def unload() -> None:
+            unloading.set()
+            await residency.unload(alpha, "request")
+
+        nursery.start_soon(unload)
+        await unloading.wait()
+        await wait_until(lambda: alpha.state == "unloading")
+        await trio.sleep(0.1)
+        # The holder's request may still be submitted: the scheduler takes requests.
+        assert not serving.scheduler.draining and alpha.serving is serving
+    await wait_until(lambda: alpha.state == "unloaded")
+    assert serving.scheduler.draining and metrics.unloads["alpha"] == 1
+
+
+async def test_an_unload_past_its_drain_timeout_goes_on_without_the_lease(nursery):
+    alpha = FakeService("alpha")
+    metrics = FakeMetrics()
+    quick = dataclasses.replace(rules(), drain_timeout=0.2)
+    residency = Residency(lambda: [alpha], quick, metrics)  # type: ignore[arg-type]
+    await nursery.start(residency.run)
+    serving, lease = await residency.take_lease(alpha)
+    with trio.fail_after(5):
+        await residency.unload(alpha, "request")
+    assert alpha.state == "unloaded" and serving.scheduler.draining
+    lease.release()  # given back after the unload: nothing else changes
+    assert alpha.leases.held == 0 and alpha.state == "unloaded"
+    with trio.fail_after(5):
+        again = await residency.acquire(alpha)
+    assert again is not serving
+
+
+async def test_an_encoder_with_a_lease_out_is_not_idle(nursery):
+    encoder = FakeEncoder("embedder")
+    residency, metrics = await encoder_started(nursery, encoder, models_max=0, idle_unload=0.2)
+    await encoder.settled()
+    lease = encoder.take_lease()
+    assert not encoder.idle
+    assert await residency.unload_encoder(encoder, "request") is False  # busy: held
+    await trio.sleep(0.5)  # several idle looks, past its idle time
+    assert encoder.state == "loaded"
+    returned_at = trio.current_time()
+    lease.release()
+    assert encoder.idle and encoder.last_used >= returned_at
+    await wait_until(lambda: encoder.state == "unloaded")
+    assert metrics.unloads["embedder"] == 1

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 from quart import Quart, current_app, has_request_context, request
 
+from ovtrio.api import leases
 from ovtrio.api.audio_admission import UploadAdmission
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
@@ -71,7 +72,10 @@ async def ready_model(name: str | None = None, keep_alive: float | None = None) 
     room. `keep_alive`: the request's (seconds the model stays loaded after it).
 
     A GET (READ_ONLY_METHODS) gets the model only if it is loaded, and leaves its idle
-    time running: a 409 when it is not loaded, a 503 while it loads or after it failed."""
+    time running: a 409 when it is not loaded, a 503 while it loads or after it failed.
+
+    Any other request holds a lease on the model until its response has ended
+    (ovtrio/api/leases.py): the model is not unloaded under it."""
     service = await model_service(name)
     models = model_registry()
     if service.failed.is_set() and (service.ready.is_set() or models.counts_for_readiness(service)):
@@ -85,7 +89,7 @@ async def ready_model(name: str | None = None, keep_alive: float | None = None) 
     if has_request_context() and request.method in READ_ONLY_METHODS:
         return _loaded_for_reading(service, models)
     try:
-        return await models.acquire(service, keep_alive)
+        serving, lease = await models.take_lease(service, keep_alive)
     except NotLoaded:
         raise APIError(
             404,
@@ -106,6 +110,8 @@ async def ready_model(name: str | None = None, keep_alive: float | None = None) 
         raise APIError(503, str(exc), code="model_unavailable", retry_after=exc.retry_after) from None
     except Stopping:
         raise shutting_down() from None
+    leases.hold(lease)
+    return serving
 
 
 def _loaded_for_reading(service: ModelService, models: ModelRegistry) -> ServingModel:

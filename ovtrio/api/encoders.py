@@ -10,6 +10,7 @@ import orjson
 import trio
 from quart import Response
 
+from ovtrio.api import leases
 from ovtrio.api.context import model_registry
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.audio.service import TranscriptionService
@@ -38,6 +39,7 @@ async def served_model_of_kind(name: str | None, kind: str, missing: str) -> Enc
         raise shutting_down()
     encoder = await registry.find_encoder(name, kind)
     if encoder is not None:
+        leases.hold(encoder.take_lease())  # in use until the response has ended
         return encoder
     if name is None:
         raise APIError(404, missing, param="model", code="model_not_found")

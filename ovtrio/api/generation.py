@@ -202,10 +202,11 @@ async def submitted(scheduler: GenerationScheduler, generation: GenerationReques
     except NotAccepting:
         if model_registry().shutdown.draining.is_set():
             raise
-        # The model began to unload between the request naming it and reaching it.
+        # The model's unload waited the drain timeout for this request's lease and went on.
         raise APIError(
             503,
-            "The model was being unloaded when this request reached it; retry it (it loads again).",
+            "The model was unloaded before this request reached it (its unload waits for the requests that"
+            " hold it up to the drain timeout); retry it (it loads again).",
             code=MODEL_UNLOADED,
             retry_after=SHUTDOWN_RETRY_AFTER,
         ) from None

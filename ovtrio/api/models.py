@@ -180,7 +180,7 @@ async def unload_model() -> Any:
             await encoder.settled()
         if encoder.state == "failed":
             encoder.unload()  # forgets the failure: the next request tries again
-        elif encoder.state == "loaded" and not await registry.residency.unload_encoder(
+        elif encoder.state in ("loaded", "unloading") and not await registry.residency.unload_encoder(
             encoder, "request", drain=body.drain
         ):
             raise APIError(

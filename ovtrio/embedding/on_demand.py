@@ -25,6 +25,8 @@ import trio
 
 from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.worker import EncoderUnavailable, EncoderWorker, WorkerStats
+from ovtrio.lifecycle.lease import Lease, LeaseCount
+from ovtrio.lifecycle.resident import ModelState
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.load_retry import FailedLoad
 from ovtrio.model.shown_paths import without_model_path
@@ -81,6 +83,8 @@ class OnDemandEncoder(Generic[Model]):
         # When a request last came (trio's clock), and the scope its serving runs in:
         # cancelled, the model is unloaded (unload), and loads again on the next request.
         self.last_used = 0.0
+        # The requests that hold the model now (ovtrio/lifecycle/lease.py): in use while one is out.
+        self.leases = LeaseCount()
         self._serving = trio.CancelScope()
         # Set (and replaced) whenever a load ends, loaded or failed, and when an unload
         # ends: what settled() and unloaded() wait on.
@@ -96,19 +100,30 @@ class OnDemandEncoder(Generic[Model]):
         return self.worker.stats()
 
     @property
-    def state(self) -> str:
-        """unloaded, loading, loaded or failed, as a generation model's (ModelService.state)."""
+    def state(self) -> ModelState:
+        """As a generation model's (ModelService.state)."""
         if self.failure is not None:
-            return "failed"
+            return ModelState.FAILED
+        if self.unloading:
+            return ModelState.UNLOADING
         if self.loaded.is_set():
-            return "loaded"
-        return "loading" if self._wanted.is_set() else "unloaded"
+            return ModelState.LOADED
+        return ModelState.LOADING if self._wanted.is_set() else ModelState.UNLOADED
 
     @property
     def idle(self) -> bool:
-        """Loaded, and nothing computing or waiting (a large job between two of its
-        parts included: unloaded then, it would wait for a load nothing asks for)."""
-        return self.loaded.is_set() and not self.worker.has_work
+        """Loaded, no lease out, and nothing computing or waiting (a large job between
+        two of its parts included: unloaded then, it would wait for a load nothing asks
+        for)."""
+        return self.loaded.is_set() and not self.leases.held and not self.worker.has_work
+
+    def take_lease(self) -> Lease:
+        """A lease for a request that will use the model (released by the caller, which
+        starts the model's idle time)."""
+        return self.leases.take(self._used_now)
+
+    def _used_now(self) -> None:
+        self.last_used = trio.current_time()
 
     def want(self) -> None:
         """A request needs the model: load it unless it is loaded or loading; after a

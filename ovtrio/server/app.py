@@ -24,6 +24,7 @@ from ovtrio.api import (
     framing,
     health,
     json_bodies,
+    leases,
     metrics,
     models,
     origins,
@@ -135,6 +136,7 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
     if settings.models_dir:
         limit.rescan = registry.rescan
     body_limit.install(app, limit)
+    leases.install(app)
     store_path = in_data_dir(settings, settings.response_store_path)
     if store_path is not None and settings.data_dir is not None:
         os.makedirs(os.path.expanduser(settings.data_dir), exist_ok=True)  # an empty volume may lack it

@@ -167,7 +167,7 @@ class ModelStateCollector(Collector):
         )
         for service in services:
             now = service.state
-            name = service.model_name if isinstance(service, ModelService) else service.name
+            name = service.name
             loaded.add_metric([name], 1.0 if now == "loaded" else 0.0)
             for each in MODEL_STATES:
                 state.add_metric([name, each], 1.0 if now == each else 0.0)

@@ -36,6 +36,7 @@ from ovtrio.audio.service import TranscriptionService, check_transcription_folde
 from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.embedding.worker import EncoderObserver
+from ovtrio.lifecycle.lease import Lease
 from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
 from ovtrio.model.source import check_model_name
 from ovtrio.scheduler import RequestObserver
@@ -294,9 +295,9 @@ class ModelRegistry:
             service = self._by_name.get(name)
         return service
 
-    async def acquire(self, service: ModelService, keep_alive: float | None = None) -> ServingModel:
-        """The loaded model of `service`, loaded first if need be (Residency.acquire)."""
-        return await self.residency.acquire(service, keep_alive)
+    async def take_lease(self, service: ModelService, keep_alive: float | None = None) -> tuple[ServingModel, Lease]:
+        """The loaded model of `service` and a lease on it (Residency.take_lease)."""
+        return await self.residency.take_lease(service, keep_alive)
 
     async def find_encoder(self, name: str | None, kind: str) -> Encoder | None:
         """The encoder of `kind` named `name` (None: the first of that kind), looking in

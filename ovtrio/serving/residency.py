@@ -16,11 +16,12 @@ that leaves stops waiting and nothing more, and when the load fails each waiting
 is told why, once. The engine work runs in a worker thread (ModelService._serve), so the
 event loop, /health and the other models go on serving meanwhile.
 
-A model is never unloaded to make room while it runs requests: the load waits, up to
---models-load-wait seconds, for one to become idle, and then its waiters get a 503
-with Retry-After. A model named by a request in the last GRACE seconds is not idle
-either: the request may be tokenizing its prompt, not yet submitted. An unload lets the
-model's requests finish first (up to the drain timeout; ended with an error after).
+A model is in use while a request holds a lease on it (ovtrio/lifecycle/lease.py: from the moment the
+model is handed to the request until its response has ended, whether or not the engine
+holds it yet), and is never unloaded as idle or to make room then: a load waits, up to
+--models-load-wait seconds, for a model to become idle, and then its waiters get a 503
+with Retry-After. An unload lets the model's leases end and its requests finish first
+(up to the drain timeout; ended with an error after).
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
 
 from ovtrio.embedding.on_demand import OnDemandEncoder, Refusal
+from ovtrio.lifecycle.lease import Lease
+from ovtrio.lifecycle.resident import Resident
 from ovtrio.model import ModelLoadError
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.serving import memory
@@ -49,12 +53,6 @@ log = logging.getLogger("ovtrio")
 # Failed.code of the requests an unload ended (the API layer words it for clients).
 MODEL_UNLOADED = "model_unloaded"
 
-# Seconds after a request named a model during which the model counts as in use.
-GRACE = 3.0
-# How often idle models are looked for, and a waiting load looks for room, in seconds.
-IDLE_CHECK = 0.25
-ROOM_CHECK = 0.1
-
 
 @dataclass(frozen=True)
 class ResidencyRules:
@@ -63,6 +61,10 @@ class ResidencyRules:
     load_wait: float
     idle_unload: float | None  # None: keep loaded
     drain_timeout: float
+    # How often idle models are looked for, and a waiting load or a request waiting for
+    # an unload looks again, in seconds of trio's clock.
+    idle_check: float = 0.25
+    room_check: float = 0.1
 
 
 class Residency:
@@ -120,12 +122,27 @@ class Residency:
         else:
             self._metrics.load_failed(service.model_name)
 
+    async def take_lease(self, service: ModelService, keep_alive: float | None = None) -> tuple[ServingModel, Lease]:
+        """The loaded model of `service` (acquire) and a lease on it, taken in the step
+        that finds it loaded: in use until the caller releases it (lease.py)."""
+        serving = await self.acquire(service, keep_alive)
+        return serving, service.leases.take(partial(_used_now, service))
+
+    @asynccontextmanager
+    async def lease(self, service: ModelService, keep_alive: float | None = None) -> AsyncIterator[ServingModel]:
+        """take_lease, released when the block ends."""
+        serving, lease = await self.take_lease(service, keep_alive)
+        try:
+            yield serving
+        finally:
+            lease.release()
+
     async def acquire(self, service: ModelService, keep_alive: float | None = None) -> ServingModel:
-        """The loaded model of `service`, loading it first if need be (and allowed).
-        `keep_alive`: seconds the model may stay loaded idle after this request (a
-        negative value: for good; None: the server's model_idle_unload). Raises
-        NotLoaded, LoadFailed, NoRoom, or Stopping once the server stops, at once even
-        while the load goes on (ovtrio/serving/shutdown.py says why)."""
+        """The loaded model of `service`, loading it first if need be (and allowed); with
+        no lease on it (take_lease), idle at the next checkpoint. `keep_alive`: seconds
+        it may stay loaded idle after this request (negative: for good; None: the
+        server's model_idle_unload). Raises NotLoaded, LoadFailed, NoRoom, or Stopping
+        once the server stops, at once even while the load goes on (shutdown.py)."""
         while True:
             state = service.state
             serving = service.serving
@@ -138,7 +155,7 @@ class Residency:
             if self._stopping.is_set():
                 raise Stopping()
             if state == "unloading":
-                await trio.sleep(ROOM_CHECK)
+                await trio.sleep(self.rules.room_check)
                 continue
             if state in ("unloaded", "failed"):
                 if not self.rules.autoload:
@@ -223,8 +240,8 @@ class Residency:
             return 0
         if service.state in ("unloaded", "unloading"):
             return 0
-        if not wait and service.in_flight:
-            raise Busy(f"The model '{service.model_name}' runs {service.in_flight} requests.")
+        if not wait and (service.in_flight or service.leases.held):
+            raise Busy(f"The model '{service.model_name}' runs {max(service.in_flight, service.leases.held)} requests.")
         # Marked before the first checkpoint: a second caller in the same scheduling batch
         # (two clients, the idle loop and a load making room) finds it and waits.
         done = self._unloads[service] = trio.Event()
@@ -291,8 +308,7 @@ class Residency:
             await self._settle(service)
 
     async def _serve(self, service: ModelService) -> None:
-        """Run `service` (ModelService.run) until it is unloaded; whatever it raises fails
-        that model alone."""
+        """Run `service` until it is unloaded; whatever it raises fails that model alone."""
         try:
             await service.run()
         except Exception as exc:
@@ -312,9 +328,9 @@ class Residency:
         return [*services, *encoders]
 
     def _no_room(self, loading: ModelService | OnDemandEncoder[Any]) -> str:
-        busy = [_name_of(model) for model in self._resident(loading)]
+        busy = [model.name for model in self._resident(loading)]
         return (
-            f"The model '{_name_of(loading)}' cannot be loaded now: {len(busy)} models are loaded"
+            f"The model '{loading.name}' cannot be loaded now: {len(busy)} models are loaded"
             f" (--models-max {self.rules.models_max}) and each runs requests ({', '.join(busy)}). Retry shortly."
         )
 
@@ -334,9 +350,7 @@ class Residency:
             if len(resident) < self.rules.models_max:
                 return True
             now = trio.current_time()
-            idle = [
-                model for model in resident if _idle(model) and now - model.last_used >= GRACE and model not in kept
-            ]
+            idle = [model for model in resident if model.idle and model not in kept]
             if idle:
                 oldest = min(idle, key=lambda model: model.last_used)
                 if isinstance(oldest, ModelService):
@@ -349,7 +363,7 @@ class Residency:
                 continue
             if now >= deadline:
                 return False
-            await trio.sleep(ROOM_CHECK)
+            await trio.sleep(self.rules.room_check)
         return False
 
     @asynccontextmanager
@@ -374,7 +388,7 @@ class Residency:
         """Unload each model idle for longer than its keep-alive time. A model running
         requests counts as used until they end."""
         while True:
-            await trio.sleep(IDLE_CHECK)
+            await trio.sleep(self.rules.idle_check)
             await self._unload_idle_now()
 
     async def _unload_idle_now(self) -> None:
@@ -384,13 +398,13 @@ class Residency:
         for service in list(self._services()):
             if service.state != "loaded":
                 continue
-            if service.in_flight:
+            if service.in_flight or service.leases.held:
                 service.last_used = now
                 continue
             keep = service.keep_alive if service.keep_alive is not None else self.rules.idle_unload
             if keep is None or keep < 0:
                 continue
-            if now - service.last_used >= max(keep, GRACE):
+            if now - service.last_used >= keep:
                 with _logged(f"unloading {service.model_name}"):
                     await self.unload(service, "idle")
         # The encoders load on their first request already
@@ -398,15 +412,15 @@ class Residency:
         keep = self.rules.idle_unload
         for encoder in list(self._encoders()):
             idle = keep is not None and keep >= 0 and encoder.idle
-            if idle and now - encoder.last_used >= max(keep or 0.0, GRACE):
+            if idle and now - encoder.last_used >= (keep or 0.0):
                 with _logged(f"unloading {encoder.name}"):
                     await self.unload_encoder(encoder, "idle")
 
     async def unload_encoder(self, encoder: OnDemandEncoder[Any], reason: str, *, drain: bool = False) -> bool:
         """Unload `encoder` unless it is busy, or with `drain` once it is not (at most
-        drain_timeout later: OnDemandEncoder.unload with `busy`), and return its memory to
-        the system; whether it did. An unload under way is waited for, and counted once.
-        A client that leaves while the encoder drains calls it off: nothing changed yet."""
+        drain_timeout later), and return its memory to the system; whether it did. One
+        under way is waited for, and counted once; a client that leaves while it drains
+        calls it off."""
         began = encoder.unload()
         if not began and drain and encoder.loaded.is_set() and not encoder.unloading:
             await encoder.drained(self.rules.drain_timeout)
@@ -425,19 +439,12 @@ class Residency:
 
 @contextmanager
 def _logged(what: str) -> Iterator[None]:
-    """Log what `what` raises, and go on."""
-    try:
+    try:  # logged, and the residency goes on
         yield
     except Exception:
         log.exception("%s failed", what)
 
 
-def _name_of(model: ModelService | OnDemandEncoder[Any]) -> str:
-    return model.model_name if isinstance(model, ModelService) else model.name
-
-
-def _idle(model: ModelService | OnDemandEncoder[Any]) -> bool:
-    """Loaded and running no request (an encoder: none queued either)."""
-    if isinstance(model, ModelService):
-        return model.state == "loaded" and not model.in_flight
-    return model.idle
+def _used_now(model: Resident) -> None:
+    """A lease on `model` was given back: its idle time starts now."""
+    model.last_used = trio.current_time()

@@ -22,16 +22,18 @@ from pathlib import Path
 
 import trio
 
-from ovtrio.model import LoadedModel, ModelLoad, ModelLoadError, ModelSource, resolve_model, start_loading
+from ovtrio.lifecycle.lease import LeaseCount
+from ovtrio.lifecycle.resident import ModelState
+from ovtrio.model import ModelLoad, ModelLoadError, ModelSource, resolve_model, start_loading
 from ovtrio.model.backend import engine_backend
 from ovtrio.model.engine_errors import client_reason
-from ovtrio.model.load_deadline import dump_stacks
 from ovtrio.model.load_retry import FilesVersion, files_version
 from ovtrio.model.shown_paths import without_model_path
 from ovtrio.model.speculation import apply_defaults
 from ovtrio.scheduler import GenerationScheduler, RequestObserver, SchedulerStats, added_to
 from ovtrio.scheduler.engine_step import choose_step
 from ovtrio.serving import memory
+from ovtrio.serving.load_waits import loaded_within_deadline, settle_memory
 from ovtrio.serving.serving_model import ServingModel, load_summary, serving_model
 from ovtrio.settings.server import Settings
 
@@ -101,6 +103,8 @@ class ModelService:
         # server's model_idle_unload).
         self.last_used = 0.0
         self.keep_alive: float | None = None
+        # The requests that hold the model now (ovtrio/lifecycle/lease.py): a model with one out is in use.
+        self.leases = LeaseCount()
         self.started_at = time.time()
         # Where clients reach the server, when the launcher knows it (`ovtrio serve`
         # does; under a bare `hypercorn` the address is in hypercorn's own log line).
@@ -152,18 +156,30 @@ class ModelService:
         return self.source is not None and files_version(self.source.path) != self._checked_files
 
     @property
-    def state(self) -> str:
-        """unloaded, loading, loaded, failed or unloading (llama-server's router words,
-        and the failure of the last load)."""
+    def name(self) -> str:
+        """The name requests give it (Resident.name)."""
+        return self.model_name
+
+    @property
+    def kind(self) -> str:
+        return "generation"
+
+    @property
+    def state(self) -> ModelState:
         if self._unloading:
-            return "unloading"
+            return ModelState.UNLOADING
         if self.failed.is_set():
-            return "failed"
+            return ModelState.FAILED
         if self.ready.is_set():
-            return "loaded"
+            return ModelState.LOADED
         if self._in_cycle or (self.cycles == 0 and not self.on_demand):
-            return "loading"
-        return "unloaded"
+            return ModelState.LOADING
+        return ModelState.UNLOADED
+
+    @property
+    def idle(self) -> bool:
+        """Loaded, with no lease out and no request running (Resident.idle)."""
+        return self.state == ModelState.LOADED and not self.in_flight and not self.leases.held
 
     @property
     def in_flight(self) -> int:
@@ -225,10 +241,12 @@ class ModelService:
             await self._stopped.wait()
 
     async def unload(self, drain_timeout: float, message: str, code: str) -> int | None:
-        """Take no new requests, let those in flight finish for up to `drain_timeout`
-        seconds, end the rest with Failed(`message`, `code`), then stop the scheduler
-        and let the engine go; how many requests were ended, or None when no engine was
-        serving (the load failed, or was called off). A load under way finishes first."""
+        """Hand the model to no new request ("unloading"), let the requests that hold
+        it (its leases: they may still submit) and those in flight finish, for up to
+        `drain_timeout` seconds, end the rest with Failed(`message`, `code`), then stop
+        the scheduler and let the engine go; how many requests were ended, or None when
+        no engine was serving (the load failed, or was called off). A load under way
+        finishes first."""
         if not self._in_cycle:
             if self.failed.is_set():  # forget the failed load or serving: the next request tries again
                 self.failed = trio.Event()
@@ -242,9 +260,11 @@ class ModelService:
             cut: int | None = None
             serving = self.serving
             if serving is not None:
-                serving.scheduler.drain()
                 with trio.move_on_after(drain_timeout):
+                    await self.leases.none_held()
+                    serving.scheduler.drain()
                     await serving.scheduler.idle()
+                serving.scheduler.drain()
                 cut = serving.scheduler.fail_all(message, code)
             del serving
             await self.close()
@@ -361,40 +381,3 @@ class ModelService:
                 source.context_length,
                 where,
             )
-
-
-async def loaded_within_deadline(load: ModelLoad) -> tuple[LoadedModel, int]:
-    """The load's result once it ends; ModelLoadError naming the phase it hung in (and
-    every thread's stack in the log) once it is past its deadline (load_deadline.py).
-    Cancelled (the server stops), it leaves the load's thread to itself: a load that
-    hangs never holds a shutdown."""
-    progress = load.progress
-    while True:
-        deadline = progress.deadline()
-        wait_for = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if await trio.to_thread.run_sync(load.wait, wait_for, abandon_on_cancel=True):
-            return load.take()
-        deadline = progress.deadline()  # a load that began late has its deadline moved
-        if deadline is not None and time.monotonic() >= deadline:
-            load.abandon()
-            progress.end()
-            log.error("the load of %s is past its deadline; the stack of each thread follows", progress.name)
-            dump_stacks()
-            raise ModelLoadError(progress.overdue_reason())
-
-
-async def settle_memory() -> None:
-    """What a model's ready is followed by, once the requests that waited for it have
-    been let go. Loading and warming up freed much that glibc would otherwise keep: it is
-    returned (in a worker thread). What exists then (modules, the loaded models' objects)
-    lives on: frozen, out of the collector's sight, a full collection no longer walks it
-    and pauses the event loop for that long (a model unloaded later is freed by reference
-    counts: ModelService.run). The garbage made since the last freeze (requests' and
-    connections' reference cycles) is collected first: frozen, it would stay for good.
-    That collection walks only what came since the last freeze. Not at the first freeze:
-    it would walk the whole heap (a pause just as the first requests come), for the
-    little garbage the start leaves, once."""
-    await memory.return_free_memory()
-    if gc.get_freeze_count():
-        gc.collect()
-    gc.freeze()

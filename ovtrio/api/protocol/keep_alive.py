@@ -1,7 +1,7 @@
 """`keep_alive`, as Ollama's requests carry it: how long the model stays loaded after
 this request, when no other request comes. A number of seconds, or a duration
 ("30s", "5m", "1h30m", Go's spelling); 0 unloads the model once the request is done
-(after the few seconds a model just named is kept: residency.GRACE), a negative value
+(once its response has ended: ovtrio/lifecycle/lease.py), a negative value
 keeps it loaded for good."""
 
 from __future__ import annotations

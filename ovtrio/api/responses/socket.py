@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json, to_json, to_jsonable_python
 from quart import Blueprint, websocket
 
+from ovtrio.api import leases
 from ovtrio.api.auth import offered_subprotocols, socket_subprotocol
 from ovtrio.api.context import generation_model, model_registry, response_store, socket_limits
 from ovtrio.api.errors import REQUEST_ERRORS, APIError, api_error, shutting_down
@@ -182,17 +183,28 @@ async def _start_response(
     it holds of the model (its engine) goes with it: kept in the reading loop, it would
     stay for as long as the socket waits for its next frame, an unloaded model's
     engine with it."""
-    try:
-        model = await generation_model(body.model, body.keep_alive)
-        model.scheduler.check_capacity()
-        ready = await prepare(model, body, local, response_store())
-    except REQUEST_ERRORS as error:
-        await send.send(frame_text(api_error(error).event(stream_id)))
-        return
+    # The response's lease on its model is its own, given back when it ends (leases.py).
+    with leases.separate() as held:
+        try:
+            model = await generation_model(body.model, body.keep_alive)
+            model.scheduler.check_capacity()
+            ready = await prepare(model, body, local, response_store())
+        except REQUEST_ERRORS as error:
+            held.release()
+            await send.send(frame_text(api_error(error).event(stream_id)))
+            return
+        except BaseException:
+            held.release()
+            raise
+
+    def ended() -> None:
+        held.release()
+        idle.response_ended()
+
     # Every response stays on the socket for chaining; stored ones also server-wide.
     stores = [local, response_store()] if body.store else [local]
     idle.response_started()
-    responses.start_soon(_run, model.scheduler, ready, stores, stream_id, send.clone(), idle.response_ended)
+    responses.start_soon(_run, model.scheduler, ready, stores, stream_id, send.clone(), ended)
 
 
 def frame_text(event: Any, stream_id: Any = None) -> str:

@@ -1,0 +1,3 @@
+"""What every served model's lifecycle shares, whatever its kind: the leases requests
+hold on it. The rules that decide when a model loads and unloads are the serving
+package's (ovtrio/serving/residency.py)."""
