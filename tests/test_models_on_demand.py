@@ -826,3 +826,27 @@ def test_a_file_replaced_under_its_name_is_read_again_before_its_next_load(serve
 
 def states_folder_path(server: RunningServer) -> Path:
     return Path(states_folder(server))
+
+
+def test_a_client_that_leaves_mid_stream_gives_its_models_lease_back(server):
+    """A request holds its model until its response has ended: a client that leaves
+    mid-stream ends it, and its model is held by nothing after (an unload that refuses
+    a held model goes through), while three streams of another model end well."""
+
+    assert chat(server, "alpha").status_code == 200  # loaded (its metrics exist)
+
+    def leave_mid_stream() -> None:
+        for _ in range(3):
+            leaving = StreamUntilTold(server, "alpha", max_tokens=2000)
+            leaving.start()
+            wait_until_running(server, "alpha")
+            leaving.stop()
+            assert leaving.status == 200 and not leaving.ended
+
+    beside_innocent_streams(server, leave_mid_stream, model="beta", ignore_eos=True)
+    deadline = time.monotonic() + HANG_CAP  # the server ends the left streams in a step or two
+    while (reply := unload(server, "alpha", drain=False)).status_code == 409:
+        assert time.monotonic() < deadline, "a lease of a client that left was never given back"
+        time.sleep(0.05)
+    assert reply.status_code == 200, reply.text
+    assert states(server)["alpha"]["value"] == "unloaded"
