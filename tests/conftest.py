@@ -313,8 +313,11 @@ def _pipeline(after_conversion: bool = False) -> Future:
     return _PIPELINE
 
 
-# Fixtures that mean a test needs a model loaded, or may start a server of its own.
-_NEEDS_A_MODEL = {"embedded_pipeline", "tmp_path", "tmp_path_factory"}
+# Fixtures that mean a test needs a model loaded, or may start a server of its own:
+# `server_pool` (a test that takes a server for itself, to stop it), and two module
+# fixtures of a real model's files (test_read_only_model.py's copy it serves,
+# test_binding_threads.py's tokenizer the engine converts).
+_NEEDS_A_MODEL = {"embedded_pipeline", "tmp_path", "tmp_path_factory", "server_pool", "place", "tokenizer_ir"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
