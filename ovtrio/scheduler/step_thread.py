@@ -175,11 +175,13 @@ class StepThread(Generic[Value]):
     def _launch_when_idle(self, step: EngineStep) -> None:
         # Called by the instrument. An exception escaping an instrument makes trio
         # drop the instrument and log it, and the shielded wait() would never return:
-        # the waiting task gets the error as the run's outcome instead.
+        # the waiting task gets the error as the run's outcome instead. Posted, not
+        # handed over here: the loop is about to wait for I/O with the timeout it has
+        # computed, and would sleep until then (its next deadline) before the task runs.
         try:
             self._launch(step, None)
         except Exception as exc:  # noqa: BLE001 (handed to the waiting task)
-            self._arrive(outcome.Error(exc))
+            trio.lowlevel.current_trio_token().run_sync_soon(self._arrive, outcome.Error(exc))
 
     def _launch(self, step: EngineStep, after_step: Callable[[], AfterStep[Value]] | None) -> None:
         token = trio.lowlevel.current_trio_token()
