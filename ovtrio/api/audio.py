@@ -33,6 +33,7 @@ from ovtrio.audio.decode import Audio, decode
 from ovtrio.audio.engine import Options, Task, Transcript, language_name
 from ovtrio.audio.service import TranscriptionService, TranscriptionWork
 from ovtrio.embedding.worker import EncoderUnavailable, Job
+from ovtrio.serving.kinds import is_transcriber
 
 blueprint = Blueprint("audio", __name__)
 
@@ -73,7 +74,7 @@ async def translations() -> Any:
 async def _serve(task: Task) -> Response:
     boundary = _boundary()
     registry = model_registry()
-    served = [encoder for encoder in registry.encoders if isinstance(encoder, TranscriptionService)]
+    served = [encoder for encoder in registry.encoders if is_transcriber(encoder)]
     if not served:  # none known yet (a models_dir may hold one): nothing to hold a place in
         return await _serve_form(task, boundary, None)
     with upload_admission().admitted(served) as place:  # before the body is read (audio_admission.py)
@@ -90,7 +91,7 @@ async def _serve_form(task: Task, boundary: bytes, place: Place | None) -> Respo
     fields = form.fields
     _check_names(fields, _TRANSCRIPTION_FIELDS if task == "transcribe" else _TRANSLATION_FIELDS)
     service = await served_model_of_kind(_one(fields, "model"), "transcription", NO_MODEL)
-    assert isinstance(service, TranscriptionService)
+    assert is_transcriber(service)
     response_format = _one(fields, "response_format") or "json"
     if response_format not in transcripts.FORMATS:
         raise invalid(

@@ -13,6 +13,7 @@ from ovtrio.api import leases
 from ovtrio.api.audio_admission import UploadAdmission
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
 from ovtrio.api.responses.store import ResponseStore
+from ovtrio.serving.kinds import KINDS
 from ovtrio.serving.registry import ModelRegistry
 from ovtrio.serving.residency import LoadFailed, NoRoom, NotLoaded, Stopping
 from ovtrio.serving.service import ModelService, ServingModel
@@ -47,10 +48,9 @@ async def model_service(name: str | None = None) -> ModelService:
     if service is None:
         encoder = next((encoder for encoder in models.encoders if encoder.name == name), None)
         if encoder is not None:
-            routes = {"embedding": "embeddings", "rerank": "rerank", "transcription": "audio/transcriptions"}
             raise invalid(
                 f"The model '{name}' is a{'n' if encoder.kind == 'embedding' else ''} {encoder.kind} model; it serves"
-                f" /v1/{routes[encoder.kind]}, not this endpoint.",
+                f" {' and '.join(KINDS[encoder.kind].routes)}, not this endpoint.",
                 "model",
                 "model_kind_mismatch",
             )

@@ -13,9 +13,9 @@ from quart import Response
 from ovtrio.api import leases
 from ovtrio.api.context import model_registry
 from ovtrio.api.errors import APIError, invalid, model_not_found, shutting_down
-from ovtrio.audio.service import TranscriptionService
 from ovtrio.embedding.service import EmbeddingWork, EncoderService, RerankWork
 from ovtrio.embedding.worker import EncoderUnavailable, Job
+from ovtrio.serving.kinds import Encoder, is_text_encoder
 
 # Replies bigger than this many numbers are serialized in a worker thread: a few hundred
 # vectors would hold up the event loop for milliseconds, and this many take about half of
@@ -27,11 +27,11 @@ async def encoder_for(name: str | None, kind: str, missing: str) -> EncoderServi
     """The encoder of `kind` that `name` names (None: the first); `missing` is the 404's
     message when the server has none of that kind."""
     encoder = await served_model_of_kind(name, kind, missing)
-    assert isinstance(encoder, EncoderService)
+    assert is_text_encoder(encoder)
     return encoder
 
 
-async def served_model_of_kind(name: str | None, kind: str, missing: str) -> EncoderService | TranscriptionService:
+async def served_model_of_kind(name: str | None, kind: str, missing: str) -> Encoder:
     """The model of `kind` (embedding, rerank, transcription) that `name` names (see
     encoder_for)."""
     registry = model_registry()

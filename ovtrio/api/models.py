@@ -17,9 +17,8 @@ from werkzeug.routing import PathConverter
 from ovtrio.api.context import model_registry, model_service, ready_model
 from ovtrio.api.errors import APIError, model_not_found, shutting_down
 from ovtrio.api.generation import parse_body
-from ovtrio.audio.service import TranscriptionService
-from ovtrio.embedding.service import EncoderService
 from ovtrio.model.grammar_check import structured_output_missing
+from ovtrio.serving.kinds import KINDS, Encoder, is_generation
 from ovtrio.serving.residency import Busy
 from ovtrio.serving.service import ModelService, ServingModel
 
@@ -76,7 +75,7 @@ def _structured_output(serving: ServingModel | None) -> dict[str, Any]:
     return {"available": False, "reason": missing} if missing is not None else {"available": True}
 
 
-def _encoder_status(encoder: EncoderService | TranscriptionService) -> dict[str, Any]:
+def _encoder_status(encoder: Encoder) -> dict[str, Any]:
     status: dict[str, Any] = {"value": encoder.state}
     if encoder.failure:
         status.update(failed=True, reason=encoder.failure)
@@ -85,7 +84,7 @@ def _encoder_status(encoder: EncoderService | TranscriptionService) -> dict[str,
     return status
 
 
-def _encoder_card(encoder: EncoderService | TranscriptionService) -> dict[str, Any]:
+def _encoder_card(encoder: Encoder) -> dict[str, Any]:
     # `kind` says which routes serve the model (generation, embedding, rerank,
     # transcription): a client finds the audio model by it.
     status = _encoder_status(encoder)
@@ -94,7 +93,7 @@ def _encoder_card(encoder: EncoderService | TranscriptionService) -> dict[str, A
         "object": "model",
         "created": int(encoder.started_at),
         "owned_by": "ovtrio",
-        "input_modalities": ["audio"] if encoder.kind == "transcription" else ["text"],
+        "input_modalities": list(KINDS[encoder.kind].input_modalities),
         "kind": encoder.kind,
         "status": status,
     }
@@ -114,10 +113,10 @@ async def list_models() -> Any:
 @blueprint.get("/v3/models/<model_id:model_id>")
 async def retrieve_model(model_id: str) -> Any:
     model = await _named(model_id)
-    return _model_card(model) if isinstance(model, ModelService) else _encoder_card(model)
+    return _model_card(model) if is_generation(model) else _encoder_card(model)
 
 
-async def _named(name: str) -> ModelService | EncoderService | TranscriptionService:
+async def _named(name: str) -> ModelService | Encoder:
     """The model served as `name`, of whatever kind; a 404 if there is none."""
     model = await model_registry().lookup(name)
     if model is None:
@@ -143,7 +142,7 @@ async def load_model() -> Any:
     body = await parse_body(LoadRequest)
     model = await _named(body.model)
     registry = model_registry()
-    if not isinstance(model, ModelService):
+    if not is_generation(model):
         if registry.shutdown.draining.is_set():
             raise shutting_down()
         refused = await model.settled()
@@ -175,7 +174,7 @@ async def unload_model() -> Any:
     body = await parse_body(UnloadRequest)
     registry = model_registry()
     encoder = await _named(body.model)
-    if not isinstance(encoder, ModelService):
+    if not is_generation(encoder):
         if encoder.state == "loading":  # as a generation model's: its load ends, then it unloads
             await encoder.settled()
         if encoder.state == "failed":

@@ -40,9 +40,9 @@ from ovtrio.api.messages import routes as messages
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.audio.service import TranscriptionService, transcription_models_to_serve
+from ovtrio.audio.service import transcription_models_to_serve
 from ovtrio.embedding.kinds import served_models
-from ovtrio.embedding.service import EncoderService, encoders_to_serve
+from ovtrio.embedding.service import encoders_to_serve
 from ovtrio.model import ModelLoad, ModelLoadError
 from ovtrio.playground import routes as playground
 from ovtrio.server import body_limit
@@ -54,6 +54,7 @@ from ovtrio.server.hypercorn_patches import (
 from ovtrio.server.logs import configure_logging
 from ovtrio.serving import memory
 from ovtrio.serving.discovery import folder_models
+from ovtrio.serving.kinds import build_encoder
 from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.serving.registry import ModelRegistry, rules_of
 from ovtrio.settings.server import (
@@ -110,14 +111,14 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
     server_metrics = ServerMetrics()
     encoder_metrics = server_metrics.encoders
     text_encoders = [(model, kind) for model, kind in configured_encoders if kind != "transcription"]
-    encoders: list[EncoderService | TranscriptionService] = [
-        EncoderService(name, kind, encoder_settings, folder, observer=encoder_metrics.for_model)
+    encoders = [
+        build_encoder(name, kind, encoder_settings, folder, encoder_metrics.for_model)
         for name, kind, encoder_settings, folder in encoders_to_serve(
             settings, text_encoders, embedded=not any(model.kind == "embedding" for model in in_folder)
         )
     ]
     encoders += [
-        TranscriptionService(name, model_settings, folder, observer=encoder_metrics.for_model)
+        build_encoder(name, "transcription", model_settings, folder, encoder_metrics.for_model)
         for name, model_settings, folder in transcribers
     ]
     registry = ModelRegistry(

@@ -32,9 +32,7 @@ from typing import Literal
 
 import trio
 
-from ovtrio.audio.service import TranscriptionService, check_transcription_folder
 from ovtrio.embedding.kinds import ModelKind
-from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.embedding.worker import EncoderObserver
 from ovtrio.lifecycle.lease import Lease
 from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
@@ -42,6 +40,7 @@ from ovtrio.model.source import check_model_name
 from ovtrio.scheduler import RequestObserver
 from ovtrio.serving.discovery import FolderModel, settings_for
 from ovtrio.serving.folder_reading import Reading, ReadingsDue, read_folder
+from ovtrio.serving.kinds import Encoder, build_encoder, check_encoder
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.residency import Residency, ResidencyRules
 from ovtrio.serving.service import ModelService, ObserverFactory, ServingModel
@@ -51,7 +50,6 @@ from ovtrio.settings.server import Settings
 log = logging.getLogger("ovtrio")
 
 ModelStatus = Literal["loading", "ready", "failed", "draining", "unloaded", "unloading"]
-Encoder = EncoderService | TranscriptionService
 
 
 def rules_of(settings: Settings) -> ResidencyRules:
@@ -143,10 +141,7 @@ class ModelRegistry:
         names = set(self._by_name)
         for encoder in self.encoders:
             check_model_name(encoder.name)
-            if isinstance(encoder, TranscriptionService):
-                check_transcription_folder(encoder.folder)
-            else:
-                check_encoder_folder(encoder.name, encoder.folder)
+            check_encoder(encoder)
             if encoder.name in names:
                 raise ModelLoadError(f"two models are served as '{encoder.name}'; give each its own served_model_name")
             names.add(encoder.name)
@@ -255,11 +250,7 @@ class ModelRegistry:
         tried again on the next request."""
         assert self._folder_defaults is not None
         settings = settings_for(model, self._folder_defaults)
-        encoder: Encoder
-        if model.kind == "transcription":
-            encoder = TranscriptionService(model.name, settings, model.path, observer=self._encoder_observer)
-        else:
-            encoder = EncoderService(model.name, model.kind, settings, model.path, observer=self._encoder_observer)
+        encoder = build_encoder(model.name, model.kind, settings, model.path, self._encoder_observer)
         if failure is not None:
             encoder.fail(failure)
         self._govern(encoder)

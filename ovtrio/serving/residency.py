@@ -37,11 +37,12 @@ import trio
 
 from ovtrio.embedding.on_demand import OnDemandEncoder, Refusal
 from ovtrio.lifecycle.lease import Lease
-from ovtrio.lifecycle.resident import Resident
+from ovtrio.lifecycle.resident import ModelState, Resident
 from ovtrio.model import ModelLoadError
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.serving import memory
 from ovtrio.serving.failed_loads import FailedLoads
+from ovtrio.serving.kinds import is_generation
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.residency_errors import Busy, LoadFailed, NoRoom, NotLoaded, Stopping
 from ovtrio.serving.service import ModelService, ServingModel
@@ -342,8 +343,7 @@ class Residency:
         deadline = trio.current_time() + self.rules.load_wait
         # Models an unload left resident: not picked again (and each try awaits).
         kept: set[ModelService | OnDemandEncoder[Any]] = set()
-        # An unload of a generation model calls its load off.
-        while not (isinstance(loading, ModelService) and loading.state == "unloading"):
+        while loading.state != ModelState.UNLOADING:  # an unload calls the load off
             if self._stopping.is_set():
                 return False
             resident = self._resident(loading)
@@ -353,7 +353,7 @@ class Residency:
             idle = [model for model in resident if model.idle and model not in kept]
             if idle:
                 oldest = min(idle, key=lambda model: model.last_used)
-                if isinstance(oldest, ModelService):
+                if is_generation(oldest):
                     await self.unload(oldest, "lru")
                 else:
                     await self.unload_encoder(oldest, "lru")

@@ -1,0 +1,42 @@
+"""The table of model kinds (ovtrio/serving/kinds.py) covers every kind a model may be,
+and the routes it names for each are routes the app serves. Pure logic: the app is built,
+not served."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from ovtrio.embedding.kinds import ModelKind
+from ovtrio.serving.kinds import KINDS, is_generation, is_text_encoder, is_transcriber
+
+
+def test_every_kind_has_one_entry():
+    assert set(KINDS) == set(get_args(ModelKind))
+    assert all(kind.name == name for name, kind in KINDS.items())
+    # Only generation models are run by the registry's ModelService; every other kind
+    # is an encoder the table builds and checks.
+    assert [name for name, kind in KINDS.items() if kind.build is None] == ["generation"]
+    assert all(kind.check is not None for name, kind in KINDS.items() if name != "generation")
+
+
+def test_each_kinds_routes_are_served_by_the_app():
+    from ovtrio.server.app import create_app
+    from ovtrio.settings.server import Settings
+
+    app = create_app(Settings())
+    posts = {rule.rule for rule in app.url_map.iter_rules() if "POST" in (rule.methods or ())}
+    for kind in KINDS.values():
+        assert kind.routes and set(kind.routes) <= posts, (kind.name, set(kind.routes) - posts)
+
+
+def test_the_encoders_built_are_told_apart_by_the_table(tmp_path):
+    from ovtrio.serving.kinds import build_encoder
+    from ovtrio.settings.server import Settings
+
+    embedder = build_encoder("e", "embedding", Settings(), tmp_path, None)
+    reranker = build_encoder("r", "rerank", Settings(), tmp_path, None)
+    whisper = build_encoder("w", "transcription", Settings(), tmp_path, None)
+    assert (embedder.kind, reranker.kind, whisper.kind) == ("embedding", "rerank", "transcription")
+    assert is_text_encoder(embedder) and is_text_encoder(reranker) and not is_text_encoder(whisper)
+    assert is_transcriber(whisper) and not is_transcriber(embedder)
+    assert not any(is_generation(model) for model in (embedder, reranker, whisper))
