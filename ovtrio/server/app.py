@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -41,7 +42,7 @@ from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.audio.service import transcription_models_to_serve
-from ovtrio.embedding.kinds import served_models
+from ovtrio.embedding.kinds import ModelKind, served_models
 from ovtrio.embedding.service import encoders_to_serve
 from ovtrio.model import ModelLoad, ModelLoadError
 from ovtrio.playground import routes as playground
@@ -53,7 +54,7 @@ from ovtrio.server.hypercorn_patches import (
 )
 from ovtrio.server.logs import configure_logging
 from ovtrio.serving import memory
-from ovtrio.serving.discovery import folder_models
+from ovtrio.serving.discovery import FolderModel, folder_models
 from ovtrio.serving.kinds import build_encoder
 from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.serving.registry import ModelRegistry, rules_of
@@ -70,10 +71,26 @@ log = logging.getLogger("ovtrio")
 def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | None = None) -> QuartTrio:
     """The app for `settings` (default: from the environment), serving the model they
     name or those of their config file; `loading`, when given, is each model's load
-    already under way (ovtrio.model.start_loading_in_order). Raises SettingsError."""
+    already under way (ovtrio.model.start_loading_in_order). Raises SettingsError.
+
+    In phases: the process-wide seams; what is served, read from the settings and the
+    disk (the config file's models and their kinds, the models folder, the stored
+    responses); the registry of the models; and the app over them, with no I/O."""
     settings = settings or settings_from_env()
-    each_model, configured_encoders = served_models(settings)
     configure_logging(settings.log_level)
+    install_process_seams(settings)
+    served = ServedModels.read(settings)
+    server_metrics = ServerMetrics()
+    limit = body_limit.BodyLimit(
+        settings, {}, vision=body_limit.takes_images_at_start(served.generation, served.in_folder), audio=served.audio
+    )
+    registry = build_registry(settings, served, server_metrics, loading, limit)
+    return app_over(registry, settings, server_metrics, limit, response_store_of(settings))
+
+
+def install_process_seams(settings: Settings) -> None:
+    """Hypercorn's patches, which change the process (its classes), not one app; each
+    recorded (ovtrio/seams.py) with what goes wrong without it."""
     seams.record(
         "connection close",
         "hypercorn",
@@ -81,6 +98,98 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
         "finished and idle connections stay open until their client closes them",
     )
     accept_errors.install()
+    seams.record(
+        "WebSocket message bound",
+        "hypercorn",
+        websocket_message_size.apply(settings.websocket_max_message_bytes),
+        "a message over the limit closes the socket instead of an error event",
+    )
+
+
+@dataclass(frozen=True)
+class ServedModels:
+    """What the server serves at start, as the settings and the disk say: the generation
+    models, the encoders configured (with their kind), the Whisper models, and what the
+    models folder holds."""
+
+    generation: list[Settings]
+    encoders: list[tuple[Settings, ModelKind]]
+    transcribers: list[tuple[str, Settings, Path]]
+    in_folder: list[FolderModel]
+
+    @classmethod
+    def read(cls, settings: Settings) -> ServedModels:
+        generation, encoders = served_models(settings)
+        transcribers = transcription_models_to_serve(settings, encoders)
+        # What models_dir holds at start decides the body limit at start, and whether the
+        # embedded embedder is served beside the folder's (not when the folder has one).
+        in_folder = folder_models(Path(settings.models_dir).expanduser()) if settings.models_dir else []
+        return cls(generation, encoders, transcribers, in_folder)
+
+    @property
+    def audio(self) -> bool:
+        return bool(self.transcribers) or any(model.kind == "transcription" for model in self.in_folder)
+
+
+def build_registry(
+    settings: Settings,
+    served: ServedModels,
+    server_metrics: ServerMetrics,
+    loading: Sequence[ModelLoad] | None,
+    limit: body_limit.BodyLimit,
+) -> ModelRegistry:
+    """The registry of the served models, each one's resident built (none loaded yet)."""
+    encoder_metrics = server_metrics.encoders
+    text_encoders = [(model, kind) for model, kind in served.encoders if kind != "transcription"]
+    embedded = not any(model.kind == "embedding" for model in served.in_folder)
+    encoders = [
+        build_encoder(name, kind, encoder_settings, folder, encoder_metrics.for_model)
+        for name, kind, encoder_settings, folder in encoders_to_serve(settings, text_encoders, embedded=embedded)
+    ]
+    encoders += [
+        build_encoder(name, "transcription", model_settings, folder, encoder_metrics.for_model)
+        for name, model_settings, folder in served.transcribers
+    ]
+    registry = ModelRegistry(
+        served.generation,
+        settings.drain_timeout,
+        observer=server_metrics.for_model,
+        loading=loading,
+        encoders=encoders,
+        models_dir=settings if settings.models_dir else None,
+        rules=rules_of(settings),
+        lifecycle=server_metrics.lifecycle,
+        encoder_observer=encoder_metrics.for_model,
+        on_rescan=lambda: limit.follow(registry.takes_images(), registry.takes_audio()),
+        on_forget=server_metrics.forget,
+    )
+    if settings.models_dir:
+        limit.rescan = registry.rescan
+    return registry
+
+
+def response_store_of(settings: Settings) -> ResponseStore:
+    """The stored responses (read from the data dir when they are kept there)."""
+    store_path = in_data_dir(settings, settings.response_store_path)
+    if store_path is not None and settings.data_dir is not None:
+        os.makedirs(os.path.expanduser(settings.data_dir), exist_ok=True)  # an empty volume may lack it
+    return ResponseStore(
+        settings.response_store_size,
+        settings.response_store_ttl,
+        store_path,
+        max_bytes=settings.response_store_bytes,
+    )
+
+
+def app_over(
+    registry: ModelRegistry,
+    settings: Settings,
+    server_metrics: ServerMetrics,
+    limit: body_limit.BodyLimit,
+    store: ResponseStore,
+) -> QuartTrio:
+    """The app serving `registry`: routes, middleware and error handlers, and a lifespan
+    that starts the registry, and drains and closes it. Reads no file and patches nothing."""
     app = QuartTrio("ovtrio")
     if seams.record(
         "uncopied request bodies",
@@ -96,57 +205,13 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
     # A body over the limit is refused (413) before it is read when its Content-Length
     # says so, and as soon as it passes the limit otherwise. The limit follows the models
     # served (body_limit.py).
-    transcribers = transcription_models_to_serve(settings, configured_encoders)
-    # What models_dir holds at start decides the body limit at start, and whether the
-    # embedded embedder is served beside the folder's (not when the folder has one).
-    in_folder = folder_models(Path(settings.models_dir).expanduser()) if settings.models_dir else []
-    audio_served = bool(transcribers) or any(model.kind == "transcription" for model in in_folder)
-    limit = body_limit.BodyLimit(
-        settings, app.config, vision=body_limit.takes_images_at_start(each_model, in_folder), audio=audio_served
-    )
+    limit.keep_in(app.config)
     # Bodies keep the order they are built in: a top_logprobs object lists the most
     # likely token first (Quart would sort the keys).
     assert isinstance(app.json, DefaultJSONProvider)
     app.json.sort_keys = False
-    server_metrics = ServerMetrics()
-    encoder_metrics = server_metrics.encoders
-    text_encoders = [(model, kind) for model, kind in configured_encoders if kind != "transcription"]
-    encoders = [
-        build_encoder(name, kind, encoder_settings, folder, encoder_metrics.for_model)
-        for name, kind, encoder_settings, folder in encoders_to_serve(
-            settings, text_encoders, embedded=not any(model.kind == "embedding" for model in in_folder)
-        )
-    ]
-    encoders += [
-        build_encoder(name, "transcription", model_settings, folder, encoder_metrics.for_model)
-        for name, model_settings, folder in transcribers
-    ]
-    registry = ModelRegistry(
-        each_model,
-        settings.drain_timeout,
-        observer=server_metrics.for_model,
-        loading=loading,
-        encoders=encoders,
-        models_dir=settings if settings.models_dir else None,
-        rules=rules_of(settings),
-        lifecycle=server_metrics.lifecycle,
-        encoder_observer=encoder_metrics.for_model,
-        on_rescan=lambda: limit.follow(registry.takes_images(), registry.takes_audio()),
-        on_forget=server_metrics.forget,
-    )
-    if settings.models_dir:
-        limit.rescan = registry.rescan
     body_limit.install(app, limit)
     leases.install(app)
-    store_path = in_data_dir(settings, settings.response_store_path)
-    if store_path is not None and settings.data_dir is not None:
-        os.makedirs(os.path.expanduser(settings.data_dir), exist_ok=True)  # an empty volume may lack it
-    store = ResponseStore(
-        settings.response_store_size,
-        settings.response_store_ttl,
-        store_path,
-        max_bytes=settings.response_store_bytes,
-    )
     context.attach(app, registry, store, metrics.registry_for(registry, server_metrics, store))
     metrics.install(app, server_metrics)
     # Host and Origin first: a preflight carries no key, and a refused page learns nothing.
@@ -159,12 +224,6 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
     json_bodies.install(app)
     context.attach_socket_limits(
         app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)
-    )
-    seams.record(
-        "WebSocket message bound",
-        "hypercorn",
-        websocket_message_size.apply(settings.websocket_max_message_bytes),
-        "a message over the limit closes the socket instead of an error event",
     )
     for module in (
         completions,
@@ -182,7 +241,14 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
         app.register_blueprint(module.blueprint)
     app.register_blueprint(messages.blueprint)
     messages_errors.install()
+    _serve_registry(app, registry)
+    _answer_errors(app, limit)
+    return app
 
+
+def _serve_registry(app: QuartTrio, registry: ModelRegistry) -> None:
+    """The lifespan: the registry starts before the first request and is drained and
+    closed after the last."""
     trimming: list[trio.CancelScope] = []  # the task that returns free memory, ended at shutdown
 
     @app.before_serving
@@ -209,6 +275,10 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
         for scope in trimming:
             scope.cancel()
 
+
+def _answer_errors(app: QuartTrio, limit: body_limit.BodyLimit) -> None:
+    """Every error in OpenAI's shape (ovtrio/api/errors.py)."""
+
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
         if isinstance(error, RequestEntityTooLarge):
@@ -226,8 +296,6 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
     @app.errorhandler(Exception)
     async def request_error(error: Exception) -> Response:
         return error_response(api_error(error))
-
-    return app
 
 
 def exit_with_error(error: Exception) -> NoReturn:

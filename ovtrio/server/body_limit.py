@@ -87,6 +87,11 @@ class BodyLimit:
         self._next_rescan = -math.inf
         config["MAX_CONTENT_LENGTH"] = self.at_start
 
+    def keep_in(self, config: dict[str, Any]) -> None:
+        """Keep the limit in `config` from now on (the app's, once it is built)."""
+        config["MAX_CONTENT_LENGTH"] = self.bytes
+        self._config = config
+
     @property
     def bytes(self) -> int:
         value = self._config["MAX_CONTENT_LENGTH"]
