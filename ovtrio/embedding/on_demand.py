@@ -83,6 +83,7 @@ class OnDemandEncoder(Generic[Model]):
         # When a request last came (trio's clock), and the scope its serving runs in:
         # cancelled, the model is unloaded (unload), and loads again on the next request.
         self.last_used = 0.0
+        self.keep_alive: float | None = None  # a request's keep_alive: none sets an encoder's
         # The requests that hold the model now (ovtrio/lifecycle/lease.py): in use while one is out.
         self.leases = LeaseCount()
         self._serving = trio.CancelScope()

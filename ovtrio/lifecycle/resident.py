@@ -48,6 +48,8 @@ class Resident(Protocol):
         """Loaded, with no lease out and nothing running or waiting: free to unload."""
         ...
 
-    # The requests that hold it now (lease.py), and when one last used it (trio's clock).
+    # The requests that hold it now (lease.py), when one last used it (trio's clock), and
+    # how long it may stay loaded idle when a request said so (None: the server's rule).
     leases: LeaseCount
     last_used: float
+    keep_alive: float | None

@@ -353,10 +353,7 @@ class Residency:
             idle = [model for model in resident if model.idle and model not in kept]
             if idle:
                 oldest = min(idle, key=lambda model: model.last_used)
-                if is_generation(oldest):
-                    await self.unload(oldest, "lru")
-                else:
-                    await self.unload_encoder(oldest, "lru")
+                await self._unload_any(oldest, "lru")
                 await trio.lowlevel.checkpoint()
                 if oldest in self._resident(loading):
                     kept.add(oldest)
@@ -395,26 +392,24 @@ class Residency:
         """One look for idle models. An unload that fails leaves that model as it is
         (logged); the others, and the residency, go on."""
         now = trio.current_time()
-        for service in list(self._services()):
-            if service.state != "loaded":
+        models: list[ModelService | OnDemandEncoder[Any]] = [*self._services(), *self._encoders()]
+        for model in models:
+            if model.state != ModelState.LOADED:
                 continue
-            if service.in_flight or service.leases.held:
-                service.last_used = now
+            if not model.idle:  # used until its requests end
+                model.last_used = now
                 continue
-            keep = service.keep_alive if service.keep_alive is not None else self.rules.idle_unload
-            if keep is None or keep < 0:
-                continue
-            if now - service.last_used >= keep:
-                with _logged(f"unloading {service.model_name}"):
-                    await self.unload(service, "idle")
-        # The encoders load on their first request already
-        # (ovtrio/embedding/on_demand.py); they unload when idle by the same rule.
-        keep = self.rules.idle_unload
-        for encoder in list(self._encoders()):
-            idle = keep is not None and keep >= 0 and encoder.idle
-            if idle and now - encoder.last_used >= (keep or 0.0):
-                with _logged(f"unloading {encoder.name}"):
-                    await self.unload_encoder(encoder, "idle")
+            keep = model.keep_alive if model.keep_alive is not None else self.rules.idle_unload
+            if keep is not None and keep >= 0 and now - model.last_used >= keep:
+                with _logged(f"unloading {model.name}"):
+                    await self._unload_any(model, "idle")
+
+    async def _unload_any(self, model: ModelService | OnDemandEncoder[Any], reason: str) -> None:
+        """Unload `model`, idle, whatever its kind."""
+        if is_generation(model):
+            await self.unload(model, reason)
+        else:
+            await self.unload_encoder(model, reason)
 
     async def unload_encoder(self, encoder: OnDemandEncoder[Any], reason: str, *, drain: bool = False) -> bool:
         """Unload `encoder` unless it is busy, or with `drain` once it is not (at most
