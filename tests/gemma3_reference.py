@@ -6,22 +6,96 @@ writes them, with Gemma's +1 already added."""
 
 from __future__ import annotations
 
+import math
+import struct
 from typing import Any
 
 import numpy as np
 
 
 def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    import gguf
+    """The file's metadata (without the tokenizer's) and each tensor dequantized by the
+    gguf package, in its shape (rows last-but-one)."""
     from gguf.quants import dequantize
 
-    reader = gguf.GGUFReader(path)
-    metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
-    weights = {
-        t.name: np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape([int(n) for n in reversed(t.shape)])
-        for t in reader.tensors
-    }
+    metadata, tensors = _gguf_contents(path)
+    weights = {}
+    for name, (qtype, shape, rows) in tensors.items():
+        # Up to 64 rows a row: gguf dequantizes 16 rows a numpy call, each block alone.
+        together = math.gcd(rows.shape[0], 64)
+        blocks = rows.reshape(rows.shape[0] // together, -1)
+        weights[name] = np.asarray(dequantize(blocks, qtype), np.float32).reshape(shape)
     return metadata, weights
+
+
+# GGUF value types: struct formats of the scalars (8 is a string, 9 an array).
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def _gguf_contents(path: str) -> tuple[dict[str, Any], dict[str, tuple[Any, list[int], np.ndarray]]]:
+    """The GGUF file's metadata but the tokenizer's, and per tensor its type, shape (rows
+    last-but-one) and blocks as bytes [rows, row bytes], read from the format (gguf's
+    GGUFReader takes ~10 s to build its fields of a 262k-token vocabulary, which is
+    skipped here)."""
+    import gguf
+
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    raw = memoryview(data)  # type: ignore[arg-type]
+    offset = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal offset
+        (value,) = struct.unpack_from("<" + fmt, raw, offset)
+        offset += struct.calcsize(fmt)
+        return value
+
+    def string() -> str:
+        nonlocal offset
+        length = take("Q")
+        offset += length
+        return bytes(raw[offset - length : offset]).decode("utf-8")
+
+    def value(kind: int, keep: bool) -> Any:
+        nonlocal offset
+        if kind == 8:
+            if keep:
+                return string()
+            length = take("Q")
+            offset += length
+            return None
+        if kind == 9:
+            item, count = take("I"), take("Q")
+            if item in _SCALARS and not keep:
+                offset += count * struct.calcsize(_SCALARS[item])
+                return None
+            return [value(item, keep) for _ in range(count)]
+        return take(_SCALARS[kind])
+
+    assert bytes(raw[:4]) == b"GGUF" and struct.unpack_from("<I", raw, 4)[0] == 3
+    offset = 8
+    tensor_count, field_count = take("Q"), take("Q")
+    metadata: dict[str, Any] = {"GGUF.version": 3, "GGUF.tensor_count": tensor_count, "GGUF.kv_count": field_count}
+    for _ in range(field_count):
+        key = string()
+        keep = not key.startswith("tokenizer.ggml.")
+        found = value(take("I"), keep)
+        if keep:
+            metadata[key] = found
+    infos = []
+    for _ in range(tensor_count):
+        name = string()
+        dims = [take("Q") for _ in range(take("I"))]
+        infos.append((name, dims, gguf.GGMLQuantizationType(take("I")), take("Q")))
+    alignment = metadata.get("general.alignment", 32)
+    start = -(-offset // alignment) * alignment
+    tensors = {}
+    for name, dims, qtype, at in infos:
+        block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        row_bytes = dims[0] // block * block_bytes
+        rows = int(np.prod(dims[1:], dtype=np.int64))
+        blocks = data[start + at : start + at + rows * row_bytes].reshape(rows, row_bytes)
+        tensors[name] = (qtype, list(reversed(dims)), blocks)
+    return metadata, tensors
 
 
 def _rms(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
