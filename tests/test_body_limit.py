@@ -44,17 +44,9 @@ def text_folder(folder: Path) -> None:
     (models / "alpha.gguf").symlink_to(embedded_model_path())
 
 
-def served(name: str, hypercorn: bool = False) -> object:
+def served(name: str) -> object:
     """A server of `text_folder`, its log at debug level (each reading of the folder for
     a body over the limit is a line)."""
-    if hypercorn:
-        env = {
-            "OVTRIO_MODELS_DIR": "{folder}/models",
-            "OVTRIO_NUM_KV_BLOCKS": KV_BLOCKS,
-            "OVTRIO_EMBEDDINGS": "false",
-            "OVTRIO_LOG_LEVEL": "debug",
-        }
-        return server_fixture(name, env=env, hypercorn=True, prepare=text_folder)
     return server_fixture(
         name,
         "--models-dir",
@@ -69,10 +61,8 @@ def served(name: str, hypercorn: bool = False) -> object:
 
 
 vision_later = served("vision_later")
-vision_later_hypercorn = served("vision_later_hypercorn", hypercorn=True)
 whisper_later = served("whisper_later")
 text_only = served("text_only")
-text_only_hypercorn = served("text_only_hypercorn", hypercorn=True)
 
 
 def move_in(server: RunningServer, name: str, build: object, tmp_path: Path) -> Path:
@@ -98,9 +88,8 @@ def image_chat(model: str) -> dict[str, object]:
     return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
 
 
-@pytest.mark.parametrize("launcher", ["vision_later", "vision_later_hypercorn"])
-def test_a_vision_model_moved_in_later_takes_large_bodies_on_its_first_request(launcher, request, tmp_path):
-    server = request.getfixturevalue(launcher)
+def test_a_vision_model_moved_in_later_takes_large_bodies_on_its_first_request(vision_later, tmp_path):
+    server = vision_later
     folder = move_in(server, "vlm", tiny_vlm.build, tmp_path)
     body = image_chat("vlm")
     # No listing first: the body over the limit has the folder read before it is refused.
@@ -128,9 +117,8 @@ def test_a_whisper_model_moved_in_later_takes_a_large_upload_on_its_first_reques
     assert isinstance(result.text, str)
 
 
-@pytest.mark.parametrize("launcher", ["text_only", "text_only_hypercorn"])
-def test_bodies_over_the_limit_sent_again_and_again_list_the_folder_at_a_bounded_rate(launcher, request):
-    server = request.getfixturevalue(launcher)
+def test_bodies_over_the_limit_sent_again_and_again_list_the_folder_at_a_bounded_rate(text_only):
+    server = text_only
     oversized = {"model": "alpha", "prompt": "a" * (TEXT_LIMIT + 1_000_000)}
     timings: list[float] = []
     before = server.log_path.read_text().count(RESCAN_LINE)

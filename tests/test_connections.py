@@ -1,11 +1,11 @@
 """Connections that should close do close: after a response to `Connection: close` or
-to an HTTP/1.0 request, the client reads EOF and the server keeps no socket open, under
-`ovtrio serve` and under the hypercorn command; an idle keep-alive connection is closed
-at the keep-alive timeout; a connection the client closes is closed by the server at
-once, whatever it was doing (see ovtrio/server/hypercorn_patches/connection_close.py).
-A spell of accept failures for lack of descriptors is one log line; a request with an
-ambiguous length is refused and its connection closed; a burst of connections is
-accepted without errors under both commands."""
+to an HTTP/1.0 request, the client reads EOF and the server keeps no socket open; a
+connection the client closes is closed by the server at once, whatever it was doing
+(see ovtrio/server/hypercorn_patches/connection_close.py). A spell of accept failures
+for lack of descriptors is one log line; a request with an ambiguous length is refused
+and its connection closed; a burst of connections is accepted without errors. Under
+`ovtrio serve`; the same under the hypercorn command, and its idle keep-alive
+connections closed at the keep-alive timeout: test_launcher_parity.py."""
 
 from __future__ import annotations
 
@@ -22,11 +22,8 @@ import httpx
 import pytest
 
 import loopback
-from conftest import HYPERCORN_KEEP_ALIVE, HYPERCORN_MODEL, MODEL, RunningServer
+from conftest import MODEL, RunningServer
 from helpers import assert_error
-
-# Each server-side test runs against both ways of starting the server.
-LAUNCHED = ("server", "hypercorn_server")
 
 # Bounds that only keep a broken server from hanging the test; nothing is timed.
 HANG_GUARD = 60
@@ -132,28 +129,6 @@ def worker_pid(pid: int) -> int:
     raise AssertionError("hypercorn started no worker")
 
 
-def test_closing_requests_get_eof_under_the_hypercorn_command(hypercorn_server):
-    port = int(hypercorn_server.base_url.rsplit(":", 1)[1])
-    check_closing(port, worker_pid(hypercorn_server.process.pid), rounds=20, model=HYPERCORN_MODEL)
-
-
-def test_idle_keep_alive_connections_close_at_the_keep_alive_timeout(hypercorn_server):
-    """The idle timer starts after each response (the same fix): an idle keep-alive
-    connection is closed by the server, here after the keep-alive timeout this server
-    was started with (and at once on shutdown, which the same timer waits for)."""
-    port = int(hypercorn_server.base_url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        reply = b""
-        while not complete(reply):
-            reply += sock.recv(65536)
-        assert status(reply) == b"200", reply
-        answered = time.monotonic()
-        assert sock.recv(65536) == b""  # a socket timeout here means the server kept it open
-        # Closed by the idle timer, not by anything sooner.
-        assert time.monotonic() - answered >= HYPERCORN_KEEP_ALIVE * 0.9
-
-
 def test_the_fix_leaves_other_hypercorn_code_alone(monkeypatch):
     """A Hypercorn whose methods differ (fixed, or reworked) is not patched, and says so."""
     from hypercorn.trio.tcp_server import TCPServer
@@ -215,12 +190,15 @@ RELEASED_WITHIN = 40
 QUICK_CONNECTIONS = 3000
 
 
-@pytest.mark.parametrize("name", LAUNCHED)
-def test_connections_closed_by_the_client_are_released_at_once(name, request):
+def test_connections_closed_by_the_client_are_released_at_once(server):
+    assert_connections_closed_by_the_client_are_released_at_once(server)
+
+
+def assert_connections_closed_by_the_client_are_released_at_once(server: RunningServer) -> None:
     """3,000 connections opened and closed at once, as a scan or a flood does, leave no
     socket waiting for the server to close its end (they used to wait for the keep-alive
     timeout, each holding a file descriptor)."""
-    port = port_of(request.getfixturevalue(name))
+    port = port_of(server)
     for _ in range(QUICK_CONNECTIONS):
         socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD).close()
     assert settled_close_wait(port, at_most=10) <= 10
@@ -383,13 +361,16 @@ def _parse_responses(reply: bytes) -> list[tuple[int, dict[str, str], bytes]]:
     return responses
 
 
-@pytest.mark.parametrize("name", LAUNCHED)
-def test_a_request_with_an_ambiguous_length_is_refused_and_its_connection_closed(name, request):
+def test_a_request_with_an_ambiguous_length_is_refused_and_its_connection_closed(server):
+    assert_a_request_with_an_ambiguous_length_is_refused(server)
+
+
+def assert_a_request_with_an_ambiguous_length_is_refused(server: RunningServer) -> None:
     """Content-Length and Transfer-Encoding together (request smuggling behind a proxy
     that reads the other one): a 400 in OpenAI's shape, then the connection closes, and
     what came after on it (here a request hidden in the chunked body, as a proxy going by
     Content-Length would pass it on) is never answered."""
-    port = port_of(request.getfixturevalue(name))
+    port = port_of(server)
     body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1}).encode()
     chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
     hidden = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
@@ -409,17 +390,22 @@ def test_a_request_with_an_ambiguous_length_is_refused_and_its_connection_closed
     assert error["code"] == "ambiguous_request_length"
 
 
-@pytest.mark.parametrize("name", LAUNCHED)
-@pytest.mark.parametrize(
-    "framing",
-    [b"Content-Length: 5\r\n\r\nhello", b"Content-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"],
-    ids=["content-length", "both"],
-)
-def test_a_websocket_handshake_with_a_body_is_refused_and_the_server_serves_on(name, framing, request):
+# A WebSocket handshake's end, with a body: given by its Content-Length, or chunked too.
+HANDSHAKE_BODIES = {
+    "content-length": b"Content-Length: 5\r\n\r\nhello",
+    "both": b"Content-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("framing", list(HANDSHAKE_BODIES.values()), ids=list(HANDSHAKE_BODIES))
+def test_a_websocket_handshake_with_a_body_is_refused_and_the_server_serves_on(server, framing):
+    assert_a_websocket_handshake_with_a_body_is_refused(server, framing)
+
+
+def assert_a_websocket_handshake_with_a_body_is_refused(server: RunningServer, framing: bytes) -> None:
     """A handshake carrying a body made Hypercorn's protocol raise in the connection's
     reading task, which ended the server's task group: one request took the whole
     server down. Now that connection gets a 400 and is closed, and nothing else is hurt."""
-    server = request.getfixturevalue(name)
     with socket.create_connection(("127.0.0.1", port_of(server)), timeout=HANG_GUARD) as sock:
         sock.sendall(
             b"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -432,20 +418,18 @@ def test_a_websocket_handshake_with_a_body_is_refused_and_the_server_serves_on(n
     assert loopback.get(server.base_url + "/health", timeout=HANG_GUARD).status_code == 200
 
 
-def _server_pid(name: str, server: RunningServer) -> int:
-    return worker_pid(server.process.pid) if name == "hypercorn_server" else server.process.pid
-
-
 ACCEPT_FAILURE_LINE = "not accepting new connections"
 
 
-@pytest.mark.parametrize("name", LAUNCHED)
-def test_running_out_of_descriptors_is_one_log_line_and_connections_wait(name, request):
-    """With the process out of file descriptors, accepting fails (EMFILE) until some
-    close: the log says so in one line, not a traceback every retry, and the
+def test_running_out_of_descriptors_is_one_log_line_and_connections_wait(server):
+    assert_running_out_of_descriptors_is_one_log_line(server, server.process.pid)
+
+
+def assert_running_out_of_descriptors_is_one_log_line(server: RunningServer, pid: int) -> None:
+    """With the serving process (`pid`) out of file descriptors, accepting fails (EMFILE)
+    until some close: the log says so in one line, not a traceback every retry, and the
     connections that waited meanwhile are served once descriptors are free again."""
-    server = request.getfixturevalue(name)
-    port, pid = port_of(server), _server_pid(name, server)
+    port = port_of(server)
     loopback.get(server.base_url + "/health", timeout=HANG_GUARD)
     logged_before = len(server.log_path.read_bytes())
     limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
@@ -489,11 +473,14 @@ def listen_overflows() -> int:
     raise AssertionError("no TcpExt line in /proc/net/netstat")
 
 
-@pytest.mark.parametrize("name", LAUNCHED)
-def test_a_burst_of_connections_gets_no_connection_errors(name, request):
-    """600 clients connecting at the same moment are all queued by the kernel and served,
-    under both commands (Hypercorn's own listen backlog of 100 dropped most of them)."""
-    port = port_of(request.getfixturevalue(name))
+def test_a_burst_of_connections_gets_no_connection_errors(server):
+    assert_a_burst_of_connections_is_served(server)
+
+
+def assert_a_burst_of_connections_is_served(server: RunningServer) -> None:
+    """600 clients connecting at the same moment are all queued by the kernel and served
+    (Hypercorn's own listen backlog of 100 dropped most of them)."""
+    port = port_of(server)
     outcomes: Counter[str] = Counter()
     start = threading.Barrier(BURST)
     overflows = listen_overflows()
@@ -537,13 +524,15 @@ def test_the_hypercorn_settings_module_holds_settings_only():
 HANGING_UP = 200
 
 
-@pytest.mark.parametrize("name", LAUNCHED)
-def test_clients_hanging_up_while_answered_leave_no_traceback(name, request):
+def test_clients_hanging_up_while_answered_leave_no_traceback(server):
+    assert_clients_hanging_up_leave_no_traceback(server)
+
+
+def assert_clients_hanging_up_leave_no_traceback(server: RunningServer) -> None:
     """Clients that send a request and hang up at once (shutting down their side, or
     closing) while the reply is being written: the server's end was closed with an EOF
     sent first, which held the socket's sending side while the reply's last write came,
     and Hypercorn logged an "Error in ASGI Framework" traceback for about one in ten."""
-    server = request.getfixturevalue(name)
     port = port_of(server)
     logged_before = len(server.log_path.read_bytes())
 

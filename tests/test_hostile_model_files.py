@@ -43,13 +43,6 @@ hostile_files = server_fixture(
     "64",
     prepare=models_folder,
 )
-# The same under `hypercorn -k trio ovtrio.app:app`, for the files that crashed the server.
-hostile_files_hypercorn = server_fixture(
-    "hostile_files_hypercorn",
-    env={"OVTRIO_MODELS_DIR": "{folder}/models", "OVTRIO_EMBEDDINGS": "false", "OVTRIO_NUM_KV_BLOCKS": "64"},
-    hypercorn=True,
-    prepare=models_folder,
-)
 
 
 @pytest.fixture
@@ -74,7 +67,7 @@ def listed(server: RunningServer) -> dict[str, dict[str, Any]]:
     return {model["id"]: model["status"] for model in models.json()["data"]}
 
 
-def asked_beside_innocent_streams(server: RunningServer, model: str) -> httpx.Response:
+def asked_beside_innocent_streams(server: RunningServer, model: str, innocent: str = INNOCENT) -> httpx.Response:
     """The answer to a chat naming `model`, asked while three streams of the innocent
     model go on and /health is probed (health_stays_fast)."""
     answers: list[httpx.Response] = []
@@ -82,7 +75,7 @@ def asked_beside_innocent_streams(server: RunningServer, model: str) -> httpx.Re
         server,
         lambda: health_stays_fast(server, lambda: answers.append(chat(server, model))),
         max_tokens=32,
-        model=INNOCENT,
+        model=innocent,
     )
     assert server.process.poll() is None, "the server died"
     return answers[0]
@@ -124,28 +117,19 @@ def tensor_past_the_end(path: Path) -> None:
         file.write(struct.pack("<Q", 1 << 40))
 
 
-@pytest.fixture
-def server_of_each_launcher(request: pytest.FixtureRequest) -> RunningServer:
-    launched = request.getfixturevalue(request.param)
-    assert chat(launched, INNOCENT, timeout=600).status_code == 200
-    return launched
+@pytest.mark.parametrize("damage", [cut_in_half, still_downloading, tensor_past_the_end])
+def test_a_gguf_shorter_than_its_header_says_fails_alone(server, damage):
+    assert_short_gguf_fails_alone(server, damage)
 
 
-@pytest.mark.parametrize(
-    "server_of_each_launcher, damage",
-    [
-        *(("hostile_files", damage) for damage in (cut_in_half, still_downloading, tensor_past_the_end)),
-        *(("hostile_files_hypercorn", damage) for damage in (cut_in_half, tensor_past_the_end)),
-    ],
-    indirect=["server_of_each_launcher"],
-)
-def test_a_gguf_shorter_than_its_header_says_fails_alone(server_of_each_launcher, damage):
-    server = server_of_each_launcher
+def assert_short_gguf_fails_alone(server: RunningServer, damage: Any, innocent: str = INNOCENT) -> None:
+    """A file `damage` makes in the server's folder is refused with the reason beside
+    streams of `innocent`, which serves on."""
     name = f"short-{damage.__name__}"
     path = folder_of(server) / f"{name}.gguf"
     damage(path)
     try:
-        refused = asked_beside_innocent_streams(server, name)
+        refused = asked_beside_innocent_streams(server, name, innocent)
         assert refused.status_code == 503, refused.text
         message = refused.json()["error"]["message"]
         assert "shorter than its header says" in message, message
@@ -158,7 +142,7 @@ def test_a_gguf_shorter_than_its_header_says_fails_alone(server_of_each_launcher
         assert str(path) in server.log_path.read_text()
     finally:
         path.unlink()
-    assert chat(server, INNOCENT).status_code == 200
+    assert chat(server, innocent).status_code == 200
 
 
 def test_a_gguf_cut_short_after_it_was_found_fails_alone(server):

@@ -1,7 +1,8 @@
 """Bodies of megabytes of images, whose data URLs are lifted out before the JSON is
 parsed (ovtrio/api/lifted_strings.py), on a real server with the tiny VLM fixture: the
 model sees the same images as when the body is parsed whole, and what is stored of a
-Responses turn holds the images themselves."""
+Responses turn holds the images themselves. Large bodies under the hypercorn command:
+test_launcher_parity.py."""
 
 from __future__ import annotations
 
@@ -27,13 +28,6 @@ def build_vlm(folder: Path) -> None:
 
 vlm_large_server = server_fixture(
     "vlm_large_server", "--model", "{folder}/vlm", "--served-model-name", MODEL, prepare=build_vlm
-)
-# The same model under `hypercorn -k trio ovtrio.app:app`, configured by environment.
-vlm_large_hypercorn_server = server_fixture(
-    "vlm_large_hypercorn_server",
-    env={"OVTRIO_MODEL": "{folder}/vlm", "OVTRIO_SERVED_MODEL_NAME": MODEL},
-    hypercorn=True,
-    prepare=build_vlm,
 )
 
 
@@ -74,10 +68,6 @@ def lifted_and_parsed_whole_agree(base_url: str) -> None:
 
 def test_a_large_body_gives_the_model_the_images_a_whole_parse_does(vlm_large_server):
     lifted_and_parsed_whole_agree(vlm_large_server.base_url)
-
-
-def test_hypercorn_reads_large_bodies_as_ovtrio_serve_does(vlm_large_hypercorn_server):
-    lifted_and_parsed_whole_agree(vlm_large_hypercorn_server.base_url)
 
 
 def test_the_data_urls_of_a_large_body_are_read_apart_from_its_json(vlm_large_server):

@@ -2,12 +2,12 @@
 a prompt's characters before it is tokenized, a schema's size, the compiled-grammar
 cache and the response store in bytes, `metadata` as OpenAI checks it, integer fields
 bounded, and the input_items page arguments. Every refusal is a 4xx in OpenAI's error
-shape naming the parameter, on every route that takes the field."""
+shape naming the parameter, on every route that takes the field. The limits under the
+hypercorn command: test_launcher_parity.py."""
 
 from __future__ import annotations
 
 import json
-import re
 
 import httpx
 import pytest
@@ -545,19 +545,6 @@ def test_every_nullable_field_accepts_null_as_its_default(server, schema, field)
     assert response.status_code == 200, response.text
     reply = response.json()
     assert reply["object"] in ("text_completion", "chat.completion", "response")
-
-
-# ---- the same under `hypercorn -k trio ovtrio.app:app` -----------------------------------------
-
-
-def test_hypercorn_serves_the_same_limits(hypercorn_server):
-    base = hypercorn_server.base_url
-    too_big = post(base, "/tokenize", {"prompt": "a" * (DEFAULT_BODY_BYTES + 1000)})
-    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
-    assert_error(post(base, "/tokenize", {"prompt": LONG}), 400, param="prompt", code="context_length_exceeded")
-    exposition = loopback.get(base + "/metrics").text
-    assert re.search(r"^ovtrio_grammar_cache_bytes ", exposition, re.M)
-    assert re.search(r"^ovtrio_response_store_bytes ", exposition, re.M)
 
 
 # ---- the store's accounting, without a server --------------------------------------------------

@@ -1,5 +1,5 @@
 """Models on demand under mixed traffic, a short run of `python -m bench models_soak`
-under each launcher: a folder of four models (the embedded GGUF linked under four
+under `ovtrio serve`: a folder of four models (the embedded GGUF linked under four
 names), --models-max 2 and a short idle unload, and clients sending chat completions,
 completions and Responses (streamed or not) over the models with skew, leaving streams
 and loads midway, loading and unloading by hand, with keep_alive, for an unknown model
@@ -15,7 +15,6 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
 import trio
 
 from conftest import RunningServer
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.scenarios.models_soak import NAMES, Goal, Options, Soak, prepare, serving_pid, tracebacks
 
 MODELS = NAMES[:4]
-# Seconds of traffic under each launcher (the scenario's own runs last minutes), and what
+# Seconds of traffic (the scenario's own runs last minutes), and what
 # the traffic goes on until it has seen, however long a slow machine takes.
 SECONDS = float(os.environ.get("OVTRIO_TEST_SOAK_SECONDS", "10"))
 GOAL = Goal(requests=15, answered=8, quiet_checks=3, models_loaded=3)
@@ -47,25 +46,10 @@ soak_serve = server_fixture(
     "--no-embeddings",
     prepare=four_models,
 )
-soak_hypercorn = server_fixture(
-    "soak_hypercorn",
-    env={
-        "OVTRIO_MODELS_DIR": "{folder}/models",
-        **{f"OVTRIO_{key.upper()}": value for key, value in SETTINGS.items()},
-        "OVTRIO_EMBEDDINGS": "false",
-    },
-    hypercorn=True,
-    prepare=four_models,
-)
 
 
-@pytest.fixture(params=["soak_serve", "soak_hypercorn"])
-def soak_server(request: pytest.FixtureRequest) -> RunningServer:
-    return request.getfixturevalue(request.param)
-
-
-def test_mixed_traffic_over_a_folder_of_models_keeps_every_invariant(soak_server):
-    server = soak_server
+def test_mixed_traffic_over_a_folder_of_models_keeps_every_invariant(soak_serve: RunningServer):
+    server = soak_serve
     options = Options(MODELS, 2, clients=4, seconds=SECONDS, deadline=120, quiet_every=9, poll=0.5, at_least=GOAL)
     soak = Soak(server.base_url, serving_pid(server.process), options)
     findings = trio.run(soak.run)

@@ -1,11 +1,11 @@
-"""Graceful shutdown on SIGTERM, under `ovtrio serve` and under the hypercorn command
-alike: readiness turns 503 at once, new requests are refused with a 503 that says why,
+"""Graceful shutdown on SIGTERM: readiness turns 503 at once, new requests are refused with a 503 that says why,
 the requests in flight (SSE, unary, WebSocket) run to their end within the drain timeout
 or are cut with an error event after it, and the process exits 0 with one log line per
 phase.
 
-Two servers per command, one per outcome of the drain: every request finishes, or none
-can. Each test takes its server out of the pool, since stopping it is the point.
+Two servers, one per outcome of the drain: every request finishes, or none can. Each
+test takes its server out of the pool, since stopping it is the point. The same under
+the hypercorn command: test_launcher_parity.py.
 Requests are kept running by asking for many tokens with ignore_eos; nothing here
 depends on what the model writes.
 """
@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
@@ -39,10 +38,6 @@ HANG_GUARD = 90
 
 draining_server = server_fixture("draining_server")
 short_drain_server = server_fixture("short_drain_server", "--drain-timeout", "1")
-hypercorn_draining_server = server_fixture("hypercorn_draining_server", hypercorn=True)
-hypercorn_short_drain_server = server_fixture(
-    "hypercorn_short_drain_server", env={"OVTRIO_DRAIN_TIMEOUT": "1"}, hypercorn=True
-)
 
 # What the drain's first log line names as its cause, by command: Hypercorn's worker is
 # not told which signal its main process received.
@@ -53,11 +48,11 @@ def ws_url(server: RunningServer) -> str:
     return server.base_url.replace("http://", "ws://") + "/v1/responses"
 
 
-def response_create(max_output_tokens: int, **fields: Any) -> str:
+def response_create(max_output_tokens: int, model: str = MODEL, **fields: Any) -> str:
     return json.dumps(
         {
             "type": "response.create",
-            "model": MODEL,
+            "model": model,
             "input": "Write a long story.",
             "max_output_tokens": max_output_tokens,
             "ignore_eos": True,
@@ -80,12 +75,16 @@ def named_events(raw: str) -> list[dict[str, Any]]:
 
 
 class Traffic:
-    """Requests sent to one server before it is told to stop, each read to its end."""
+    """Requests sent to one server before it is told to stop, each read to its end (the
+    requests of `model`)."""
 
-    def __init__(self, server: RunningServer, http: httpx.AsyncClient, nursery: trio.Nursery) -> None:
+    def __init__(
+        self, server: RunningServer, http: httpx.AsyncClient, nursery: trio.Nursery, model: str = MODEL
+    ) -> None:
         self.server = server
         self.http = http
         self.nursery = nursery
+        self.model = model
         self.results: dict[str, Any] = {}
         self.sent = 0
 
@@ -114,7 +113,7 @@ class Traffic:
             self.results[name] = events
             async with open_websocket_url(ws_url(self.server)) as ws:
                 box["ws"] = ws
-                await ws.send_message(response_create(max_output_tokens))
+                await ws.send_message(response_create(max_output_tokens, self.model))
                 opened.set()
                 try:
                     while True:
@@ -137,7 +136,7 @@ class Traffic:
         """Wait until the scheduler serves every request sent (so none is refused)."""
         while True:
             text = (await self.http.get("/metrics")).text
-            if sample_value(text, "ovtrio_requests_running", model_name=MODEL) >= self.sent:
+            if sample_value(text, "ovtrio_requests_running", model_name=self.model) >= self.sent:
                 return
             await trio.sleep(0.05)
 
@@ -150,10 +149,12 @@ def log_lines(server: RunningServer) -> list[str]:
     return server.log_path.read_text().splitlines()
 
 
-def assert_phases(server: RunningServer, command: str, draining: int, outcome: str) -> None:
+def assert_phases(server: RunningServer, command: str, draining: int, outcome: str, since: int = 0) -> None:
     """One line per phase, in order: draining, drained or cut, engine released, exit
-    (Hypercorn's worker cannot say with which code its process will exit)."""
-    lines = log_lines(server)
+    (Hypercorn's worker cannot say with which code its process will exit); in the log's
+    lines from the line `since` on (a server that unloaded models before logged
+    "engine released" then too)."""
+    lines = log_lines(server)[since:]
     phases = [
         f"{CAUSES[command]}: shutting down, draining {draining} requests",
         outcome,
@@ -164,15 +165,8 @@ def assert_phases(server: RunningServer, command: str, draining: int, outcome: s
     assert None not in found and found == sorted(found), "\n".join(lines)
 
 
-def server_name(command: str, name: str) -> str:
-    return name if command == "serve" else f"hypercorn_{name}"
-
-
-@pytest.mark.parametrize(
-    ("command", "name"), [(command, server_name(command, "draining_server")) for command in CAUSES]
-)
-async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(server_pool, command, name):
-    server = server_pool.take(name)
+async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(server_pool):
+    server = server_pool.take("draining_server")
     try:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=HANG_GUARD) as http:
             with trio.fail_after(HANG_GUARD):
@@ -229,14 +223,11 @@ async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(serve
     assert finals[-1]["type"] == "response.incomplete"
     assert finals[-1]["response"]["usage"]["output_tokens"] == FINISHES
 
-    assert_phases(server, command, 3, "drained in")
+    assert_phases(server, "serve", 3, "drained in")
 
 
-@pytest.mark.parametrize(
-    ("command", "name"), [(command, server_name(command, "short_drain_server")) for command in CAUSES]
-)
-async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(server_pool, command, name):
-    server = server_pool.take(name)
+async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(server_pool):
+    server = server_pool.take("short_drain_server")
     try:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=HANG_GUARD) as http:
             with trio.fail_after(HANG_GUARD):
@@ -292,7 +283,7 @@ async def test_requests_still_running_at_the_drain_timeout_end_with_an_error(ser
     for event in (events[-1], *socket_events[-3:-1]):
         validate(event, "ResponseStreamEvent")
 
-    assert_phases(server, command, 4, "drain timed out after")
+    assert_phases(server, "serve", 4, "drain timed out after")
     assert any("cut 4 requests" in line for line in log_lines(server))
 
 

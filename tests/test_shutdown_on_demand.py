@@ -1,9 +1,9 @@
-"""SIGTERM on a server that loads its models on demand (--models-dir), under `ovtrio
-serve` and the hypercorn command alike: an embedding request computing when the signal
-comes runs to its end within the drain, as generation requests do, and a request
-waiting for its model's load hears at once that the server is shutting down (a 503 with
-Retry-After), never a connection cut mid-response (ovtrio/serving/shutdown.py).
-Nothing here depends on what a model writes.
+"""SIGTERM on a server that loads its models on demand (--models-dir): an embedding
+request computing when the signal comes runs to its end within the drain, as generation
+requests do, and a request waiting for its model's load hears at once that the server is
+shutting down (a 503 with Retry-After), never a connection cut mid-response
+(ovtrio/serving/shutdown.py). The same under the hypercorn command:
+test_launcher_parity.py. Nothing here depends on what a model writes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import signal
 from pathlib import Path
 
 import httpx
-import pytest
 import trio
 
 from conftest import RunningServer, sample_value
@@ -52,17 +51,6 @@ stop_serve = server_fixture(
     DRAIN,
     prepare=two_models,
 )
-stop_hypercorn = server_fixture(
-    "stop_hypercorn_on_demand",
-    env={
-        "OVTRIO_MODELS_DIR": "{folder}/models",
-        "OVTRIO_NUM_KV_BLOCKS": "64",
-        "OVTRIO_ENCODER_MAX_BATCH": BATCH,
-        "OVTRIO_DRAIN_TIMEOUT": DRAIN,
-    },
-    hypercorn=True,
-    prepare=two_models,
-)
 
 
 async def model_state(http: httpx.AsyncClient, name: str) -> str:
@@ -70,19 +58,18 @@ async def model_state(http: httpx.AsyncClient, name: str) -> str:
     return next(model["status"]["value"] for model in models if model["id"] == name)
 
 
-def embeddings(count: int) -> dict[str, object]:
-    return {"model": EMBEDDED_EMBEDDER_NAME, "input": [TEXT] * count}
+def embeddings(count: int, model: str = EMBEDDED_EMBEDDER_NAME) -> dict[str, object]:
+    return {"model": model, "input": [TEXT] * count}
 
 
-async def batches(http: httpx.AsyncClient) -> float:
+async def batches(http: httpx.AsyncClient, model: str = EMBEDDED_EMBEDDER_NAME) -> float:
     """The batches the embedding model has computed."""
     text = (await http.get("/metrics")).text
-    return sample_value(text, "ovtrio_encoder_batch_size_count", model_name=EMBEDDED_EMBEDDER_NAME)
+    return sample_value(text, "ovtrio_encoder_batch_size_count", model_name=model)
 
 
-@pytest.mark.parametrize("name", ["stop_serve_on_demand", "stop_hypercorn_on_demand"])
-async def test_sigterm_drains_embeddings_and_refuses_a_request_waiting_for_a_load(server_pool, name):
-    server: RunningServer = server_pool.take(name)
+async def test_sigterm_drains_embeddings_and_refuses_a_request_waiting_for_a_load(server_pool):
+    server: RunningServer = server_pool.take("stop_serve_on_demand")
     results: dict[str, httpx.Response | str] = {}
     try:
         # A new connection for each request: one kept alive by a server whose event loop

@@ -1,8 +1,9 @@
 """The Responses WebSocket's limits: a message over the size limit is answered with an
 `error` event and the socket stays usable (also past Hypercorn's own 16 MiB limit,
 which used to close it with 1009); a socket idle for the idle timeout is closed with
-code 1000, never while a response runs. Under `ovtrio serve` and `hypercorn -k trio
-ovtrio.app:app` (ovtrio/server/hypercorn_patches/websocket_message_size.py, ovtrio/api/responses/socket.py)."""
+code 1000, never while a response runs (ovtrio/server/hypercorn_patches/websocket_message_size.py,
+ovtrio/api/responses/socket.py). The same under `hypercorn -k trio ovtrio.app:app`:
+test_launcher_parity.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from conftest import MODEL
-from guarded_servers import SOCKET_IDLE_SECONDS, SOCKET_MAX_MESSAGE_BYTES, open_hypercorn, origin_server  # noqa: F401
+from guarded_servers import SOCKET_IDLE_SECONDS, SOCKET_MAX_MESSAGE_BYTES, origin_server  # noqa: F401 (fixture)
 from ovtrio.api.responses.oversized_message import OversizedMessage
 from ovtrio.api.responses.socket import IdleClock
 from ovtrio.server.hypercorn_patches.websocket_message_size import BoundedMessageBuffer
@@ -53,9 +54,13 @@ async def test_message_past_hypercorns_limit_gets_an_error_event(server):
         await runs_a_response(ws)
 
 
-@pytest.mark.parametrize("name", ["origin_server", "open_hypercorn"])
-async def test_message_over_the_setting_gets_an_error_event(request, name):
-    server = request.getfixturevalue(name)
+async def test_message_over_the_setting_gets_an_error_event(origin_server):
+    await assert_messages_over_the_setting_get_an_error_event(origin_server)
+
+
+async def assert_messages_over_the_setting_get_an_error_event(server) -> None:
+    """A socket of `server`, whose limit is SOCKET_MAX_MESSAGE_BYTES, reads a message
+    just within it and refuses one over it with an event, and serves on."""
     async with open_websocket_url(ws_url(server)) as ws:
         # Just within the limit: read, and refused for what it says.
         padded = json.dumps({"type": "response.create", "model": MODEL, "max_output_tokens": 0, "input": ""})
@@ -71,9 +76,8 @@ async def test_message_over_the_setting_gets_an_error_event(request, name):
         await runs_a_response(ws)
 
 
-@pytest.mark.parametrize("name", ["origin_server", "open_hypercorn"])
-async def test_idle_socket_is_closed_and_a_busy_one_is_not(request, name):
-    server = request.getfixturevalue(name)
+async def test_idle_socket_is_closed_and_a_busy_one_is_not(origin_server):
+    server = origin_server
     async with open_websocket_url(ws_url(server)) as ws:
         # A message a second, for twice the idle timeout: the socket stays open.
         for _ in range(2 * SOCKET_IDLE_SECONDS):
@@ -81,10 +85,16 @@ async def test_idle_socket_is_closed_and_a_busy_one_is_not(request, name):
             assert (await next_event(ws))["type"] == "error"
             await trio.sleep(1)
         await runs_a_response(ws)
-        started = trio.current_time()
-        with trio.fail_after(GUARD), pytest.raises(ConnectionClosed) as closed:
-            await ws.get_message()
-        assert trio.current_time() - started >= SOCKET_IDLE_SECONDS - 0.5
+        await closed_once_idle(ws)
+
+
+async def closed_once_idle(ws) -> None:
+    """`ws`, left idle from now, is closed by the server after the idle timeout with
+    code 1000, saying why."""
+    started = trio.current_time()
+    with trio.fail_after(GUARD), pytest.raises(ConnectionClosed) as closed:
+        await ws.get_message()
+    assert trio.current_time() - started >= SOCKET_IDLE_SECONDS - 0.5
     assert closed.value.reason.code == 1000
     assert "idle" in closed.value.reason.reason
 

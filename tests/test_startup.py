@@ -9,11 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-import openai
 import pytest
 
 import loopback
-from conftest import HYPERCORN_MODEL, READY_WITHIN, free_port, held_loading
+from conftest import READY_WITHIN, free_port, held_loading
 from ovtrio.model.source import embedded_model_path
 
 
@@ -141,25 +140,6 @@ def test_readiness_is_503_until_the_model_is_loaded(tmp_path):
             base + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "hi", "max_tokens": 1}
         )
         assert late.status_code == 200, late.text
-
-
-def test_hypercorn_entry_point_serves_with_environment_settings(hypercorn_server):
-    models = loopback.get(hypercorn_server.base_url + "/v1/models").json()
-    assert [m["id"] for m in models["data"]] == [HYPERCORN_MODEL, "all-MiniLM-L6-v2"]  # and the embedded embedder
-    with openai.OpenAI(base_url=hypercorn_server.base_url + "/v3", api_key="unused", max_retries=0) as sdk:
-        reply = sdk.chat.completions.create(
-            model=HYPERCORN_MODEL,
-            messages=[{"role": "user", "content": "Hello"}],
-            max_tokens=8,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
-        assert reply.model == HYPERCORN_MODEL
-        assert reply.usage.completion_tokens == 8
-        with pytest.raises(openai.NotFoundError):
-            sdk.chat.completions.create(
-                model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Hello"}], max_tokens=4
-            )
 
 
 def test_missing_embedded_model_names_the_install_command(monkeypatch):
