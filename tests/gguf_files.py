@@ -59,7 +59,10 @@ def iq4_nl(weights: np.ndarray) -> np.ndarray:
     wide = d.astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         scaled = np.where(wide != 0, blocks / wide, 0)
-    codes = np.abs(scaled[:, :, None] - levels).argmin(axis=2).astype(np.uint8)
+    # The nearest level, the lower of two as near.
+    above = np.searchsorted(levels, scaled).clip(1, len(levels) - 1)
+    nearer_above = np.abs(scaled - levels[above]) < np.abs(scaled - levels[above - 1])
+    codes = np.where(nearer_above, above, above - 1).astype(np.uint8)
     packed = codes[:, :16] | (codes[:, 16:] << 4)
     return np.concatenate([d.view(np.uint8), packed], axis=1).reshape(weights.shape[0], -1)
 
@@ -73,29 +76,45 @@ def _copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> None:
         writer.add_key_value(name, field.contents(), main, sub_type=sub)
 
 
-def requantized_embedded(path: Path, choose: Callable[[str, tuple[int, ...]], str | None], seed: int = 0) -> Path:
+def requantized_embedded(
+    path: Path,
+    choose: Callable[[str, tuple[int, ...]], str | None],
+    seed: int = 0,
+    *,
+    f16: Path | None = None,
+    keep: frozenset[str] = frozenset({"F32", "F16"}),
+) -> Path:
     """The embedded model with each tensor in the type `choose(name, ggml shape)` names
-    (None: as it is)."""
+    (None: as it is). With `f16`, the same file is written there too with every tensor
+    whose type is not in `keep` as F16 of gguf.quants.dequantize of its blocks: the file
+    in the type the engine reads that is closest to exact. (Both in one pass: gguf's
+    reader takes seconds over the model's vocabulary.)"""
     reader = gguf.GGUFReader(embedded_model_path())
-    writer = gguf.GGUFWriter(path, "llama")
-    _copy_metadata(reader, writer)
+    writers = [gguf.GGUFWriter(out, "llama") for out in (path, f16) if out is not None]
+    for writer in writers:
+        _copy_metadata(reader, writer)
     rng = np.random.default_rng(seed)
     for tensor in reader.tensors:
         shape = tuple(int(n) for n in tensor.shape)
         type_name = choose(tensor.name, shape)
         if type_name is None or type_name == tensor.tensor_type.name:
-            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-            continue
-        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        if type_name == "F16":
-            writer.add_tensor(tensor.name, weights.astype(np.float16))
+            type_name, data = tensor.tensor_type.name, np.asarray(tensor.data)
         else:
-            data = blocks_of(weights, shape[1], shape[0], type_name, rng)
-            writer.add_tensor(tensor.name, data, raw_dtype=QuantType[type_name])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+            weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            if type_name == "F16":
+                data = weights.astype(np.float16)
+            else:
+                data = blocks_of(weights, shape[1], shape[0], type_name, rng)
+        writers[0].add_tensor(tensor.name, data, raw_dtype=QuantType[type_name])
+        if f16 is not None and type_name in keep:
+            writers[1].add_tensor(tensor.name, data, raw_dtype=QuantType[type_name])
+        elif f16 is not None:
+            writers[1].add_tensor(tensor.name, gguf.quants.dequantize(data, QuantType[type_name]).astype(np.float16))
+    for writer in writers:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
     return path
 
 
@@ -113,26 +132,6 @@ def padded_output(path: Path, scale: float = 0.95) -> Path:
             rows = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
             output = np.concatenate([rows, rows * np.float32(scale)]).astype(np.float32)
             writer.add_tensor("output.weight", gguf.quants.quantize(output, QuantType.Q8_0), raw_dtype=QuantType.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def as_f16(source: Path, path: Path, keep: frozenset[str] = frozenset({"F32", "F16"})) -> Path:
-    """`source` with every tensor whose type is not in `keep` written as F16 of
-    gguf.quants.dequantize of its blocks: the file in the type the engine reads that is
-    closest to exact."""
-    reader = gguf.GGUFReader(source)
-    writer = gguf.GGUFWriter(path, "llama")
-    _copy_metadata(reader, writer)
-    for tensor in reader.tensors:
-        if tensor.tensor_type.name in keep:
-            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-        else:
-            weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-            writer.add_tensor(tensor.name, weights.astype(np.float16))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -23,7 +23,7 @@ import pytest
 
 import loopback
 from conftest import READY_WITHIN, running_server
-from gguf_files import as_f16, dequantized, requantized_embedded, tensors_file
+from gguf_files import dequantized, requantized_embedded, tensors_file
 from ovtrio.model.cache import model_identity
 from ovtrio.model.gguf_convert import ConversionError, convert, plan
 from ovtrio.model.gguf_converted import FOLDER, conversion_key, converted_in_cache, engine_readable
@@ -321,8 +321,9 @@ def mixed_types(name: str, shape: tuple[int, ...]) -> str | None:
 def mixed_model(tmp_path_factory) -> tuple[Path, Path]:
     """The file of nine types, and the same weights (gguf's dequantize) in F16."""
     folder = tmp_path_factory.mktemp("mixed")
-    mixed = requantized_embedded(folder / "mixed.gguf", mixed_types)
-    return mixed, as_f16(mixed, folder / "mixed-f16.gguf", keep=frozenset({"F32", "F16", "Q4_1", "Q8_0"}))
+    reference = folder / "mixed-f16.gguf"
+    keep = frozenset({"F32", "F16", "Q4_1", "Q8_0"})
+    return requantized_embedded(folder / "mixed.gguf", mixed_types, f16=reference, keep=keep), reference
 
 
 TEXT = "The capital of France is Paris, and the capital of Italy is Rome. Water boils at one hundred degrees."
