@@ -79,18 +79,30 @@ class ScriptedPipeline(FakePipeline):
 _NOT_THE_ENGINES = {"served_model_name", "chat_template", "parse_special_in_content", "tool_parser", "reasoning_parser"}
 
 
+def _engine_files(path: Path) -> str:
+    """What the pipeline of the model at `path` is made of, but its tokenizer: a GGUF
+    file, or an IR folder's model files wherever they are linked from and its configs
+    (folders that differ only in their tokenizers, special_tokens_model.py's, share one)."""
+    if not path.is_dir():
+        return json.dumps([str(path)])
+    files = [str((path / name).resolve()) for name in ("openvino_model.xml", "openvino_model.bin")]
+    configs = [path / name for name in ("config.json", "generation_config.json")]
+    return json.dumps(files + [config.read_text() for config in configs if config.is_file()])
+
+
 def pipelines_built_once(real_build: Any) -> Any:
     """`real_build` (the loader's tokenizer and pipeline of a model folder) with the
-    pipeline compiled once for each folder and engine settings: the script, not the
-    pipeline, writes every reply (the pipeline only warms up and gives its generation
+    pipeline compiled once for each model's files and engine settings: the script, not
+    the pipeline, writes every reply (the pipeline only warms up and gives its generation
     config), so models of the same files share it; each gets a tokenizer of its own,
-    which takes its own chat template."""
+    which takes its own chat template and special tokens."""
     import openvino_genai
 
-    built: dict[str, Any] = {}  # a folder's path and engine settings: its pipeline
+    built: dict[str, Any] = {}  # a model's files and engine settings: its pipeline
 
     def build(path: Path, settings: Any, phases: dict[str, float], save: bool = False, on_folder: Any = None) -> Any:
-        key = f"{path} {settings.model_dump_json(exclude=_NOT_THE_ENGINES)}"
+        # The model's files stand for its path.
+        key = f"{_engine_files(path)} {settings.model_dump_json(exclude=_NOT_THE_ENGINES | {'model'})}"
         if save or key not in built:
             tokenizer, built[key] = real_build(path, settings, phases, save, on_folder)
             return tokenizer, built[key]
