@@ -20,10 +20,19 @@ def test_every_kind_has_one_entry():
 
 
 def test_each_kinds_routes_are_served_by_the_app():
-    from ovtrio.server.app import create_app
+    from ovtrio.server import app as startup
+    from ovtrio.server.body_limit import BodyLimit
+    from ovtrio.serving.metrics import ServerMetrics
     from ovtrio.settings.server import Settings
 
-    app = create_app(Settings())
+    # create_app's phases but its logging (configured for the process, which would take
+    # the log away from the tests that come after).
+    settings = Settings()
+    served = startup.ServedModels.read(settings)
+    metrics = ServerMetrics()
+    limit = BodyLimit(settings, {}, vision=False, audio=False)
+    registry = startup.build_registry(settings, served, metrics, None, limit)
+    app = startup.app_over(registry, settings, metrics, limit, startup.response_store_of(Settings(data_dir=None)))
     posts = {rule.rule for rule in app.url_map.iter_rules() if "POST" in (rule.methods or ())}
     for kind in KINDS.values():
         assert kind.routes and set(kind.routes) <= posts, (kind.name, set(kind.routes) - posts)
