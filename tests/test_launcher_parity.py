@@ -75,7 +75,9 @@ from test_shutdown import (
     NEVER_FINISHES,
     SHUTTING_DOWN,
     Traffic,
+    assert_new_requests_refused,
     assert_phases,
+    assert_stream_and_unary_finished,
     exit_code,
     log_lines,
     response_create,
@@ -390,25 +392,14 @@ async def test_sigterm_drains_what_runs_and_refuses_what_waits_for_a_load(hyperc
                     assert {model["id"]: model["status"] for model in ready.json()["models"]}[ALPHA] == "draining"
                     await send_frame(response_create(2, ALPHA, stream_id="late"))
                     assert (await http.get("/health")).status_code == 200
-                    for path, body in (
-                        ("/v1/completions", completion_body(model=ALPHA, max_tokens=2)),
-                        ("/v1/chat/completions", chat_body(model=ALPHA, max_tokens=2, stream=True)),
-                        ("/v1/responses", {"model": ALPHA, "input": "Hi", "max_output_tokens": 2}),
-                    ):
-                        refused = await http.post(path, json=body)
-                        assert_error(refused, 503, param=None, code=SHUTTING_DOWN, type="server_error")
-                        assert int(refused.headers["Retry-After"]) >= 0
+                    await assert_new_requests_refused(http, ALPHA)
             assert await exit_code(server.process) == 0
     finally:
         if server.process.poll() is None:
             server.process.kill()
 
     # The requests in flight ended normally, every token and vector they asked for written.
-    chunks = parse_sse(traffic.results["chat"])
-    assert all("error" not in chunk for chunk in chunks)
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
-    unary = traffic.results["unary"]
-    assert unary.status_code == 200 and unary.json()["usage"]["completion_tokens"] == FINISHES
+    assert_stream_and_unary_finished(traffic)
     embedded = results["embeddings"]
     assert isinstance(embedded, httpx.Response) and embedded.status_code == 200, embedded
     assert len(embedded.json()["data"]) == INPUTS

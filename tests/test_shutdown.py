@@ -165,6 +165,28 @@ def assert_phases(server: RunningServer, command: str, draining: int, outcome: s
     assert None not in found and found == sorted(found), "\n".join(lines)
 
 
+async def assert_new_requests_refused(http: httpx.AsyncClient, model: str) -> None:
+    """During the drain a new completion, chat stream and response for `model` are each a
+    503 shutting_down with Retry-After."""
+    for path, body in (
+        ("/v1/completions", completion_body(model=model, max_tokens=2)),
+        ("/v1/chat/completions", chat_body(model=model, max_tokens=2, stream=True)),
+        ("/v1/responses", {"model": model, "input": "Hi", "max_output_tokens": 2}),
+    ):
+        refused = await http.post(path, json=body)
+        assert_error(refused, 503, param=None, code=SHUTTING_DOWN, type="server_error")
+        assert int(refused.headers["Retry-After"]) >= 0
+
+
+def assert_stream_and_unary_finished(traffic: Traffic) -> None:
+    """The drained chat stream and unary completion ended normally, with every token."""
+    chunks = parse_sse(traffic.results["chat"])
+    assert all("error" not in chunk for chunk in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    unary = traffic.results["unary"]
+    assert unary.status_code == 200 and unary.json()["usage"]["completion_tokens"] == FINISHES
+
+
 async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(server_pool):
     server = server_pool.take("draining_server")
     try:
@@ -191,25 +213,14 @@ async def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(serve
                     await send_frame(response_create(2, stream_id="late"))
                     live = await http.get("/health")
                     assert live.status_code == 200
-                    for path, body in (
-                        ("/v1/completions", completion_body(max_tokens=2)),
-                        ("/v1/chat/completions", chat_body(max_tokens=2, stream=True)),
-                        ("/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 2}),
-                    ):
-                        refused = await http.post(path, json=body)
-                        assert_error(refused, 503, param=None, code=SHUTTING_DOWN, type="server_error")
-                        assert int(refused.headers["Retry-After"]) >= 0
+                    await assert_new_requests_refused(http, MODEL)
             assert await exit_code(server.process) == 0
     finally:
         if server.process.poll() is None:
             server.process.kill()
 
     # The requests in flight ended normally, every token they asked for written.
-    chunks = parse_sse(traffic.results["chat"])
-    assert all("error" not in chunk for chunk in chunks)
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
-    unary = traffic.results["unary"]
-    assert unary.status_code == 200 and unary.json()["usage"]["completion_tokens"] == FINISHES
+    assert_stream_and_unary_finished(traffic)
 
     # The socket: its response ran to its end, a late one was refused, and once the
     # drain was over the server said why it closed the socket, then closed it.
