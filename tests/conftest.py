@@ -322,8 +322,10 @@ _NEEDS_A_MODEL = {"embedded_pipeline", "tmp_path", "tmp_path_factory", "server_p
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Order the tests by when what they need is ready: those that need no model first,
-    then those of the shared server (ready first), then the rest, whose servers load
-    meanwhile (in module order otherwise: the sort is stable)."""
+    then those of the shared server (ready first) and of in-process servers, then the
+    rest, whose servers load meanwhile (in module order otherwise: the sort is stable)."""
+    import in_process  # its servers' fixtures, declared by the modules collected
+
     others = (_NEEDS_A_MODEL | set(registered())) - {"server", "embedded_pipeline"}
     for item in items:
         if _is_slow(item):
@@ -333,18 +335,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         needs = set(_needs(item))
         if needs & others:
             return 2
-        return 1 if needs & {"server", "embedded_pipeline"} else 0
+        return 1 if needs & {"server", "embedded_pipeline", *in_process.declared()} else 0
 
     items.sort(key=readiness)
 
 
 def _is_slow(item: pytest.Item) -> bool:
-    """A test that needs a model loaded: a server, the in-process pipeline, a folder it may
+    """A test that needs a model loaded or converted: a server (in process too: it
+    converts the embedded model's tokenizer), the in-process pipeline, a folder it may
     start a server or build a model in, a browser or a container. The others (pure logic,
-    the HTTP layer in process) make the fast set, `python -m pytest -m "not slow"`."""
+    the HTTP layer over a test client) make the fast set, `python -m pytest -m "not slow"`."""
+    import in_process
+
     if item.get_closest_marker("browser") or item.get_closest_marker("container"):
         return True
-    return bool(set(_needs(item)) & (_NEEDS_A_MODEL | set(registered())))
+    return bool(set(_needs(item)) & (_NEEDS_A_MODEL | set(registered()) | set(in_process.declared())))
 
 
 # Each server's last test: after it, the server is stopped (ServerPool.retire).

@@ -8,6 +8,7 @@ pages' origin in its flags before either starts.
 from __future__ import annotations
 
 from conftest import free_port
+from in_process import in_process_server
 from server_pool import server_fixture
 
 PAGE_PORT = free_port()
@@ -17,8 +18,9 @@ PAGE_ORIGIN = f"http://127.0.0.1:{PAGE_PORT}"
 SOCKET_IDLE_SECONDS = 3
 SOCKET_MAX_MESSAGE_BYTES = 65536
 
-# `ovtrio serve` allowing the pages' origin by name.
-origin_server = server_fixture(
+# `ovtrio serve`'s app allowing the pages' origin by name, in process over the fake
+# engine (the origins and the socket's limits are the HTTP layer's).
+origin_server = in_process_server(
     "origin_server",
     "--allowed-origins",
     PAGE_ORIGIN,

@@ -19,7 +19,7 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 import loopback
 from conftest import MODEL, free_port, held_loading
 from helpers import assert_error
-from server_pool import server_fixture
+from in_process import in_process_server
 
 FLAG_KEYS = ("first-key", "second-key")
 FILE_KEYS = ("key-from-file",)
@@ -42,8 +42,9 @@ API_ROUTES = [
 ]
 
 
-# Keys from two flags and a key file (with a comment), /metrics protected.
-keyed_server = server_fixture(
+# Keys from two flags and a key file (with a comment), /metrics protected; the keys are
+# the HTTP layer's, so the engine is the fake one.
+keyed_server = in_process_server(
     "keyed_server",
     *(arg for key in FLAG_KEYS for arg in ("--api-key", key)),
     "--api-key-file",

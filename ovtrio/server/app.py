@@ -44,7 +44,7 @@ from ovtrio.api.responses.store import ResponseStore
 from ovtrio.audio.service import transcription_models_to_serve
 from ovtrio.embedding.kinds import ModelKind, served_models
 from ovtrio.embedding.service import encoders_to_serve
-from ovtrio.model import ModelLoad, ModelLoadError
+from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
 from ovtrio.playground import routes as playground
 from ovtrio.server import body_limit
 from ovtrio.server.hypercorn_patches import (
@@ -58,6 +58,7 @@ from ovtrio.serving.discovery import FolderModel, folder_models
 from ovtrio.serving.kinds import build_encoder
 from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.serving.registry import ModelRegistry, rules_of
+from ovtrio.serving.service import Loader
 from ovtrio.settings.server import (
     Settings,
     api_keys,
@@ -68,10 +69,15 @@ from ovtrio.settings.server import (
 log = logging.getLogger("ovtrio")
 
 
-def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | None = None) -> QuartTrio:
+def create_app(
+    settings: Settings | None = None,
+    loading: Sequence[ModelLoad] | None = None,
+    loader: Loader = start_loading_in_order,
+) -> QuartTrio:
     """The app for `settings` (default: from the environment), serving the model they
     name or those of their config file; `loading`, when given, is each model's load
-    already under way (ovtrio.model.start_loading_in_order). Raises SettingsError.
+    already under way (ovtrio.model.start_loading_in_order); `loader` starts every other
+    load (the engine's seam: tests pass a fake). Raises SettingsError.
 
     In phases: the process-wide seams; what is served, read from the settings and the
     disk (the config file's models and their kinds, the models folder, the stored
@@ -84,7 +90,7 @@ def create_app(settings: Settings | None = None, loading: Sequence[ModelLoad] | 
     limit = body_limit.BodyLimit(
         settings, {}, vision=body_limit.takes_images_at_start(served.generation, served.in_folder), audio=served.audio
     )
-    registry = build_registry(settings, served, server_metrics, loading, limit)
+    registry = build_registry(settings, served, server_metrics, loading, limit, loader)
     return app_over(registry, settings, server_metrics, limit, response_store_of(settings))
 
 
@@ -137,6 +143,7 @@ def build_registry(
     server_metrics: ServerMetrics,
     loading: Sequence[ModelLoad] | None,
     limit: body_limit.BodyLimit,
+    loader: Loader = start_loading_in_order,
 ) -> ModelRegistry:
     """The registry of the served models, each one's resident built (none loaded yet)."""
     encoder_metrics = server_metrics.encoders
@@ -162,6 +169,7 @@ def build_registry(
         encoder_observer=encoder_metrics.for_model,
         on_rescan=lambda: limit.follow(registry.takes_images(), registry.takes_audio()),
         on_forget=server_metrics.forget,
+        loader=loader,
     )
     if settings.models_dir:
         limit.rescan = registry.rescan

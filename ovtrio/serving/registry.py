@@ -43,7 +43,7 @@ from ovtrio.serving.folder_reading import Reading, ReadingsDue, read_folder
 from ovtrio.serving.kinds import Encoder, build_encoder, check_encoder
 from ovtrio.serving.metrics import LifecycleMetrics
 from ovtrio.serving.residency import Residency, ResidencyRules
-from ovtrio.serving.service import ModelService, ObserverFactory, ServingModel
+from ovtrio.serving.service import Loader, ModelService, ObserverFactory, ServingModel
 from ovtrio.serving.shutdown import Shutdown
 from ovtrio.settings.server import Settings
 
@@ -76,6 +76,7 @@ class ModelRegistry:
         encoder_observer: Callable[[str, ModelKind], EncoderObserver] | None = None,
         on_rescan: Callable[[], None] | None = None,
         on_forget: Callable[[str], None] | None = None,
+        loader: Loader = start_loading_in_order,
     ) -> None:
         """`models`: each model's settings (config_file.model_settings), loaded at start.
         `observer` makes each model's request observer (the metrics), `encoder_observer`
@@ -85,12 +86,14 @@ class ModelRegistry:
         models, loaded on demand (their defaults too). `rules`: when models load and
         unload. `on_rescan` is called after each reading of models_dir: what the server
         serves may have changed. `on_forget` is called with the name of each model of
-        models_dir the server forgets (its file gone): its metrics go with it."""
+        models_dir the server forgets (its file gone): its metrics go with it. `loader`
+        starts every generation model's load (ovtrio/serving/service.py's Loader)."""
         self._observer = observer
+        self._loader = loader
         self._preloaded = loading is not None
         futures = list(loading) if loading is not None else [None] * len(models)
         self.services = [
-            ModelService(settings, observer=self._observer_of if observer else None, loading=future)
+            ModelService(settings, observer=self._observer_of if observer else None, loading=future, loader=loader)
             for settings, future in zip(models, futures)
         ]
         self._at_start = list(self.services)
@@ -224,6 +227,7 @@ class ModelRegistry:
                 settings_for(model, self._folder_defaults),  # type: ignore[arg-type]
                 observer=self._observer_of if self._observer else None,
                 on_demand=True,
+                loader=self._loader,
             )
             if isinstance(checked, str):  # listed, failed, with the reason
                 service.failure = checked
@@ -339,7 +343,7 @@ class ModelRegistry:
         if not self._checked:
             self.check()
         if not self._preloaded:
-            futures = start_loading_in_order(
+            futures = self._loader(
                 [(service.source or service.check(), service.settings) for service in self._at_start]
             )
             for service, future in zip(self._at_start, futures):

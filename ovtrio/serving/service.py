@@ -16,7 +16,7 @@ import gc
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import trio
 
 from ovtrio.lifecycle.lease import LeaseCount
 from ovtrio.lifecycle.resident import ModelState
-from ovtrio.model import ModelLoad, ModelLoadError, ModelSource, resolve_model, start_loading
+from ovtrio.model import ModelLoad, ModelLoadError, ModelSource, resolve_model, start_loading_in_order
 from ovtrio.model.backend import engine_backend
 from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.load_retry import FilesVersion, files_version
@@ -54,6 +54,13 @@ def check_model(settings: Settings) -> tuple[ModelSource, FilesVersion]:
     return source, files_version(source.path)
 
 
+Loader = Callable[[Sequence[tuple[ModelSource, Settings]]], list[ModelLoad]]
+"""The one seam between a model's lifecycle and the engine: starts the loads of the
+models given (each source with its settings), one after the other, and returns a handle
+to each at once. The server's is start_loading_in_order, which builds the engine; tests
+give one that hands back a fake or scripted pipeline."""
+
+
 class ModelService:
     def __init__(
         self,
@@ -61,13 +68,16 @@ class ModelService:
         observer: ObserverFactory | None = None,
         loading: ModelLoad | None = None,
         on_demand: bool = False,
+        loader: Loader = start_loading_in_order,
     ) -> None:
         """`observer`, when given, makes what the scheduler reports each request's
         timings and end to (the metrics), once the model is known. `loading`, when
         given, is the load already under way (start_loading) of the model that
         `settings` name; it may also be set later, before `run`. `on_demand`: the
-        model waits for its first request to load."""
+        model waits for its first request to load. `loader` starts each load after
+        the first (or the first, when `loading` is not given)."""
         self.settings = settings
+        self._loader = loader
         self._observer = observer
         self.loading = loading
         # Loaded on the first request that names it (a models_dir's model), not at start.
@@ -341,7 +351,7 @@ class ModelService:
             if self.loading is not None:
                 loading, self.loading = self.loading, None
             else:
-                loading = start_loading(source, self.settings)
+                loading = self._loader([(source, self.settings)])[0]
             model, kv_capacity = await loaded_within_deadline(loading)
             stateful = engine_backend(self.settings) == "stateful"
             step = (
