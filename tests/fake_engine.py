@@ -81,6 +81,7 @@ class FakePipeline:
         self.add_threads: list[int] = []
         # Raised by the next adds, one each, whatever the prompt (what the binding may raise).
         self.add_errors: list[Exception] = []
+        self.token = 1  # the token each step writes (a real tokenizer's "a" is another id)
 
     def get_config(self) -> Any:
         return SimpleNamespace(stop_token_ids={0})
@@ -124,7 +125,7 @@ class FakePipeline:
             if handle.left == 0:
                 handle.status = Status.FINISHED
             reason = Reason.LENGTH if handle.left == 0 else Reason.NONE
-            handle.unread.append(FakeOutput([1], [0.0], 0.0, reason))
+            handle.unread.append(FakeOutput([self.token], [0.0], 0.0, reason))
 
     def get_metrics(self) -> Any:
         return SimpleNamespace(requests=len(self._running()), scheduled_requests=0, cache_usage=0.0)

@@ -75,7 +75,9 @@ def embedded_tokenizer_folder() -> Path:
 def fake_loader(pipelines: dict[str, list[FakePipeline]], kv_capacity: int = 8192) -> Callable[..., list[Any]]:
     """A loader (ovtrio/serving/service.py's Loader) whose loads end at once, each with a
     new FakePipeline (kept in `pipelines` by model name) and the embedded model's
-    tokenizer, its KV cache holding `kv_capacity` tokens."""
+    tokenizer, its KV cache holding `kv_capacity` tokens. Each step writes the token
+    of "a" (the fake's token 1 is a special token of the real vocabulary, which a reply
+    does not show)."""
     import openvino_genai
 
     from ovtrio.model.load_deadline import LoadProgress
@@ -89,6 +91,7 @@ def fake_loader(pipelines: dict[str, list[FakePipeline]], kv_capacity: int = 819
             pipeline = FakePipeline()
             pipelines.setdefault(source.name, []).append(pipeline)
             tokenizer = openvino_genai.Tokenizer(str(embedded_tokenizer_folder()))
+            pipeline.token = int(tokenizer.encode("a", add_special_tokens=False).input_ids.data[0][0])
             model = LoadedModel(source, pipeline, tokenizer, device="CPU", load_seconds=0.0)
             handle.finish(outcome.Value((model, kv_capacity)))
             loads.append(handle)

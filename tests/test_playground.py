@@ -32,11 +32,12 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 import loopback
 from browser import browser  # noqa: F401 (the fixture)
 from conftest import MODEL, RunningServer
-from server_pool import server_fixture
+from in_process import in_process_server
 
 API_KEY = "pg-key-7f3a"
-keyed_playground_server = server_fixture("keyed_playground_server", "--api-key", API_KEY)
-no_playground_server = server_fixture("no_playground_server", "--no-playground", "--api-key", API_KEY)
+# The page and its key are the HTTP layer's: these two serve in process over the fake engine.
+keyed_playground_server = in_process_server("keyed_playground_server", "--api-key", API_KEY)
+no_playground_server = in_process_server("no_playground_server", "--no-playground", "--api-key", API_KEY)
 
 STATIC = Path(__file__).resolve().parents[1] / "ovtrio" / "playground" / "static"
 MODES = ("chat", "responses", "socket")

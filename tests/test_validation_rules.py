@@ -25,7 +25,7 @@ from helpers import (
     expected_choices,
     post,
 )
-from server_pool import server_fixture
+from in_process import in_process_server
 from sse import MODEL
 
 CHAT = CHAT_PATHS[0]
@@ -368,7 +368,8 @@ def test_several_prompts_are_limited_by_the_longest(server):
 # ---- --max-tokens-limit -----------------------------------------------------------------------------------
 
 
-capped = server_fixture("capped", "--max-tokens-limit", "7")
+# The cap is the API layer's: the engine is the fake one.
+capped = in_process_server("capped", "--max-tokens-limit", "7")
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
