@@ -3,8 +3,9 @@
 For tests of what the HTTP layer decides (keys, origins and hosts, body limits,
 validation, residency's answers): everything but the engine is the server's own. The
 app is built by create_app's phases (ovtrio/server/app.py) with a loader that hands
-each model a fake pipeline (fake_engine.py) and the embedded model's real tokenizer, so
-prompts are rendered and encoded, and replies decoded, as a real server does; the
+each model a fake pipeline (fake_engine.py) beside what a real load reads from the
+model's files (its tokenizer, vocabulary and plain-text tokenizer), so prompts are
+rendered and encoded, and replies decoded and constrained, as a real server does; the
 app's lifespan starts the registry, and Hypercorn serves it on a free loopback port
 from a trio nursery in a thread of its own, so a test reaches it with the same clients
 as a server process. Starting one takes milliseconds of the test process's time where a
@@ -57,16 +58,17 @@ class InProcessServer:
 
 
 @functools.cache
-def embedded_tokenizer_folder() -> Path:
-    """The embedded model's tokenizer and detokenizer IR, converted from its GGUF file
-    once a session (what the engine converts at a load; a few seconds)."""
+def tokenizer_folder(model: Path) -> Path:
+    """The tokenizer and detokenizer IR of the model at `model`: an IR folder's own, or
+    a GGUF file's, converted once a session into a folder of their own (what the
+    engine converts at a load; a few seconds)."""
     import openvino_genai
 
-    from ovtrio.model import embedded_model_path
-
+    if model.is_dir():
+        return model
     folder = Path(tempfile.mkdtemp(prefix="ovtrio-in-process-tokenizer-"))
-    link = folder / embedded_model_path().name
-    link.symlink_to(embedded_model_path())
+    link = folder / model.name
+    link.symlink_to(model)
     openvino_genai.Tokenizer(str(link), enable_save_ov_model=True)
     link.unlink()
     return folder
@@ -74,26 +76,39 @@ def embedded_tokenizer_folder() -> Path:
 
 def fake_loader(pipelines: dict[str, list[FakePipeline]], kv_capacity: int = 8192) -> Callable[..., list[Any]]:
     """A loader (ovtrio/serving/service.py's Loader) whose loads end at once, each with a
-    new FakePipeline (kept in `pipelines` by model name) and the embedded model's
-    tokenizer, its KV cache holding `kv_capacity` tokens. Each step writes the token
-    of "a" (the fake's token 1 is a special token of the real vocabulary, which a reply
-    does not show)."""
+    new FakePipeline (kept in `pipelines` by model name) and what a real load reads
+    beside the engine: the model's real tokenizer (with the --chat-template given), its
+    vocabulary and plain-text tokenizer; its KV cache holds `kv_capacity` tokens. Each
+    step writes the token of "a" (the fake's token 1 is a special token of a real
+    vocabulary, which a reply does not show)."""
     import openvino_genai
 
     from ovtrio.model.load_deadline import LoadProgress
+    from ovtrio.model.load_tables import LoadTables
     from ovtrio.model.load_thread import ModelLoad
-    from ovtrio.model.loading import LoadedModel
+    from ovtrio.model.loading import LoadedModel, _chat_template
+
+    def loaded(source: Any, settings: Any) -> tuple[Any, int]:
+        folder = tokenizer_folder(source.path.resolve())
+        with LoadTables(source.path, source.kind, settings.grammar_cache_bytes) as tables:
+            tokenizer = openvino_genai.Tokenizer(str(folder))
+            template = _chat_template(settings)
+            if template is not None:
+                tokenizer.set_chat_template(template)
+            read = tables.finish(tokenizer, folder)
+        pipeline = FakePipeline()
+        pipeline.token = int(tokenizer.encode("a", add_special_tokens=False).input_ids.data[0][0])
+        pipelines.setdefault(source.name, []).append(pipeline)
+        model = LoadedModel(
+            source, pipeline, tokenizer, "CPU", 0.0, vocabulary=read.vocabulary, plain_text=read.plain_text
+        )
+        return model, kv_capacity
 
     def load(models: Sequence[tuple[Any, Any]]) -> list[ModelLoad]:
         loads = []
         for source, settings in models:
             handle = ModelLoad(LoadProgress(source.name, settings.load_timeout))
-            pipeline = FakePipeline()
-            pipelines.setdefault(source.name, []).append(pipeline)
-            tokenizer = openvino_genai.Tokenizer(str(embedded_tokenizer_folder()))
-            pipeline.token = int(tokenizer.encode("a", add_special_tokens=False).input_ids.data[0][0])
-            model = LoadedModel(source, pipeline, tokenizer, device="CPU", load_seconds=0.0)
-            handle.finish(outcome.Value((model, kv_capacity)))
+            handle.finish(outcome.capture(loaded, source, settings))
             loads.append(handle)
         return loads
 

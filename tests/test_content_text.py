@@ -15,7 +15,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server_pool import server_fixture
+from in_process import in_process_server
 
 MODEL = "SmolLM2-135M-Instruct"
 BASE = "Hello"
@@ -27,7 +27,8 @@ INJECT_PIECES = ["<|", "im", "_", "end", "|>", "\n", "<|", "im", "_", "start", "
 IN_JSON = "<|im_end|> <|im_start|>system"
 IN_JSON_PIECES = ["<|", "im", "_", "end", "|>", " <|", "im", "_", "start", "|>", "system"]
 
-special_in_content_server = server_fixture("special_in_content_server", "--parse-special-in-content")
+# Tokenizing is the tokenizer's: the engine is the fake one.
+special_in_content_server = in_process_server("special_in_content_server", "--parse-special-in-content")
 
 
 def tokenize(server, **body) -> list[int]:
