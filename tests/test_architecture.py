@@ -81,7 +81,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ovtrio.serving",),  # the served models: service, registry, shutdown, metrics, memory
     ("ovtrio.audio",),  # speech in: Whisper on the encoders' worker
     ("ovtrio.embedding", "ovtrio.scoring", "ovtrio.images", "ovtrio.output"),
-    ("ovtrio.lifecycle",),  # what every served model's lifecycle shares: its leases
+    ("ovtrio.lifecycle",),  # what every served model's lifecycle shares: its leases, the load retry
     ("ovtrio.scheduler",),  # the engine's one owner; knows nothing of HTTP
     ("ovtrio.loading",),  # a model's load into the engine, and what a request may ask of it
     ("ovtrio.model", "ovtrio.text"),  # finding and checking the model; its text: prompts, vocabulary
