@@ -1,6 +1,6 @@
 """The error any layer raises for a request field it cannot take.
 
-The field is named where the problem is found: the prompt renderer (ovtrio/model), the
+The field is named where the problem is found: the prompt renderer (ovtrio/text), the
 image reader (ovtrio/images), the output-format builder (ovtrio/api/formats.py), the
 engine's check of sampling settings (ovtrio/scheduler) or an encoder (ovtrio/embedding).
 The API layer answers every FieldError alike, as a 400 naming `param`

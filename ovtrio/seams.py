@@ -3,7 +3,7 @@
 Each seam replaces or extends code that the library does not offer as an interface: the
 Hypercorn patches (hypercorn_patches/), the request body that fills Quart-Trio's body
 buffer in place (api/request_body.py) and the byte bound on the engine's compiled-grammar
-cache (model/grammar_cache.py). Each checks that the code it relies on is the code it was
+cache (constraints/cache.py). Each checks that the code it relies on is the code it was
 written for, and leaves the library alone otherwise, so a different version still serves,
 without what the seam adds. pyproject.toml pins those libraries to the versions the seams
 were written for; this record makes a seam that did not take visible anyway: the server

@@ -16,7 +16,7 @@ from pathlib import Path
 def main() -> None:
     folder, start = Path(sys.argv[1]), sys.argv[2]
     if start == "import":
-        from ovtrio.model.load_thread import import_engine
+        from ovtrio.loading.thread import import_engine
 
         import_engine()
     import openvino as ov
@@ -42,7 +42,7 @@ def main() -> None:
         thread.join()
 
     if start == "load":
-        from ovtrio.model.load_tables import LoadTables
+        from ovtrio.loading.tables import LoadTables
         from ovtrio.model.source import embedded_model_path
 
         with LoadTables(embedded_model_path(), "gguf", -1):

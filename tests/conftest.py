@@ -33,7 +33,7 @@ from server_pool import ServerPool, registered, server_fixture
 MODEL = "SmolLM2-135M-Instruct"
 
 # Every server of the session, and the in-process pipeline, share one model cache
-# (ovtrio/model/cache.py), so only the first start converts the GGUF file; the
+# (ovtrio/gguf/cache.py), so only the first start converts the GGUF file; the
 # environment carries it to every server, whichever way a test starts it. Not the
 # user's own cache: a session starts from none and leaves none behind.
 SESSION_CACHE = Path(tempfile.mkdtemp(prefix="ovtrio-test-cache-"))
@@ -43,8 +43,8 @@ os.environ["OVTRIO_CACHE_DIR"] = str(SESSION_CACHE)
 def embedded_entry() -> Path:
     """The session cache's entry of the embedded model (other tests add entries of
     their own files beside it)."""
+    from ovtrio.gguf.cache import engine_versions, entry_key, model_identity
     from ovtrio.model import embedded_model_path
-    from ovtrio.model.cache import engine_versions, entry_key, model_identity
 
     return SESSION_CACHE / "gguf" / entry_key(model_identity(embedded_model_path()), engine_versions())
 
@@ -273,7 +273,8 @@ alternate_server = server_fixture(
 
 
 def _load_embedded_pipeline(after_conversion: bool) -> Any:
-    from ovtrio.model import load_model, resolve_model
+    from ovtrio.loading import load_model
+    from ovtrio.model import resolve_model
     from ovtrio.settings.server import Settings
 
     if after_conversion:  # a server converts the model: load what it keeps

@@ -18,9 +18,9 @@ from typing import Any
 import openvino_genai
 import trio
 
-from ovtrio.model.vocabulary import Vocabulary
 from ovtrio.scheduler import AdmissionLimits, GenerationRequest, SamplingParams, Scheduler
 from ovtrio.scheduler.engine_step import EngineStep
+from ovtrio.text.vocabulary import Vocabulary
 
 Status = openvino_genai.GenerationStatus
 Reason = openvino_genai.GenerationFinishReason

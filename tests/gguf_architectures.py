@@ -1,4 +1,4 @@
-"""Random-weight GGUF files of the architectures ovtrio builds (ovtrio/model/builder/),
+"""Random-weight GGUF files of the architectures ovtrio builds (ovtrio/gguf/builder/),
 written with the gguf package: a few layers in the family's real layout and tensor names,
 weights in every block type the builder keeps compressed, and a small sentencepiece
 vocabulary of the family's kind (special tokens, byte fallback, a few words)."""

@@ -83,10 +83,10 @@ def fake_loader(pipelines: dict[str, list[FakePipeline]], kv_capacity: int = 819
     vocabulary, which a reply does not show)."""
     import openvino_genai
 
-    from ovtrio.model.load_deadline import LoadProgress
-    from ovtrio.model.load_tables import LoadTables
-    from ovtrio.model.load_thread import ModelLoad
-    from ovtrio.model.loading import LoadedModel, _chat_template
+    from ovtrio.loading.deadline import LoadProgress
+    from ovtrio.loading.load import LoadedModel, _chat_template
+    from ovtrio.loading.tables import LoadTables
+    from ovtrio.loading.thread import ModelLoad
 
     def loaded(source: Any, settings: Any) -> tuple[Any, int]:
         folder = tokenizer_folder(source.path.resolve())

@@ -114,7 +114,8 @@ def pipelines_built_once(real_build: Any) -> Any:
 
 
 def main() -> None:
-    from ovtrio.model import load_thread, loading
+    from ovtrio.loading import load as loading
+    from ovtrio.loading import thread as load_thread
 
     rules = json.loads(Path(os.environ["OVTRIO_TEST_SCRIPT"]).read_text())
     real_load = loading.load_and_warm_up

@@ -14,8 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from ovtrio.model.cache import cache_folder, engine_versions, entry_key, model_identity
-from ovtrio.model.gguf import read_gguf_header
+from ovtrio.gguf.cache import cache_folder, engine_versions, entry_key, model_identity
+from ovtrio.gguf.header import read_gguf_header
 from ovtrio.model.source import embedded_model_path
 
 HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>")

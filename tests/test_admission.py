@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from fake_engine import received, request, start_scheduler
-from ovtrio.model.grammar_check import CheckerBusy
-from ovtrio.model.limits import request_caps, work_limits
+from ovtrio.constraints.check import CheckerBusy
+from ovtrio.loading.limits import request_caps, work_limits
 from ovtrio.scheduler import AdmissionLimits, Completed, Delta, Failed, NotAccepting, OutputConstraint, Overloaded
 from ovtrio.settings.server import Settings
 

@@ -1,4 +1,4 @@
-"""Choosing the engine backend and what follows from it (ovtrio/model/backend.py), and
+"""Choosing the engine backend and what follows from it (ovtrio/engine/backend.py), and
 the API's refusals of what a backend cannot do (ovtrio/api/capabilities.py): pure logic,
 no engine."""
 
@@ -11,8 +11,8 @@ import pytest
 from ovtrio.api.capabilities import check_capabilities, check_constraint, check_prompt_length
 from ovtrio.api.errors import APIError
 from ovtrio.api.protocol import ChatCompletionRequest
-from ovtrio.model.backend import backend_conflict, capabilities_for, engine_backend, stateful_properties
-from ovtrio.model.limits import sequence_limit, work_limits
+from ovtrio.engine.backend import backend_conflict, capabilities_for, engine_backend, stateful_properties
+from ovtrio.loading.limits import sequence_limit, work_limits
 from ovtrio.model.source import ModelSource
 from ovtrio.scheduler import OutputConstraint
 from ovtrio.settings.server import Settings
@@ -90,7 +90,7 @@ def test_a_backend_without_constrained_decoding_names_the_field_that_asked_for_i
 
 
 def test_the_thread_count_reaches_the_cpu_only():
-    from ovtrio.model.loading import engine_properties
+    from ovtrio.loading.load import engine_properties
 
     assert "INFERENCE_NUM_THREADS" not in engine_properties(Settings())
     assert engine_properties(Settings(num_threads=1))["INFERENCE_NUM_THREADS"] == "1"
@@ -100,7 +100,7 @@ def test_the_thread_count_reaches_the_cpu_only():
 
 
 def test_plugin_config_reaches_the_engine_and_leaves_owned_properties_to_their_settings():
-    from ovtrio.model.loading import engine_properties
+    from ovtrio.loading.load import engine_properties
     from ovtrio.settings.server import SettingsError, settings_from_env
 
     settings = settings_from_env({"OVTRIO_PLUGIN_CONFIG": '{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "X": "y"}'})

@@ -1,4 +1,4 @@
-"""Output constraints are compiled before admission (ovtrio/model/grammar_check.py): one
+"""Output constraints are compiled before admission (ovtrio/constraints/check.py): one
 XGrammar cannot build, or builds too slowly or too large, is the sender's 400 naming
 the field it came from, on every route, while three unrelated streams run on to their
 end. Before, such a schema reached the engine, whose step threw: every request in that

@@ -27,8 +27,8 @@ import pytest
 import loopback
 from conftest import running_server
 from gguf_files import QuantType, tensors_file, tiny_llama
-from ovtrio.model.gguf_convert import MAX_GROWTH, ConversionError
-from ovtrio.model.gguf_converted import FOLDER, converted_in_cache, engine_readable
+from ovtrio.gguf.convert import MAX_GROWTH, ConversionError
+from ovtrio.loading.gguf_converted import FOLDER, converted_in_cache, engine_readable
 from ovtrio.model.source import ModelSource
 from ovtrio.settings.server import Settings
 
@@ -142,7 +142,7 @@ def test_a_rewritten_file_the_engine_refuses_is_removed(tmp_path, q5_file):
 _MEASURE = """
 import re, sys
 from pathlib import Path
-from ovtrio.model.gguf_convert import convert
+from ovtrio.gguf.convert import convert
 convert(Path(sys.argv[1]), Path(sys.argv[2]))
 print(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1])
 """

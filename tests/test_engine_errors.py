@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ovtrio.model.engine_errors import client_reason
+from ovtrio.engine.errors import client_reason
 
 GENAI_CHECK = (
     "Check 'prompt_ids.get_size() < max_context' failed at "

@@ -16,8 +16,8 @@ from ovtrio.api.formats import ConstraintError
 from ovtrio.embedding.engine import InputError
 from ovtrio.errors import FieldError
 from ovtrio.images import ImageError
-from ovtrio.model.prompts import PromptError
 from ovtrio.scheduler import UnsupportedParams
+from ovtrio.text.prompts import PromptError
 from sse import MODEL
 
 CHAT = CHAT_PATHS[0]

@@ -1,4 +1,4 @@
-"""ovtrio's own model builder (ovtrio/model/builder/) against an independent numpy forward
+"""ovtrio's own model builder (ovtrio/gguf/builder/) against an independent numpy forward
 pass (gemma3_reference.py), on random-weight GGUF files of the family's layout.
 
 Compared in f32 inference with the activations' dynamic quantization off (the plugin's
@@ -16,9 +16,9 @@ import pytest
 
 from gemma3_reference import forward, read_gguf
 from gguf_architectures import GEMMA3_TYPES, write_gemma3
-from ovtrio.model.builder import BUILT_ARCHITECTURES
-from ovtrio.model.builder.folder import ARCHITECTURES, write_ir_folder
-from ovtrio.model.builder.weights import KEPT_TYPES, decode
+from ovtrio.gguf.builder import BUILT_ARCHITECTURES
+from ovtrio.gguf.builder.folder import ARCHITECTURES, write_ir_folder
+from ovtrio.gguf.builder.weights import KEPT_TYPES, decode
 
 EXACT = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
 WINDOW = 8

@@ -24,10 +24,10 @@ import pytest
 import loopback
 from conftest import READY_WITHIN, running_server
 from gguf_files import dequantized, requantized_embedded, tensors_file
-from ovtrio.model.cache import model_identity
-from ovtrio.model.gguf_convert import ConversionError, convert, plan
-from ovtrio.model.gguf_converted import FOLDER, conversion_key, converted_in_cache, engine_readable
-from ovtrio.model.gguf_targets import target_for
+from ovtrio.gguf.cache import model_identity
+from ovtrio.gguf.convert import ConversionError, convert, plan
+from ovtrio.gguf.targets import target_for
+from ovtrio.loading.gguf_converted import FOLDER, conversion_key, converted_in_cache, engine_readable
 
 # Every type llama.cpp writes that the engine does not read, and the gguf package decodes.
 TYPES = [
@@ -139,8 +139,8 @@ def test_a_bf16_norm_becomes_f32_and_the_targets_follow_the_rows():
 
 
 def test_an_f32_matrix_becomes_f16_and_only_a_matrix_needs_it(tmp_path):
-    from ovtrio.model.gguf import read_gguf_header
-    from ovtrio.model.gguf_convert import needs_conversion
+    from ovtrio.gguf.convert import needs_conversion
+    from ovtrio.gguf.header import read_gguf_header
 
     path = tensors_file(tmp_path / "f32.gguf", ["F32", "Q4_K"])
     assert needs_conversion(read_gguf_header(path))  # the engine reads F32 only in vectors
@@ -173,7 +173,7 @@ def test_the_converted_file_is_kept_and_found_again(tmp_path, all_types):
 
 
 def test_of_two_conversions_at_once_the_first_published_stays(tmp_path, all_types, monkeypatch):
-    from ovtrio.model import gguf_converted
+    from ovtrio.loading import gguf_converted
 
     def convert_while_another_publishes(source, destination, preference, timeout=None):
         lines = convert(source, destination, preference)
@@ -199,7 +199,7 @@ def test_the_key_follows_the_files_identity_and_the_preference(tmp_path, all_typ
 
 
 def test_a_failed_conversion_leaves_nothing(tmp_path, all_types, monkeypatch):
-    from ovtrio.model import gguf_converted
+    from ovtrio.loading import gguf_converted
 
     def half_then_fail(source, destination, preference, timeout=None):
         destination.write_bytes(all_types.read_bytes()[:1000])
@@ -212,7 +212,7 @@ def test_a_failed_conversion_leaves_nothing(tmp_path, all_types, monkeypatch):
 
 
 def test_the_conversion_runs_in_a_process_of_its_own_and_says_why_it_fails(tmp_path, all_types):
-    from ovtrio.model.gguf_convert import convert_in_child
+    from ovtrio.gguf.convert import convert_in_child
 
     assert convert_in_child(all_types, tmp_path / "out.gguf") == convert(all_types, tmp_path / "same.gguf")
     assert (tmp_path / "out.gguf").read_bytes() == (tmp_path / "same.gguf").read_bytes()
@@ -291,7 +291,7 @@ def test_a_prebuilt_caches_conversion_is_used_and_nothing_is_written(tmp_path, a
 
 
 def test_a_draft_model_in_other_types_is_converted_first(tmp_path, all_types):
-    from ovtrio.model.speculation import _engine_readable_draft
+    from ovtrio.loading.speculation import _engine_readable_draft
 
     converted = _engine_readable_draft(all_types, tmp_path / "cache", "exact")
     assert converted.parent == tmp_path / "cache" / FOLDER

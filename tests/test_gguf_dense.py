@@ -13,7 +13,7 @@ import pytest
 
 from dense_reference import forward, read_gguf
 from gguf_architectures import write_dense
-from ovtrio.model.builder.folder import write_ir_folder
+from ovtrio.gguf.builder.folder import write_ir_folder
 from test_gguf_builder import _stateful_logits, assert_paged_greedy_is_the_graphs
 
 PROMPT = [*range(40, 260, 6)]  # 37 byte tokens
@@ -66,7 +66,7 @@ def test_a_file_whose_tensors_do_not_fit_its_header_fails_its_build_in_one_line(
     with one line naming what did not fit, and the server's process never sees it."""
     import gguf
 
-    from ovtrio.model.builder.child import BuildError, build_in_child
+    from ovtrio.gguf.builder.child import BuildError, build_in_child
 
     good = write_dense(tmp_path / "good.gguf", "smollm3")
     reader = gguf.GGUFReader(str(good), "r+")

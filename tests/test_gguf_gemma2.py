@@ -1,4 +1,4 @@
-"""The builder's gemma2 architecture (ovtrio/model/builder/gemma2.py) against an
+"""The builder's gemma2 architecture (ovtrio/gguf/builder/gemma2.py) against an
 independent numpy forward pass (gemma2_reference.py), on a random-weight GGUF file in
 llama.cpp's gemma2 layout (even layers sliding, both soft caps). Compared as
 test_gguf_builder.py compares. The attention scores' soft cap is not in the graph (the
@@ -14,7 +14,7 @@ import pytest
 
 from gemma2_reference import forward, read_gguf
 from gguf_architectures import write_gemma3
-from ovtrio.model.builder.folder import write_ir_folder
+from ovtrio.gguf.builder.folder import write_ir_folder
 from test_gguf_builder import _stateful_logits, assert_paged_greedy_is_the_graphs
 
 WINDOW = 8

@@ -1,4 +1,4 @@
-"""The GGUF header reader (ovtrio/model/gguf.py) trusts nothing a file claims: a file
+"""The GGUF header reader (ovtrio/gguf/header.py) trusts nothing a file claims: a file
 shorter than its tensors say, a tensor placed past the end or off its alignment, counts
 no file could hold, arrays nested without end, each refused with a reason (a
 GGUFFormatError), before the engine sees the file and without reading what is not
@@ -14,8 +14,8 @@ import gguf
 import numpy as np
 import pytest
 
+from ovtrio.gguf.header import MAX_ARRAY_NESTING, MAX_HEADER_VALUES, GGUFFormatError, read_gguf_header
 from ovtrio.model import embedded_model_path
-from ovtrio.model.gguf import MAX_ARRAY_NESTING, MAX_HEADER_VALUES, GGUFFormatError, read_gguf_header
 
 ARRAY, UINT32, STRING = 9, 4, 8
 

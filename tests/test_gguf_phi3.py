@@ -1,4 +1,4 @@
-"""The builder's phi3 architecture (ovtrio/model/builder/phi3.py) against an independent
+"""The builder's phi3 architecture (ovtrio/gguf/builder/phi3.py) against an independent
 numpy forward pass (phi3_reference.py), on random-weight GGUF files in llama.cpp's phi3
 layout: Phi-4-mini's shape (LongRoPE, partial rotary, tied output), Phi-3-mini-4k's
 (sliding window, full rotary, own output). Compared as test_gguf_builder.py compares."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gguf_architectures import write_phi3
-from ovtrio.model.builder.folder import write_ir_folder
+from ovtrio.gguf.builder.folder import write_ir_folder
 from phi3_reference import forward, read_gguf
 from test_gguf_builder import _stateful_logits, assert_paged_greedy_is_the_graphs
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gguf_architectures import write_qwen_moe
-from ovtrio.model.builder.folder import write_ir_folder
+from ovtrio.gguf.builder.folder import write_ir_folder
 from qwen_moe_reference import forward, read_gguf
 from test_gguf_builder import _stateful_logits, assert_paged_greedy_is_the_graphs
 

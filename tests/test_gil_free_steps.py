@@ -1,6 +1,6 @@
 """Every engine step is the GIL-free one when it is available, a request's first step
 included (stepping.py): what could throw in a first step is made impossible before
-admission instead. Its output constraint is compiled first (model/grammar_check.py,
+admission instead. Its output constraint is compiled first (constraints/check.py,
 with the real XGrammar) and reaches the engine as the grammar that compiled; one that
 does not compile is refused before the engine sees it. Pure logic against the fake
 pipeline, which records which route each step took.

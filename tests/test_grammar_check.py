@@ -1,4 +1,4 @@
-"""The grammar checker (ovtrio/model/grammar_check.py) with its real worker process and
+"""The grammar checker (ovtrio/constraints/check.py) with its real worker process and
 XGrammar: what compiles comes back as the EBNF the engine is given, without free
 whitespace; what does not, or runs past the limits, is refused with XGrammar's reason
 and no build paths; a worker killed past its limits or from outside is started again,
@@ -21,8 +21,9 @@ import pytest
 import trio
 
 from fake_engine import VOCABULARY
-from ovtrio.model import grammar_check, grammar_worker
-from ovtrio.model.grammar_check import CheckerBusy, CheckerClosed, ConstraintRefused, GrammarChecker, GrammarLimits
+from ovtrio.constraints import check as grammar_check
+from ovtrio.constraints import worker as grammar_worker
+from ovtrio.constraints.check import CheckerBusy, CheckerClosed, ConstraintRefused, GrammarChecker, GrammarLimits
 
 
 def schema_request(schema: object) -> dict:
@@ -264,7 +265,7 @@ async def test_without_xgrammar_every_constraint_is_refused_at_once_with_how_to_
 def test_the_grammar_lets_no_raw_control_character_into_a_string(string):
     """What the engine is given admits JSON only: no raw U+0000-U+001F (nor a raw quote)
     in a string, its escapes still allowed, counted strings and patterns included."""
-    from ovtrio.model.grammar_worker import VOCAB_RAW, json_safe, load_bindings
+    from ovtrio.constraints.worker import VOCAB_RAW, json_safe, load_bindings
 
     xgr = load_bindings()
     vocab = [bytes([i]) for i in range(256)] + [b"</s>"]
@@ -290,7 +291,7 @@ async def test_on_a_sentencepiece_vocabulary_a_grammars_spaces_are_spelt_as_its_
     """The engine matches a sentencepiece model's pieces as written ("▁York"), where no
     token holds a space: the grammar it is given spells every space of a literal, an enum
     or a pattern's class as "▁", and the pieces then write what the schema allows."""
-    from ovtrio.model.grammar_worker import VOCAB_RAW, load_bindings
+    from ovtrio.constraints.worker import VOCAB_RAW, load_bindings
 
     pieces = ["<pad>", "</s>", "{", "}", '"', ":", ",", "c", "p", "New", SPACE + "York", SPACE, "a", "b", "~", "\u00e9"]
     vocab = [piece.encode() for piece in pieces]

@@ -18,8 +18,7 @@ import pytest
 
 import loopback
 from conftest import MODEL, SESSION_CACHE, RunningServer, embedded_entry
-from ovtrio.model import embedded_model_path
-from ovtrio.model.cache import (
+from ovtrio.gguf.cache import (
     ENTRY_FILES,
     MANIFEST,
     CacheEntryError,
@@ -31,7 +30,8 @@ from ovtrio.model.cache import (
     entry_key,
     model_identity,
 )
-from ovtrio.model.cache_build import EntryBuildError
+from ovtrio.loading.cache_build import EntryBuildError
+from ovtrio.model import embedded_model_path
 from server_pool import server_fixture
 
 VERSIONS = {"openvino": "2026.4.1", "openvino-genai": "2026.4.1.0", "openvino-tokenizers": "2026.4.1.0"}
@@ -155,11 +155,11 @@ def test_a_replacing_build_replaces_the_entry_only_once_it_succeeds(tmp_path, mo
 
 
 def _loading_with_a_fake_engine(monkeypatch, fails_on: set[str]) -> list[str]:
-    """ovtrio.model.loading with the engine replaced: loading the cache's entry
+    """ovtrio.loading.load with the engine replaced: loading the cache's entry
     ("entry"), the child's conversion into the cache ("conversion"), loading what it
     converted ("converted") and loading the file uncached ("uncached") each fail when
     named in `fails_on`, else do what the engine would. Returns what it was asked to do, in order."""
-    from ovtrio.model import loading
+    from ovtrio.loading import load as loading
 
     asked: list[str] = []
 
@@ -202,7 +202,7 @@ def _source_and_settings(tmp_path: Path, model: Path):
 
 
 def test_an_entry_the_engine_cannot_load_is_replaced_by_a_conversion_that_loads(tmp_path, model, monkeypatch):
-    from ovtrio.model.loading import _build_with_cache
+    from ovtrio.loading.load import _build_with_cache
 
     source, settings = _source_and_settings(tmp_path, model)
     cache = ModelCache(tmp_path / "cache")
@@ -219,7 +219,7 @@ def test_a_conversion_that_fails_leaves_the_entry(tmp_path, model, monkeypatch):
     """The child replaces the entry only once its conversion succeeds: one that fails
     leaves the old entry for the next start; the model is then loaded uncached, and
     fails with the engine's reason when the engine cannot read it either."""
-    from ovtrio.model.loading import _build_with_cache
+    from ovtrio.loading.load import _build_with_cache
 
     source, settings = _source_and_settings(tmp_path, model)
     cache = ModelCache(tmp_path / "cache")
@@ -237,7 +237,7 @@ def test_a_failure_that_is_not_the_entrys_is_the_engines_reason(tmp_path, model,
     """Settings the engine refuses fail the entry and what the child converted alike:
     the error is the engine's, and the entry in the cache is the converted one, which
     the next start loads."""
-    from ovtrio.model.loading import _build_with_cache
+    from ovtrio.loading.load import _build_with_cache
 
     source, settings = _source_and_settings(tmp_path, model)
     cache = ModelCache(tmp_path / "cache")

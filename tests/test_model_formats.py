@@ -796,8 +796,8 @@ def test_harmony_parser_reads_channels_whatever_the_tools() -> None:
     ],
 )
 def test_chat_format_choice(tool_parser, reasoning_parser, template, expected, caplog) -> None:
-    from ovtrio.model.chat_format import chat_format
     from ovtrio.settings.server import Settings
+    from ovtrio.text.chat_format import chat_format
 
     settings = Settings(tool_parser=tool_parser, reasoning_parser=reasoning_parser)
     with caplog.at_level("INFO", logger="ovtrio"):

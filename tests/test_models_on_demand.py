@@ -462,9 +462,10 @@ def test_a_cached_model_loads_from_its_entry_with_engine_properties(tmp_path, ca
     """A load from the model cache lets the pipeline read the tokenizer itself (its
     constructor takes the properties as one mapping): precision hints and the compile
     cache go with it, and the entry loads as it is, not converted again."""
-    from ovtrio.model import load_model, resolve_model
-    from ovtrio.model.convert_cache import convert_into_cache
-    from ovtrio.model.loading import compile_cache_folder
+    from ovtrio.loading import load_model
+    from ovtrio.loading.convert_cache import convert_into_cache
+    from ovtrio.loading.load import compile_cache_folder
+    from ovtrio.model import resolve_model
     from ovtrio.settings.server import Settings
 
     settings = Settings(cache_dir=str(tmp_path), num_kv_blocks=4, inference_precision="f32", compile_cache=True)

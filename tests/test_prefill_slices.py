@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from fake_engine import DROPPED_PROMPT, REFUSED_PROMPT, received, request, start_scheduler
-from ovtrio.model.limits import prefill_slice_tokens
+from ovtrio.loading.limits import prefill_slice_tokens
 from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, SamplingParams, UnsupportedParams
 from ovtrio.scheduler.params import OutputConstraint, SpeculativeDecoding
 from ovtrio.scheduler.prefill import SlicedPrefill, prefills_whole, slice_params, slice_size

@@ -1,5 +1,5 @@
 """A model's files are read only when they are regular files, and JSON files only up to a
-bound (ovtrio/model/regular_files.py): a FIFO is not waited on, a link to /dev/zero not
+bound (ovtrio/files/regular_files.py): a FIFO is not waited on, a link to /dev/zero not
 read without end. In process; each read runs in a thread the test gives up on after a
 cap, so a read that blocks fails the test instead of hanging it."""
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ovtrio.model.gguf import read_gguf_header
-from ovtrio.model.json_files import check_json_file, read_json_object
-from ovtrio.model.regular_files import MAX_JSON_BYTES, UnsafeFile, open_regular
+from ovtrio.files.json_files import check_json_file, read_json_object
+from ovtrio.files.regular_files import MAX_JSON_BYTES, UnsafeFile, open_regular
+from ovtrio.gguf.header import read_gguf_header
 
 
 def within_cap(read: Any, *args: Any) -> Any:

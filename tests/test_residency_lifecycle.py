@@ -20,8 +20,8 @@ import trio.testing
 from ovtrio.api.protocol.keep_alive import seconds_of
 from ovtrio.embedding.on_demand import OnDemandEncoder
 from ovtrio.embedding.worker import EncoderWorker
-from ovtrio.model import load_retry
-from ovtrio.model.load_retry import FailedLoad
+from ovtrio.lifecycle import load_retry
+from ovtrio.lifecycle.load_retry import FailedLoad
 from ovtrio.scheduler.interface import SchedulerStats
 from ovtrio.serving.residency import Busy, LoadFailed, NoRoom, Residency, ResidencyRules, Stopping
 from ovtrio.serving.service import ModelService

@@ -7,7 +7,7 @@ import pytest
 from ovtrio.api.errors import APIError
 from ovtrio.api.protocol import ChatCompletionRequest, CompletionRequest
 from ovtrio.api.sampling import DEFAULT_SAMPLING_TOP_K, sampling_params
-from ovtrio.model.limits import SequenceLimit, ServerDefaults
+from ovtrio.loading.limits import SequenceLimit, ServerDefaults
 
 LIMIT = SequenceLimit(8192, "This model's maximum context length")
 MODEL_DEFAULTS = ServerDefaults({"temperature": 0.3, "top_p": 0.8, "top_k": 7, "repetition_penalty": 1.05})

@@ -201,7 +201,8 @@ def test_device_strings_name_their_physical_devices():
 def test_a_model_that_fails_its_warm_up_is_a_one_line_load_failure(monkeypatch):
     """The engine can compile a model and still fail to run it (a kernel the device
     lacks): the first generation says so, and that is a load failure, not a traceback."""
-    from ovtrio.model import ModelLoadError, loading, resolve_model
+    from ovtrio.loading import load as loading
+    from ovtrio.model import ModelLoadError, resolve_model
     from ovtrio.settings.server import Settings
 
     engine_message = (
@@ -231,7 +232,8 @@ def test_plugin_config_is_checked_before_loading_and_the_engine_names_what_it_re
     assert_one_line_refusal(owned, "INFERENCE_PRECISION_HINT", "--inference-precision")
 
     # A property the device does not know: the load fails in one line naming it.
-    from ovtrio.model import ModelLoadError, load_model, resolve_model
+    from ovtrio.loading import load_model
+    from ovtrio.model import ModelLoadError, resolve_model
     from ovtrio.settings.server import settings_from_env
 
     settings = settings_from_env(plugin_config='{"NO_SUCH_PROPERTY": 1}')  # and the session's model cache

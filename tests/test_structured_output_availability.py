@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ovtrio.model.grammar_check import structured_output_missing
+from ovtrio.constraints.check import structured_output_missing
 from ovtrio.settings.server import Settings
 
 

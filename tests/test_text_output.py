@@ -8,8 +8,8 @@ import random
 import pytest
 
 from ovtrio.model import embedded_model_path
-from ovtrio.model.vocabulary import load_vocabulary
 from ovtrio.scheduler.text_output import IncrementalDetokenizer, StopMatcher, VocabularyDetokenizer, decode_batch
+from ovtrio.text.vocabulary import load_vocabulary
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.\n\nIt was a bright cold day in April.",
@@ -116,7 +116,7 @@ def test_special_tokens_are_skipped_unless_asked_for(tokenizer, vocabulary):
 
 def test_kept_special_tokens_stay_in_the_text(tokenizer, vocabulary):
     """A tool-call format's tags can be special tokens; its parser must see them."""
-    from ovtrio.model.prompts import PromptBuilder
+    from ovtrio.text.prompts import PromptBuilder
 
     start = PromptBuilder(tokenizer, vocabulary=vocabulary).special_token_ids(("<|im_start|>", "not a tag"))
     assert start == frozenset({tokenizer.encode("<|im_start|>", add_special_tokens=False).input_ids.data[0][0]})
@@ -128,7 +128,7 @@ def test_kept_special_tokens_stay_in_the_text(tokenizer, vocabulary):
 
 def test_token_ids_are_checked_against_the_tokenizer_when_the_model_states_no_vocabulary_size(tokenizer, vocabulary):
     """A config.json without `vocab_size`: the tokenizer's vocabulary bounds the ids."""
-    from ovtrio.model.prompts import PromptBuilder, PromptError
+    from ovtrio.text.prompts import PromptBuilder, PromptError
 
     prompts = PromptBuilder(tokenizer, vocab_size=None)
     size = len(vocabulary.token_bytes)

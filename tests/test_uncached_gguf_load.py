@@ -1,6 +1,6 @@
 """The first load of a GGUF file not yet in the model cache builds the tokenizer from
 the file's header, which holds the GIL for seconds: it runs in a child process
-(ovtrio/model/cache_build.py), so /health stays as fast as during the load of a cached
+(ovtrio/loading/cache_build.py), so /health stays as fast as during the load of a cached
 model. Measured in one server, one test: /health polled while idle, while a copy of
 the embedded model (a file the cache has never seen) loads on its first request, and
 while it loads again from its new entry."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from ovtrio.model.gguf import read_gguf_header
+from ovtrio.gguf.header import read_gguf_header
 from ovtrio.model.source import embedded_model_path
-from ovtrio.model.vocabulary import GGUF_CONTROL_TOKEN, Vocabulary
+from ovtrio.text.vocabulary import GGUF_CONTROL_TOKEN, Vocabulary
 
 
 @dataclass(frozen=True)

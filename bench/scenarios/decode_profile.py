@@ -38,7 +38,7 @@ PROMPT_TOKENS = 16
 
 def converted_folder(gguf: Path) -> Path:
     """The model cache entry ovtrio serves `gguf` from, converting it first if needed."""
-    from ovtrio.model.cache import ModelCache, cache_folder, engine_versions, entry_key, model_identity
+    from ovtrio.gguf.cache import ModelCache, cache_folder, engine_versions, entry_key, model_identity
 
     cache = ModelCache(cache_folder(None, None))
     key = entry_key(model_identity(gguf), engine_versions())

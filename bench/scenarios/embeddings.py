@@ -62,7 +62,7 @@ class Pipeline:
 
         from ovtrio.embedding.embedded import embedded_embedder_folder
         from ovtrio.embedding.kinds import max_input_tokens
-        from ovtrio.model.cache import default_cache_dir
+        from ovtrio.gguf.cache import default_cache_dir
 
         folder = embedded_embedder_folder(default_cache_dir())
         config = openvino_genai.TextEmbeddingPipeline.Config()

@@ -76,7 +76,7 @@ class Engine:
     """ovtrio's pipelines for `gguf`, loaded as the server loads them, and the bare IR."""
 
     def __init__(self, gguf: Path) -> None:
-        from ovtrio.model.loading import load_model
+        from ovtrio.loading.load import load_model
         from ovtrio.model.source import resolve_model
         from ovtrio.settings.server import Settings
 
@@ -93,7 +93,7 @@ class Engine:
         one process slowed each other's steps by up to 2x here): `rounds` of each."""
         import gc
 
-        from ovtrio.model.loading import load_model
+        from ovtrio.loading.load import load_model
         from ovtrio.model.source import resolve_model
 
         self.batching = None
@@ -131,7 +131,7 @@ class Engine:
     def batching_first(self, ids: list[int]) -> tuple[float, float]:
         """ContinuousBatchingPipeline: add_request + step() until the first token (ms),
         then one decode step (ms)."""
-        from ovtrio.model.tensors import prompt_tensor
+        from ovtrio.engine.tensors import prompt_tensor
 
         self._ids += 1
         started = time.perf_counter()
@@ -151,7 +151,7 @@ class Engine:
         """LLMPipeline: generate() until its streamer gets the first token (ms)."""
         import openvino_genai
 
-        from ovtrio.model.tensors import prompt_tensor
+        from ovtrio.engine.tensors import prompt_tensor
 
         cancel = openvino_genai.StreamingStatus.CANCEL
         arrived: list[float] = []

@@ -162,9 +162,9 @@ async def measure(args: argparse.Namespace, gguf: Path, binary: Path | None, cac
 
 def build_peak_mb(gguf: Path) -> float:
     """The build child's peak resident memory, MiB: the child the server's first load
-    starts (ovtrio/model/builder/child.py), run alone, its peak read from wait4."""
+    starts (ovtrio/gguf/builder/child.py), run alone, its peak read from wait4."""
     with tempfile.TemporaryDirectory() as folder:
-        script = "from ovtrio.model.builder.child import main; main()"
+        script = "from ovtrio.gguf.builder.child import main; main()"
         process = subprocess.Popen([sys.executable, "-c", script, str(gguf), folder], stdout=subprocess.DEVNULL)
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)

@@ -2,7 +2,7 @@
 
 For each type, bench/make_tiny_llama.py writes the fixture (TinyLlama 1.1B's shape,
 random codes) in that type; then a process of its own converts it as a server's first
-start does (ovtrio.model.gguf_convert.convert, without the engine) and the time it took
+start does (ovtrio.gguf.convert.convert, without the engine) and the time it took
 and its peak resident memory (the kernel's figure for that process, from wait4) are
 reported with the sizes of both files. With `--decode-tokens N`, the converted file is
 then loaded by the engine (LLMPipeline, which converts it to an OpenVINO model in memory)
@@ -34,7 +34,7 @@ TYPES = ("Q5_0", "Q5_1", "Q5_K", "Q3_K", "Q2_K", "IQ4_XS", "IQ4_NL", "IQ3_S", "I
 CONVERT = """
 import json, sys
 from pathlib import Path
-from ovtrio.model.gguf_convert import convert
+from ovtrio.gguf.convert import convert
 lines = convert(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
 print(json.dumps(lines))
 """

@@ -7,7 +7,7 @@ sampling settings it has never seen?
         [--server-arg FLAG ...]
 
 Each new constraint is compiled before admission, in a worker process
-(ovtrio/model/grammar_check.py), and every engine step releases the GIL, a request's
+(ovtrio/constraints/check.py), and every engine step releases the GIL, a request's
 first step included (ovtrio/scheduler/stepping.py). What this measures, on one server
 started here with the embedded model:
 

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    from ovtrio.model.loading import load_model
+    from ovtrio.loading.load import load_model
     from ovtrio.model.source import resolve_model
     from ovtrio.scheduler import GenerationRequest, SamplingParams, Scheduler
     from ovtrio.scheduler.engine_step import gil_free_step

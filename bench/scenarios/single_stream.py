@@ -38,7 +38,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 def model_folder(model: str = "embedded") -> Path:
     """The model (a GGUF file, or 'embedded') converted to IR, from (or into) the server's
     model cache."""
-    from ovtrio.model.loading import load_model
+    from ovtrio.loading.load import load_model
     from ovtrio.model.source import resolve_model
     from ovtrio.settings.server import Settings
 

@@ -31,7 +31,8 @@ import numpy as np
 from bench.driver import server as servers
 from bench.driver.hardware import cpu_name
 from bench.driver.results import Outcome
-from ovtrio.model import embedded_model_path, load_model, resolve_model
+from ovtrio.loading import load_model
+from ovtrio.model import embedded_model_path, resolve_model
 from ovtrio.settings.server import Settings
 
 PASSAGE = "".join(
@@ -106,7 +107,7 @@ def engine_run(model, prompt_ids: list[int], tokens: int) -> tuple[float, str]:
     import openvino as ov
     import openvino_genai
 
-    from ovtrio.model.speculation import apply_defaults
+    from ovtrio.loading.speculation import apply_defaults
 
     config = apply_defaults(openvino_genai.GenerationConfig(), model.speculation)
     config.max_new_tokens = tokens

@@ -5,7 +5,7 @@ the engine; reaches the model only through ServingModel (ovtrio/serving/service.
   responses/protocol.py), taken in by generation.accept; output formats are checked in
   formats.py, sampling settings in sampling.py.
 * conversation.py (chat and Responses) and the completions route build the prompt
-  with ovtrio/model/prompts.py; generation.generation_request makes the scheduler's
+  with ovtrio/text/prompts.py; generation.generation_request makes the scheduler's
   request.
 * Output events (ovtrio/output) are written by one writer per shape: chat/writer.py,
   completions/writer.py, responses/events.py (streamed) and responses/body.py (unary

@@ -1,11 +1,11 @@
-"""Refusing what the serving model's engine backend cannot do (ovtrio/model/backend.py):
+"""Refusing what the serving model's engine backend cannot do (ovtrio/engine/backend.py):
 a 400 naming the field, before anything is generated."""
 
 from __future__ import annotations
 
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import SamplingFields
-from ovtrio.model.backend import Capabilities
+from ovtrio.engine.backend import Capabilities
 from ovtrio.scheduler import OutputConstraint
 
 _BACKEND = "this server's stateful engine backend"

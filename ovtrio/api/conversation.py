@@ -19,13 +19,13 @@ from ovtrio.api.errors import invalid
 from ovtrio.api.formats import FunctionTool, forced_call_constraint
 from ovtrio.api.protocol import ChatMessage, FunctionSpec, NamedToolChoice, TextPart, ToolAndReasoningFields
 from ovtrio.api.text_limits import check_prompt_chars, message_texts, tokenized
-from ovtrio.model.prompts import ChatPrompt
-from ovtrio.model.template_text import map_strings
 from ovtrio.model.vision import IMAGE_TAG
 from ovtrio.output import OutputStage
 from ovtrio.parsing import ForcedCallsParser, ReasoningSplitter, ToolCallParser
 from ovtrio.scheduler import OutputConstraint
 from ovtrio.serving.service import ServingModel
+from ovtrio.text.prompts import ChatPrompt
+from ovtrio.text.template_text import map_strings
 
 FormatReader = Callable[[Any], OutputConstraint | None]
 
@@ -60,7 +60,7 @@ async def encode_conversation(
         return await tokenized(chars, model.prompts.encode_raw_chat, "".join(m.text() for m in messages)), tools
     # A vision-language model's engine reads the prompt as text: what the client wrote is
     # made unreadable as image tags (and special tokens) first. Otherwise the prompt's
-    # ids keep the client's text as text (model/plain_text.py).
+    # ids keep the client's text as text (text/plain_text.py).
     as_text = vision_text(model, body.parse_special)
     prompt = await tokenized(
         chars,

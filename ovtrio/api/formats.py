@@ -5,7 +5,7 @@ JSON array a forced `tool_choice` holds the model to.
 Here a schema is checked against JSON Schema's meta-schema, and every `$ref` followed
 within the document as XGrammar will follow it (see _unfollowed_ref): clear messages
 for what is plainly wrong. Whether it compiles is then learnt by compiling it, before
-the request is admitted (the scheduler does: model/grammar_check.py), which refuses
+the request is admitted (the scheduler does: constraints/check.py), which refuses
 what XGrammar cannot build or builds too slowly or too large, naming the field the
 constraint came from (OutputConstraint.param). Raw regex and EBNF grammars are not
 offered to clients.

@@ -24,7 +24,7 @@ from quart import Blueprint, Quart, Response, request
 
 from ovtrio.api.context import metrics_registry, model_registry
 from ovtrio.api.responses.store import ResponseStore
-from ovtrio.model import grammar_cache
+from ovtrio.constraints import cache as grammar_cache
 from ovtrio.serving.collector import ModelStateCollector, SchedulerCollector
 from ovtrio.serving.metrics import ServerMetrics
 from ovtrio.serving.registry import ModelRegistry

@@ -17,7 +17,7 @@ from werkzeug.routing import PathConverter
 from ovtrio.api.context import model_registry, model_service, ready_model
 from ovtrio.api.errors import APIError, model_not_found, shutting_down
 from ovtrio.api.generation import parse_body
-from ovtrio.model.grammar_check import structured_output_missing
+from ovtrio.constraints.check import structured_output_missing
 from ovtrio.serving.kinds import KINDS, Encoder, is_generation
 from ovtrio.serving.residency import Busy
 from ovtrio.serving.service import ModelService, ServingModel

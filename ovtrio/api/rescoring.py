@@ -14,7 +14,6 @@ from ovtrio.api.errors import invalid
 from ovtrio.api.generation import run_to_end
 from ovtrio.api.protocol import SamplingFields
 from ovtrio.api.sse import DONE, HEADERS, data_frame, joined
-from ovtrio.model.prompts import PromptBuilder
 from ovtrio.output import (
     Outcome,
     OutputEvent,
@@ -27,6 +26,7 @@ from ovtrio.output import (
 from ovtrio.scheduler import GenerationRequest
 from ovtrio.scoring import ScoringUnavailable, SequenceScores
 from ovtrio.serving.service import ServingModel
+from ovtrio.text.prompts import PromptBuilder
 
 
 class EventWriter(Protocol):

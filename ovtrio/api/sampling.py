@@ -10,8 +10,8 @@ from typing import Any
 
 from ovtrio.api.errors import invalid
 from ovtrio.api.protocol import SamplingFields
-from ovtrio.model.limits import SequenceLimit, ServerDefaults
-from ovtrio.model.speculation import Speculation
+from ovtrio.loading.limits import SequenceLimit, ServerDefaults
+from ovtrio.loading.speculation import Speculation
 from ovtrio.scheduler import OutputConstraint, SamplingParams, SpeculativeDecoding, check_params
 
 # When multinomial sampling is on and the request names no top_k (OVMS's default).

@@ -8,7 +8,7 @@ event loop for seconds (see
 docs/benchmarks.md#attacks-huge-inputs-cache-growth-closed-sockets). Texts under
 the bound are tokenized exactly as before; long ones in a worker thread. The tokenizer
 holds the GIL while it runs, so the thread alone does not free the event loop: what
-does is that the tokenizer is called on pieces of bounded size (ovtrio/model/prompts.py
+does is that the tokenizer is called on pieces of bounded size (ovtrio/text/prompts.py
 hands the GIL over between them) and that the whole text is bounded here.
 
 The request body itself is bounded by --max-body-bytes (a 413, checked by Quart before

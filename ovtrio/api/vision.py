@@ -5,9 +5,9 @@ bad image is the client's 400, naming the part, before any engine work."""
 from __future__ import annotations
 
 from ovtrio.images import load_image
-from ovtrio.model.prompts import ChatPrompt
 from ovtrio.scheduler import TextPrompt
 from ovtrio.serving.service import ServingModel
+from ovtrio.text.prompts import ChatPrompt
 
 
 async def text_prompts(model: ServingModel, prompt: ChatPrompt) -> list[TextPrompt] | None:

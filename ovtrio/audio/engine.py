@@ -27,7 +27,7 @@ from typing import Any, Literal
 from ovtrio.audio.decode import SAMPLE_RATE, Audio
 from ovtrio.audio.windows import WindowOutput, in_order, stitch
 from ovtrio.audio.word_bounds import bounded_words
-from ovtrio.model.json_files import read_json_object
+from ovtrio.files.json_files import read_json_object
 from ovtrio.model.source import ModelLoadError
 
 log = logging.getLogger("ovtrio")

@@ -36,7 +36,7 @@ from ovtrio.audio.engine import (
 from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.on_demand import OnDemandEncoder, encoder_hints
 from ovtrio.embedding.worker import EncoderObserver, EncoderWorker, Job
-from ovtrio.model.json_files import read_json_object
+from ovtrio.files.json_files import read_json_object
 from ovtrio.model.source import ModelLoadError
 from ovtrio.settings.server import Settings
 

@@ -6,7 +6,7 @@ tokenizer.json, the pooling config), not an OpenVINO IR. Converting needs no tor
 the BERT graph is built from the weights (bert.py, about half a second) and the
 tokenizer IRs come from openvino_tokenizers out of the Hugging Face tokenizer (about
 a second). The entry is built in a temporary folder of the cache and renamed into
-place, as the GGUF entries are (model/cache.py): a reader sees a whole entry or none.
+place, as the GGUF entries are (gguf/cache.py): a reader sees a whole entry or none.
 The package is found without importing it (its __init__ prints a line).
 """
 
@@ -23,7 +23,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from ovtrio.model.cache import ENTRY_FILES, MANIFEST, engine_versions
+from ovtrio.gguf.cache import ENTRY_FILES, MANIFEST, engine_versions
 from ovtrio.model.source import ModelLoadError, installed_package_file
 
 log = logging.getLogger("ovtrio")
@@ -48,7 +48,7 @@ _KEPT_FILES = (
     "special_tokens_map.json",
     "vocab.txt",
 )
-# An entry holds what a model cache entry holds (ovtrio/model/cache.py), under the same manifest.
+# An entry holds what a model cache entry holds (ovtrio/gguf/cache.py), under the same manifest.
 _IR_FILES = ENTRY_FILES
 _MANIFEST = MANIFEST
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from ovtrio.embedding.kinds import max_input_tokens, normalizes, pooling_of
 from ovtrio.embedding.pairs import safe_groups
+from ovtrio.engine.errors import client_reason
 from ovtrio.errors import FieldError
-from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.source import ModelLoadError
 
 log = logging.getLogger("ovtrio")

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 from xml.etree import ElementTree
 
-from ovtrio.model.json_files import read_json_object
-from ovtrio.model.regular_files import open_regular
+from ovtrio.files.json_files import read_json_object
+from ovtrio.files.regular_files import open_regular
 from ovtrio.settings.server import Settings
 
 ModelKind = Literal["generation", "embedding", "rerank", "transcription"]

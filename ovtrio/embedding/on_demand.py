@@ -6,7 +6,7 @@ by hand: ovtrio/serving/residency.py decides), and loads again on the next reque
 A load that fails fails the requests waiting for it, with the reason, and leaves the
 model "failed" with that reason (listed so); a request after RETRY_AFTER seconds (or
 once the model's files changed) tries the load again, as a generation model's does
-(ovtrio/model/load_retry.py says why not sooner). Whatever the load raises, the model
+(ovtrio/lifecycle/load_retry.py says why not sooner). Whatever the load raises, the model
 is failed and nothing else: the other models go on serving.
 """
 
@@ -25,10 +25,10 @@ import trio
 
 from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.worker import EncoderUnavailable, EncoderWorker, WorkerStats
+from ovtrio.engine.errors import client_reason
 from ovtrio.lifecycle.lease import Lease, LeaseCount
+from ovtrio.lifecycle.load_retry import FailedLoad
 from ovtrio.lifecycle.resident import ModelState
-from ovtrio.model.engine_errors import client_reason
-from ovtrio.model.load_retry import FailedLoad
 from ovtrio.model.shown_paths import without_model_path
 from ovtrio.model.source import ModelLoadError
 from ovtrio.scheduler import SHUTTING_DOWN

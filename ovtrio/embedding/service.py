@@ -24,7 +24,7 @@ from ovtrio.embedding.engine import Embedder, EmbeddingInput, EncoderOptions, Re
 from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.on_demand import OnDemandEncoder, encoder_hints
 from ovtrio.embedding.worker import EncoderObserver, EncoderWorker, Job
-from ovtrio.model.cache import default_cache_dir
+from ovtrio.gguf.cache import default_cache_dir
 from ovtrio.model.source import ModelLoadError
 from ovtrio.settings.server import Settings
 

@@ -1,24 +1,14 @@
-"""The model: finding and checking it (source.py, gguf.py), loading it into the engine
-(loading.py), and everything that knows its tokenizer: the byte-level vocabulary
-(vocabulary.py), prompt building (prompts.py), the formats its chat template teaches
-(chat_format.py), and the limits and defaults requests get (limits.py)."""
+"""The model a server serves, found and checked before the engine loads it (source.py): the
+devices it is to run on (devices.py), a rotary embedding that changes with the length run
+at (long_rope.py), a vision-language model's folder (vision.py), and its path as a client
+may see it (shown_paths.py). Loading it is ovtrio.loading's."""
 
-from ovtrio.model.load_thread import ModelLoad, start_loading, start_loading_in_order
-from ovtrio.model.loading import LoadedModel, load_and_warm_up, load_model
 from ovtrio.model.source import EMBEDDED_NAME, ModelLoadError, ModelSource, embedded_model_path, resolve_model
-from ovtrio.model.warm_up import warm_up
 
 __all__ = [
     "EMBEDDED_NAME",
-    "LoadedModel",
-    "ModelLoad",
     "ModelLoadError",
     "ModelSource",
     "embedded_model_path",
-    "load_and_warm_up",
-    "load_model",
     "resolve_model",
-    "start_loading",
-    "start_loading_in_order",
-    "warm_up",
 ]

@@ -16,10 +16,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ovtrio.model.backend import backend_conflict
-from ovtrio.model.builder import BUILT_ARCHITECTURES
-from ovtrio.model.gguf import GGUFFormatError, read_gguf_header
-from ovtrio.model.json_files import check_json_file, read_json_object
+from ovtrio.engine.backend import backend_conflict
+from ovtrio.files.json_files import check_json_file, read_json_object
+from ovtrio.gguf.builder import BUILT_ARCHITECTURES
+from ovtrio.gguf.header import GGUFFormatError, read_gguf_header
 from ovtrio.model.long_rope import original_context
 from ovtrio.model.vision import is_vision_folder
 from ovtrio.settings.server import Settings
@@ -82,13 +82,13 @@ class ModelSource:
     vocab_size: int | None = None
     # A vision-language model (vision.py): it takes images, and prompts as text.
     vision: bool = False
-    # A GGUF file with tensor types the engine cannot read, rewritten at load (gguf_convert.py).
+    # A GGUF file with tensor types the engine cannot read, rewritten at load (ovtrio/gguf/convert.py).
     convert_tensors: bool = False
     # A LongRoPE model's original context: prompts longer than it are prefilled in one
     # step (long_rope.py). None for every other model.
     short_rope_context: int | None = None
     # A GGUF file of an architecture the engine's reader does not build: ovtrio builds its
-    # IR folder at load (builder/).
+    # IR folder at load (ovtrio/gguf/builder/).
     build_graph: bool = False
 
 
@@ -147,7 +147,7 @@ def _identity(path: Path) -> tuple[int, int, int, int] | None:
 
 def check_gguf(path: Path) -> tuple[int, int | None, bool, bool]:
     """The file's context length and vocabulary size, whether its tensors need converting
-    for the engine's reader, and whether ovtrio builds its model instead (builder/);
+    for the engine's reader, and whether ovtrio builds its model instead (ovtrio/gguf/builder/);
     ModelLoadError when neither can (a file shorter than its
     header says among the reasons: the engine would crash reading it). A file refused
     before is refused again without being read, until it changes."""
@@ -169,7 +169,7 @@ def check_gguf(path: Path) -> tuple[int, int | None, bool, bool]:
 
 
 def _check_gguf_now(path: Path) -> tuple[int, int | None, bool, bool]:
-    from ovtrio.model.gguf_convert import convertible_types, needs_conversion
+    from ovtrio.gguf.convert import convertible_types, needs_conversion
 
     try:
         header = read_gguf_header(path)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ovtrio.model.json_files import read_json_object
+from ovtrio.files.json_files import read_json_object
 
 LANGUAGE_MODEL = "openvino_language_model.xml"
 TEXT_EMBEDDINGS_MODEL = "openvino_text_embeddings_model.xml"

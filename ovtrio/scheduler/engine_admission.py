@@ -7,7 +7,7 @@ sibling, or one beam search per prompt), and a request with a long prompt first 
 growing prefixes of it, one slice a step (prefill.py).
 
 Before any of that, at submission, a request's output constraint is compiled
-(`prepared`, model/grammar_check.py): one that does not compile is the client's 400,
+(`prepared`, constraints/check.py): one that does not compile is the client's 400,
 one that does reaches the engine as the grammar compiled, so that nothing the request
 brings can make an engine step throw (engine_step.py says why that matters).
 
@@ -33,8 +33,7 @@ from typing import Any
 
 import trio
 
-from ovtrio.model.engine_errors import client_reason
-from ovtrio.model.grammar_check import (
+from ovtrio.constraints.check import (
     CheckerBusy,
     CheckerClosed,
     ConstraintRefused,
@@ -42,7 +41,8 @@ from ovtrio.model.grammar_check import (
     GrammarLimits,
     grammar_vocabulary,
 )
-from ovtrio.model.tensors import prompt_tensor
+from ovtrio.engine.errors import client_reason
+from ovtrio.engine.tensors import prompt_tensor
 from ovtrio.scheduler.admission import Overloaded
 from ovtrio.scheduler.intake import NotAccepting, RequestIntake
 from ovtrio.scheduler.params import (

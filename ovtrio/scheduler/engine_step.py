@@ -57,7 +57,7 @@ What a request brings is thus built in its first step, and made unable to throw 
 before the request is admitted (stepping.py says how): its sampling settings pass the
 engine's own validation, and its output constraint is compiled first by the same
 XGrammar, within limits of time and size, the engine then given the grammar that
-compiled (model/grammar_check.py). What remains to end the process from a GIL-free
+compiled (constraints/check.py). What remains to end the process from a GIL-free
 step: running out of memory growing the KV cache, in the forward pass or compiling a
 grammar, device faults, and the engine's internal assertions. A process supervisor
 restarts the server then. Only a C++ shim that catches the exception would close that
@@ -255,7 +255,7 @@ def _verify(
     """Cross-check the route against the binding on the live pipeline."""
     import openvino_genai
 
-    from ovtrio.model.tensors import prompt_tensor
+    from ovtrio.engine.tensors import prompt_tensor
 
     if pipeline.has_non_finished_requests():
         raise Unavailable("the pipeline must hold no request while the step is verified")

@@ -32,7 +32,7 @@ class OutputConstraint:
     start with a trigger must match a schema).
 
     `grammar` is what the engine is given: the constraint compiled before admission
-    (model/grammar_check.py) to XGrammar's EBNF, JSON without free whitespace. `param`
+    (constraints/check.py) to XGrammar's EBNF, JSON without free whitespace. `param`
     names the request field it came from, for the client's 400 when it does not
     compile."""
 

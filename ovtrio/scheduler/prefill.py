@@ -29,7 +29,7 @@ told the length above which prompts must be prefilled whole (`prefills_whole`): 
 are never sliced, and they go into the engine only once no other prompt is being
 prefilled there, so that the step they start in has its whole budget for them (the
 model's engine is configured with a budget that holds its longest prompt,
-ovtrio/model/limits.py).
+ovtrio/loading/limits.py).
 """
 
 from __future__ import annotations

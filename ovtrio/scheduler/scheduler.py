@@ -89,9 +89,9 @@ from typing import Any
 
 import trio
 
-from ovtrio.model.engine_errors import client_reason
-from ovtrio.model.grammar_cache import EngineGrammars
-from ovtrio.model.grammar_check import GrammarLimits
+from ovtrio.constraints.cache import EngineGrammars
+from ovtrio.constraints.check import GrammarLimits
+from ovtrio.engine.errors import client_reason
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.engine_admission import EngineAdmission
 from ovtrio.scheduler.engine_step import EngineStep
@@ -139,7 +139,7 @@ class Scheduler:
         vocabulary_size: int | None = None,
         prefill_whole_above: int = 0,
     ) -> None:
-        """`vocabulary` (ovtrio.model.vocabulary.Vocabulary), when given, detokenizes in
+        """`vocabulary` (ovtrio.text.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step.
         `vocabulary_size`: how many ids the engine's detokenizer has text for (None: not
         known); a reply that holds an id past it, or past `vocabulary`'s table, fails

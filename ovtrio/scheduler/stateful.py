@@ -31,8 +31,8 @@ from typing import Any
 
 import trio
 
-from ovtrio.model.grammar_cache import EngineGrammars
-from ovtrio.model.tensors import prompt_tensor
+from ovtrio.constraints.cache import EngineGrammars
+from ovtrio.engine.tensors import prompt_tensor
 from ovtrio.scheduler.admission import AdmissionLimits
 from ovtrio.scheduler.intake import SHUTTING_DOWN, RequestIntake
 from ovtrio.scheduler.interface import SchedulerStats

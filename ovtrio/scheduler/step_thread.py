@@ -53,7 +53,7 @@ from typing import Any, Generic, TypeVar
 import outcome
 import trio
 
-from ovtrio.model.grammar_cache import EngineGrammars
+from ovtrio.constraints.cache import EngineGrammars
 from ovtrio.scheduler.engine_step import EngineStep
 
 Value = TypeVar("Value")
@@ -94,7 +94,7 @@ class _WhenIdle(trio.abc.Instrument):
 class StepThread(Generic[Value]):
     def __init__(self, step: EngineStep, grammars: EngineGrammars | None = None) -> None:
         """`step`: how to step the engine, unless a run asks for another (start).
-        `grammars`: the engine's grammar compilers, which its steps build (grammar_cache.py)."""
+        `grammars`: the engine's grammar compilers, which its steps build (ovtrio/constraints/cache.py)."""
         self._step = step
         self._grammars = grammars or EngineGrammars()
         self._when_idle: _WhenIdle | None = None

@@ -24,14 +24,14 @@ impossible before the request is admitted, not caught by holding the event loop:
 - the sampling settings pass the engine's own `GenerationConfig.validate()`
   (params.check_params) before a client is answered; the transforms it builds from
   valid settings assert only on token ids outside the vocabulary (penalties), and
-  prompt ids are checked against it (model/prompts.py) while generated ones come from
+  prompt ids are checked against it (text/prompts.py) while generated ones come from
   the model;
 - stop token ids are checked against the vocabulary too (api/generation.py, with
-  model/prompts.py's check), since the engine indexes with them unchecked: the logits
+  text/prompts.py's check), since the engine indexes with them unchecked: the logits
   that min_tokens holds back, and the bits of a grammar's token mask;
 - the output constraint is compiled before admission by the same XGrammar, held to
   limits of time and size, and the engine is given the very grammar that compiled
-  (model/grammar_check.py); one that does not compile is the client's 400;
+  (constraints/check.py); one that does not compile is the client's 400;
 - the engine is given no stop strings (the scheduler matches them itself), the other
   thing a first step builds that could throw.
 

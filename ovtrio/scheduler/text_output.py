@@ -1,6 +1,6 @@
 """Turning generated token ids into text, incrementally, and cutting it at stop strings.
 
-With a byte-level vocabulary table (ovtrio/model/vocabulary.py) each token's bytes go through
+With a byte-level vocabulary table (ovtrio/text/vocabulary.py) each token's bytes go through
 an incremental UTF-8 decoder: exact and nearly free. Otherwise the engine's detokenizer
 is used, as follows. Detokenizing one token at a time is wrong for most tokenizers: a character may span
 several tokens (UTF-8 pieces), and SentencePiece-style tokenizers drop the leading

@@ -44,7 +44,8 @@ from ovtrio.api.responses.store import ResponseStore
 from ovtrio.audio.service import transcription_models_to_serve
 from ovtrio.embedding.kinds import ModelKind, served_models
 from ovtrio.embedding.service import encoders_to_serve
-from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
+from ovtrio.loading import ModelLoad, start_loading_in_order
+from ovtrio.model import ModelLoadError
 from ovtrio.playground import routes as playground
 from ovtrio.server import body_limit
 from ovtrio.server.hypercorn_patches import (
@@ -76,8 +77,8 @@ def create_app(
 ) -> QuartTrio:
     """The app for `settings` (default: from the environment), serving the model they
     name or those of their config file; `loading`, when given, is each model's load
-    already under way (ovtrio.model.start_loading_in_order); `loader` starts every other
-    load (the engine's seam: tests pass a fake). Raises SettingsError.
+    already under way (ovtrio.loading.start_loading_in_order); `loader` starts every
+    other load (the engine's seam: tests pass a fake). Raises SettingsError.
 
     In phases: the process-wide seams; what is served, read from the settings and the
     disk (the config file's models and their kinds, the models folder, the stored

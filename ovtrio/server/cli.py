@@ -12,15 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from ovtrio import __version__
 from ovtrio.embedding.kinds import served_models
-from ovtrio.model import (
-    ModelLoad,
-    ModelLoadError,
-    ModelSource,
-    resolve_model,
-    start_loading_in_order,
-)
-from ovtrio.model.convert_cache import convert_into_cache
-from ovtrio.model.load_thread import import_engine
+from ovtrio.loading import ModelLoad, start_loading_in_order
+from ovtrio.loading.convert_cache import convert_into_cache
+from ovtrio.loading.thread import import_engine
+from ovtrio.model import ModelLoadError, ModelSource, resolve_model
 from ovtrio.server.early_signals import EarlySignals
 from ovtrio.server.logs import configure_logging
 from ovtrio.settings.model import ModelSettings

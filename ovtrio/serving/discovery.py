@@ -8,7 +8,7 @@ request whose body is over the limit (ovtrio/server/body_limit.py), so a file co
 later is served without a restart. Reading it is a directory listing, a GGUF header per
 new file and an IR's XML outputs per new folder, of files anyone may have put there: it
 runs in a worker thread (ModelRegistry.rescan), and reads only regular files
-(ovtrio/model/regular_files.py; `is_file` and `is_dir` follow links and check what they
+(ovtrio/files/regular_files.py; `is_file` and `is_dir` follow links and check what they
 lead to).
 
 A folder may hold any kind of model: a generation model (GGUF or IR, vision-language

@@ -1,13 +1,13 @@
 """The generation models whose last load failed, so that a request in the next few
 seconds hears the failure instead of loading the model again (the rule, and why:
-ovtrio/model/load_retry.py). A model unloaded by hand (POST /models/unload) forgets its
+ovtrio/lifecycle/load_retry.py). A model unloaded by hand (POST /models/unload) forgets its
 failure, and its next request loads it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ovtrio.model.load_retry import RETRY_AFTER, FailedLoad
+from ovtrio.lifecycle.load_retry import RETRY_AFTER, FailedLoad
 from ovtrio.serving.service import ModelService
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ovtrio.audio.service import check_transcription_folder
 from ovtrio.embedding.service import check_encoder_folder
+from ovtrio.engine.errors import client_reason
+from ovtrio.lifecycle.load_retry import FilesVersion
 from ovtrio.model import ModelLoadError, ModelSource
-from ovtrio.model.engine_errors import client_reason
-from ovtrio.model.load_retry import FilesVersion
 from ovtrio.serving.discovery import FolderModel, folder_models, settings_for
 from ovtrio.serving.service import check_model
 from ovtrio.settings.server import Settings

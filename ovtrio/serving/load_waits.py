@@ -9,8 +9,9 @@ import time
 
 import trio
 
-from ovtrio.model import LoadedModel, ModelLoad, ModelLoadError
-from ovtrio.model.load_deadline import dump_stacks
+from ovtrio.loading import LoadedModel, ModelLoad
+from ovtrio.loading.deadline import dump_stacks
+from ovtrio.model import ModelLoadError
 from ovtrio.serving import memory
 
 __all__ = ["loaded_within_deadline", "settle_memory"]
@@ -20,7 +21,7 @@ log = logging.getLogger("ovtrio")
 
 async def loaded_within_deadline(load: ModelLoad) -> tuple[LoadedModel, int]:
     """The load's result once it ends; ModelLoadError naming the phase it hung in (and
-    every thread's stack in the log) once it is past its deadline (load_deadline.py).
+    every thread's stack in the log) once it is past its deadline (ovtrio/loading/deadline.py).
     Cancelled (the server stops), it leaves the load's thread to itself: a load that
     hangs never holds a shutdown."""
     progress = load.progress

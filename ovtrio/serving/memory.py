@@ -192,7 +192,7 @@ def note_request_size(size: int) -> None:
 
 
 def _grammar_cache_bytes() -> int:
-    from ovtrio.model import grammar_cache
+    from ovtrio.constraints import cache as grammar_cache
 
     return grammar_cache.cache_bytes()
 

@@ -35,7 +35,8 @@ import trio
 from ovtrio.embedding.kinds import ModelKind
 from ovtrio.embedding.worker import EncoderObserver
 from ovtrio.lifecycle.lease import Lease
-from ovtrio.model import ModelLoad, ModelLoadError, start_loading_in_order
+from ovtrio.loading import ModelLoad, start_loading_in_order
+from ovtrio.model import ModelLoadError
 from ovtrio.model.source import check_model_name
 from ovtrio.scheduler import RequestObserver
 from ovtrio.serving.discovery import FolderModel, settings_for

@@ -4,7 +4,7 @@ it has been idle for its keep-alive time, when room is needed for another
 (POST /models/unload). llama-server's router mode and Ollama's keep_alive work so.
 The encoders (embedding, rerank, Whisper; ovtrio/embedding/on_demand.py) follow the
 same rules, --models-max counts them, and their loads take their turn and make room
-(room_for). A failed load is not tried again at once (ovtrio/model/load_retry.py).
+(room_for). A failed load is not tried again at once (ovtrio/lifecycle/load_retry.py).
 
 One load at a time (a lock): on 2 cores a second compile beside the first only slows
 both, and --models-max is kept by counting what is loaded while nothing else loads (a
@@ -36,10 +36,10 @@ from typing import Any
 import trio
 
 from ovtrio.embedding.on_demand import OnDemandEncoder, Refusal
+from ovtrio.engine.errors import client_reason
 from ovtrio.lifecycle.lease import Lease
 from ovtrio.lifecycle.resident import ModelState, Resident
 from ovtrio.model import ModelLoadError
-from ovtrio.model.engine_errors import client_reason
 from ovtrio.serving import memory
 from ovtrio.serving.failed_loads import FailedLoads
 from ovtrio.serving.kinds import is_generation

@@ -10,7 +10,7 @@ class NotLoaded(Exception):
 
 class LoadFailed(Exception):
     """The model's load failed; the message is the reason, `retry_after` the seconds
-    until it is loaded again (ovtrio/model/load_retry.py)."""
+    until it is loaded again (ovtrio/lifecycle/load_retry.py)."""
 
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)

@@ -22,14 +22,15 @@ from pathlib import Path
 
 import trio
 
+from ovtrio.engine.backend import engine_backend
+from ovtrio.engine.errors import client_reason
 from ovtrio.lifecycle.lease import LeaseCount
+from ovtrio.lifecycle.load_retry import FilesVersion, files_version
 from ovtrio.lifecycle.resident import ModelState
-from ovtrio.model import ModelLoad, ModelLoadError, ModelSource, resolve_model, start_loading_in_order
-from ovtrio.model.backend import engine_backend
-from ovtrio.model.engine_errors import client_reason
-from ovtrio.model.load_retry import FilesVersion, files_version
+from ovtrio.loading import ModelLoad, start_loading_in_order
+from ovtrio.loading.speculation import apply_defaults
+from ovtrio.model import ModelLoadError, ModelSource, resolve_model
 from ovtrio.model.shown_paths import without_model_path
-from ovtrio.model.speculation import apply_defaults
 from ovtrio.scheduler import GenerationScheduler, RequestObserver, SchedulerStats, added_to
 from ovtrio.scheduler.engine_step import choose_step
 from ovtrio.serving import memory

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ovtrio import __version__
+from ovtrio.constraints.check import GrammarLimits
+from ovtrio.engine.backend import Capabilities, capabilities_for
 from ovtrio.images import ImageLimits
-from ovtrio.model import LoadedModel, ModelSource
-from ovtrio.model.backend import Capabilities, capabilities_for
-from ovtrio.model.chat_format import NO_FORMAT, ChatFormat, chat_format
-from ovtrio.model.grammar_check import GrammarLimits
-from ovtrio.model.limits import (
+from ovtrio.loading import LoadedModel
+from ovtrio.loading.limits import (
     RequestCaps,
     SequenceLimit,
     ServerDefaults,
@@ -26,15 +25,17 @@ from ovtrio.model.limits import (
     server_defaults,
     work_limits,
 )
-from ovtrio.model.loading import block_tokens, engine_properties
+from ovtrio.loading.load import block_tokens, engine_properties
+from ovtrio.model import ModelSource
 from ovtrio.model.long_rope import whole_prompt_settings
-from ovtrio.model.prompts import PromptBuilder
 from ovtrio.model.vision import VisionModel
 from ovtrio.parsing import ToolCallParser
 from ovtrio.scheduler import AdmissionLimits, GenerationScheduler, RequestObserver, Scheduler, StatefulScheduler
 from ovtrio.scheduler.engine_step import EngineStep
 from ovtrio.scoring import Scorer, ScoringEngine
 from ovtrio.settings.server import Settings
+from ovtrio.text.chat_format import NO_FORMAT, ChatFormat, chat_format
+from ovtrio.text.prompts import PromptBuilder
 
 log = logging.getLogger("ovtrio")
 
@@ -73,7 +74,7 @@ def system_fingerprint(path: Path | None, device: str) -> str:
 def load_summary(model: LoadedModel) -> str:
     """One line: the load's time, its phases, and where the engine's models came from.
     The vocabulary phase is what remained of its reading once the engine had compiled
-    (the rest ran meanwhile, loading.py)."""
+    (the rest ran meanwhile, ovtrio/loading/load.py)."""
     phases = ", ".join(
         f"{name} {seconds:.1f} s" + (f" ({model.origin})" if name == "model" and model.origin else "")
         for name, seconds in model.phases.items()

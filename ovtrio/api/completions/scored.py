@@ -26,7 +26,6 @@ from ovtrio.api.rescoring import (
     respond_with_events,
     scored_sequences,
 )
-from ovtrio.model.prompts import PromptBuilder
 from ovtrio.output import (
     ChoiceFinished,
     OutputEvent,
@@ -37,6 +36,7 @@ from ovtrio.output import (
 from ovtrio.scheduler import Completed, GenerationRequest
 from ovtrio.scoring import SequenceScores
 from ovtrio.serving.service import ServingModel
+from ovtrio.text.prompts import PromptBuilder
 
 
 def scoring_param(body: CompletionRequest) -> str:

@@ -53,10 +53,10 @@ from ovtrio.api.protocol import (
     ToolCallRef,
 )
 from ovtrio.api.vision import text_prompts
-from ovtrio.model.prompts import ChatPrompt
 from ovtrio.output import OutputStage
 from ovtrio.scheduler import GenerationRequest
 from ovtrio.serving.service import ServingModel
+from ovtrio.text.prompts import ChatPrompt
 
 ERROR_RESULT = "Error: "
 
