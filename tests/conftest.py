@@ -272,14 +272,15 @@ alternate_server = server_fixture(
 )
 
 
-def _load_embedded_pipeline(after_conversion: bool) -> Any:
+def _load_embedded_pipeline(first_server: str | None) -> Any:
     from ovtrio.loading import load_model
     from ovtrio.model import resolve_model
     from ovtrio.settings.server import Settings
 
-    if after_conversion:  # a server converts the model: load what it keeps
+    if first_server is not None:  # the first server converts the model: load what it keeps
         deadline = time.monotonic() + READY_WITHIN
-        while not _model_cached() and time.monotonic() < deadline:
+        # A first server of another model converts none: once it has started, convert here.
+        while not _model_cached() and not _pool().has_settled(first_server) and time.monotonic() < deadline:
             if _SESSION_OVER.wait(0.1):
                 return None  # no test is left to use it (collect-only, a stop at the first failure)
 
@@ -307,10 +308,10 @@ def _pool() -> ServerPool:
     return _POOL
 
 
-def _pipeline(after_conversion: bool = False) -> Future:
+def _pipeline(first_server: str | None = None) -> Future:
     global _PIPELINE
     if _PIPELINE is None:
-        _PIPELINE = _LOADER.submit(_load_embedded_pipeline, after_conversion)
+        _PIPELINE = _LOADER.submit(_load_embedded_pipeline, first_server)
     return _PIPELINE
 
 
@@ -372,7 +373,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if wanted:
         _pool().start_in_background(wanted[0], _model_cached, wanted[1:])
     if "embedded_pipeline" in used:
-        _pipeline(after_conversion=bool(wanted))
+        _pipeline(first_server=wanted[0] if wanted else None)
 
 
 @pytest.hookimpl(hookwrapper=True)

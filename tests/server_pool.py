@@ -173,6 +173,13 @@ class ServerPool:
                 return
             time.sleep(0.1)
 
+    def has_settled(self, name: str) -> bool:
+        """Whether the server `name` has finished starting (it serves, or it exited), or
+        is not launched at all."""
+        with self._lock:
+            launched = self._launched.get(name)
+        return launched is None or self._settled(launched)
+
     def get(self, name: str) -> Any:
         """The server `name`, once it serves (launched now if it was not yet: a test
         that needs it goes before those still waiting to be launched)."""
