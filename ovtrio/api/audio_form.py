@@ -71,7 +71,8 @@ def parse(body: bytes | bytearray, boundary: bytes) -> Form:
 def _collect(decoder: MultipartDecoder, body: memoryview) -> Form:
     """The form's parts, the body fed to the decoder PIECE_BYTES at a time, so that the
     event loop runs between pieces: given a whole body at once, the decoder holds the
-    GIL while it searches and trims one large buffer (why: docs/benchmarks.md#request-bodies)."""
+    GIL while it searches and trims one large buffer (why: docs/benchmarks.md#request-bodies).
+    Raises FormError, or the decoder's own errors, which `parse` turns into FormErrors."""
     fields: MultiDict[str, str] = MultiDict()
     fed = 0
     ended = False

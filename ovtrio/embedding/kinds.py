@@ -63,7 +63,8 @@ def has_generation_inputs(xml_path: Path | BinaryIO) -> bool:
     """Whether the IR has an input only a causal LM with a KV cache has, read off its
     first layers: OpenVINO writes the Parameter layers first, so a language model's
     XML, megabytes long, is told after a few kilobytes (why:
-    docs/benchmarks.md#reading-the-models-folder)."""
+    docs/benchmarks.md#reading-the-models-folder). Raises ElementTree.ParseError on XML
+    that is not well formed before the answer is found."""
     for _, element in ElementTree.iterparse(xml_path, events=("end",)):
         if element.tag != "layer":
             continue

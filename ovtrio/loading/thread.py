@@ -20,7 +20,8 @@ def import_engine() -> None:
     use from several threads (ovtrio/engine/binding.py); cheap after the first call. Its
     import holds the GIL: done by `ovtrio serve` before the load thread starts, it does
     not take turns with the web framework's import that follows, and the engine begins
-    compiling (without the GIL) that much sooner (why: docs/benchmarks.md#loading-a-model)."""
+    compiling (without the GIL) that much sooner (why: docs/benchmarks.md#loading-a-model).
+    Raises ImportError when OpenVINO GenAI is not installed."""
     prepare_binding()
 
 
