@@ -69,9 +69,10 @@ def parse(body: bytes | bytearray, boundary: bytes) -> Form:
 
 
 def _collect(decoder: MultipartDecoder, body: memoryview) -> Form:
-    """The form's parts, the body fed to the decoder a piece at a time: given the whole
-    body at once, it held the GIL for 20 ms on a 1.2 MB upload (searching and trimming
-    one large buffer), in which the event loop could not run."""
+    """The form's parts, the body fed to the decoder PIECE_BYTES at a time, so that the
+    event loop runs between pieces: given a whole body at once, the decoder holds the
+    GIL while it searches and trims one large buffer (why: docs/benchmarks.md#request-bodies).
+    Raises FormError, or the decoder's own errors, which `parse` turns into FormErrors."""
     fields: MultiDict[str, str] = MultiDict()
     fed = 0
     ended = False

@@ -47,7 +47,7 @@ def checked_schema(schema: Any, param: str) -> str:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise ConstraintError(f"Invalid value for '{param}': a JSON schema must be an object.", param)
-    import jsonschema  # 0.2 s to import: only when a request brings a schema
+    import jsonschema  # by the first request that brings a schema, not at start (docs/benchmarks.md#loading-a-model)
 
     try:
         jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)

@@ -12,7 +12,7 @@ strings.
 A string is lifted only when it is certainly one whole JSON string: it starts at a
 quote, not escaped, followed by `data:` (in valid JSON a quote followed by a letter
 opens a string), it holds no backslash, so the next quote closes it, and it is ASCII.
-Anything else stays in the JSON and is parsed as before. (A raw control character in a
+Anything else stays in the JSON and is parsed with it. (A raw control character in a
 lifted string, which JSON forbids, is not looked for, since that would cost more than
 the parse saved; in an image's URL it is not base64, a 400 naming the part.)
 

@@ -5,11 +5,12 @@ A prompt of N tokens has at most N x (the vocabulary's longest token) characters
 text longer than the context times that is refused at once (400 naming the field),
 without spending the CPU to count its tokens, which for a body of megabytes holds the
 event loop for seconds (see
-docs/benchmarks.md#attacks-huge-inputs-cache-growth-closed-sockets). Texts under
-the bound are tokenized exactly as before; long ones in a worker thread. The tokenizer
-holds the GIL while it runs, so the thread alone does not free the event loop: what
-does is that the tokenizer is called on pieces of bounded size (ovtrio/text/prompts.py
-hands the GIL over between them) and that the whole text is bounded here.
+docs/benchmarks.md#attacks-huge-inputs-cache-growth-closed-sockets). A text under the
+bound gets the tokens it would get without one, a long one in a worker thread. The
+tokenizer holds the GIL while it runs, so the thread alone does not free the event
+loop: what does is that the tokenizer is called on pieces of bounded size
+(ovtrio/text/prompts.py hands the GIL over between them) and that the whole text is
+bounded here.
 
 The request body itself is bounded by --max-body-bytes (a 413, checked by Quart before
 the body is read), which also bounds how long parsing its JSON can take.

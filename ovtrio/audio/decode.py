@@ -60,9 +60,9 @@ class Audio:
         floats WhisperPipeline.generate takes.
 
         The pipeline's binding copies its argument into a C++ vector while holding the
-        GIL: 480,000 numpy scalars took 20-50 ms, in which the event loop could not run.
-        A list of Python floats converts several times faster, and it is built here a
-        second at a time, each piece short enough for the event loop to run between."""
+        GIL, and converts a list of Python floats several times faster than a numpy
+        array; the list is built a second at a time, each piece short enough for the
+        event loop to run between (why: docs/benchmarks.md#speech-to-text)."""
         window = self.samples[start : start + length].astype(np.float32) / 32768.0
         floats: list[float] = []
         for piece in range(0, len(window), SAMPLE_RATE):

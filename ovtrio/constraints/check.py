@@ -103,12 +103,10 @@ CACHE_ENTRIES = 1024
 CACHE_CHARACTERS = 64 << 20
 # The worker compiles with every VOCAB_SAMPLE-th token of the vocabulary, and its time
 # limit is cut by as much (not its size limit: a grammar of a large enum is as large on
-# any vocabulary; on SmolLM2's 49,152 tokens against its sample, XGrammar's estimate of
-# a compiled `^((a{100}){100}){100}$` is 201 MB against 193 MB, of a string of
-# maxLength 100,000 15.5 MB against 12.9 MB: the size bound holds for the engine's own
-# compile within a fifth). CPU time falls by less than the vocabulary (3.5 s against
-# 1.5 s for that string, 2.8 s against 3.1 s for that pattern), so the cut time limit
-# errs on the side of refusing. Why a sample: the engine compiles each grammar
+# any vocabulary, and XGrammar's estimate of a compiled grammar's size on the sample is
+# within a fifth of its estimate on the whole). CPU time falls by less than the
+# vocabulary, so the cut time limit errs on the side of refusing (figures:
+# docs/benchmarks.md#structured-output-grammars). Why a sample: the engine compiles each grammar
 # again (it takes no compiled grammar from outside), and the cost of a compile grows
 # with the vocabulary (XGrammar computes a token mask for each state of the grammar); on
 # the full vocabulary every new constraint would cost twice. Whether a grammar builds,

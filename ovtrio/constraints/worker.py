@@ -20,8 +20,8 @@ And the engine parses this very text with the same XGrammar's EBNF parser and co
 it with the same compiler as done here first, so what compiled here compiles there.
 
 Why a process of its own: a compile can take seconds and hundreds of megabytes
-(`{"type":"string","pattern":"^((a{100}){100}){100}$"}`: 2.5 s, 200 MB of compiled
-grammar), and some of XGrammar's faults end the process that meets them. Here it meets
+(docs/benchmarks.md#structured-output-grammars), and some of XGrammar's faults end the
+process that meets them. Here it meets
 an address-space limit (MEMORY bytes beyond what the process holds once ready), bounds
 on the grammar's size (TEXT characters of EBNF, COMPILED bytes compiled, by XGrammar's
 own estimate) and its parent's timeout, and a fault ends only this process.

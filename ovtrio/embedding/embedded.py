@@ -3,9 +3,9 @@ package, converted on first use into the model cache.
 
 The package ships the sentence-transformers folder in a zip (safetensors weights,
 tokenizer.json, the pooling config), not an OpenVINO IR. Converting needs no torch:
-the BERT graph is built from the weights (bert.py, about half a second) and the
-tokenizer IRs come from openvino_tokenizers out of the Hugging Face tokenizer (about
-a second). The entry is built in a temporary folder of the cache and renamed into
+the BERT graph is built from the weights (bert.py) and the tokenizer IRs come from
+openvino_tokenizers out of the Hugging Face tokenizer (what each costs:
+docs/benchmarks.md#the-embedding-model). The entry is built in a temporary folder of the cache and renamed into
 place, as the GGUF entries are (gguf/cache.py): a reader sees a whole entry or none.
 The package is found without importing it (its __init__ prints a line).
 """

@@ -62,8 +62,9 @@ def ir_outputs(xml_path: Path) -> tuple[dict[str, int], set[str]]:
 def has_generation_inputs(xml_path: Path | BinaryIO) -> bool:
     """Whether the IR has an input only a causal LM with a KV cache has, read off its
     first layers: OpenVINO writes the Parameter layers first, so a language model's
-    XML (megabytes: 240 ms to parse whole for a 1.9 MB one, the folder listing's own
-    time) is told after a few kilobytes."""
+    XML, megabytes long, is told after a few kilobytes (why:
+    docs/benchmarks.md#reading-the-models-folder). Raises ElementTree.ParseError on XML
+    that is not well formed before the answer is found."""
     for _, element in ElementTree.iterparse(xml_path, events=("end",)):
         if element.tag != "layer":
             continue

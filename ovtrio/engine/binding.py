@@ -5,10 +5,10 @@ any thread turns engine data into a numpy array (`Tensor.data`, `Constant.get_da
 pybind11's table of numpy's C API (its initializer imports a numpy module, running
 Python code that lets go of the GIL) and the element-type-to-dtype map. A second
 thread that arrives meanwhile waits on the static's guard while holding the GIL, and
-the first can never take the GIL back to finish: the process freezes (seen as about 5%
-of starts that never became ready, a load's two threads stuck in ovtrio/text/vocabulary.py and
-ovtrio/text/plain_text.py). Building both tables once, on one thread, before a second one touches
-the binding, removes the race.
+the first can never take the GIL back to finish: the process freezes (a load's two
+threads stuck, in ovtrio/text/vocabulary.py and ovtrio/text/plain_text.py; how often:
+docs/benchmarks.md#loading-a-model). Building both tables once, on one thread, before a
+second one touches the binding, removes the race.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ The new file has the same metadata (vocabulary, chat template, ...) and the same
 in the same order; each tensor of a type the engine lacks is written as the type
 targets.py chooses, the others are copied byte for byte. It is written tensor by
 tensor and, within a tensor, a few thousand rows at a time, read with plain file reads
-(not a memory map, whose pages would count as the process's memory): converting the
-1B-class fixture took about 300 MB of resident memory in all, and a 7B model needs no
-more (docs/benchmarks.md#gguf-conversion), not a float copy of the model.
+(not a memory map, whose pages would count as the process's memory), so the process's
+memory does not grow with the model's size and never holds a float copy of the model
+(docs/benchmarks.md#gguf-conversion).
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ image never holds the event loop. Images whose longer side exceeds the limit are
 resized down (aspect kept), not refused; palette, greyscale, CMYK and images with an
 alpha channel are converted to RGB (alpha over white, as a viewer shows it).
 
-What decoding costs in memory is set by the pixels, not the bytes: a 3.4 KB lossless
-WebP of 9400x9400 pixels took a decoding process to a 1.5 GB peak. So the size an image
-declares in its header is read first (Pillow reads it without decoding), and an image
+What decoding costs in memory is set by the pixels, not the bytes (a few kilobytes of
+lossless WebP can decode to gigabytes: docs/models.md#vision-language-models). So the
+size an image declares in its header is read first (Pillow reads it without decoding), and an image
 that would decode to more than `max_pixels` (a JPEG counted at the reduced scale it is
 decoded at) is refused before any of it is decoded; and at most `decodes` images are
 decoded at once, so the memory decoding takes is bounded by the two settings.

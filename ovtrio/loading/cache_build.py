@@ -2,9 +2,9 @@
 
 The engine's first load of a GGUF file builds the tokenizer and detokenizer models from
 the vocabulary in its header, and `openvino_genai.Tokenizer(path)`, the only call that
-can save them, holds the GIL throughout (6-7 s for the embedded model on a quiet
-2-core machine): in the server's process, /health and every stream of the models
-already served would stall that long. So the entry (the model, tokenizer and
+can save them, holds the GIL throughout, for seconds (docs/benchmarks.md#loading-a-model):
+in the server's process, /health and every stream of the models already served would
+stall that long. So the entry (the model, tokenizer and
 detokenizer IR) is built by a child process, the way `ovtrio convert` builds it, on
 the CPU with a KV cache of one block, and the server then loads the entry as any cached
 model, with the pipeline's constructor, which lets go of the GIL. The child's memory is

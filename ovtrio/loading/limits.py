@@ -67,8 +67,8 @@ TOKENS_PER_RUNNING_SEQUENCE = 1024
 # about two rounds of the running ones before it starts.
 QUEUE_PER_RUNNING = 2
 # Choices (n x prompts) one request may have, by default: an lm-evaluation-harness batch
-# or n = 16 for four prompts; a long prompt list cost much memory before there was a
-# cap (see docs/benchmarks.md#request-limits-and-prefill-slices).
+# or n = 16 for four prompts; uncapped, a long prompt list costs much memory (see
+# docs/benchmarks.md#request-limits-and-prefill-slices).
 DEFAULT_MAX_CHOICES = 64
 
 
@@ -132,9 +132,9 @@ def prefill_slice_tokens(settings: Settings, device: str) -> int:
     By default three eighths of an engine step's budget (max_num_batched_tokens): a short
     request that arrives during a slice waits for the slice's step and then for its own,
     which prefills its prompt beside the decoding streams and so costs two to three
-    decode steps, not one. With half the budget, that sum went past the goal of one full
-    prefill step plus one decode step (short requests' TTFT p99); with three eighths it
-    stays within it (figures: docs/benchmarks.md#request-limits-and-prefill-slices).
+    decode steps, not one. Three eighths keeps that sum within one full prefill step
+    plus one decode step (short requests' TTFT p99), where half the budget does not
+    (figures: docs/benchmarks.md#request-limits-and-prefill-slices).
     Decoding streams get steps more often while a long prompt prefills, which takes
     longer in exchange (`python -m bench responsiveness`)."""
     if not settings.enable_prefix_caching:

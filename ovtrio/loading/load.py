@@ -118,10 +118,10 @@ def _build(
     extra = {"enable_save_ov_model": True} if save else {}
     # The continuous-batching pipeline reads the tokenizer itself (from an IR folder or a
     # GGUF file), and its constructor lets go of the GIL; the Tokenizer's constructor
-    # holds it throughout (0.1 s from IR on a quiet 2-core machine, 0.65 s measured under
-    # load, 6-7 s from a GGUF file), which would pause the event loop of a server that
-    # loads a model while it serves others. Only it can save the tokenizer's IR: that is
-    # done in a child process (cache_build.py).
+    # holds it throughout (for seconds from a GGUF file: docs/benchmarks.md#loading-a-model),
+    # which would pause the event loop of a server that loads a model while it serves
+    # others. Only it can save the tokenizer's IR: that is done in a child process
+    # (cache_build.py).
     own_tokenizer = save or engine_backend(settings) == "stateful"
     tokenizer = None
     if own_tokenizer:
@@ -265,9 +265,9 @@ def _load(source: ModelSource, settings: Settings, warm: bool, progress: LoadPro
     """The engine's pipeline, the tables read from the model's files, and (with `warm`)
     the warm-up. The engine compiles on one core, without the GIL; the Python work of a
     load (the compiled-grammar seam, the vocabulary, the plain-text tokenizer from the
-    tokenizer's IR: 0.2-0.3 s) runs meanwhile on another thread, off the load's
-    critical path. The warm-up, which keeps both cores busy, then runs alone (measured
-    with `python -m bench model_load`)."""
+    tokenizer's IR) runs meanwhile on another thread, off the load's critical path. The
+    warm-up, which keeps both cores busy, then runs alone (the phases' times:
+    docs/benchmarks.md#a-models-load-as-a-requests-latency)."""
     started = time.perf_counter()
     phases: dict[str, float] = {}
     settings = whole_prompt_settings(source, settings)  # a LongRoPE model's engine prefills prompts whole

@@ -1,7 +1,7 @@
 """The Python work of a model's load, run beside the engine's compile: the
-compiled-grammar bound, the byte-level vocabulary and the plain-text tokenizer
-(0.2-0.3 s in all). The engine compiles on the loading thread without the GIL, so this
-work, on a second thread, comes off the load's critical path.
+compiled-grammar bound, the byte-level vocabulary and the plain-text tokenizer. The
+engine compiles on the loading thread without the GIL, so this work, on a second thread,
+comes off the load's critical path (why: docs/benchmarks.md#loading-a-model).
 
 Both threads then read engine data as numpy arrays (the vocabulary check's token ids
 on the loading thread, the tokenizer IR's constants beside it), which the binding
@@ -54,7 +54,8 @@ class LoadTables:
 
     def finish(self, tokenizer: Any, tokenizer_folder: Path | None) -> Tables:
         """The vocabulary checked against `tokenizer`, and the plain-text tokenizer made
-        from the tokenizer IR in `tokenizer_folder` (read now if no `on_folder` named it)."""
+        from the tokenizer IR in `tokenizer_folder` (read now if no `on_folder` named it).
+        Waits for the second thread's work; what it raised, this raises."""
         vocabulary = checked_vocabulary(self._table.result(), tokenizer)
         made = self._plain_of_ir.get(tokenizer_folder) if tokenizer_folder is not None else None
         plain = made.result() if made is not None else plain_text_of_ir(tokenizer_folder)

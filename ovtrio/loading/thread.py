@@ -17,10 +17,11 @@ from ovtrio.settings.server import Settings
 
 def import_engine() -> None:
     """Import the engine's library in the calling thread, and make its binding safe to
-    use from several threads (ovtrio/engine/binding.py). Its import holds the GIL (0.1-0.2 s): done by
-    `ovtrio serve` before the load thread starts, it does not take turns with the web
-    framework's import that follows, and the engine begins compiling (without the GIL)
-    that much sooner."""
+    use from several threads (ovtrio/engine/binding.py); cheap after the first call. Its
+    import holds the GIL: done by `ovtrio serve` before the load thread starts, it does
+    not take turns with the web framework's import that follows, and the engine begins
+    compiling (without the GIL) that much sooner (why: docs/benchmarks.md#loading-a-model).
+    Raises ImportError when OpenVINO GenAI is not installed."""
     prepare_binding()
 
 

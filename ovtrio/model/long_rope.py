@@ -7,12 +7,12 @@ its original context (`original_max_position_embeddings`, 4,096 for Phi-3) and w
 sequence in the step that computes it. A prompt past the original context prefilled in
 parts (the engine's chunks of max_num_batched_tokens, ovtrio's slices, or blocks from
 the prefix cache that a shorter prompt computed) thus has its first parts computed with
-the short factors where the whole prompt needs the long ones: measured on Phi-3 with a
-4,300-token prompt, 0 of 8 greedy tokens matched transformers in slices, 8 of 8 in one
-step. Until the engine recomputes such prompts itself, the server prefills them in one
-step: the engine's step budget holds the model's longest prompt, the prefix cache is
-off for the model, and its scheduler takes a prompt past the original context into the
-engine only when no other prompt is being prefilled (ovtrio/scheduler/prefill.py).
+the short factors where the whole prompt needs the long ones, and the reply is wrong
+(docs/models.md#long-prompts-on-longrope-models-phi-3-128k-phi-35-phi-4-mini). Until the
+engine recomputes such prompts itself, the server prefills them in one step: the
+engine's step budget holds the model's longest prompt, the prefix cache is off for the
+model, and its scheduler takes a prompt past the original context into the engine only
+when no other prompt is being prefilled (ovtrio/scheduler/prefill.py).
 """
 
 from __future__ import annotations

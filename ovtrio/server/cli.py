@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     # Before the load: a start that hangs can still be stopped (early_signals.py).
     early = EarlySignals(SHUTDOWN_SIGNALS)
     loading = start_loading_in_order(list(zip(sources, each_model)))  # while the web framework is imported
-    # Trio too is imported only now (0.05 s): before the load begins, every import is
-    # the load's delay. So is the web framework's, inside serve.
+    # Trio too is imported only now: before the load begins, every import is the load's
+    # delay (docs/benchmarks.md#loading-a-model). So is the web framework's, inside serve.
     import trio
 
     try:

@@ -61,7 +61,7 @@ MMAP_THRESHOLD_BYTES = 1024 * 1024
 TRIM_THRESHOLD_BYTES = 4 * 1024 * 1024
 # While large requests come: blocks under glibc's largest mmap threshold come from a
 # heap, and free space stays at the top of a heap up to more than a burst of them uses
-# (8 requests of four 1024-pixel images use about 300 MB at once).
+# (docs/benchmarks.md#request-bodies).
 KEPT_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 KEPT_TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
 # Requests this large keep freed memory until none has come for QUIET_SECONDS.

@@ -313,8 +313,9 @@ class ModelService:
                 # Still held: by a reference cycle, which only a full collection frees
                 # (the pipeline with it), or by a handler yet to end. What gc.freeze()
                 # set aside at ready is made collectable again, and the unload collects:
-                # a pause of the event loop, 0.1-0.3 s on a 2-core machine. Without a
-                # cycle (the scheduler's collaborators hold it weakly), nothing pauses.
+                # a pause of the event loop (docs/benchmarks.md#unloading-a-model).
+                # Without a cycle (the scheduler's collaborators hold it weakly), nothing
+                # pauses.
                 gc.unfreeze()
                 self._collect = True
             # "loaded" ends with the engine, however it ends (an unload, the server's

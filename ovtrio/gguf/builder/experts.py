@@ -11,9 +11,8 @@ that MatMul sums the chosen experts' outputs (the others weighed zero).
 Every expert is computed for every token, as the CPU plugin (2026.4) has no MoE kernel;
 but the weights stay compressed. The form optimum-intel exports (the hidden states tiled
 per expert, batched MatMuls over [experts, rows, columns]), which OpenVINO fuses into its
-MOE kernel on GPU, had the CPU plugin fold the stacked experts into f32 constants: for a
-random qwen3moe of 128 experts (810 MB of Q4_K/Q5_0/Q6_K) 8.6 GB resident and 6.6 tok/s
-where this form gives the figures in docs/benchmarks.md#gguf-architectures-built-by-ovtrio.
+MOE kernel on GPU, has the CPU plugin fold the stacked experts into f32 constants: 8.6 GB
+resident for a file of 810 MB (docs/benchmarks.md#gguf-architectures-built-by-ovtrio).
 """
 
 from __future__ import annotations
