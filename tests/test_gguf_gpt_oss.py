@@ -7,11 +7,14 @@ window when it rewrites the attention."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from conftest import RunningServer, running_server
 from gguf_architectures import HARMONY_SPECIALS, write_gpt_oss
 from gpt_oss_reference import forward, read_gguf
 from ovtrio.gguf.builder.folder import write_ir_folder
@@ -95,3 +98,64 @@ def test_the_harmony_fallback_and_its_end_tokens(gpt_oss: tuple[Path, Path, tupl
     assert encoded("<|start|>Hello<|channel|>") == [*control["<|start|>"], *encoded("Hello"), *control["<|channel|>"]]
     eos = json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
     assert sorted(eos) == sorted([*control["<|return|>"], *control["<|call|>"]])
+
+
+EXACT_FLAGS = (
+    "--inference-precision",
+    "f32",
+    "--kv-cache-precision",
+    "f32",
+    "--plugin-config",
+    '{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}',
+)
+NAME = "tiny-gpt-oss"
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_server(
+    gpt_oss: tuple[Path, Path, tuple[dict, dict]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    file, _, _ = gpt_oss
+    with running_server(
+        tmp_path_factory.mktemp("gpt-oss-server"), "--model", str(file), "--served-model-name", NAME, *EXACT_FLAGS
+    ) as server:
+        yield server
+
+
+def test_ovtrio_serve_serves_the_file_with_its_sinks(
+    gpt_oss_server: RunningServer, gpt_oss: tuple[Path, Path, tuple[dict, dict]]
+) -> None:
+    """`ovtrio serve --model gpt-oss.gguf`: completions and chat, streamed and not, say the
+    same; the chat prompt is the harmony fallback's; and the served first token's logprob is
+    the reference model's (with its sinks) on the served prompt's own tokens."""
+    import openai
+
+    _, _, (metadata, weights) = gpt_oss
+    log = gpt_oss_server.log_path.read_text()
+    assert "no chat template: using the harmony family's own" in log and "built from GGUF" in log
+    client = openai.OpenAI(base_url=gpt_oss_server.v1, api_key="unused", max_retries=0, timeout=600)
+    prompt = "Hello the world"
+    unary = client.completions.create(model=NAME, prompt=prompt, max_tokens=8, temperature=0, logprobs=1)
+    streamed = client.completions.create(model=NAME, prompt=prompt, max_tokens=8, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == unary.choices[0].text
+    ids = client.post("/tokenize", body={"model": NAME, "prompt": prompt}, cast_to=object)["tokens"]  # type: ignore[index]
+    logprobs = unary.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs and logprobs.tokens
+    first = client.post(
+        "/tokenize", body={"model": NAME, "prompt": logprobs.tokens[0], "add_special_tokens": False}, cast_to=object
+    )["tokens"]  # type: ignore[index]
+    expected = _logprob(forward(metadata, weights, ids)[-1], first[0])
+    assert abs(float(logprobs.token_logprobs[0]) - expected) < 1e-3
+
+    messages: Any = [{"role": "user", "content": "Hello the world"}]
+    chat = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
+    chat_stream = client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=8, temperature=0, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chat_stream if chunk.choices)
+    assert text == (chat.choices[0].message.content or "")
+    rendered = "<|start|>user<|message|>Hello the world<|end|><|start|>assistant"
+    counted = client.post(
+        "/tokenize", body={"model": NAME, "prompt": rendered, "add_special_tokens": False}, cast_to=object
+    )["count"]  # type: ignore[index]
+    assert chat.usage is not None and chat.usage.prompt_tokens > counted  # the system header before it
