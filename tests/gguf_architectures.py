@@ -389,6 +389,7 @@ def write_qwen_moe(
     return path
 
 
+MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"]
 DENSE_TYPES = {
     "attn_q": "Q4_K",
     "attn_k": "Q8_0",
@@ -415,35 +416,61 @@ def write_dense(
     tied: bool = True,
     seed: int = 0,
 ) -> Path:
-    """A llama-shaped dense model as llama.cpp's conversion writes `smollm3`, `granite`
-    and `olmo2` files, with a byte-level BPE vocabulary (as all three have): for granite
-    its four multipliers; for olmo2 norms after attention and the MLP (none before) and
-    query and key norms across all heads."""
+    """A llama-shaped dense model as llama.cpp's conversion writes `smollm3`, `granite`,
+    `olmo2` and `mistral3` files, with a byte-level BPE vocabulary (as all four have): for
+    granite its four multipliers; for olmo2 norms after attention and the MLP (none
+    before) and query and key norms across all heads; for mistral3 Ministral 3's head size
+    of its own (128 over a hidden size / heads of 64, as 128 over 96 in the 3B), YaRN by
+    16 from an original context of 16 positions (16384 in the model: scaled down so that a
+    short prompt crosses it, where the queries' temperature grows), Mistral's control
+    tokens and a BOS added. The query and key rows are in the order llama.cpp's
+    conversion leaves them for its interleaved rotation (smollm3, granite, mistral3)."""
     rng = np.random.default_rng(seed)
     tokens, token_types, merges = qwen_vocabulary()
     a = architecture
     olmo2 = a == "olmo2"
-    head_dim = hidden // heads
+    mistral3 = a == "mistral3"
+    if mistral3:
+        tokens = tokens[: -len(QWEN_SPECIALS)] + MISTRAL_SPECIALS
+        token_types = token_types[: -len(QWEN_SPECIALS)] + [int(gguf.TokenType.CONTROL)] * len(MISTRAL_SPECIALS)
+    head_dim = 2 * hidden // heads if mistral3 else hidden // heads
     writer = gguf.GGUFWriter(str(path), a)
-    writer.add_uint32(f"{a}.context_length", 8192)
+    writer.add_uint32(f"{a}.context_length", 256 if mistral3 else 8192)
     writer.add_uint32(f"{a}.embedding_length", hidden)
     writer.add_uint32(f"{a}.block_count", layers)
     writer.add_uint32(f"{a}.feed_forward_length", feed_forward)
     writer.add_uint32(f"{a}.attention.head_count", heads)
     writer.add_uint32(f"{a}.attention.head_count_kv", kv_heads)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_float32(f"{a}.rope.freq_base", 500_000.0)
+    writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0 if mistral3 else 500_000.0)
     if a == "granite":
         for key, value in GRANITE_SCALES.items():
             writer.add_float32(f"{a}.{key}", value)
+    if mistral3:  # Ministral 3's config, its original context scaled down
+        writer.add_uint32(f"{a}.attention.key_length", head_dim)
+        writer.add_uint32(f"{a}.attention.value_length", head_dim)
+        writer.add_uint32(f"{a}.rope.dimension_count", head_dim)
+        writer.add_string(f"{a}.rope.scaling.type", "yarn")
+        writer.add_float32(f"{a}.rope.scaling.factor", 16.0)
+        writer.add_uint32(f"{a}.rope.scaling.original_context_length", 16)
+        writer.add_float32(f"{a}.rope.scaling.yarn_beta_fast", 32.0)
+        writer.add_float32(f"{a}.rope.scaling.yarn_beta_slow", 1.0)
+        writer.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 1.0)
+        writer.add_float32(f"{a}.attention.temperature_scale", 0.1)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre("tekken" if mistral3 else "default")
     writer.add_token_list(tokens)
     writer.add_token_types(token_types)
     writer.add_token_merges(merges)
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
+    if mistral3:
+        writer.add_unk_token_id(tokens.index("<unk>"))
+        writer.add_bos_token_id(tokens.index("<s>"))
+        writer.add_eos_token_id(tokens.index("</s>"))
+        writer.add_add_bos_token(True)
+    else:
+        writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+        writer.add_eos_token_id(tokens.index("<|im_end|>"))
+        writer.add_add_bos_token(False)
 
     def matrix(name: str, shape: tuple[int, int], type_name: str) -> None:
         rows, cols = shape

@@ -46,6 +46,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     dense.SMOLLM3.architecture: Architecture(dense.builder(dense.SMOLLM3), "chatml", ("<|im_end|>",)),
     dense.GRANITE.architecture: Architecture(dense.builder(dense.GRANITE), "granite", ("<|end_of_text|>",)),
     dense.OLMO2.architecture: Architecture(dense.builder(dense.OLMO2), "olmo2", ()),
+    dense.MISTRAL3.architecture: Architecture(dense.builder(dense.MISTRAL3), "mistral", ()),
 }
 
 

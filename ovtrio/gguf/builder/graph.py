@@ -166,19 +166,29 @@ def longrope_frequencies(
 
 
 def yarn_frequencies(
-    dim: int, theta: float, factor: float, original_context_length: int, beta_fast: float, beta_slow: float
+    dim: int,
+    theta: float,
+    factor: float,
+    original_context_length: int,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool = False,
 ) -> tuple[np.ndarray, float]:
-    """YaRN (gpt-oss), as transformers computes it with `truncate` off: each inverse
-    frequency blended between its own (extrapolated, for dimensions turning more than
-    `beta_fast` times over the original context) and itself divided by `factor`
-    (interpolated, for those turning fewer than `beta_slow` times), linearly between the two
-    correction dimensions; and the attention factor 0.1 ln(factor) + 1 that multiplies cos
-    and sin."""
+    """YaRN as transformers computes it: each inverse frequency blended between its own
+    (extrapolated, for dimensions turning more than `beta_fast` times over the original
+    context) and itself divided by `factor` (interpolated, for those turning fewer than
+    `beta_slow` times), linearly between the two correction dimensions, rounded outwards to
+    whole dimensions with `truncate` (as llama.cpp always rounds them; gpt-oss's config
+    turns it off, Ministral 3's leaves it on); and the attention factor 0.1 ln(factor) + 1
+    that multiplies cos and sin."""
 
     def correction_dim(rotations: float) -> float:
-        return dim * np.log(original_context_length / (rotations * 2 * np.pi)) / (2 * np.log(theta))
+        return float(dim * np.log(original_context_length / (rotations * 2 * np.pi)) / (2 * np.log(theta)))
 
-    low, high = max(correction_dim(beta_fast), 0.0), min(correction_dim(beta_slow), dim - 1.0)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = float(np.floor(low)), float(np.ceil(high))
+    low, high = max(low, 0.0), min(high, dim - 1.0)
     if low == high:
         high += 0.001
     ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)

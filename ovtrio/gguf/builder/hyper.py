@@ -41,6 +41,7 @@ class Hyper:
     rope_factor: float = 1.0
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    temperature_scale: float = 0.0  # Ministral 3's query temperature by position (0: none)
 
 
 def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
@@ -87,4 +88,5 @@ def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
         rope_factor=float(optional("rope.scaling.factor", 1.0)),
         yarn_beta_fast=float(optional("rope.scaling.yarn_beta_fast", 32.0)),
         yarn_beta_slow=float(optional("rope.scaling.yarn_beta_slow", 1.0)),
+        temperature_scale=float(optional("attention.temperature_scale", 0.0)),
     )
