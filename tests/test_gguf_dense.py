@@ -8,11 +8,14 @@ compares."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from conftest import RunningServer, running_server
 from dense_reference import PERMUTED, forward, read_gguf
 from gguf_architectures import write_dense
 from ovtrio.gguf.builder.folder import write_ir_folder
@@ -86,3 +89,67 @@ def test_a_file_whose_tensors_do_not_fit_its_header_fails_its_build_in_one_line(
     with pytest.raises(BuildError) as refused:
         build_in_child(good, tmp_path / "built")
     assert "\n" not in str(refused.value) and str(refused.value)
+
+
+EXACT_FLAGS = (
+    "--inference-precision",
+    "f32",
+    "--kv-cache-precision",
+    "f32",
+    "--plugin-config",
+    '{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}',
+)
+
+
+@pytest.fixture(scope="module")
+def mistral3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, Path]]:
+    file = write_dense(tmp_path_factory.mktemp("mistral3-file") / "ministral.gguf", "mistral3")
+    with running_server(
+        tmp_path_factory.mktemp("mistral3-server"),
+        "--model",
+        str(file),
+        "--served-model-name",
+        "ministral",
+        *EXACT_FLAGS,
+    ) as server:
+        yield server, file
+
+
+def test_ovtrio_serve_serves_a_mistral3_file(mistral3_server: tuple[RunningServer, Path]) -> None:
+    """`ovtrio serve --model ministral.gguf`: completions and chat, streamed and not, say the
+    same; the chat prompt is Mistral's with one BOS; and the served first token's logprob
+    is the reference model's on the served prompt's own tokens (its BOS first)."""
+    import openai
+
+    server, file = mistral3_server
+    assert "no chat template: using the mistral family's own" in server.log_path.read_text()
+    client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=600)
+    prompt = "Hello the world"
+    unary = client.completions.create(model="ministral", prompt=prompt, max_tokens=8, temperature=0, logprobs=1)
+    streamed = client.completions.create(model="ministral", prompt=prompt, max_tokens=8, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == unary.choices[0].text
+
+    def tokenized(text: str, special: bool) -> dict[str, Any]:
+        body = {"model": "ministral", "prompt": text, "add_special_tokens": special}
+        return client.post("/tokenize", body=body, cast_to=object)  # type: ignore[return-value]
+
+    ids = tokenized(prompt, True)["tokens"]
+    assert ids == tokenized("<s>", False)["tokens"] + tokenized(prompt, False)["tokens"]  # the file's add_bos
+    logprobs = unary.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs and logprobs.tokens
+    first = tokenized(logprobs.tokens[0], False)["tokens"][0]
+    metadata, weights = read_gguf(str(file))
+    shifted = forward(metadata, weights, ids)[-1]
+    shifted = shifted - shifted.max()
+    expected = float(shifted[first] - np.log(np.exp(shifted).sum()))
+    assert abs(float(logprobs.token_logprobs[0]) - expected) < 1e-3
+
+    messages: Any = [{"role": "user", "content": prompt}]
+    chat = client.chat.completions.create(model="ministral", messages=messages, max_tokens=8, temperature=0)
+    chat_stream = client.chat.completions.create(
+        model="ministral", messages=messages, max_tokens=8, temperature=0, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chat_stream if chunk.choices)
+    assert text == (chat.choices[0].message.content or "")
+    assert chat.usage is not None
+    assert chat.usage.prompt_tokens == tokenized("<s>[INST]Hello the world[/INST]", False)["count"]
