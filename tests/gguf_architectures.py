@@ -422,7 +422,8 @@ def write_dense(
     before) and query and key norms across all heads; for mistral3 Ministral 3's head size
     of its own (128 over a hidden size / heads of 64, as 128 over 96 in the 3B), YaRN by
     16 from an original context of 16 positions (16384 in the model: scaled down so that a
-    short prompt crosses it, where the queries' temperature grows), Mistral's control
+    short prompt crosses it, where the queries' temperature grows; the context stays
+    8192, long enough for a prompt with tools), Mistral's control
     tokens and a BOS added. The query and key rows are in the order llama.cpp's
     conversion leaves them for its interleaved rotation (smollm3, granite, mistral3)."""
     rng = np.random.default_rng(seed)
@@ -435,7 +436,7 @@ def write_dense(
         token_types = token_types[: -len(QWEN_SPECIALS)] + [int(gguf.TokenType.CONTROL)] * len(MISTRAL_SPECIALS)
     head_dim = 2 * hidden // heads if mistral3 else hidden // heads
     writer = gguf.GGUFWriter(str(path), a)
-    writer.add_uint32(f"{a}.context_length", 256 if mistral3 else 8192)
+    writer.add_uint32(f"{a}.context_length", 8192)
     writer.add_uint32(f"{a}.embedding_length", hidden)
     writer.add_uint32(f"{a}.block_count", layers)
     writer.add_uint32(f"{a}.feed_forward_length", feed_forward)
