@@ -545,6 +545,7 @@ def write_gpt_oss(
     expert_feed_forward: int = 256,
     window: int = 8,
     seed: int = 0,
+    fused_gate_up: bool = False,
 ) -> Path:
     """A gpt-oss model as llama.cpp's conversion writes it: gpt-oss-20b's hyper-parameters
     scaled down (a head size of its own, not hidden / heads; 8 query heads a key head as
@@ -552,7 +553,8 @@ def write_gpt_oss(
     positions by 32; a window on the even layers), biases on every projection, the router
     and the experts, one sink logit a head, the experts' weights in MXFP4 and the experts'
     gate and up spread wide enough that the SwiGLU's clamp at 7 cuts some of them, and a
-    byte-level vocabulary with harmony's control tokens."""
+    byte-level vocabulary with harmony's control tokens. `fused_gate_up` writes the experts'
+    gate and up as one ffn_gate_up_exps, as llama.cpp's --fuse-gate-up-exps does."""
     rng = np.random.default_rng(seed)
     tokens, token_types, merges = qwen_vocabulary()
     tokens = tokens[: -len(QWEN_SPECIALS)] + HARMONY_SPECIALS
@@ -619,10 +621,14 @@ def write_gpt_oss(
         vector(p + "post_attention_norm.weight", (hidden,), 1.0)
         matrix(p + "ffn_gate_inp.weight", (experts, hidden), "F32", 2.0)
         vector(p + "ffn_gate_inp.bias", (experts,), spread=0.5)
-        matrix(p + "ffn_gate_exps.weight", (experts, expert_feed_forward, hidden), t["ffn_gate_exps"], 3.0)
-        vector(p + "ffn_gate_exps.bias", (experts, expert_feed_forward))
-        matrix(p + "ffn_up_exps.weight", (experts, expert_feed_forward, hidden), t["ffn_up_exps"], 3.0)
-        vector(p + "ffn_up_exps.bias", (experts, expert_feed_forward))
+        if fused_gate_up:
+            matrix(p + "ffn_gate_up_exps.weight", (experts, 2 * expert_feed_forward, hidden), "MXFP4", 3.0)
+            vector(p + "ffn_gate_up_exps.bias", (experts, 2 * expert_feed_forward))
+        else:
+            matrix(p + "ffn_gate_exps.weight", (experts, expert_feed_forward, hidden), t["ffn_gate_exps"], 3.0)
+            vector(p + "ffn_gate_exps.bias", (experts, expert_feed_forward))
+            matrix(p + "ffn_up_exps.weight", (experts, expert_feed_forward, hidden), t["ffn_up_exps"], 3.0)
+            vector(p + "ffn_up_exps.bias", (experts, expert_feed_forward))
         matrix(p + "ffn_down_exps.weight", (experts, hidden, expert_feed_forward), t["ffn_down_exps"], 0.3)
         vector(p + "ffn_down_exps.bias", (experts, hidden))
     writer.write_header_to_file()

@@ -100,6 +100,15 @@ def test_the_harmony_fallback_and_its_end_tokens(gpt_oss: tuple[Path, Path, tupl
     assert sorted(eos) == sorted([*control["<|return|>"], *control["<|call|>"]])
 
 
+def test_fused_gate_and_up_experts_are_refused_in_one_line(tmp_path: Path) -> None:
+    from ovtrio.gguf.builder.child import BuildError, build_in_child
+
+    fused = write_gpt_oss(tmp_path / "fused.gguf", layers=2, fused_gate_up=True)
+    with pytest.raises(BuildError) as refused:
+        build_in_child(fused, tmp_path / "built")
+    assert "ffn_gate_up_exps" in str(refused.value) and "\n" not in str(refused.value)
+
+
 EXACT_FLAGS = (
     "--inference-precision",
     "f32",

@@ -55,6 +55,11 @@ def routed_experts(
     with its `.bias` where the file has one (gpt-oss: [experts] for the router, [experts,
     rows] for the experts' projections)."""
     experts = routing.experts
+    if f"{name}ffn_gate_up_exps.weight" in tensors:
+        raise ValueError(
+            f"{name}ffn_gate_up_exps.weight: experts' gate and up fused in one tensor (llama.cpp's"
+            " --fuse-gate-up-exps) are not built; convert the model without that flag"
+        )
     for part, rows in (("gate_inp", None), ("gate_exps", None), ("up_exps", None), ("down_exps", hidden)):
         shape = tensors.shape(f"{name}ffn_{part}.weight")
         if shape[0] != experts or (rows is not None and shape[1] != rows):
