@@ -21,11 +21,14 @@ def _rms(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(mean + eps)).astype(np.float32) * weight
 
 
-def _yarn(dim: int, base: float, factor: float, original: int) -> tuple[np.ndarray, float]:
+def _yarn(dim: int, base: float, factor: float, original: int, truncate: bool) -> tuple[np.ndarray, float]:
     def correction_dim(rotations: float) -> float:
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
-    low, high = max(correction_dim(32.0), 0), min(correction_dim(1.0), dim - 1)
+    low, high = correction_dim(32.0), correction_dim(1.0)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
     extrapolation = 1 - ramp
     pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
@@ -40,9 +43,12 @@ def forward(
     sinks: bool = True,
     clamp: bool = True,
     window: bool = True,
+    truncate: bool = False,
 ) -> np.ndarray:
     """Logits [len(ids), vocab]. `sinks`, `clamp` and `window` False leave out the
-    attention's sinks, the SwiGLU's clamp or the sliding window (to show each matters)."""
+    attention's sinks, the SwiGLU's clamp or the sliding window (to show each matters);
+    `truncate` rounds YaRN's correction range to whole dimensions, as llama.cpp does (gpt-oss's
+    config turns that off)."""
     a = str(metadata["general.architecture"])
     heads = metadata[f"{a}.attention.head_count"]
     kv_heads = metadata[f"{a}.attention.head_count_kv"]
@@ -58,6 +64,7 @@ def forward(
         metadata[f"{a}.rope.freq_base"],
         metadata[f"{a}.rope.scaling.factor"],
         metadata[f"{a}.rope.scaling.original_context_length"],
+        truncate,
     )
     angles = np.arange(length)[:, None] * inverse[None]
     cos, sin = (np.cos(angles) * scaling)[:, None], (np.sin(angles) * scaling)[:, None]
