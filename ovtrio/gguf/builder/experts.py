@@ -6,7 +6,11 @@ matrices stacked row after row ([experts x rows, hidden]), their down matrices s
 side ([hidden, experts x rows]), each kept as its codes in the decompression pattern
 the CPU plugin fuses into its MatMul; the top-k routing weights, scattered into a
 [tokens, experts] matrix, weigh each expert's activations before the down projection, so
-that MatMul sums the chosen experts' outputs (the others weighed zero).
+that MatMul sums the chosen experts' outputs (the others weighed zero). Biases (gpt-oss)
+join as the file has them: the router's on its logits, the gate's and up's on the
+stacked rows, and the down projection's weighed by the same [tokens, experts] matrix
+([tokens, experts] x [experts, hidden]), so each chosen expert adds its own bias times
+its weight. The gated activation is the family's (SwiGLU, or gpt-oss's clamped one).
 
 Every expert is computed for every token, as the CPU plugin (2026.4) has no MoE kernel;
 but the weights stay compressed. The form optimum-intel exports (the hidden states tiled
