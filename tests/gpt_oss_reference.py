@@ -98,16 +98,26 @@ def forward(
         x = x + project(p + "attn_output", context.reshape(length, -1))
         h = _rms(x, weights[p + "post_attention_norm.weight"], eps)
         router = project(p + "ffn_gate_inp", h)
+        if p + "ffn_gate_up_exps.weight" in weights:  # llama.cpp's --fuse-gate-up-exps: gate rows, then up rows
+            both, both_bias = weights[p + "ffn_gate_up_exps.weight"], weights[p + "ffn_gate_up_exps.bias"]
+            rows = both.shape[1] // 2
+            gate_weight, up_weight, gate_bias, up_bias = (
+                both[:, :rows],
+                both[:, rows:],
+                both_bias[:, :rows],
+                both_bias[:, rows:],
+            )
+        else:
+            gate_weight, gate_bias = weights[p + "ffn_gate_exps.weight"], weights[p + "ffn_gate_exps.bias"]
+            up_weight, up_bias = weights[p + "ffn_up_exps.weight"], weights[p + "ffn_up_exps.bias"]
         out = np.zeros_like(h)
         for token in range(length):
             chosen = np.argsort(-router[token], kind="stable")[:top_k]
             routing = np.exp(router[token, chosen] - router[token, chosen].max())
             routing /= routing.sum()
             for expert, weight in zip(chosen, routing, strict=True):
-                gate = (
-                    h[token] @ weights[p + "ffn_gate_exps.weight"][expert].T + weights[p + "ffn_gate_exps.bias"][expert]
-                )
-                up = h[token] @ weights[p + "ffn_up_exps.weight"][expert].T + weights[p + "ffn_up_exps.bias"][expert]
+                gate = h[token] @ gate_weight[expert].T + gate_bias[expert]
+                up = h[token] @ up_weight[expert].T + up_bias[expert]
                 if clamp:
                     gate, up = np.minimum(gate, limit), np.clip(up, -limit, limit)
                 glu = gate / (1 + np.exp(-gate * alpha))

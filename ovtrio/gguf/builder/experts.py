@@ -57,14 +57,13 @@ def routed_experts(
     """The routed experts' output for x [batch, length, hidden]; the layer's tensors are
     `name` + ffn_gate_inp (the router [experts, hidden]) and ffn_{gate,up,down}_exps, each
     with its `.bias` where the file has one (gpt-oss: [experts] for the router, [experts,
-    rows] for the experts' projections)."""
+    rows] for the experts' projections). A file converted with llama.cpp's
+    --fuse-gate-up-exps has ffn_gate_up_exps instead of the gate and up: each expert's
+    gate rows, then its up rows (and its bias so)."""
     experts = routing.experts
-    if f"{name}ffn_gate_up_exps.weight" in tensors:
-        raise ValueError(
-            f"{name}ffn_gate_up_exps.weight: experts' gate and up fused in one tensor (llama.cpp's"
-            " --fuse-gate-up-exps) are not built; convert the model without that flag"
-        )
-    for part, rows in (("gate_inp", None), ("gate_exps", None), ("up_exps", None), ("down_exps", hidden)):
+    fused = f"{name}ffn_gate_up_exps.weight" in tensors
+    parts = ("gate_up_exps",) if fused else ("gate_exps", "up_exps")
+    for part, rows in (("gate_inp", None), *((part, None) for part in parts), ("down_exps", hidden)):
         shape = tensors.shape(f"{name}ffn_{part}.weight")
         if shape[0] != experts or (rows is not None and shape[1] != rows):
             raise ValueError(f"{name}ffn_{part}.weight has shape {list(shape)}, not {experts} experts of the model's")
@@ -88,8 +87,16 @@ def routed_experts(
         weight = g.matrix(_side_by_side(tensors, name + f"ffn_{part}_exps.weight", False))
         return g.linear(flat.output(0), weight, None if bias is None else bias.reshape(-1))
 
-    active = activation(stacked("gate"), stacked("up"))  # [tokens, experts x rows]
-    rows = tensors.shape(name + "ffn_up_exps.weight")[1]
+    rows = tensors.shape(name + "ffn_down_exps.weight")[2]
+    if fused:  # [tokens, experts x (gate rows, up rows)] split per expert
+        both = ops.reshape(stacked("gate_up"), g.const([-1, experts, 2, rows]), False)
+        gate, up = (
+            ops.reshape(ops.gather(both, g.const(half), g.const(2)), g.const([-1, experts * rows]), False).output(0)
+            for half in (0, 1)
+        )
+    else:
+        gate, up = stacked("gate"), stacked("up")
+    active = activation(gate, up)  # [tokens, experts x rows]
     weighed = ops.multiply(
         ops.reshape(active, g.const([-1, experts, rows]), False), ops.unsqueeze(per_expert, g.const(-1))
     )
