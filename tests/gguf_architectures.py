@@ -389,6 +389,7 @@ def write_qwen_moe(
     return path
 
 
+MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"]
 DENSE_TYPES = {
     "attn_q": "Q4_K",
     "attn_k": "Q8_0",
@@ -415,15 +416,25 @@ def write_dense(
     tied: bool = True,
     seed: int = 0,
 ) -> Path:
-    """A llama-shaped dense model as llama.cpp's conversion writes `smollm3`, `granite`
-    and `olmo2` files, with a byte-level BPE vocabulary (as all three have): for granite
-    its four multipliers; for olmo2 norms after attention and the MLP (none before) and
-    query and key norms across all heads."""
+    """A llama-shaped dense model as llama.cpp's conversion writes `smollm3`, `granite`,
+    `olmo2` and `mistral3` files, with a byte-level BPE vocabulary (as all four have): for
+    granite its four multipliers; for olmo2 norms after attention and the MLP (none
+    before) and query and key norms across all heads; for mistral3 Ministral 3's head size
+    of its own (128 over a hidden size / heads of 64, as 128 over 96 in the 3B), YaRN by
+    16 from an original context of 16 positions (16384 in the model: scaled down so that a
+    short prompt crosses it, where the queries' temperature grows; the context stays
+    8192, long enough for a prompt with tools), Mistral's control
+    tokens and a BOS added. The query and key rows are in the order llama.cpp's
+    conversion leaves them for its interleaved rotation (smollm3, granite, mistral3)."""
     rng = np.random.default_rng(seed)
     tokens, token_types, merges = qwen_vocabulary()
     a = architecture
     olmo2 = a == "olmo2"
-    head_dim = hidden // heads
+    mistral3 = a == "mistral3"
+    if mistral3:
+        tokens = tokens[: -len(QWEN_SPECIALS)] + MISTRAL_SPECIALS
+        token_types = token_types[: -len(QWEN_SPECIALS)] + [int(gguf.TokenType.CONTROL)] * len(MISTRAL_SPECIALS)
+    head_dim = 2 * hidden // heads if mistral3 else hidden // heads
     writer = gguf.GGUFWriter(str(path), a)
     writer.add_uint32(f"{a}.context_length", 8192)
     writer.add_uint32(f"{a}.embedding_length", hidden)
@@ -432,18 +443,35 @@ def write_dense(
     writer.add_uint32(f"{a}.attention.head_count", heads)
     writer.add_uint32(f"{a}.attention.head_count_kv", kv_heads)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_float32(f"{a}.rope.freq_base", 500_000.0)
+    writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0 if mistral3 else 500_000.0)
     if a == "granite":
         for key, value in GRANITE_SCALES.items():
             writer.add_float32(f"{a}.{key}", value)
+    if mistral3:  # Ministral 3's config, its original context scaled down
+        writer.add_uint32(f"{a}.attention.key_length", head_dim)
+        writer.add_uint32(f"{a}.attention.value_length", head_dim)
+        writer.add_uint32(f"{a}.rope.dimension_count", head_dim)
+        writer.add_string(f"{a}.rope.scaling.type", "yarn")
+        writer.add_float32(f"{a}.rope.scaling.factor", 16.0)
+        writer.add_uint32(f"{a}.rope.scaling.original_context_length", 16)
+        writer.add_float32(f"{a}.rope.scaling.yarn_beta_fast", 32.0)
+        writer.add_float32(f"{a}.rope.scaling.yarn_beta_slow", 1.0)
+        writer.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 1.0)
+        writer.add_float32(f"{a}.attention.temperature_scale", 0.1)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre("tekken" if mistral3 else "default")
     writer.add_token_list(tokens)
     writer.add_token_types(token_types)
     writer.add_token_merges(merges)
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_add_bos_token(False)
+    if mistral3:
+        writer.add_unk_token_id(tokens.index("<unk>"))
+        writer.add_bos_token_id(tokens.index("<s>"))
+        writer.add_eos_token_id(tokens.index("</s>"))
+        writer.add_add_bos_token(True)
+    else:
+        writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+        writer.add_eos_token_id(tokens.index("<|im_end|>"))
+        writer.add_add_bos_token(False)
 
     def matrix(name: str, shape: tuple[int, int], type_name: str) -> None:
         rows, cols = shape
@@ -476,6 +504,133 @@ def write_dense(
         else:
             vector(p + "attn_norm.weight", hidden)
             vector(p + "ffn_norm.weight", hidden)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+GPT_OSS_TYPES = {
+    "attn_q": "Q8_0",
+    "attn_k": "F16",
+    "attn_v": "Q8_0",
+    "attn_output": "Q4_K",
+    "ffn_gate_exps": "MXFP4",
+    "ffn_up_exps": "MXFP4",
+    "ffn_down_exps": "MXFP4",
+}
+HARMONY_SPECIALS = [
+    "<|endoftext|>",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|return|>",
+    "<|call|>",
+]
+
+
+def write_gpt_oss(
+    path: Path,
+    *,
+    layers: int = 4,
+    hidden: int = 256,
+    heads: int = 8,
+    kv_heads: int = 2,
+    head_dim: int = 64,
+    experts: int = 16,
+    experts_used: int = 4,
+    expert_feed_forward: int = 256,
+    window: int = 8,
+    seed: int = 0,
+    fused_gate_up: bool = False,
+) -> Path:
+    """A gpt-oss model as llama.cpp's conversion writes it: gpt-oss-20b's hyper-parameters
+    scaled down (a head size of its own, not hidden / heads; 8 query heads a key head as
+    64 over 8; a quarter of the experts chosen, 4 of 16 as 4 of 32 there; YaRN from 4096
+    positions by 32; a window on the even layers), biases on every projection, the router
+    and the experts, one sink logit a head, the experts' weights in MXFP4 and the experts'
+    gate and up spread wide enough that the SwiGLU's clamp at 7 cuts some of them, and a
+    byte-level vocabulary with harmony's control tokens. `fused_gate_up` writes the experts'
+    gate and up as one ffn_gate_up_exps, as llama.cpp's --fuse-gate-up-exps does."""
+    rng = np.random.default_rng(seed)
+    tokens, token_types, merges = qwen_vocabulary()
+    tokens = tokens[: -len(QWEN_SPECIALS)] + HARMONY_SPECIALS
+    token_types = token_types[: -len(QWEN_SPECIALS)] + [int(gguf.TokenType.CONTROL)] * len(HARMONY_SPECIALS)
+    a = "gpt-oss"
+    writer = gguf.GGUFWriter(str(path), a)
+    writer.add_uint32(f"{a}.context_length", 131072)
+    writer.add_uint32(f"{a}.embedding_length", hidden)
+    writer.add_uint32(f"{a}.block_count", layers)
+    writer.add_uint32(f"{a}.feed_forward_length", expert_feed_forward)
+    writer.add_uint32(f"{a}.attention.head_count", heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", kv_heads)
+    writer.add_uint32(f"{a}.attention.key_length", head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", head_dim)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_float32(f"{a}.rope.freq_base", 150_000.0)
+    writer.add_uint32(f"{a}.rope.dimension_count", head_dim)
+    writer.add_string(f"{a}.rope.scaling.type", "yarn")
+    writer.add_float32(f"{a}.rope.scaling.factor", 32.0)
+    writer.add_uint32(f"{a}.rope.scaling.original_context_length", 4096)
+    writer.add_uint32(f"{a}.attention.sliding_window", window)
+    writer.add_uint32(f"{a}.expert_count", experts)
+    writer.add_uint32(f"{a}.expert_used_count", experts_used)
+    writer.add_uint32(f"{a}.expert_feed_forward_length", expert_feed_forward)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-4o")
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|return|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+
+    def matrix(name: str, shape: tuple[int, ...], type_name: str, spread: float = 1.0) -> None:
+        rows, cols = int(np.prod(shape[:-1])), shape[-1]
+        weights = rng.normal(0, spread * cols**-0.5, (rows, cols)).astype(np.float32)
+        if type_name == "F16":
+            data = weights.astype(np.float16)
+        else:
+            data = blocks_of(None if type_name.endswith("_K") else weights, rows, cols, type_name, rng)
+        writer.add_tensor(name, data.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[type_name])
+
+    def vector(name: str, shape: tuple[int, ...], center: float = 0.0, spread: float = 0.1) -> None:
+        writer.add_tensor(name, (center + rng.normal(0, spread, shape)).astype(np.float32))
+
+    matrix("token_embd.weight", (len(tokens), hidden), "Q8_0")
+    vector("output_norm.weight", (hidden,), 1.0)
+    matrix("output.weight", (len(tokens), hidden), "Q6_K")
+    t = GPT_OSS_TYPES
+    for layer in range(layers):
+        p = f"blk.{layer}."
+        vector(p + "attn_norm.weight", (hidden,), 1.0)
+        matrix(p + "attn_q.weight", (heads * head_dim, hidden), t["attn_q"])
+        vector(p + "attn_q.bias", (heads * head_dim,), spread=0.5)
+        matrix(p + "attn_k.weight", (kv_heads * head_dim, hidden), t["attn_k"])
+        vector(p + "attn_k.bias", (kv_heads * head_dim,), spread=0.5)
+        matrix(p + "attn_v.weight", (kv_heads * head_dim, hidden), t["attn_v"])
+        vector(p + "attn_v.bias", (kv_heads * head_dim,), spread=0.5)
+        matrix(p + "attn_output.weight", (hidden, heads * head_dim), t["attn_output"])
+        vector(p + "attn_output.bias", (hidden,))
+        # Trained sinks sit around the scores' own range: a few heads put much of their weight there.
+        vector(p + "attn_sinks.weight", (heads,), 1.0, 1.5)
+        vector(p + "post_attention_norm.weight", (hidden,), 1.0)
+        matrix(p + "ffn_gate_inp.weight", (experts, hidden), "F32", 2.0)
+        vector(p + "ffn_gate_inp.bias", (experts,), spread=0.5)
+        if fused_gate_up:
+            matrix(p + "ffn_gate_up_exps.weight", (experts, 2 * expert_feed_forward, hidden), "MXFP4", 3.0)
+            vector(p + "ffn_gate_up_exps.bias", (experts, 2 * expert_feed_forward))
+        else:
+            matrix(p + "ffn_gate_exps.weight", (experts, expert_feed_forward, hidden), t["ffn_gate_exps"], 3.0)
+            vector(p + "ffn_gate_exps.bias", (experts, expert_feed_forward))
+            matrix(p + "ffn_up_exps.weight", (experts, expert_feed_forward, hidden), t["ffn_up_exps"], 3.0)
+            vector(p + "ffn_up_exps.bias", (experts, expert_feed_forward))
+        matrix(p + "ffn_down_exps.weight", (experts, hidden, expert_feed_forward), t["ffn_down_exps"], 0.3)
+        vector(p + "ffn_down_exps.bias", (experts, hidden))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,4 +1,4 @@
-"""Models ovtrio builds from GGUF files (Gemma 2, Qwen3-MoE, Qwen2-MoE; random weights in
+"""Models ovtrio builds from GGUF files (Gemma 2, Qwen3-MoE, Qwen2-MoE, gpt-oss, Ministral 3; random weights in
 the families' layouts, tests/gguf_architectures.py) served on demand from a models folder
 with everything downstream of the model: chat streamed and not, a forced tool call and a
 JSON schema (the grammar built from the rebuilt tokenizer's vocabulary), prompt scoring
@@ -22,9 +22,11 @@ import pytest
 
 import loopback
 from conftest import RunningServer, running_server
+from dense_reference import forward as dense_forward
 from gemma2_reference import forward as gemma2_forward
 from gemma3_reference import read_gguf
-from gguf_architectures import write_gemma3, write_qwen_moe
+from gguf_architectures import write_dense, write_gemma3, write_gpt_oss, write_qwen_moe
+from gpt_oss_reference import forward as gpt_oss_forward
 from qwen_moe_reference import forward as qwen_moe_forward
 
 EXACT_FLAGS = (
@@ -35,7 +37,7 @@ EXACT_FLAGS = (
     "--plugin-config",
     '{"DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}',
 )
-BUILT = ("tiny-qwen3moe", "tiny-qwen2moe", "tiny-gemma2")
+BUILT = ("tiny-qwen3moe", "tiny-qwen2moe", "tiny-gemma2", "tiny-gpt-oss", "tiny-mistral3")
 PROMPT_IDS = [*range(40, 200, 9)]
 
 
@@ -45,6 +47,8 @@ def _write_models(models: Path) -> dict[str, Path]:
         "tiny-qwen3moe": write_qwen_moe(models / "tiny-qwen3moe.gguf"),
         "tiny-qwen2moe": write_qwen_moe(models / "tiny-qwen2moe.gguf", architecture="qwen2moe"),
         "tiny-gemma2": write_gemma3(models / "tiny-gemma2.gguf", architecture="gemma2"),
+        "tiny-gpt-oss": write_gpt_oss(models / "tiny-gpt-oss.gguf"),
+        "tiny-mistral3": write_dense(models / "tiny-mistral3.gguf", "mistral3"),
         # More experts used than the file has: refused with the reason, alone.
         "hostile-moe": write_qwen_moe(models / "hostile-moe.gguf", experts_used=99, seed=1),
     }
@@ -80,7 +84,11 @@ def test_chat_streamed_and_not_say_the_same(server: RunningServer, model: str) -
     assert unary.usage is not None and unary.usage.completion_tokens <= 8
 
 
-@pytest.mark.parametrize("model", BUILT)
+# gpt-oss writes on harmony channels, where a forced call is refused (its own test below).
+FORCED_CALLS = tuple(model for model in BUILT if model != "tiny-gpt-oss")
+
+
+@pytest.mark.parametrize("model", FORCED_CALLS)
 def test_a_forced_tool_call_and_a_schema_hold_on_a_built_model(server: RunningServer, model: str) -> None:
     client = _client(server)
     tool: Any = {
@@ -125,6 +133,22 @@ def test_a_forced_tool_call_and_a_schema_hold_on_a_built_model(server: RunningSe
     assert shaped.choices[0].finish_reason == "stop"
 
 
+def test_gpt_oss_is_refused_a_forced_call_and_holds_auto_tools(server: RunningServer) -> None:
+    """A forced call cannot be held to one harmony channel: a 400 naming tool_choice; with
+    tool_choice auto the same request is served."""
+    tool: Any = {"type": "function", "function": {"name": "paint", "parameters": {"type": "object"}}}
+    body = {"model": "tiny-gpt-oss", "messages": [{"role": "user", "content": "Hello"}], "tools": [tool]}
+    forced = {**body, "tool_choice": {"type": "function", "function": {"name": "paint"}}, "max_tokens": 8}
+    refused = loopback.post(server.base_url + "/v1/chat/completions", json=forced, timeout=600)
+    assert refused.status_code == 400, refused.text
+    assert "tool_choice" in refused.json()["error"]["message"]
+    served = loopback.post(
+        server.base_url + "/v1/chat/completions", json={**body, "tool_choice": "auto", "max_tokens": 8}, timeout=600
+    )
+    assert served.status_code == 200, served.text
+    assert served.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+
+
 @pytest.mark.parametrize("model", BUILT)
 def test_prompt_scores_are_the_reference_models(
     server: RunningServer, built_files: dict[str, Path], model: str
@@ -140,6 +164,10 @@ def test_prompt_scores_are_the_reference_models(
     metadata, weights = read_gguf(str(built_files[model]))
     if "gemma2" in model:  # the attention scores uncapped, as the served model computes them (docs/models.md)
         logits = gemma2_forward(metadata, weights, PROMPT_IDS, attention_softcap=False).astype(np.float64)
+    elif "gpt-oss" in model:
+        logits = gpt_oss_forward(metadata, weights, PROMPT_IDS).astype(np.float64)
+    elif "mistral3" in model:
+        logits = dense_forward(metadata, weights, PROMPT_IDS).astype(np.float64)
     else:
         logits = qwen_moe_forward(metadata, weights, PROMPT_IDS).astype(np.float64)
     log_softmax = logits - logits.max(-1, keepdims=True)

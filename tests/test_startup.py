@@ -61,7 +61,8 @@ def test_unsupported_gguf_architecture_is_refused(tmp_path):
     assert_one_line_refusal(
         run_serve("--model", str(model)),
         "architecture 'falcon' is not supported",
-        "served: gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3",
+        "served: gemma2, gemma3, gpt-oss, granite, llama, mistral3, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen3moe,"
+        " smollm3",
         "`optimum-cli export openvino --model <hf id> <folder>`",
     )
 

@@ -7,4 +7,6 @@ cache (cached.py)."""
 
 # The architectures folder.ARCHITECTURES builds, named here so that checking a file
 # needs no OpenVINO import.
-BUILT_ARCHITECTURES = frozenset({"gemma2", "gemma3", "granite", "olmo2", "phi3", "qwen2moe", "qwen3moe", "smollm3"})
+BUILT_ARCHITECTURES = frozenset(
+    {"gemma2", "gemma3", "gpt-oss", "granite", "mistral3", "olmo2", "phi3", "qwen2moe", "qwen3moe", "smollm3"}
+)

@@ -28,7 +28,7 @@ from ovtrio.gguf.cache import ENTRY_FILES, MANIFEST, ModelIdentity, engine_versi
 log = logging.getLogger("ovtrio")
 
 # Bumped when what a build writes changes, so older entries are not used.
-FORMAT = 1
+FORMAT = 2
 FOLDER = "gguf-built"
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from ovtrio.gguf.builder import dense, gemma2, gemma3, phi3, qwen2moe, qwen3moe
+from ovtrio.gguf.builder import dense, gemma2, gemma3, gptoss, phi3, qwen2moe, qwen3moe
 from ovtrio.gguf.builder.hyper import Hyper, read_hyper
 from ovtrio.gguf.builder.tensors import GGUFTensors
 from ovtrio.gguf.builder.tokenizer import ARRAYS, build_tokenizers
@@ -39,12 +39,14 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     gemma2.ARCHITECTURE: Architecture(gemma2.build, "gemma", ("<end_of_turn>",)),
     gemma3.ARCHITECTURE: Architecture(gemma3.build, "gemma", ("<end_of_turn>",)),
+    gptoss.ARCHITECTURE: Architecture(gptoss.build, "harmony", ("<|return|>", "<|call|>")),
     phi3.ARCHITECTURE: Architecture(phi3.build, "phi3", ("<|end|>",)),
     qwen2moe.ARCHITECTURE: Architecture(qwen2moe.build, "chatml", ("<|im_end|>",)),
     qwen3moe.ARCHITECTURE: Architecture(qwen3moe.build, "chatml", ("<|im_end|>",)),
     dense.SMOLLM3.architecture: Architecture(dense.builder(dense.SMOLLM3), "chatml", ("<|im_end|>",)),
     dense.GRANITE.architecture: Architecture(dense.builder(dense.GRANITE), "granite", ("<|end_of_text|>",)),
     dense.OLMO2.architecture: Architecture(dense.builder(dense.OLMO2), "olmo2", ()),
+    dense.MISTRAL3.architecture: Architecture(dense.builder(dense.MISTRAL3), "mistral", ()),
 }
 
 
@@ -90,6 +92,7 @@ def write_ir_folder(source: Path, folder: Path) -> list[str]:
         generation["bos_token_id"] = bos
     eos = [header.metadata["tokenizer.ggml.eos_token_id"]] if "tokenizer.ggml.eos_token_id" in header.metadata else []
     eos += [tokens.index(token) for token in architecture.end_of_turn if token in tokens]
+    eos = list(dict.fromkeys(eos))  # gpt-oss's <|return|> is the file's EOS and an end of turn
     if eos:
         generation["eos_token_id"] = eos if len(eos) > 1 else eos[0]
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")

@@ -5,9 +5,10 @@ The model is stateful as optimum-intel exports it: inputs `input_ids`, `attentio
 (ReadValue → Gather by beam_idx → Concat with the new positions → Assign) feeding a
 ScaledDotProductAttention, with GQA's heads repeated by Unsqueeze → Broadcast → Reshape.
 The continuous-batching pipeline rewrites each such attention into its paged attention
-(OpenVINO's SDPAToPagedAttention): it keeps the scale, takes a sliding window from a
-mask built as `sliding_mask` builds it (the pattern it reads gpt-oss's window from), and
-drops every other mask, computing causal attention itself. The masks are still the true
+(OpenVINO's SDPAToPagedAttention): it keeps the scale and the attention's sinks (its
+sixth input, gpt-oss's), takes a sliding window from a mask built as `sliding_mask` builds
+it (the pattern it reads gpt-oss's window from), and drops every other mask, computing
+causal attention itself. The masks are still the true
 ones, so the stateful graph computes the same attention on its own (the tests compare it
 with a numpy forward pass).
 """
@@ -19,9 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 import openvino as ov
 import openvino.opset15 as ops
+from openvino.utils.node_factory import NodeFactory
 
 from ovtrio.gguf.builder.weights import Codes
 
+# opset13's Python factory has no argument for the attention's sinks; its node factory takes them.
+_OPSET13 = NodeFactory("opset13")
 _NEGATIVE = np.float32(-3.4e38)  # a masked score: exp() of it is 0, and no inf - inf makes a NaN
 
 
@@ -79,7 +83,7 @@ def matrix(codes: Codes | np.ndarray) -> ov.Output:
         return node.output(0) if codes.dtype == np.float32 else ops.convert(node, ov.Type.f32).output(0)
     rows = codes.codes.shape[0]
     if codes.bits == 4:
-        packed = ov.Tensor(ov.Type.u4, list(codes.codes.shape))
+        packed = ov.Tensor(ov.Type.f4e2m1 if codes.microscaled else ov.Type.u4, list(codes.codes.shape))
         packed.data[:] = _pack_u4(codes.codes)
         stored = ops.constant(packed)
     else:
@@ -87,12 +91,17 @@ def matrix(codes: Codes | np.ndarray) -> ov.Output:
     values = ops.convert(stored, ov.Type.f32)
     if codes.zero_point is not None:
         values = ops.subtract(values, ops.constant(codes.zero_point))
-    values = ops.multiply(values, ops.constant(codes.scale))
+    if codes.microscaled:
+        exponents = ov.Tensor(ov.Type.f8e8m0, list(codes.scale.shape))
+        exponents.data[:] = codes.scale
+        values = ops.multiply(values, ops.convert(ops.constant(exponents), ov.Type.f32))
+    else:
+        values = ops.multiply(values, ops.constant(codes.scale))
     return ops.reshape(values, const([rows, -1]), False).output(0)
 
 
 def _pack_u4(codes: np.ndarray) -> np.ndarray:
-    """Two 4-bit codes a byte, the first in the low nibble (OpenVINO's u4 layout)."""
+    """Two 4-bit codes a byte, the first in the low nibble (OpenVINO's u4 and f4e2m1 layout)."""
     flat = codes.reshape(-1).astype(np.uint8)
     return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
 
@@ -154,6 +163,40 @@ def longrope_frequencies(
     scale = context_length / original_context_length if original_context_length else 1.0
     factor = float(np.sqrt(1 + np.log(scale) / np.log(original_context_length))) if scale > 1.0 else 1.0
     return frequencies.astype(np.float32), factor
+
+
+def yarn_frequencies(
+    dim: int,
+    theta: float,
+    factor: float,
+    original_context_length: int,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool = False,
+) -> tuple[np.ndarray, float]:
+    """YaRN as transformers computes it: each inverse frequency blended between its own
+    (extrapolated, for dimensions turning more than `beta_fast` times over the original
+    context) and itself divided by `factor` (interpolated, for those turning fewer than
+    `beta_slow` times), linearly between the two correction dimensions, rounded outwards to
+    whole dimensions with `truncate` (as llama.cpp always rounds them; gpt-oss's config
+    turns it off, Ministral 3's leaves it on); and the attention factor 0.1 ln(factor) + 1
+    that multiplies cos and sin."""
+
+    def correction_dim(rotations: float) -> float:
+        return float(dim * np.log(original_context_length / (rotations * 2 * np.pi)) / (2 * np.log(theta)))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = float(np.floor(low)), float(np.ceil(high))
+    low, high = max(low, 0.0), min(high, dim - 1.0)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extrapolated = 1.0 - ramp
+    own = rope_frequencies(dim, theta)
+    frequencies = (own / np.float32(factor)) * (1 - extrapolated) + own * extrapolated
+    attention_factor = float(0.1 * np.log(factor) + 1.0) if factor > 1 else 1.0
+    return frequencies.astype(np.float32), attention_factor
 
 
 def _padding(graph: Inputs) -> ov.Output:
@@ -240,14 +283,28 @@ def attention(
     heads: int,
     kv_heads: int,
     head_dim: int,
+    sinks: np.ndarray | None = None,
 ) -> ov.Output:
     """Attention of query [batch, heads, length, head_dim] over the cached and new keys and
-    values [batch, kv_heads, length, head_dim]; the result [batch, length, heads * head_dim]."""
+    values [batch, kv_heads, length, head_dim]; the result [batch, length, heads * head_dim].
+
+    `sinks` (gpt-oss), one learned logit per head, join each query's softmax as a key of
+    their own that has no value: exp(sink) adds to the denominator only. They are the
+    attention's sixth input, of shape [1, heads, 1, 1], which SDPAToPagedAttention hands
+    on to the paged attention as its sinks (it takes a static rank-4 input whose third
+    dimension from the end is the query's heads)."""
     keys = repeat_kv(caches.cached(graph, layer, "key", key, kv_heads, head_dim), graph, heads, kv_heads, head_dim)
     values = repeat_kv(
         caches.cached(graph, layer, "value", value, kv_heads, head_dim), graph, heads, kv_heads, head_dim
     )
-    context = ops.scaled_dot_product_attention(query, keys, values, mask, const(scale, np.float32), causal=False)
+    scale_input = const(scale, np.float32)
+    if sinks is None:
+        context = ops.scaled_dot_product_attention(query, keys, values, mask, scale_input, causal=False)
+    else:
+        sink_input = ops.constant(sinks.astype(np.float32).reshape(1, heads, 1, 1)).output(0)
+        context = _OPSET13.create(
+            "ScaledDotProductAttention", [query, keys, values, mask, scale_input, sink_input], {"causal": False}
+        )
     context = ops.transpose(context, const([0, 2, 1, 3]))
     return ops.reshape(context, ops.concat([graph.batch, graph.length, const([heads * head_dim])], 0), False).output(0)
 

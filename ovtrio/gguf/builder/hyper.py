@@ -35,6 +35,13 @@ class Hyper:
     residual_scale: float = 1.0
     attention_scale: float = 0.0
     logit_scale: float = 1.0
+    # The rope's scaling as the file names it (`rope.scaling.type`: none, linear, yarn), its
+    # factor, and YaRN's correction range in rotations (32 and 1 where the file has none).
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    temperature_scale: float = 0.0  # Ministral 3's query temperature by position (0: none)
 
 
 def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
@@ -77,4 +84,9 @@ def read_hyper(metadata: Mapping[str, Any]) -> Hyper:
         residual_scale=float(optional("residual_scale", 1.0)),
         attention_scale=float(optional("attention.scale", 0.0)),
         logit_scale=float(optional("logit_scale", 1.0)),
+        rope_scaling=str(scaling),
+        rope_factor=float(optional("rope.scaling.factor", 1.0)),
+        yarn_beta_fast=float(optional("rope.scaling.yarn_beta_fast", 32.0)),
+        yarn_beta_slow=float(optional("rope.scaling.yarn_beta_slow", 1.0)),
+        temperature_scale=float(optional("attention.temperature_scale", 0.0)),
     )

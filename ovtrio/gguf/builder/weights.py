@@ -8,6 +8,12 @@ in the decompression pattern the CPU plugin fuses into its matrix products and g
 (Convert → Subtract → Multiply → Reshape): the weights stay compressed in memory, as in
 an IR that NNCF compressed, instead of a float copy.
 
+MXFP4 (gpt-oss's experts) is kept as OpenVINO's own microscaling types: each code an
+f4e2m1 (the file's 4-bit e2m1 code as it is) and each block of 32 an f8e8m0 scale (the
+file's exponent byte as it is), which the CPU plugin decompresses inside its matrix product
+exactly as llama.cpp does (ggml's doubled levels times half the exponent's power of two are
+the same numbers).
+
 Types with no group structure to keep (F16, BF16, the IQ and ternary types) become an f16
 constant of the dequantized values; F32 stays F32 (norms and biases).
 """
@@ -28,6 +34,7 @@ _BLOCKS = {
     "Q4_K": (144, 256),
     "Q5_K": (176, 256),
     "Q6_K": (210, 256),
+    "MXFP4": (17, 32),
 }
 KEPT_TYPES = frozenset(_BLOCKS)
 
@@ -35,19 +42,29 @@ KEPT_TYPES = frozenset(_BLOCKS)
 @dataclass(frozen=True)
 class Codes:
     """`scale * (codes - zero_point)` per group; codes [rows, groups, group], scales and zero
-    points [rows, groups, 1] (zero_point None: no offset, signed codes)."""
+    points [rows, groups, 1] (zero_point None: no offset, signed codes). With `microscaled`
+    the codes are e2m1 codes and the scales e8m0 exponent bytes (MXFP4), both u8."""
 
     codes: np.ndarray
     scale: np.ndarray
     zero_point: np.ndarray | None
     bits: int  # 4 or 8: how many bits each code needs
+    microscaled: bool = False
 
     def values(self) -> np.ndarray:
         """The weights these codes stand for, [rows, groups * group] float32."""
+        if self.microscaled:
+            levels = E2M1_LEVELS[self.codes]
+            powers = np.ldexp(np.float32(1.0), self.scale.astype(np.int32) - 127).astype(np.float32)
+            return (levels * powers).reshape(self.codes.shape[0], -1)
         codes = self.codes.astype(np.float32)
         if self.zero_point is not None:
             codes = codes - self.zero_point
         return (codes * self.scale).reshape(self.codes.shape[0], -1)
+
+
+# The value of each e2m1 code: sign in bit 3, two exponent bits and one mantissa bit.
+E2M1_LEVELS = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
 
 
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
@@ -95,6 +112,13 @@ def decode(raw: np.ndarray, type_name: str, rows: int) -> Codes:
     """The codes, scales and zero points of a tensor of `rows` rows stored as `type_name`."""
     blocks = _split(raw, type_name, rows)
     n = blocks.shape[0]
+    if type_name == "MXFP4":
+        exponents = blocks[:, 0:1].reshape(n, 1, 1)
+        if (exponents == 255).any():  # NaN in e8m0, 2**128 to llama.cpp: not a weight to keep
+            raise ValueError("MXFP4 tensor with an exponent of 255")
+        codes = _nibbles(blocks[:, 1:]).reshape(n, 1, 32)
+        grouped = _grouped(codes, exponents, None, 4, rows)
+        return Codes(grouped.codes, grouped.scale, None, 4, microscaled=True)
     if type_name == "Q8_0":
         codes = blocks[:, 2:].copy().view(np.int8).reshape(n, 1, 32)
         return _grouped(codes, _f16(blocks, 0).reshape(n, 1, 1), None, 8, rows)
