@@ -79,7 +79,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ovtrio.server",),  # the app factory, the CLI, logs, Hypercorn's config and patches
     ("ovtrio.api", "ovtrio.playground"),  # HTTP and WebSocket: the OpenAI API, the browser page
     ("ovtrio.serving",),  # the served models: service, registry, shutdown, metrics, memory
-    ("ovtrio.audio",),  # speech in: Whisper on the encoders' worker
+    ("ovtrio.audio", "ovtrio.speech"),  # speech in (Whisper) and out (SpeechT5), on the encoders' worker
     ("ovtrio.embedding", "ovtrio.scoring", "ovtrio.images", "ovtrio.output"),
     ("ovtrio.lifecycle",),  # what every served model's lifecycle shares: its leases
     ("ovtrio.scheduler",),  # the engine's one owner; knows nothing of HTTP
@@ -146,7 +146,14 @@ def test_only_the_engine_packages_import_openvino():
     """The API layer, serving and the server reach the engine only through the scheduler,
     the model and the encoders."""
     importers = _units_importing({"openvino", "openvino_genai", "openvino_tokenizers"})
-    allowed = {"ovtrio.model", "ovtrio.scheduler", "ovtrio.embedding", "ovtrio.scoring", "ovtrio.audio"}
+    allowed = {
+        "ovtrio.model",
+        "ovtrio.scheduler",
+        "ovtrio.embedding",
+        "ovtrio.scoring",
+        "ovtrio.audio",
+        "ovtrio.speech",
+    }
     assert {unit: modules for unit, modules in importers.items() if unit not in allowed} == {}
     assert {"ovtrio.model", "ovtrio.scheduler"} <= set(importers)  # the check reads something
 

@@ -34,9 +34,11 @@ MEDIA_TYPES = {
 }
 # format -> (FFmpeg muxer, encoder)
 _FFMPEG = {"mp3": ("mp3", "libmp3lame"), "opus": ("ogg", "libopus"), "aac": ("adts", "aac"), "flac": ("flac", "flac")}
-# Ogg pages are written a page at a time, of up to a second by default: 100 ms pages let
-# a piece's audio out with it.
-_MUXER_OPTIONS = {"ogg": {"flush_packets": "1", "page_duration": "100000"}}
+# Every packet written out at once; the same samples make the same bytes (`bitexact`:
+# no random Ogg serial number, no encoder version tag). Ogg pages are written a page at a
+# time, of up to a second by default: 100 ms pages let a piece's audio out with it.
+_MUXER_OPTIONS = {"flush_packets": "1", "fflags": "+bitexact"}
+_OGG_OPTIONS = {**_MUXER_OPTIONS, "page_duration": "100000"}
 _OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 _UNKNOWN = 0xFFFFFFFF
 
@@ -119,7 +121,7 @@ class _FFmpegWriter:
         if response_format == "opus" and rate not in _OPUS_RATES:
             rate = 48000
         self._sink = _Sink()
-        options = _MUXER_OPTIONS.get(muxer, {"flush_packets": "1"})
+        options = _OGG_OPTIONS if muxer == "ogg" else _MUXER_OPTIONS
         self._container = av.open(self._sink, mode="w", format=muxer, options=options)
         self._stream: Any = self._container.add_stream(codec, rate=rate, layout="mono")
         self._rate = sample_rate

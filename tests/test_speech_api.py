@@ -1,0 +1,369 @@
+"""/v1/audio/speech on a real server serving the tiny SpeechT5 (tiny_speecht5.py) and the
+tiny Whisper (tiny_whisper.py) beside the embedded model, driven by the official SDK.
+
+The random SpeechT5 says noise, so the server is held to the pipeline's own samples:
+the text is spoken a sentence at a time (ovtrio/speech/pieces.py), and the server's pcm
+and wav samples are, exactly, the pipeline's for each sentence with the same voice,
+written as round(x * 32767). The other containers decode back (PyAV) to that many
+samples' duration at the model's rate (Opus decodes at 48 kHz, as every Opus stream
+does), within the encoder's padding.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import threading
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+import tiny_speecht5
+import tiny_whisper
+from helpers import assert_error, beside_innocent_streams, health_stays_fast, metric_value
+from openai_schema import validate
+from server_pool import server_fixture
+
+pytestmark = pytest.mark.slow
+
+SPEECH = "speecht5"
+WHISPER = "whisper"
+QUEUED = 3
+TEXT = "Hello there. How are you today? Fine, thanks."
+SENTENCES = ["Hello there.", "How are you today?", "Fine, thanks."]
+BRIGHT = tiny_speecht5.speaker(7)
+DEEP = tiny_speecht5.speaker(8)
+# Opus streams decode at 48 kHz whatever they were encoded at (RFC 7845).
+DECODED_RATE = {"opus": 48000}
+# Samples an encoder may add (its priming and its last frame's padding), in seconds.
+PADDING_SECONDS = {"mp3": 0.15, "aac": 0.15, "opus": 0.03, "flac": 0.0, "wav": 0.0}
+
+
+def _prepare(folder):
+    tiny_speecht5.build(folder / SPEECH)
+    tiny_whisper.build(folder / WHISPER)
+    voices = folder / "voices"
+    voices.mkdir()
+    (voices / "bright.bin").write_bytes(BRIGHT.astype("<f4").tobytes())
+    np.save(voices / "deep.npy", DEEP)
+    (voices / "broken.bin").write_bytes(b"\0" * 12)  # not 512 numbers: left out
+
+
+speech_server = server_fixture(
+    "speech_server",
+    "--speech-model",
+    "{folder}/" + SPEECH,
+    "--speech-voices",
+    "{folder}/voices",
+    "--speech-max-queued-requests",
+    str(QUEUED),
+    "--transcription-model",
+    "{folder}/" + WHISPER,
+    "--no-embeddings",
+    prepare=_prepare,
+)
+
+
+@pytest.fixture(scope="module")
+def client(speech_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=speech_server.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import openvino_genai
+
+    return openvino_genai.Text2SpeechPipeline(str(tiny_speecht5.build(tmp_path_factory.mktemp("speecht5"))), "CPU")
+
+
+def reference(pipeline: Any, sentences: list[str], voice: np.ndarray | None = None) -> np.ndarray:
+    """The pipeline's samples for each sentence, one after the other."""
+    import openvino as ov
+
+    parts = []
+    for sentence in sentences:
+        result = pipeline.generate(sentence, None if voice is None else ov.Tensor(voice))
+        parts.append(np.array(result.speeches[0].data, dtype=np.float32).reshape(-1))
+    return np.concatenate(parts)
+
+
+def pcm(samples: np.ndarray) -> bytes:
+    return np.round(np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def decoded(data: bytes) -> tuple[int, int]:
+    """(sample rate, samples) of an audio file, decoded with PyAV."""
+    import av
+
+    count, rate = 0, 0
+    with av.open(io.BytesIO(data)) as container:
+        for frame in container.decode(container.streams.audio[0]):
+            count += frame.samples
+            rate = frame.sample_rate
+    return rate, count
+
+
+def speak(server, **body: Any) -> httpx.Response:
+    body.setdefault("model", SPEECH)
+    body.setdefault("voice", "alloy")
+    return httpx.post(server.v1 + "/audio/speech", json=body, timeout=120)
+
+
+def test_the_folder_is_a_speech_model_listed_with_its_kind(speech_server, client, tmp_path):
+    from ovtrio.embedding.kinds import detect_kind
+    from ovtrio.model.source import ModelLoadError
+    from ovtrio.speech.service import check_speech_folder
+
+    folder = tiny_speecht5.build(tmp_path / "tts")
+    assert detect_kind(folder) == "speech"
+    (folder / "openvino_vocoder.xml").unlink()
+    with pytest.raises(ModelLoadError, match="optimum-cli export openvino --model microsoft/speecht5_tts"):
+        check_speech_folder(folder)
+    card = client.models.retrieve(SPEECH).model_dump()
+    assert card["kind"] == "speech" and card["input_modalities"] == ["text"]
+
+
+@pytest.mark.parametrize("response_format", ["pcm", "wav"])
+def test_pcm_and_wav_are_the_pipelines_samples(client, pipeline, response_format):
+    data = client.audio.speech.create(model=SPEECH, input=TEXT, voice="alloy", response_format=response_format).read()
+    expected = pcm(reference(pipeline, SENTENCES))
+    if response_format == "wav":
+        assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt " and data[36:40] == b"data"
+        assert int.from_bytes(data[24:28], "little") == tiny_speecht5.SAMPLE_RATE
+        data = data[44:]
+    assert data == expected
+
+
+def test_one_sentence_is_a_wav_that_says_its_length(client, pipeline):
+    data = client.audio.speech.create(model=SPEECH, input="Hello there.", voice="alloy", response_format="wav").read()
+    samples = pcm(reference(pipeline, ["Hello there."]))
+    assert int.from_bytes(data[40:44], "little") == len(samples) == len(data) - 44
+    assert len(samples) // 2 == tiny_speecht5.samples_for(tiny_speecht5.tokens_of("Hello there."))
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac", "flac", "wav"])
+def test_each_container_decodes_to_the_same_audio_length(client, pipeline, response_format):
+    data = client.audio.speech.create(model=SPEECH, input=TEXT, voice="alloy", response_format=response_format).read()
+    rate, count = decoded(data)
+    assert rate == DECODED_RATE.get(response_format, tiny_speecht5.SAMPLE_RATE)
+    seconds = len(reference(pipeline, SENTENCES)) / tiny_speecht5.SAMPLE_RATE
+    assert seconds <= count / rate <= seconds + PADDING_SECONDS[response_format] + 1e-9, (count / rate, seconds)
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_streamed_response_is_the_same_bytes_in_pieces(client, response_format):
+    whole = client.audio.speech.create(model=SPEECH, input=TEXT, voice="alloy", response_format=response_format).read()
+    with client.audio.speech.with_streaming_response.create(
+        model=SPEECH, input=TEXT, voice="alloy", response_format=response_format
+    ) as response:
+        assert response.headers["content-type"].startswith("audio/")
+        chunks = list(response.iter_bytes(chunk_size=None))
+    assert b"".join(chunks) == whole
+
+
+def test_sse_gives_the_audio_as_delta_events_then_the_usage(speech_server, client):
+    whole = client.audio.speech.create(model=SPEECH, input=TEXT, voice="alloy", response_format="pcm").read()
+    response = speak(speech_server, input=TEXT, response_format="pcm", stream_format="sse")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    for event in events:
+        validate(event, "CreateSpeechResponseStreamEvent")
+    assert [event["type"] for event in events] == ["speech.audio.delta"] * 3 + ["speech.audio.done"]
+    assert b"".join(base64.b64decode(event["audio"]) for event in events[:-1]) == whole
+    tokens = sum(tiny_speecht5.tokens_of(sentence) for sentence in SENTENCES)
+    steps = sum(tiny_speecht5.steps_for(tiny_speecht5.tokens_of(sentence)) for sentence in SENTENCES)
+    assert events[-1]["usage"] == {"input_tokens": tokens, "output_tokens": steps, "total_tokens": tokens + steps}
+
+
+def test_named_voices_are_their_embeddings(speech_server, client, pipeline):
+    def spoken(voice: Any) -> bytes:
+        response = speak(speech_server, input="Hello there.", voice=voice, response_format="pcm")
+        assert response.status_code == 200, response.text
+        return response.content
+
+    assert spoken("bright") == pcm(reference(pipeline, ["Hello there."], BRIGHT))
+    assert spoken({"id": "deep"}) == pcm(reference(pipeline, ["Hello there."], DEEP))
+    default = pcm(reference(pipeline, ["Hello there."]))
+    assert spoken("default") == spoken("alloy") == spoken("shimmer") == default
+    assert spoken("bright") != default
+    error = assert_error(speak(speech_server, input="Hi.", voice="whisperer"), 400, param="voice", code="unknown_voice")
+    assert "bright" in error["message"] and "deep" in error["message"] and "broken" not in error["message"]
+
+
+def test_instructions_are_taken_and_change_nothing(speech_server, client):
+    plain = client.audio.speech.create(model=SPEECH, input="Hello there.", voice="alloy", response_format="pcm").read()
+    told = client.audio.speech.create(
+        model=SPEECH, input="Hello there.", voice="alloy", response_format="pcm", instructions="Whisper it."
+    ).read()
+    assert told == plain
+
+
+def test_the_first_audio_leaves_before_the_last_sentence_is_spoken(speech_server):
+    """The server's own record: how many sentences were spoken when a request's first
+    audio was sent (ovtrio_speech_first_audio_pieces). The last sentence here takes
+    about ten times the first two together, so the first audio leaves after the first
+    sentence, and it must leave before the third is done."""
+    labels = {"model_name": SPEECH, "kind": "speech"}
+
+    def recorded() -> tuple[float, float]:
+        text = httpx.get(speech_server.base_url + "/metrics", timeout=30).text
+        return (
+            metric_value(text, "ovtrio_speech_first_audio_pieces_count", **labels),
+            metric_value(text, "ovtrio_speech_first_audio_pieces_sum", **labels),
+        )
+
+    count, total = recorded()
+    last = "And then, " + "on and on, " * 25 + "the end."  # one piece: under 300 characters
+    chunks = []
+    with httpx.stream(
+        "POST",
+        speech_server.v1 + "/audio/speech",
+        json={"model": SPEECH, "voice": "alloy", "input": f"Hi. Yes. {last}", "response_format": "pcm"},
+        timeout=120,
+    ) as response:
+        assert response.status_code == 200
+        chunks = [len(chunk) for chunk in response.iter_raw()]
+    now_count, now_total = recorded()
+    assert now_count == count + 1
+    assert now_total - total < 3, "the first audio waited for the last sentence"
+    assert sum(chunks) == 2 * sum(tiny_speecht5.samples_for(tiny_speecht5.tokens_of(s)) for s in ("Hi.", "Yes.", last))
+
+
+def test_bad_requests_are_400s_naming_the_field_beside_innocent_streams(speech_server):
+    def hostile() -> None:
+        for body, param, code in (
+            ({"input": ""}, "input", None),
+            ({"input": " \n\t "}, "input", None),
+            ({"input": "a" * 4097}, "input", "string_above_max_length"),
+            ({"input": "Hi.", "response_format": "ogg"}, "response_format", None),
+            ({"input": "Hi.", "stream_format": "chunks"}, "stream_format", None),
+            ({"input": "Hi.", "voice": "nobody"}, "voice", "unknown_voice"),
+            ({"input": "Hi.", "voice": {"id": "nobody"}}, "voice.id", "unknown_voice"),
+            ({"input": "Hi.", "speed": 2.0}, "speed", "unsupported_value"),
+            ({"input": "Hi.", "speed": 0.1}, "speed", None),
+            ({"input": "Hi.", "speed": "fast"}, "speed", None),
+            ({"input": ["Hi."]}, "input", None),
+            ({"input": "Hi.", "instructions": "x" * 4097}, "instructions", None),
+            ({"input": "Hi.", "model": "SmolLM2-135M-Instruct"}, "model", "model_kind_mismatch"),
+        ):
+            assert_error(speak(speech_server, **body), 400, param=param, code=code)
+        assert_error(speak(speech_server, input="Hi.", model="no-such-model"), 404, param="model")
+        response = httpx.post(speech_server.v1 + "/audio/speech", json={"model": SPEECH, "input": "Hi."}, timeout=60)
+        assert_error(response, 400, param="voice")
+
+    beside_innocent_streams(speech_server, hostile)
+
+
+LONG = " ".join(f"Sentence number {index} is here." for index in range(100))  # 100 pieces, < 4096 characters
+
+
+def _inputs_spoken(server) -> float:
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    # One batch is one sentence spoken (a request's inputs are counted when it ends).
+    return metric_value(text, "ovtrio_encoder_batch_size_sum", model_name=SPEECH, kind="speech")
+
+
+def _settled_inputs(server) -> float:
+    """The sentences spoken so far, once the model has stopped speaking."""
+    import time
+
+    before = _inputs_spoken(server)
+    while True:
+        time.sleep(0.5)  # polled until two readings agree: the model has stopped
+        now = _inputs_spoken(server)
+        if now == before:
+            return now
+        before = now
+
+
+def test_a_client_that_leaves_stops_its_synthesis_beside_innocent_streams(speech_server):
+    assert len(LONG) < 4096
+    started = _settled_inputs(speech_server)
+
+    def hostile() -> None:
+        for stream_format in ("audio", "sse"):
+            with httpx.stream(
+                "POST",
+                speech_server.v1 + "/audio/speech",
+                json={
+                    "model": SPEECH,
+                    "voice": "alloy",
+                    "input": LONG,
+                    "response_format": "wav",
+                    "stream_format": stream_format,
+                },
+                timeout=120,
+            ) as response:
+                assert response.status_code == 200
+                next(response.iter_raw())  # the first sentence's audio, then gone
+
+    beside_innocent_streams(speech_server, hostile)
+    spoken = _settled_inputs(speech_server) - started
+    assert 2 <= spoken < 100, f"{spoken} sentences spoken for two clients that left after the first"
+
+
+def test_many_requests_at_once_get_429s_and_the_rest_are_spoken(speech_server):
+    outcomes: list[int] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        response = speak(speech_server, input=" ".join(SENTENCES * 4), response_format="pcm")
+        if response.status_code == 429:
+            assert_error(response, 429, param=None, code="rate_limit_exceeded", type="requests")
+            assert int(response.headers["retry-after"]) >= 1
+        else:
+            assert response.status_code == 200, response.text
+            assert len(response.content) > 0
+        with lock:
+            outcomes.append(response.status_code)
+
+    def hostile() -> None:
+        threads = [threading.Thread(target=one) for _ in range(40)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    beside_innocent_streams(speech_server, hostile)
+    assert len(outcomes) == 40 and set(outcomes) <= {200, 429}
+    assert 429 in outcomes and outcomes.count(200) >= QUEUED, outcomes
+
+
+def test_health_stays_fast_while_four_syntheses_run(speech_server):
+    def four() -> None:
+        held: list[int] = []
+
+        def one() -> None:
+            held.append(speak(speech_server, input=LONG, response_format="mp3").status_code)
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert held == [200] * 4
+
+    health_stays_fast(speech_server, four)
+
+
+def test_spoken_audio_is_transcribed_by_the_same_server(speech_server, client):
+    """The plumbing of a voice round trip, not the words (both models are random): the
+    speech model's wav goes to the Whisper model as it is, which hears all of it."""
+    audio = client.audio.speech.create(model=SPEECH, input=TEXT, voice="alloy", response_format="wav").read()
+    samples = (len(audio) - 44) // 2
+    for response_format, name in (("wav", "speech.wav"), ("flac", "speech.flac"), ("mp3", "speech.mp3")):
+        data = (
+            audio
+            if response_format == "wav"
+            else client.audio.speech.create(
+                model=SPEECH, input=TEXT, voice="alloy", response_format=response_format
+            ).read()
+        )
+        result = client.audio.transcriptions.create(model=WHISPER, file=(name, data), response_format="verbose_json")
+        assert isinstance(result.text, str)
+        expected = samples / tiny_speecht5.SAMPLE_RATE
+        assert expected <= result.duration <= expected + PADDING_SECONDS.get(response_format, 0.0) + 1e-3
