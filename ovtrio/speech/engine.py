@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ovtrio.model.engine_errors import client_reason
 from ovtrio.model.json_files import read_json_object
 from ovtrio.model.source import ModelLoadError
 
@@ -59,7 +60,7 @@ class Speaker:
             # A first sentence shows that the model runs, and its sample rate.
             self.sample_rate = int(self.pipeline.generate(".").output_sample_rate) or DEFAULT_SAMPLE_RATE
         except RuntimeError as exc:
-            raise ModelLoadError(f"cannot load text-to-speech model {folder}: {str(exc).splitlines()[0]}") from None
+            raise ModelLoadError(f"cannot load text-to-speech model {folder}: {client_reason(exc)}") from None
         self.embedding_shape = tuple(int(size) for size in self.pipeline.get_speaker_embedding_shape())
         self.samples_per_step = reduction_factor(folder) * VOCODER_HOP
         self.load_seconds = time.monotonic() - started

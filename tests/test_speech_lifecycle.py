@@ -1,0 +1,94 @@
+"""A text-to-speech model (tiny_speecht5.py) in --models-dir, on a real server with room
+for one model (--models-max 1) beside the embedded GGUF: found and served as its kind
+under its folder's name, listed unloaded until its first request, unloaded by hand and
+to make room, loaded again with the same voice, and a broken folder listed failed while
+the others serve. What the model says is compared with itself across its loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import loopback
+import tiny_speecht5
+from conftest import RunningServer
+from ovtrio.model import embedded_model_path
+from server_pool import server_fixture
+from test_models_on_demand import KV_BLOCKS, chat, count, loads, states, unload
+
+pytestmark = pytest.mark.slow
+
+SPEECH = "speecht5"
+BROKEN = "speecht5-no-vocoder-weights"
+
+
+def speech_folder(folder: Path) -> None:
+    models = folder / "models"
+    models.mkdir()
+    (models / "alpha.gguf").symlink_to(embedded_model_path())
+    tiny_speecht5.build(models / SPEECH)
+    # Its vocoder's weights cut short: found (its files are all there), failed when loaded.
+    broken = models / BROKEN
+    broken.mkdir()
+    for entry in (models / SPEECH).iterdir():
+        if entry.name != "openvino_vocoder.bin":
+            (broken / entry.name).symlink_to(entry)
+    (broken / "openvino_vocoder.bin").write_bytes((models / SPEECH / "openvino_vocoder.bin").read_bytes()[:100])
+
+
+speech_one_model = server_fixture(
+    "speech_one_model",
+    "--models-dir",
+    "{folder}/models",
+    "--models-max",
+    "1",
+    "--models-load-wait",
+    "1",
+    "--num-kv-blocks",
+    KV_BLOCKS,
+    prepare=speech_folder,
+)
+
+
+def speak(server: RunningServer, model: str = SPEECH, **body: Any) -> httpx.Response:
+    body = {"model": model, "input": "Hello there. Bye.", "voice": "alloy", "response_format": "pcm", **body}
+    return httpx.post(server.base_url + "/v1/audio/speech", json=body, timeout=120)
+
+
+def test_the_speech_model_of_the_folder_loads_on_demand_and_makes_room(speech_one_model):
+    server = speech_one_model
+    cards = {card["id"]: card for card in loopback.get(server.base_url + "/v1/models", timeout=30).json()["data"]}
+    assert cards[SPEECH]["kind"] == "speech" and cards[SPEECH]["status"]["value"] == "unloaded"
+    first = speak(server)
+    assert first.status_code == 200, first.text
+    assert states(server)[SPEECH]["value"] == "loaded"
+    loaded = loads(server, SPEECH)
+    # By hand: unloaded, and loaded again on the next request, saying the same.
+    reply = unload(server, SPEECH)
+    assert reply.status_code == 200 and reply.json()["status"]["value"] == "unloaded", reply.text
+    assert server.metric("ovtrio_model_loaded", model_name=SPEECH) == 0
+    again = speak(server)
+    assert again.status_code == 200 and again.content == first.content
+    assert loads(server, SPEECH) == loaded + 1
+    # One model at a time: the generation model takes its place, and gives it back.
+    assert chat(server, "alpha").status_code == 200
+    now = states(server)
+    assert (now["alpha"]["value"], now[SPEECH]["value"]) == ("loaded", "unloaded")
+    assert count(server, "ovtrio_model_unloads_total", model_name=SPEECH, reason="lru") >= 1
+    back = speak(server)
+    assert back.status_code == 200 and back.content == first.content
+    assert states(server)["alpha"]["value"] == "unloaded"
+
+
+def test_a_broken_speech_folder_is_a_503_and_listed_failed(speech_one_model):
+    server = speech_one_model
+    refused = speak(server, BROKEN)
+    assert refused.status_code == 503, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "model_unavailable" and BROKEN in error["message"], error
+    assert "/" not in error["message"].split(BROKEN)[-1], "no paths in messages"
+    assert states(server)[BROKEN]["value"] == "failed"
+    assert speak(server).status_code == 200
