@@ -92,3 +92,62 @@ def test_a_broken_speech_folder_is_a_503_and_listed_failed(speech_one_model):
     assert "/" not in error["message"].split(BROKEN)[-1], "no paths in messages"
     assert states(server)[BROKEN]["value"] == "failed"
     assert speak(server).status_code == 200
+
+
+stop_speech = server_fixture(
+    "stop_speech",
+    "--speech-model",
+    "{folder}/" + SPEECH,
+    "--drain-timeout",
+    "300",
+    "--no-embeddings",
+    prepare=lambda folder: tiny_speecht5.build(folder / SPEECH),
+)
+LONG = [f"Sentence number {index} is here." for index in range(100)]
+
+
+async def test_sigterm_lets_a_synthesis_in_flight_speak_to_its_end(server_pool):
+    """A speech request streaming when the signal comes is spoken to its last sentence
+    within the drain, as generation streams are, and the server then exits cleanly."""
+    import signal
+
+    import trio
+
+    from conftest import sample_value
+
+    server: RunningServer = server_pool.take("stop_speech")
+    body = {"model": SPEECH, "input": " ".join(LONG), "voice": "alloy", "response_format": "pcm"}
+    try:
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=330, limits=fresh) as http:
+
+            async def spoken() -> float:
+                text = (await http.get("/metrics")).text
+                return sample_value(text, "ovtrio_encoder_batch_size_count", model_name=SPEECH)
+
+            warm = await http.post("/v1/audio/speech", json={**body, "input": "Hi."})
+            assert warm.status_code == 200, warm.text
+            received = bytearray()
+            with trio.fail_after(330):  # a cap for a hang, not a deadline
+                async with trio.open_nursery() as nursery:
+                    before = await spoken()
+
+                    async def speak_long() -> None:
+                        async with http.stream("POST", "/v1/audio/speech", json=body) as response:
+                            assert response.status_code == 200
+                            async for chunk in response.aiter_raw():
+                                received.extend(chunk)
+
+                    nursery.start_soon(speak_long)
+                    while await spoken() == before:  # its first sentence is spoken: it runs
+                        await trio.sleep(0.02)
+                    server.process.send_signal(signal.SIGTERM)
+            exit_code = await trio.to_thread.run_sync(lambda: server.process.wait(timeout=330))
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+    expected = sum(tiny_speecht5.samples_for(tiny_speecht5.tokens_of(sentence)) for sentence in LONG)
+    log = server.log_path.read_text()
+    assert len(received) == 2 * expected, log
+    assert "draining 1 requests" in log and "drained in" in log, log
+    assert exit_code == 0
