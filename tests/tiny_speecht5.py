@@ -20,7 +20,7 @@ The stop probability is computed from integers only: it is 1 once the decoder ha
 `steps_for(tokens)` steps and 0 before, whatever the weights and the CPU's arithmetic, so
 a text of n tokens is always `samples_for(n)` samples long.
 
-    python tests/tiny_speecht5.py /tmp/tiny-speecht5
+    python tests/tiny_speecht5.py /tmp/tiny-speecht5 [speecht5]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,15 +55,52 @@ def samples_for(tokens: int) -> int:
     return steps_for(tokens) * REDUCTION * HOP
 
 
-class _Weights:
-    def __init__(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
+@dataclass(frozen=True)
+class Shape:
+    """The model's sizes: TINY for the tests; SPEECHT5 has microsoft/speecht5_tts's (a
+    768-wide encoder of 12 layers and decoder of 6, a 5-layer postnet) and
+    microsoft/speecht5_hifigan's vocoder (512 channels upsampled 4 x 4 x 4 x 4, three
+    residual blocks a stage), for measuring what a real model's sentence costs."""
 
-    def matrix(self, rows: int, cols: int, std: float = 0.2) -> np.ndarray:
-        return self.rng.normal(0.0, std, (rows, cols)).astype(np.float32)
+    d_model: int = D_MODEL
+    heads: int = HEADS
+    encoder_layers: int = 1
+    decoder_layers: int = 1
+    ffn: int = 0  # 0: no feed-forward blocks
+    prenet: int = 0  # the decoder prenet's width (0: one layer straight to d_model)
+    postnet_layers: int = 1
+    postnet_channels: int = MEL_BINS
+    vocoder_channels: int = 0  # 0: one convolution to HOP samples a frame; else HiFi-GAN's
+
+
+TINY = Shape()
+SPEECHT5 = Shape(
+    d_model=768,
+    heads=12,
+    encoder_layers=12,
+    decoder_layers=6,
+    ffn=3072,
+    prenet=256,
+    postnet_layers=5,
+    postnet_channels=256,
+    vocoder_channels=512,
+)
+
+
+class _Weights:
+    def __init__(self, seed: int, shape: Shape = TINY) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.shape = shape
+
+    def matrix(self, rows: int, cols: int, std: float | None = None) -> np.ndarray:
+        scale = std if std is not None else min(0.2, 1.2 / np.sqrt(cols))
+        return self.rng.normal(0.0, scale, (rows, cols)).astype(np.float32)
 
     def vector(self, size: int, std: float = 0.05) -> np.ndarray:
         return self.rng.normal(0.0, std, size).astype(np.float32)
+
+    def kernel(self, out: int, into: int, size: int, gain: float = 1.0) -> np.ndarray:
+        return self.rng.normal(0.0, gain / np.sqrt(into * size), (out, into, size)).astype(np.float32)
 
 
 def _named(node, name: str):
@@ -74,30 +112,42 @@ def _linear(ops, x, w: _Weights, rows: int, cols: int):
     return ops.add(ops.matmul(x, ops.constant(w.matrix(rows, cols)), False, True), ops.constant(w.vector(rows)))
 
 
-def _heads(ops, x):
-    split = ops.reshape(x, ops.constant(np.array([0, 0, HEADS, D_MODEL // HEADS], dtype=np.int64)), True)
+def _heads(ops, x, w: _Weights):
+    d, heads = w.shape.d_model, w.shape.heads
+    split = ops.reshape(x, ops.constant(np.array([0, 0, heads, d // heads], dtype=np.int64)), True)
     return ops.transpose(split, ops.constant(np.array([0, 2, 1, 3], dtype=np.int64)))
 
 
-def _merge(ops, x):
+def _merge(ops, x, w: _Weights):
     joined = ops.transpose(x, ops.constant(np.array([0, 2, 1, 3], dtype=np.int64)))
-    return ops.reshape(joined, ops.constant(np.array([0, 0, D_MODEL], dtype=np.int64)), True)
+    return ops.reshape(joined, ops.constant(np.array([0, 0, w.shape.d_model], dtype=np.int64)), True)
 
 
 def _layer_norm(ops, x, w: _Weights):
+    d = w.shape.d_model
     normed = ops.mvn(x, ops.constant(np.array([-1], dtype=np.int64)), True, 1e-5, "inside_sqrt")
-    return ops.add(ops.multiply(normed, ops.constant(1.0 + w.vector(D_MODEL))), ops.constant(w.vector(D_MODEL)))
+    return ops.add(ops.multiply(normed, ops.constant(1.0 + w.vector(d))), ops.constant(w.vector(d)))
+
+
+def _feed_forward(ops, x, w: _Weights):
+    if not w.shape.ffn:
+        return x
+    hidden = ops.gelu(_linear(ops, _layer_norm(ops, x, w), w, w.shape.ffn, w.shape.d_model), "erf")
+    return ops.add(x, _linear(ops, hidden, w, w.shape.d_model, w.shape.ffn))
 
 
 def build_encoder(w: _Weights, vocab_size: int):
     import openvino as ov
     import openvino.opset13 as ops
 
+    d = w.shape.d_model
     input_ids = _named(ops.parameter([-1, -1], np.int64, name="input_ids"), "input_ids")
-    x = ops.gather(ops.constant(w.matrix(vocab_size, D_MODEL, 0.5)), input_ids, ops.constant(np.int64(0)))
-    h = _layer_norm(ops, x, w)
-    q, k, v = (_heads(ops, _linear(ops, h, w, D_MODEL, D_MODEL)) for _ in range(3))
-    x = ops.add(x, _linear(ops, _merge(ops, ops.scaled_dot_product_attention(q, k, v)), w, D_MODEL, D_MODEL))
+    x = ops.gather(ops.constant(w.matrix(vocab_size, d, 0.5)), input_ids, ops.constant(np.int64(0)))
+    for _ in range(w.shape.encoder_layers):
+        h = _layer_norm(ops, x, w)
+        q, k, v = (_heads(ops, _linear(ops, h, w, d, d), w) for _ in range(3))
+        x = ops.add(x, _linear(ops, _merge(ops, ops.scaled_dot_product_attention(q, k, v), w), w, d, d))
+        x = _feed_forward(ops, x, w)
     hidden = _named(_layer_norm(ops, x, w), "last_hidden_state")
     mask = _named(ops.broadcast(ops.constant(np.int64(1)), ops.shape_of(input_ids, "i64")), "encoder_attention_mask")
     return ov.Model([ops.result(hidden), ops.result(mask)], [input_ids], "encoder")
@@ -108,13 +158,14 @@ def build_decoder(w: _Weights):
     import openvino.opset6 as ops6
     import openvino.opset13 as ops
 
+    d, heads = w.shape.d_model, w.shape.heads
     i64 = lambda *values: ops.constant(np.array(values, dtype=np.int64))  # noqa: E731
     scalar = lambda value: ops.constant(np.int64(value))  # noqa: E731
     f32 = lambda value: ops.constant(np.asarray(value, dtype=np.float32))  # noqa: E731
     frames = _named(ops.parameter([-1, -1, MEL_BINS], np.float32, name="inputs_embeds"), "inputs_embeds")
     speaker = _named(ops.parameter([-1, SPEAKER], np.float32, name="speaker_embeddings"), "speaker_embeddings")
     encoder_states = _named(
-        ops.parameter([-1, -1, D_MODEL], np.float32, name="encoder_hidden_states"), "encoder_hidden_states"
+        ops.parameter([-1, -1, d], np.float32, name="encoder_hidden_states"), "encoder_hidden_states"
     )
     encoder_mask = _named(ops.parameter([-1, -1], np.int64, name="encoder_attention_mask"), "encoder_attention_mask")
     beam_idx = _named(ops.parameter([-1], np.int32, name="beam_idx"), "beam_idx")
@@ -124,35 +175,44 @@ def build_decoder(w: _Weights):
     steps = ops.gather(shape, scalar(1), scalar(0))  # this step's number, from 1
     # The prenet reads the last frame (the cache holds what the earlier ones made).
     last = ops.slice(frames, ops.unsqueeze(ops.subtract(steps, scalar(1)), i64(0)), i64(2**62), i64(1), i64(1))
-    x = ops.relu(_linear(ops, last, w, D_MODEL, MEL_BINS))
-    voice = ops.unsqueeze(_linear(ops, speaker, w, D_MODEL, SPEAKER), i64(1))
-    position = ops.gather(f32(w.matrix(512, D_MODEL, 0.3)), ops.floor_mod(steps, scalar(512)), scalar(0))
+    if w.shape.prenet:
+        last = ops.relu(_linear(ops, last, w, w.shape.prenet, MEL_BINS))
+        last = ops.relu(_linear(ops, last, w, w.shape.prenet, w.shape.prenet))
+    x = ops.relu(_linear(ops, last, w, d, w.shape.prenet or MEL_BINS))
+    voice = ops.unsqueeze(_linear(ops, speaker, w, d, SPEAKER), i64(1))
+    position = ops.gather(f32(w.matrix(512, d, 0.3)), ops.floor_mod(steps, scalar(512)), scalar(0))
     x = ops.add(ops.add(x, voice), position)
 
-    head = D_MODEL // HEADS
-    empty = ops.broadcast(f32(0.0), ops.concat([batch, i64(HEADS, 0, head)], 0))
+    head = d // heads
+    empty = ops.broadcast(f32(0.0), ops.concat([batch, i64(heads, 0, head)], 0))
     sinks = []
-    cache = []
-    for part in ("key", "value"):
-        state = ops.read_value(empty, f"past_key_values.0.decoder.{part}", np.float32, [-1, HEADS, -1, head])
-        cache.append(ops.gather(state, beam_idx, scalar(0)))
-    h = _layer_norm(ops, x, w)
-    q = _heads(ops, _linear(ops, h, w, D_MODEL, D_MODEL))
-    k = ops.concat([cache[0], _heads(ops, _linear(ops, h, w, D_MODEL, D_MODEL))], 2)
-    v = ops.concat([cache[1], _heads(ops, _linear(ops, h, w, D_MODEL, D_MODEL))], 2)
-    sinks += [ops6.assign(k, "past_key_values.0.decoder.key"), ops6.assign(v, "past_key_values.0.decoder.value")]
-    x = ops.add(x, _linear(ops, _merge(ops, ops.scaled_dot_product_attention(q, k, v)), w, D_MODEL, D_MODEL))
     # Cross-attention over the text, masked as the encoder says.
     allowed = ops.unsqueeze(ops.convert(encoder_mask, "boolean"), i64(1, 2))
     mask = ops.select(allowed, f32(0.0), f32(-np.inf))
-    h = _layer_norm(ops, x, w)
-    q = _heads(ops, _linear(ops, h, w, D_MODEL, D_MODEL))
-    k = _heads(ops, _linear(ops, encoder_states, w, D_MODEL, D_MODEL))
-    v = _heads(ops, _linear(ops, encoder_states, w, D_MODEL, D_MODEL))
-    x = ops.add(x, _linear(ops, _merge(ops, ops.scaled_dot_product_attention(q, k, v, mask)), w, D_MODEL, D_MODEL))
+    for layer in range(w.shape.decoder_layers):
+        cache = []
+        for part in ("key", "value"):
+            name = f"past_key_values.{layer}.decoder.{part}"
+            state = ops.read_value(empty, name, np.float32, [-1, heads, -1, head])
+            cache.append(ops.gather(state, beam_idx, scalar(0)))
+        h = _layer_norm(ops, x, w)
+        q = _heads(ops, _linear(ops, h, w, d, d), w)
+        k = ops.concat([cache[0], _heads(ops, _linear(ops, h, w, d, d), w)], 2)
+        v = ops.concat([cache[1], _heads(ops, _linear(ops, h, w, d, d), w)], 2)
+        sinks += [
+            ops6.assign(k, f"past_key_values.{layer}.decoder.key"),
+            ops6.assign(v, f"past_key_values.{layer}.decoder.value"),
+        ]
+        x = ops.add(x, _linear(ops, _merge(ops, ops.scaled_dot_product_attention(q, k, v), w), w, d, d))
+        h = _layer_norm(ops, x, w)
+        q = _heads(ops, _linear(ops, h, w, d, d), w)
+        k = _heads(ops, _linear(ops, encoder_states, w, d, d), w)
+        v = _heads(ops, _linear(ops, encoder_states, w, d, d), w)
+        x = ops.add(x, _linear(ops, _merge(ops, ops.scaled_dot_product_attention(q, k, v, mask), w), w, d, d))
+        x = _feed_forward(ops, x, w)
     x = _layer_norm(ops, x, w)
 
-    mels = ops.tanh(_linear(ops, x, w, REDUCTION * MEL_BINS, D_MODEL))  # [batch, 1, 2 * 80]
+    mels = ops.tanh(_linear(ops, x, w, REDUCTION * MEL_BINS, d))  # [batch, 1, 2 * 80]
     spectrum = _named(ops.reshape(mels, i64(-1, REDUCTION, MEL_BINS), False), "spectrum")
     newest = ops.slice(spectrum, i64(REDUCTION - 1), i64(REDUCTION), i64(1), i64(1))
     sequence = _named(ops.concat([frames, newest], 1), "output_sequence_out")
@@ -165,9 +225,15 @@ def build_decoder(w: _Weights):
     return ov.Model(results, sinks, [frames, speaker, encoder_states, encoder_mask, beam_idx], "decoder")
 
 
+def _conv(ops, x, w: _Weights, out: int, into: int, size: int, dilation: int = 1, gain: float = 1.0):
+    pad = dilation * (size - 1) // 2
+    y = ops.convolution(x, ops.constant(w.kernel(out, into, size, gain)), [1], [pad], [pad], [dilation])
+    return ops.add(y, ops.constant(w.vector(out).reshape(1, out, 1)))
+
+
 def build_postnet(w: _Weights):
     """The steps' spectra [steps, 1, REDUCTION, 80] -> frames [steps * REDUCTION, 80],
-    refined by a residual convolution over time."""
+    refined by residual convolutions over time."""
     import openvino as ov
     import openvino.opset13 as ops
 
@@ -175,25 +241,57 @@ def build_postnet(w: _Weights):
     raw = _named(ops.parameter([-1, 1, REDUCTION, MEL_BINS], np.float32, name="raw_spectrogram"), "raw_spectrogram")
     frames = ops.reshape(raw, i64(1, -1, MEL_BINS), False)
     channels = ops.transpose(frames, i64(0, 2, 1))
-    kernel = ops.constant(w.rng.normal(0.0, 0.05, (MEL_BINS, MEL_BINS, 5)).astype(np.float32))
-    refined = ops.tanh(ops.convolution(channels, kernel, [1], [2], [2], [1]))
+    refined = channels
+    width = MEL_BINS
+    for layer in range(w.shape.postnet_layers):
+        out = MEL_BINS if layer == w.shape.postnet_layers - 1 else w.shape.postnet_channels
+        refined = ops.tanh(_conv(ops, refined, w, out, width, 5, gain=0.3 if out == MEL_BINS else 1.0))
+        width = out
     out = ops.transpose(ops.add(channels, refined), i64(0, 2, 1))
     out = _named(ops.reshape(out, i64(-1, MEL_BINS), False), "postnet_spectrogram")
     return ov.Model([ops.result(out)], [raw], "postnet")
 
 
+def _hifigan(ops, channels, w: _Weights):
+    """HiFi-GAN's generator: [1, 80, frames] -> [1, 1, frames * 256]."""
+    i64 = lambda *values: ops.constant(np.array(values, dtype=np.int64))  # noqa: E731
+    width = w.shape.vocoder_channels
+    x = _conv(ops, channels, w, width, MEL_BINS, 7)
+    for _ in range(4):  # upsampled 4 times by 4: 256 samples a frame
+        x = ops.prelu(x, ops.constant(np.float32(0.1)))
+        # Each sample repeated 4 times, then a convolution: the transposed convolution's
+        # work, which the CPU plugin does not compile on a dynamic length.
+        long = ops.broadcast(ops.unsqueeze(x, i64(3)), i64(1, 1, 1, 4), broadcast_spec="BIDIRECTIONAL")
+        x = _conv(ops, ops.reshape(long, i64(0, width, -1), True), w, width // 2, width, 7)
+        width //= 2
+        blocks = []
+        for size in (3, 7, 11):
+            y = x
+            for dilation in (1, 3, 5):
+                inner = _conv(ops, ops.prelu(y, ops.constant(np.float32(0.1))), w, width, width, size, dilation)
+                inner = _conv(ops, ops.prelu(inner, ops.constant(np.float32(0.1))), w, width, width, size, 1, 0.3)
+                y = ops.add(y, inner)
+            blocks.append(y)
+        x = ops.multiply(ops.add(ops.add(blocks[0], blocks[1]), blocks[2]), ops.constant(np.float32(1 / 3)))
+    x = ops.prelu(x, ops.constant(np.float32(0.01)))
+    return ops.multiply(ops.tanh(_conv(ops, x, w, 1, width, 7)), ops.constant(np.float32(0.5)))
+
+
 def build_vocoder(w: _Weights):
     """Frames [frames, 80] -> waveform [1, frames * HOP] in (-0.5, 0.5): each frame's HOP
-    samples are a projection of the frame and its two neighbours (a convolution)."""
+    samples a projection of the frame and its two neighbours (a convolution), or
+    HiFi-GAN's generator (Shape.vocoder_channels)."""
     import openvino as ov
     import openvino.opset13 as ops
 
     i64 = lambda *values: ops.constant(np.array(values, dtype=np.int64))  # noqa: E731
     spectrogram = _named(ops.parameter([-1, MEL_BINS], np.float32, name="spectrogram"), "spectrogram")
     channels = ops.unsqueeze(ops.transpose(spectrogram, i64(1, 0)), i64(0))  # [1, 80, frames]
-    kernel = ops.constant(w.rng.normal(0.0, 0.05, (HOP, MEL_BINS, 3)).astype(np.float32))
-    hops = ops.convolution(channels, kernel, [1], [1], [1], [1])  # [1, HOP, frames]
-    samples = ops.multiply(ops.tanh(ops.transpose(hops, i64(0, 2, 1))), ops.constant(np.float32(0.5)))
+    if w.shape.vocoder_channels:
+        samples = _hifigan(ops, channels, w)
+    else:
+        hops = ops.convolution(channels, ops.constant(w.kernel(HOP, MEL_BINS, 3, 0.8)), [1], [1], [1], [1])
+        samples = ops.multiply(ops.tanh(ops.transpose(hops, i64(0, 2, 1))), ops.constant(np.float32(0.5)))
     waveform = _named(ops.reshape(samples, i64(1, -1), False), "waveform")
     return ov.Model([ops.result(waveform)], [spectrogram], "vocoder")
 
@@ -228,15 +326,15 @@ def tokens_of(text: str) -> int:
     return len(text.encode("utf-8")) + 1
 
 
-def build(folder: Path, seed: int = SEED) -> Path:
-    """Write the fixture into `folder` (created) and return it."""
+def build(folder: Path, seed: int = SEED, shape: Shape = TINY) -> Path:
+    """Write the fixture (of `shape`'s sizes) into `folder` (created) and return it."""
     import openvino as ov
     import openvino_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab_size = _write_tokenizer(folder)
-    weights = _Weights(seed)
+    weights = _Weights(seed, shape)
     for name, model in (
         ("openvino_encoder_model.xml", build_encoder(weights, vocab_size)),
         ("openvino_decoder_model.xml", build_decoder(weights)),
@@ -247,7 +345,7 @@ def build(folder: Path, seed: int = SEED) -> Path:
     config = {
         "architectures": ["SpeechT5ForTextToSpeech"],
         "model_type": "speecht5",
-        "hidden_size": D_MODEL,
+        "hidden_size": shape.d_model,
         "num_mel_bins": MEL_BINS,
         "reduction_factor": REDUCTION,
         "speaker_embedding_dim": SPEAKER,
@@ -275,4 +373,5 @@ def speaker(seed: int) -> np.ndarray:
 
 if __name__ == "__main__":
     started = time.monotonic()
-    print(build(Path(sys.argv[1])), f"{time.monotonic() - started:.1f} s")
+    shape = SPEECHT5 if sys.argv[2:] == ["speecht5"] else TINY
+    print(build(Path(sys.argv[1]), shape=shape), f"{time.monotonic() - started:.1f} s")
