@@ -367,3 +367,22 @@ def test_spoken_audio_is_transcribed_by_the_same_server(speech_server, client):
         assert isinstance(result.text, str)
         expected = samples / tiny_speecht5.SAMPLE_RATE
         assert expected <= result.duration <= expected + PADDING_SECONDS.get(response_format, 0.0) + 1e-3
+
+
+def test_a_piece_stops_at_the_decoders_positions(tmp_path, pipeline):
+    """A text the model never stops on ends where the decoder's positions do: here 24
+    positions (config.json's max_speech_positions) for a sentence that would take 39
+    steps; a shorter one is spoken whole, as the pipeline speaks it."""
+    import json as json_module
+
+    from ovtrio.speech.engine import Speaker
+
+    folder = tiny_speecht5.build(tmp_path / "short")
+    config = json_module.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json_module.dumps({**config, "max_speech_positions": 24}))
+    speaker = Speaker(folder, "CPU", {})
+    long = speaker.speak("Hello there, how are you doing today?", None)
+    assert tiny_speecht5.steps_for(tiny_speecht5.tokens_of("Hello there, how are you doing today?")) > 22
+    assert long.output_steps == 22 and len(long.samples) == 22 * 2 * tiny_speecht5.HOP
+    short = speaker.speak("Hi.", None)
+    assert np.array_equal(short.samples, reference(pipeline, ["Hi."]))

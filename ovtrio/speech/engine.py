@@ -42,6 +42,13 @@ def reduction_factor(folder: Path) -> int:
     return value if isinstance(value, int) and value > 0 else 2
 
 
+def max_steps(folder: Path) -> int:
+    """The most decoder steps a piece may take: the decoder's positions (SpeechT5's
+    max_speech_positions, 1876) hold the frames so far, one a step and the first."""
+    value = read_json_object(folder / "config.json").get("max_speech_positions")
+    return (value if isinstance(value, int) and value > 2 else 1876) - 2
+
+
 def embedding_size(folder: Path) -> int:
     """The speaker embedding's length the model takes (SpeechT5's x-vectors: 512)."""
     value = read_json_object(folder / "config.json").get("speaker_embedding_dim")
@@ -62,7 +69,10 @@ class Speaker:
         except RuntimeError as exc:
             raise ModelLoadError(f"cannot load text-to-speech model {folder}: {client_reason(exc)}") from None
         self.embedding_shape = tuple(int(size) for size in self.pipeline.get_speaker_embedding_shape())
-        self.samples_per_step = reduction_factor(folder) * VOCODER_HOP
+        self.reduction = reduction_factor(folder)
+        self.samples_per_step = self.reduction * VOCODER_HOP
+        self.max_steps = max_steps(folder)
+        self.maxlenratio = float(self.pipeline.get_generation_config().maxlenratio)
         self.load_seconds = time.monotonic() - started
 
     def speak(self, text: str, embedding: np.ndarray | None) -> Spoken:
@@ -70,8 +80,12 @@ class Speaker:
         import openvino as ov
 
         speaker = None if embedding is None else ov.Tensor(embedding.reshape(self.embedding_shape))
-        result = self.pipeline.generate(text, speaker)
+        tokens = int(self.tokenizer.encode(text).input_ids.get_size())
+        # The pipeline stops its decoder at maxlenratio steps a token over the reduction
+        # factor, whether the model said stop or not; bounded here by the decoder's
+        # positions too, so a text that keeps the model from stopping ends there.
+        ratio = min(self.maxlenratio, self.reduction * self.max_steps / max(tokens, 1))
+        result = self.pipeline.generate(text, speaker, maxlenratio=ratio)
         # A copy: the tensor is the pipeline's output buffer, which its next call rewrites.
         samples = np.array(result.speeches[0].data, dtype=np.float32).reshape(-1)
-        tokens = int(self.tokenizer.encode(text).input_ids.get_size())
         return Spoken(samples, self.sample_rate, tokens, -(-len(samples) // self.samples_per_step))
