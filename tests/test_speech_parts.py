@@ -11,6 +11,7 @@ import pytest
 
 from ovtrio.speech.encode import FORMATS, Encoder, pcm16, wav_header
 from ovtrio.speech.pieces import MAX_PIECE_CHARACTERS, pieces
+from ovtrio.speech.tempo import factors, stretched
 from ovtrio.speech.voices import DEFAULT, OPENAI_VOICES, read_embedding, read_voices
 
 
@@ -121,3 +122,17 @@ def test_the_folders_own_embedding_is_the_default_and_a_file_can_take_an_openai_
     assert np.array_equal(found.named("alloy"), alloy.reshape(1, 512))
     with pytest.raises(ValueError, match="not 256 float32 numbers"):
         read_embedding(model / "voices" / "alloy.bin", 256)
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.3, 0.5, 0.8, 1.5, 2.0, 3.0, 4.0])
+def test_speed_is_a_chain_of_atempo_factors_and_stretches_by_it(speed):
+    chain = factors(speed)
+    assert all(0.5 <= factor <= 2.0 for factor in chain) and np.isclose(np.prod(chain), speed)
+    tone = (0.3 * np.sin(np.arange(48000) / 16000 * 2 * np.pi * 220)).astype(np.float32)
+    out = stretched(tone, 16000, speed)
+    assert out.dtype == np.float32 and 0.95 <= len(out) * speed / len(tone) <= 1.05
+
+
+def test_speed_one_leaves_the_samples_as_they_are():
+    tone = np.linspace(-1, 1, 1000, dtype=np.float32)
+    assert stretched(tone, 16000, 1.0) is tone

@@ -3,8 +3,8 @@
 
 The body is JSON, as OpenAI's SDK sends it: `model`, `input` (at most 4096 characters),
 `voice` (a voice's name, or `{"id": name}`: ovtrio/speech/voices.py), `response_format`
-(mp3, the default, opus, aac, flac, wav or pcm), `speed` (1.0 only: the model speaks at
-its own rate, and a resampled voice would change its pitch; refused otherwise),
+(mp3, the default, opus, aac, flac, wav or pcm), `speed` (0.25 to 4: each sentence
+time-stretched, its pitch kept, ovtrio/speech/tempo.py),
 `instructions` (taken and ignored: SpeechT5 has no way to follow them) and
 `stream_format` (`audio`, the default: the file's bytes, chunked as each sentence is
 spoken; `sse`: `speech.audio.delta` events of base64 audio, then `speech.audio.done`
@@ -41,6 +41,7 @@ from ovtrio.speech.encode import FORMATS, MEDIA_TYPES, Encoder
 from ovtrio.speech.engine import Spoken
 from ovtrio.speech.pieces import pieces
 from ovtrio.speech.service import SpeechService, SpeechTotals, SpeechWork
+from ovtrio.speech.tempo import stretched
 
 blueprint = Blueprint("speech", __name__)
 
@@ -104,7 +105,7 @@ async def speech() -> Any:
     except EncoderUnavailable as exc:
         raise unavailable(exc) from None
     sse = body.stream_format == "sse"
-    audio = _Audio(service, job, body.response_format, sse, send, receive)
+    audio = _Audio(service, job, body.response_format, body.speed, sse, send, receive)
     if sse:
         return Response(audio, mimetype="text/event-stream", headers=HEADERS)
     return Response(audio, mimetype=MEDIA_TYPES[body.response_format])
@@ -132,13 +133,6 @@ def _check_choice(value: str, choices: tuple[str, ...], name: str) -> None:
 def _check_speed(speed: float) -> None:
     if not 0.25 <= speed <= 4.0:
         raise invalid(f"Invalid value for 'speed': {speed}; it must be between 0.25 and 4.0.", "speed")
-    if speed != 1.0:
-        raise invalid(
-            f"Invalid value for 'speed': {speed}; this server speaks at the model's own rate only (1.0): resampling"
-            " would change the voice's pitch.",
-            "speed",
-            "unsupported_value",
-        )
 
 
 def _voice(service: SpeechService, voice: str | CustomVoice) -> Any:
@@ -169,12 +163,13 @@ class _Audio:
         service: SpeechService,
         job: Job,
         response_format: str,
+        speed: float,
         sse: bool,
         send: trio.MemorySendChannel[Spoken],
         receive: trio.MemoryReceiveChannel[Spoken],
     ) -> None:
         self._job = job
-        self._chunks = self._encoded(service, job, response_format, sse, send, receive)
+        self._chunks = self._encoded(service, job, response_format, speed, sse, send, receive)
 
     def __aiter__(self) -> _Audio:
         return self
@@ -191,6 +186,7 @@ class _Audio:
         service: SpeechService,
         job: Job,
         response_format: str,
+        speed: float,
         sse: bool,
         send: trio.MemorySendChannel[Spoken],
         receive: trio.MemoryReceiveChannel[Spoken],
@@ -206,7 +202,7 @@ class _Audio:
                         encoder = Encoder(response_format, item.sample_rate)
                     spoken_count += 1
                     last = spoken_count == job.size
-                    data = await trio.to_thread.run_sync(encoder.add, item.samples, last, limiter=service.encodes)
+                    data = await trio.to_thread.run_sync(_written, encoder, item, speed, last, limiter=service.encodes)
                     if data:
                         yield _event({"type": "speech.audio.delta", "audio": _b64(data)}) if sse else data
                         if not first_sent:
@@ -234,6 +230,11 @@ class _Audio:
                         raise item  # the audio cannot carry an error: the response is cut
                     error = unavailable(item) if isinstance(item, EncoderUnavailable) else api_error(item)
                     yield _event(error.body())
+
+
+def _written(encoder: Encoder, spoken: Spoken, speed: float, last: bool) -> bytes:
+    """A piece's bytes, at `speed` (in a worker thread)."""
+    return encoder.add(stretched(spoken.samples, spoken.sample_rate, speed), last)
 
 
 def _b64(data: bytes) -> str:
