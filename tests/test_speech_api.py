@@ -321,6 +321,9 @@ def test_a_client_that_leaves_stops_its_synthesis_beside_innocent_streams(speech
     assert 2 <= spoken < 100, f"{spoken} sentences spoken for two clients that left after the first"
 
 
+REQUESTS = 200
+
+
 def test_many_requests_at_once_get_429s_and_the_rest_are_spoken(speech_server):
     outcomes: list[int] = []
     lock = threading.Lock()
@@ -337,15 +340,29 @@ def test_many_requests_at_once_get_429s_and_the_rest_are_spoken(speech_server):
             outcomes.append(response.status_code)
 
     def hostile() -> None:
-        threads = [threading.Thread(target=one) for _ in range(40)]
+        threads = [threading.Thread(target=one) for _ in range(REQUESTS)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
 
     beside_innocent_streams(speech_server, hostile)
-    assert len(outcomes) == 40 and set(outcomes) <= {200, 429}
+    assert len(outcomes) == REQUESTS and set(outcomes) <= {200, 429}
     assert 429 in outcomes and outcomes.count(200) >= QUEUED, outcomes
+
+
+def test_a_text_without_sentence_ends_is_spoken_in_bounded_pieces_beside_innocent_streams(speech_server):
+    """4096 characters with no full stop, comma or space, the longest text taken: spoken
+    in pieces of at most 300 characters, each as long as its characters make it."""
+    text = "a" * 4096
+    sizes = [300] * 13 + [196]
+
+    def hostile() -> None:
+        response = speak(speech_server, input=text, response_format="pcm")
+        assert response.status_code == 200
+        assert len(response.content) == 2 * sum(tiny_speecht5.samples_for(size + 1) for size in sizes)
+
+    beside_innocent_streams(speech_server, hostile)
 
 
 def test_health_stays_fast_while_four_syntheses_run(speech_server):
