@@ -127,6 +127,32 @@ def test_the_folder_is_a_speech_model_listed_with_its_kind(speech_server, client
     assert card["kind"] == "speech" and card["input_modalities"] == ["text"]
 
 
+def test_the_config_file_serves_a_speech_model_beside_the_llm(tmp_path):
+    from ovtrio.embedding.kinds import served_models
+    from ovtrio.server.app import ServedModels
+    from ovtrio.settings.server import Settings
+
+    folder = tiny_speecht5.build(tmp_path / "tts")
+    whisper = tiny_whisper.build(tmp_path / "whisper")
+    config = tmp_path / "models.json"
+    models = [
+        {"served_model_name": "chat"},
+        {"served_model_name": "voice", "model": str(folder)},
+        {"served_model_name": "ears", "model": str(whisper)},
+    ]
+    config.write_text(json.dumps({"models": models}))
+    settings = Settings(config=str(config))
+    generation, encoders = served_models(settings)
+    assert [model.served_model_name for model in generation] == ["chat"]
+    assert [(model.served_model_name, kind) for model, kind in encoders] == [
+        ("voice", "speech"),
+        ("ears", "transcription"),
+    ]
+    served = ServedModels.read(settings)
+    assert [(name, path) for name, _, path in served.speakers] == [("voice", folder)]
+    assert [name for name, _, _ in served.transcribers] == ["ears"]
+
+
 @pytest.mark.parametrize("response_format", ["pcm", "wav"])
 def test_pcm_and_wav_are_the_pipelines_samples(client, pipeline, response_format):
     data = client.audio.speech.create(model=SPEECH, input=TEXT, voice="alloy", response_format=response_format).read()
