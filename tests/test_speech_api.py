@@ -171,6 +171,13 @@ def test_one_sentence_is_a_wav_that_says_its_length(client, pipeline):
     assert len(samples) // 2 == tiny_speecht5.samples_for(tiny_speecht5.tokens_of("Hello there."))
 
 
+def test_v3_speaks_as_v1_does(speech_server, client):
+    body = {"model": SPEECH, "input": TEXT, "voice": "alloy", "response_format": "flac"}
+    v3 = httpx.post(speech_server.base_url + "/v3/audio/speech", json=body, timeout=120)
+    assert v3.status_code == 200 and v3.headers["content-type"] == "audio/flac"
+    assert v3.content == client.audio.speech.create(**body).read()
+
+
 @pytest.mark.parametrize("response_format", ["mp3", "opus", "aac", "flac", "wav"])
 def test_each_container_decodes_to_the_same_audio_length(client, pipeline, response_format):
     data = client.audio.speech.create(model=SPEECH, input=TEXT, voice="alloy", response_format=response_format).read()
