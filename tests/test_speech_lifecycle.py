@@ -17,7 +17,7 @@ import tiny_speecht5
 from conftest import RunningServer
 from ovtrio.model import embedded_model_path
 from server_pool import server_fixture
-from test_models_on_demand import KV_BLOCKS, chat, count, loads, states, unload
+from test_models_on_demand import HANG_CAP, KV_BLOCKS, chat, count, loads, states, unload
 
 pytestmark = pytest.mark.slow
 
@@ -81,6 +81,27 @@ def test_the_speech_model_of_the_folder_loads_on_demand_and_makes_room(speech_on
     back = speak(server)
     assert back.status_code == 200 and back.content == first.content
     assert states(server)["alpha"]["value"] == "unloaded"
+
+
+def test_a_client_that_leaves_mid_synthesis_gives_the_models_lease_back(speech_one_model):
+    """While a request speaks, its model is held: an unload that refuses a held model
+    (`"drain": false`) is a 409; once its client has left, the unload goes through."""
+    import time
+
+    server = speech_one_model
+    long = " ".join(f"Sentence number {index} is here." for index in range(100))
+    body = {"model": SPEECH, "input": long, "voice": "alloy", "response_format": "pcm"}
+    with httpx.stream("POST", server.base_url + "/v1/audio/speech", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        next(response.iter_raw())  # the first sentence's audio
+        held = unload(server, SPEECH, drain=False)
+        assert held.status_code == 409 and held.json()["error"]["code"] == "model_busy", held.text
+    deadline = time.monotonic() + HANG_CAP  # a cap for a hang: the request stops at its next sentence
+    while (reply := unload(server, SPEECH, drain=False)).status_code == 409:
+        assert time.monotonic() < deadline, "a lease of a client that left was never given back"
+        time.sleep(0.05)
+    assert reply.status_code == 200, reply.text
+    assert states(server)[SPEECH]["value"] == "unloaded"
 
 
 def test_a_broken_speech_folder_is_a_503_and_listed_failed(speech_one_model):
