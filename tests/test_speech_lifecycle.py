@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 
 SPEECH = "speecht5"
 BROKEN = "speecht5-no-vocoder-weights"
+CUT_CONFIG = "speecht5-config-cut-short"
 
 
 def speech_folder(folder: Path) -> None:
@@ -37,6 +38,13 @@ def speech_folder(folder: Path) -> None:
         if entry.name != "openvino_vocoder.bin":
             (broken / entry.name).symlink_to(entry)
     (broken / "openvino_vocoder.bin").write_bytes((models / SPEECH / "openvino_vocoder.bin").read_bytes()[:100])
+    # And one whose config.json is cut short: still a speech model by its files, failed when loaded.
+    cut = models / CUT_CONFIG
+    cut.mkdir()
+    for entry in (models / SPEECH).iterdir():
+        if entry.name != "config.json":
+            (cut / entry.name).symlink_to(entry)
+    (cut / "config.json").write_text('{"model_type": "speec')
 
 
 speech_one_model = server_fixture(
@@ -112,6 +120,11 @@ def test_a_broken_speech_folder_is_a_503_and_listed_failed(speech_one_model):
     assert error["code"] == "model_unavailable" and BROKEN in error["message"], error
     assert "/" not in error["message"].split(BROKEN)[-1], "no paths in messages"
     assert states(server)[BROKEN]["value"] == "failed"
+    cards = {card["id"]: card for card in loopback.get(server.base_url + "/v1/models", timeout=30).json()["data"]}
+    assert cards[CUT_CONFIG]["kind"] == "speech"
+    refused = speak(server, CUT_CONFIG)
+    assert refused.status_code == 503 and CUT_CONFIG in refused.json()["error"]["message"], refused.text
+    assert states(server)[CUT_CONFIG]["value"] == "failed"
     assert speak(server).status_code == 200
 
 
