@@ -136,10 +136,6 @@ class SpeechService(OnDemandEncoder[Speaker]):
             self.last_used = trio.current_time()
         return job.result
 
-    @property
-    def sample_rate(self) -> int | None:
-        return self.model.sample_rate if self.model is not None else None
-
     def _load(self) -> Speaker:
         check_speech_folder(self.folder)  # a folder of --models-dir may have changed since
         settings = self.settings
