@@ -12,9 +12,11 @@ does), within the encoder's padding.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -59,7 +61,7 @@ speech_server = server_fixture(
     "{folder}/" + SPEECH,
     "--speech-voices",
     "{folder}/voices",
-    "--speech-max-queued-requests",
+    "--speech-max-requests",
     str(QUEUED),
     "--transcription-model",
     "{folder}/" + WHISPER,
@@ -317,8 +319,6 @@ def _inputs_spoken(server) -> float:
 
 def _settled_inputs(server) -> float:
     """The sentences spoken so far, once the model has stopped speaking."""
-    import time
-
     before = _inputs_spoken(server)
     while True:
         time.sleep(0.5)  # polled until two readings agree: the model has stopped
@@ -382,6 +382,32 @@ def test_many_requests_at_once_get_429s_and_the_rest_are_spoken(speech_server):
     beside_innocent_streams(speech_server, hostile)
     assert len(outcomes) == REQUESTS and set(outcomes) <= {200, 429}
     assert 429 in outcomes and outcomes.count(200) >= QUEUED, outcomes
+
+
+def test_a_model_takes_at_most_its_requests_at_once(speech_server):
+    """--speech-max-requests bounds the requests being spoken, not only those waiting to
+    start: with QUEUED long requests under way (each past its first sentence, 300
+    sentences between them still to speak), the next is a 429; once they end, it is
+    taken."""
+    body = {"model": SPEECH, "voice": "alloy", "input": LONG, "response_format": "pcm"}
+    readers = []  # kept: a reader let go closes its response, and its client has left
+    with contextlib.ExitStack() as held:
+        for _ in range(QUEUED):
+            response = held.enter_context(
+                httpx.stream("POST", speech_server.v1 + "/audio/speech", json=body, timeout=120)
+            )
+            assert response.status_code == 200
+            readers.append(response.iter_raw())
+            next(readers[-1])  # its first sentence is spoken: it holds no place of the queue
+        refused = speak(speech_server, input="Hi.", response_format="pcm")
+        assert_error(refused, 429, param=None, code="rate_limit_exceeded", type="requests")
+    # The clients left: their requests stop at their next sentence and give their places back.
+    wait_until = 0
+    while (taken := speak(speech_server, input="Hi.", response_format="pcm")).status_code == 429:
+        wait_until += 1
+        assert wait_until < 600, "the places of requests whose clients left never came back"
+        time.sleep(0.1)
+    assert taken.status_code == 200
 
 
 def test_a_text_without_sentence_ends_is_spoken_in_bounded_pieces_beside_innocent_streams(speech_server):

@@ -101,7 +101,8 @@ def test_a_client_that_leaves_mid_synthesis_gives_the_models_lease_back(speech_o
     body = {"model": SPEECH, "input": long, "voice": "alloy", "response_format": "pcm"}
     with httpx.stream("POST", server.base_url + "/v1/audio/speech", json=body, timeout=120) as response:
         assert response.status_code == 200
-        next(response.iter_raw())  # the first sentence's audio
+        reader = response.iter_raw()  # kept: a reader let go closes the response
+        next(reader)  # the first sentence's audio
         held = unload(server, SPEECH, drain=False)
         assert held.status_code == 409 and held.json()["error"]["code"] == "model_busy", held.text
     deadline = time.monotonic() + HANG_CAP  # a cap for a hang: the request stops at its next sentence

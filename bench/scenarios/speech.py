@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> Outcome:
         scratch = Path(scratch_dir)
         folder = _model_folder(args, scratch)
         figures: dict[str, Any] = {"model": args.model or f"random weights, {args.shape} shape"}
-        flags = ["--no-embeddings", "--speech-model", str(folder), "--speech-max-queued-requests", "16"]
+        flags = ["--no-embeddings", "--speech-model", str(folder), "--speech-max-requests", "16"]
         with (
             open(scratch / "server.log", "w") as log,
             serving(flags, log=log, ready_timeout=600, env={"PYTHONPATH": str(ROOT)}) as server,

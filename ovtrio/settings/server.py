@@ -161,11 +161,11 @@ class ServerSettings(BaseModel):
         description="folder of speaker embeddings a speech model speaks in, NAME.bin (raw float32) or NAME.npy,"
         " each a voice clients name (default: the model folder's voices/)",
     )
-    speech_max_queued_requests: int = Field(
+    speech_max_requests: int = Field(
         8,
         ge=0,
-        description="speech requests waiting for their model to start speaking them; beyond them requests get 429"
-        " (one that has started is spoken a sentence a turn, and holds no place)",
+        description="speech requests a speech model takes at once, being spoken (a sentence a turn each) or"
+        " waiting; a request holds its place until its last sentence is spoken; beyond them requests get 429",
     )
     encoder_preload: bool = Field(
         False,

@@ -2,7 +2,8 @@
 when idle (as the Whisper model is, ovtrio/audio/service.py), with the encoders' worker
 (ovtrio/embedding/worker.py): a bounded queue (one request over it gets a 429), one
 thread on the model, the metrics (a request's inputs are its pieces), and the close that
-fails what waits when the server stops.
+fails what waits when the server stops. At most `speech_max_requests` requests are
+taken at once, each until its last sentence is spoken (or its client left).
 
 A request is spoken a piece (a sentence, ovtrio/speech/pieces.py) at a time: after each
 piece its samples go to the response at once and the request goes back to the end of
@@ -107,7 +108,7 @@ class SpeechService(OnDemandEncoder[Speaker]):
         worker: EncoderWorker[Speaker] = EncoderWorker(
             _speak_part,
             max_batch=1,
-            max_queued=settings.speech_max_queued_requests,
+            max_queued=settings.speech_max_requests,
             observer=self.observer,
             batch_jobs=False,
         )
@@ -116,6 +117,10 @@ class SpeechService(OnDemandEncoder[Speaker]):
         # Read from the folder's files, so that requests are checked before the model loads.
         self.voices = self.read_voices()
         self.encodes = trio.CapacityLimiter(ENCODES)
+        # The requests taken and not yet spoken to their end: each holds a place of
+        # speech_max_requests (a request between two sentences holds no place of the
+        # worker's queue, which would let any number of them be spoken at once).
+        self._taken: list[Job] = []
 
     def read_voices(self) -> Voices:
         voices_dir = Path(self.settings.speech_voices).expanduser() if self.settings.speech_voices else None
@@ -123,9 +128,15 @@ class SpeechService(OnDemandEncoder[Speaker]):
 
     def enqueue(self, work: SpeechWork) -> Job:
         """Queue `work`, loading the model first if it is not yet. Raises Overloaded when
-        the queue is full, EncoderUnavailable when the model cannot serve."""
+        speech_max_requests requests are taken and not yet spoken, EncoderUnavailable
+        when the model cannot serve."""
         self.want()
-        return self.worker.enqueue(Job(work, len(work.pieces)))
+        self._taken = [job for job in self._taken if not job.done.is_set()]
+        if len(self._taken) >= self.settings.speech_max_requests:
+            raise self.worker.refusal(len(self._taken))
+        job = self.worker.enqueue(Job(work, len(work.pieces)))
+        self._taken.append(job)
+        return job
 
     async def result(self, job: Job) -> SpeechTotals:
         """`job`'s totals, once every piece is spoken; cancelled (the client left), it
