@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 
 SPEECH = "speecht5"
 WHISPER = "whisper"
-QUEUED = 3
+QUEUED = 4  # the requests the model takes at once (--speech-max-requests)
 TEXT = "Hello there. How are you today? Fine, thanks."
 SENTENCES = ["Hello there.", "How are you today?", "Fine, thanks."]
 BRIGHT = tiny_speecht5.speaker(7)
@@ -408,6 +408,16 @@ def test_a_model_takes_at_most_its_requests_at_once(speech_server):
         assert wait_until < 600, "the places of requests whose clients left never came back"
         time.sleep(0.1)
     assert taken.status_code == 200
+    # Every place came back: QUEUED long requests at once are all taken.
+    codes: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: codes.append(speak(speech_server, **body).status_code)) for _ in range(QUEUED)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert codes == [200] * QUEUED
 
 
 def test_a_text_without_sentence_ends_is_spoken_in_bounded_pieces_beside_innocent_streams(speech_server):

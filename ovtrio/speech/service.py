@@ -131,7 +131,9 @@ class SpeechService(OnDemandEncoder[Speaker]):
         speech_max_requests requests are taken and not yet spoken, EncoderUnavailable
         when the model cannot serve."""
         self.want()
-        self._taken = [job for job in self._taken if not job.done.is_set()]
+        # A request whose client left is gone too: it stops at its current sentence, and
+        # the worker drops it from its queue without ending it.
+        self._taken = [job for job in self._taken if not job.done.is_set() and not job.abandoned]
         if len(self._taken) >= self.settings.speech_max_requests:
             raise self.worker.refusal(len(self._taken))
         job = self.worker.enqueue(Job(work, len(work.pieces)))
