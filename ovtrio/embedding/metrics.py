@@ -42,18 +42,21 @@ class _ModelObserver(EncoderObserver):
 class EncoderMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
-            "ovtrio_encoder_requests", "Embedding, rerank and transcription requests served", _LABELS, registry=registry
+            "ovtrio_encoder_requests",
+            "Embedding, rerank, transcription and speech requests served",
+            _LABELS,
+            registry=registry,
         )
         self.inputs = Counter(
             "ovtrio_encoder_inputs",
-            "Texts embedded, documents reranked, or 30 s audio windows transcribed",
+            "Texts embedded, documents reranked, 30 s audio windows transcribed, or sentences spoken",
             _LABELS,
             registry=registry,
         )
         self.tokens = Counter("ovtrio_encoder_tokens", "Tokens of the inputs computed", _LABELS, registry=registry)
         self.rejected = Counter(
             "ovtrio_encoder_requests_rejected",
-            "Embedding, rerank and transcription requests refused with 429 because the model's queue was full",
+            "Encoder requests (embedding, rerank, transcription, speech) refused with 429 because the model was full",
             _LABELS,
             registry=registry,
         )
