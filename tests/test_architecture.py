@@ -79,7 +79,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ovtrio.server",),  # the app factory, the CLI, logs, Hypercorn's config and patches
     ("ovtrio.api", "ovtrio.playground"),  # HTTP and WebSocket: the OpenAI API, the browser page
     ("ovtrio.serving",),  # the served models: service, registry, shutdown, metrics, memory
-    ("ovtrio.audio",),  # speech in: Whisper on the encoders' worker
+    ("ovtrio.audio", "ovtrio.speech"),  # speech in (Whisper) and out (SpeechT5), on the encoders' worker
     ("ovtrio.embedding", "ovtrio.scoring", "ovtrio.images", "ovtrio.output"),
     ("ovtrio.lifecycle",),  # what every served model's lifecycle shares: its leases, the load retry
     ("ovtrio.scheduler",),  # the engine's one owner; knows nothing of HTTP
@@ -153,6 +153,7 @@ OPENVINO_IMPORTERS: dict[str, set[str] | None] = {
     "ovtrio.embedding": None,
     "ovtrio.scoring": None,
     "ovtrio.audio": None,
+    "ovtrio.speech": None,
     "ovtrio.loading": None,
     "ovtrio.engine": None,
     "ovtrio.gguf": None,  # the builder makes OpenVINO graphs and tokenizers

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import get_args
 
 from ovtrio.embedding.kinds import ModelKind
-from ovtrio.serving.kinds import KINDS, is_generation, is_text_encoder, is_transcriber
+from ovtrio.serving.kinds import KINDS, is_generation, is_speaker, is_text_encoder, is_transcriber
 
 
 def test_every_kind_has_one_entry():
@@ -45,7 +45,14 @@ def test_the_encoders_built_are_told_apart_by_the_table(tmp_path):
     embedder = build_encoder("e", "embedding", Settings(), tmp_path, None)
     reranker = build_encoder("r", "rerank", Settings(), tmp_path, None)
     whisper = build_encoder("w", "transcription", Settings(), tmp_path, None)
-    assert (embedder.kind, reranker.kind, whisper.kind) == ("embedding", "rerank", "transcription")
+    speaker = build_encoder("s", "speech", Settings(), tmp_path, None)
+    assert (embedder.kind, reranker.kind, whisper.kind, speaker.kind) == (
+        "embedding",
+        "rerank",
+        "transcription",
+        "speech",
+    )
     assert is_text_encoder(embedder) and is_text_encoder(reranker) and not is_text_encoder(whisper)
-    assert is_transcriber(whisper) and not is_transcriber(embedder)
-    assert not any(is_generation(model) for model in (embedder, reranker, whisper))
+    assert is_transcriber(whisper) and not is_transcriber(embedder) and not is_transcriber(speaker)
+    assert is_speaker(speaker) and not any(is_speaker(model) for model in (embedder, reranker, whisper))
+    assert not any(is_generation(model) for model in (embedder, reranker, whisper, speaker))

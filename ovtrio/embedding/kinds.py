@@ -7,7 +7,9 @@ TextEmbeddingPipeline pools) and rerankers (cross-encoders: an output `logits`
 IR's XML without loading it (its outputs' names and ranks; a causal LM also has
 `logits`, but of rank 3 and beside a KV cache), or named in the config file
 (`model_kind`). A Whisper model (ovtrio/audio/) has no openvino_model.xml but an encoder
-and a decoder IR beside a config that says whisper.
+and a decoder IR beside a config that says whisper; a text-to-speech model
+(ovtrio/speech/) has those with a postnet and a vocoder IR, beside a config that says
+SpeechT5.
 
 How an embedding model pools its hidden states is part of the model, not of the
 engine: the engine pools with the first token (CLS) unless told otherwise, so it is
@@ -26,7 +28,7 @@ from ovtrio.files.json_files import read_json_object
 from ovtrio.files.regular_files import open_regular
 from ovtrio.settings.server import Settings
 
-ModelKind = Literal["generation", "embedding", "rerank", "transcription"]
+ModelKind = Literal["generation", "embedding", "rerank", "transcription", "speech"]
 Pooling = Literal["CLS", "MEAN", "LAST_TOKEN"]
 
 # Inputs only a causal LM with a KV cache has.
@@ -81,6 +83,8 @@ def has_generation_inputs(xml_path: Path | BinaryIO) -> bool:
 def detect_kind(path: Path) -> ModelKind:
     """The kind of the model at `path` (a GGUF file or IR folder) from its IR's outputs."""
     xml_path = path / "openvino_model.xml"
+    if path.is_dir() and not xml_path.is_file() and is_speech_folder(path):
+        return "speech"
     if path.is_dir() and not xml_path.is_file() and is_whisper_folder(path):
         return "transcription"
     if not path.is_dir() or not xml_path.is_file():
@@ -110,6 +114,19 @@ def is_whisper_folder(path: Path) -> bool:
         return True
     return (
         read_json_object(path / "preprocessor_config.json").get("feature_extractor_type") == "WhisperFeatureExtractor"
+    )
+
+
+def is_speech_folder(path: Path) -> bool:
+    """Whether `path` is a SpeechT5 text-to-speech model exported by optimum: its decoder
+    and vocoder IRs beside a config that says speecht5 (or SpeechT5ForTextToSpeech, which
+    OpenVINO GenAI's pipeline reads)."""
+    if not (path / "openvino_decoder_model.xml").is_file() or not (path / "openvino_vocoder.xml").is_file():
+        return False
+    config = read_json_object(path / "config.json")
+    architectures = config.get("architectures")
+    return config.get("model_type") == "speecht5" or (
+        isinstance(architectures, list) and "SpeechT5ForTextToSpeech" in architectures
     )
 
 
@@ -184,8 +201,8 @@ def served_models(settings: Settings) -> tuple[list[Settings], list[tuple[Settin
     generation, encoders = split_by_kind(model_settings(settings))
     if not generation:
         raise SettingsError(
-            "no generation model to serve: every model configured is an embedding, rerank or transcription model"
-            " (serve those beside one with --embedding-model, --rerank-model, --transcription-model or a config"
-            " file entry)"
+            "no generation model to serve: every model configured is an embedding, rerank, transcription or speech"
+            " model (serve those beside one with --embedding-model, --rerank-model, --transcription-model,"
+            " --speech-model or a config file entry)"
         )
     return generation, encoders

@@ -1,7 +1,9 @@
 """The encoders' Prometheus metrics, per model (label `model_name`) and kind (`kind`:
-embedding, rerank or transcription): requests served, inputs (texts, documents to
-rerank, or 30 s windows of audio), tokens, requests refused with 429, and the number of
-inputs of each batch the model computed (a transcription model's is always one window)."""
+embedding, rerank, transcription or speech): requests served, inputs (texts, documents
+to rerank, 30 s windows of audio, or sentences spoken), tokens, requests refused with
+429, the number of inputs of each batch the model computed (a transcription model's is
+always one window, a speech model's one sentence), and how many sentences of a speech
+request were spoken when its first audio left."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class _ModelObserver(EncoderObserver):
         self._tokens = metrics.tokens.labels(*labels)
         self._rejected = metrics.rejected.labels(*labels)
         self._batch = metrics.batch_size.labels(*labels)
+        self._first_audio = metrics.first_audio_pieces.labels(*labels)
 
     def finished(self, inputs: int, tokens: int) -> None:
         self._requests.inc()
@@ -32,22 +35,28 @@ class _ModelObserver(EncoderObserver):
     def rejected(self) -> None:
         self._rejected.inc()
 
+    def first_audio(self, pieces: int) -> None:
+        self._first_audio.observe(pieces)
+
 
 class EncoderMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
-            "ovtrio_encoder_requests", "Embedding, rerank and transcription requests served", _LABELS, registry=registry
+            "ovtrio_encoder_requests",
+            "Embedding, rerank, transcription and speech requests served",
+            _LABELS,
+            registry=registry,
         )
         self.inputs = Counter(
             "ovtrio_encoder_inputs",
-            "Texts embedded, documents reranked, or 30 s audio windows transcribed",
+            "Texts embedded, documents reranked, 30 s audio windows transcribed, or sentences spoken",
             _LABELS,
             registry=registry,
         )
         self.tokens = Counter("ovtrio_encoder_tokens", "Tokens of the inputs computed", _LABELS, registry=registry)
         self.rejected = Counter(
             "ovtrio_encoder_requests_rejected",
-            "Embedding, rerank and transcription requests refused with 429 because the model's queue was full",
+            "Encoder requests (embedding, rerank, transcription, speech) refused with 429 because the model was full",
             _LABELS,
             registry=registry,
         )
@@ -56,6 +65,13 @@ class EncoderMetrics:
             "Inputs computed in one batch",
             _LABELS,
             buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.first_audio_pieces = Histogram(
+            "ovtrio_speech_first_audio_pieces",
+            "Pieces (sentences) of a speech request's text spoken when its first audio was sent",
+            _LABELS,
+            buckets=(1, 2, 3, 4, 8),
             registry=registry,
         )
         self._observers: dict[str, _ModelObserver] = {}
@@ -68,5 +84,6 @@ class EncoderMetrics:
     def forget(self, name: str) -> None:
         """Remove the series of the model `name`, which the server no longer serves."""
         self._observers.pop(name, None)
-        for family in (self.requests, self.inputs, self.tokens, self.rejected, self.batch_size):
+        families = (self.requests, self.inputs, self.tokens, self.rejected, self.batch_size, self.first_audio_pieces)
+        for family in families:
             family.remove_by_labels({"model_name": name})

@@ -81,6 +81,9 @@ class EncoderObserver:
 
     def rejected(self) -> None: ...
 
+    def first_audio(self, pieces: int) -> None:
+        """A speech request's first audio left after `pieces` of its pieces were spoken."""
+
 
 @dataclass(frozen=True)
 class WorkerStats:

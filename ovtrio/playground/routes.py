@@ -4,7 +4,8 @@ The files are read once, when the app is built (the page's own weigh about 150 K
 libraries it loads only when needed, under static/vendor/, about 2.4 MB), and
 served from memory with an ETag. Every answer carries a Content-Security-Policy that
 lets the page load and connect to its own origin only (images also from data: URLs,
-the ones a user attaches; fonts: KaTeX's), and run no inline script: the
+the ones a user attaches; fonts: KaTeX's; audio from blob: URLs, a reply read aloud
+that the page fetched from its own origin), and run no inline script: the
 page inserts model and user text as text, and the policy is the second line of defence
 should a bug ever let markup through. The microphone (recorded for transcription) needs
 no source in the policy: the recording is posted to the page's own origin, never played;
@@ -30,6 +31,7 @@ CONTENT_SECURITY_POLICY = "; ".join(
         "style-src 'self'",
         "img-src 'self' data:",  # the images a user attaches, shown as data: URLs
         "font-src 'self'",  # KaTeX's fonts, shipped in static/vendor/katex/
+        "media-src blob:",  # a reply read aloud: /v1/audio/speech's answer, played from memory
         "connect-src 'self'",
         "base-uri 'none'",
         "form-action 'none'",

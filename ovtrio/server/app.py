@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
@@ -31,6 +31,7 @@ from ovtrio.api import (
     origins,
     request_body,
     rerank,
+    speech,
     tokenize,
 )
 from ovtrio.api.chat import routes as chat
@@ -66,6 +67,7 @@ from ovtrio.settings.server import (
     in_data_dir,
     settings_from_env,
 )
+from ovtrio.speech.service import speech_models_to_serve
 
 log = logging.getLogger("ovtrio")
 
@@ -117,12 +119,13 @@ def install_process_seams(settings: Settings) -> None:
 class ServedModels:
     """What the server serves at start, as the settings and the disk say: the generation
     models, the encoders configured (with their kind), the Whisper models, and what the
-    models folder holds."""
+    models folder holds; the text-to-speech models after them."""
 
     generation: list[Settings]
     encoders: list[tuple[Settings, ModelKind]]
     transcribers: list[tuple[str, Settings, Path]]
     in_folder: list[FolderModel]
+    speakers: list[tuple[str, Settings, Path]] = field(default_factory=list)
 
     @classmethod
     def read(cls, settings: Settings) -> ServedModels:
@@ -131,7 +134,7 @@ class ServedModels:
         # What models_dir holds at start decides the body limit at start, and whether the
         # embedded embedder is served beside the folder's (not when the folder has one).
         in_folder = folder_models(Path(settings.models_dir).expanduser()) if settings.models_dir else []
-        return cls(generation, encoders, transcribers, in_folder)
+        return cls(generation, encoders, transcribers, in_folder, speech_models_to_serve(settings, encoders))
 
     @property
     def audio(self) -> bool:
@@ -148,7 +151,7 @@ def build_registry(
 ) -> ModelRegistry:
     """The registry of the served models, each one's resident built (none loaded yet)."""
     encoder_metrics = server_metrics.encoders
-    text_encoders = [(model, kind) for model, kind in served.encoders if kind != "transcription"]
+    text_encoders = [(model, kind) for model, kind in served.encoders if kind not in ("transcription", "speech")]
     embedded = not any(model.kind == "embedding" for model in served.in_folder)
     encoders = [
         build_encoder(name, kind, encoder_settings, folder, encoder_metrics.for_model)
@@ -157,6 +160,10 @@ def build_registry(
     encoders += [
         build_encoder(name, "transcription", model_settings, folder, encoder_metrics.for_model)
         for name, model_settings, folder in served.transcribers
+    ]
+    encoders += [
+        build_encoder(name, "speech", model_settings, folder, encoder_metrics.for_model)
+        for name, model_settings, folder in served.speakers
     ]
     registry = ModelRegistry(
         served.generation,
@@ -242,6 +249,7 @@ def app_over(
         embeddings,
         rerank,
         audio,
+        speech,
         models,
         tokenize,
         health,

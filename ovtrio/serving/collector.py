@@ -15,9 +15,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ovtrio.audio.service import TranscriptionService
-from ovtrio.embedding.service import EncoderService
 from ovtrio.scheduler import SchedulerStats, added_to
+from ovtrio.serving.kinds import Encoder
 from ovtrio.serving.metrics import ENGINE, LABELS
 from ovtrio.serving.registry import ModelRegistry
 from ovtrio.serving.service import ModelService
@@ -153,7 +152,7 @@ class ModelStateCollector(Collector):
         self._models = models
 
     def collect(self) -> Iterator[Any]:
-        services: list[ModelService | EncoderService | TranscriptionService] = [
+        services: list[ModelService | Encoder] = [
             *self._models.services,
             *self._models.encoders,
         ]

@@ -92,14 +92,14 @@ def _warn_not_text(entry: Path) -> None:
 def _kind_of(folder: Path, stamp: tuple[int, ...]) -> ModelKind:
     """detect_kind, read once per version of the folder: it parses the IR's XML (megabytes
     for a large model), and the folder is read again at every model listing. A folder of
-    encoder and decoder IRs whose config does not say Whisper (unreadable, or cut short)
-    is taken for one all the same: served, or listed failed with what it lacks, rather
-    than skipped without a word."""
+    encoder and decoder IRs whose config does not say Whisper or SpeechT5 (unreadable, or
+    cut short) is taken for one all the same (SpeechT5 when it has a vocoder): served, or
+    listed failed with what it lacks, rather than skipped without a word."""
     kind = detect_kind(folder)
     encoder_decoder = ("openvino_encoder_model.xml", "openvino_decoder_model.xml")
     without_single_ir = not (folder / "openvino_model.xml").is_file()
     if kind == "generation" and without_single_ir and all((folder / name).is_file() for name in encoder_decoder):
-        return "transcription"
+        return "speech" if (folder / "openvino_vocoder.xml").is_file() else "transcription"
     return kind
 
 

@@ -11,12 +11,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ovtrio.audio.service import check_transcription_folder
-from ovtrio.embedding.service import check_encoder_folder
 from ovtrio.engine.errors import client_reason
 from ovtrio.lifecycle.load_retry import FilesVersion
 from ovtrio.model import ModelLoadError, ModelSource
 from ovtrio.serving.discovery import FolderModel, folder_models, settings_for
+from ovtrio.serving.kinds import KINDS
 from ovtrio.serving.service import check_model
 from ovtrio.settings.server import Settings
 
@@ -98,10 +97,9 @@ def _checked(name: str, settings: Settings) -> tuple[ModelSource, FilesVersion] 
 def _encoder_failure(model: FolderModel) -> str | None:
     """Why the encoder folder `model` cannot serve, or None."""
     try:
-        if model.kind == "transcription":
-            check_transcription_folder(model.path)
-        else:
-            check_encoder_folder(model.name, model.path)
+        check = KINDS[model.kind].check
+        assert check is not None, "a folder's encoder is of a kind the table checks"
+        check(model.name, model.path)
     except ModelLoadError as exc:
         return str(exc)
     except Exception as exc:  # as _checked

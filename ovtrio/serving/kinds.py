@@ -19,6 +19,7 @@ from ovtrio.embedding.service import EncoderService, check_encoder_folder
 from ovtrio.embedding.worker import EncoderObserver
 from ovtrio.serving.service import ModelService
 from ovtrio.settings.server import Settings
+from ovtrio.speech.service import SpeechService, check_speech_folder
 
 __all__ = [
     "KINDS",
@@ -28,11 +29,12 @@ __all__ = [
     "build_encoder",
     "check_encoder",
     "is_generation",
+    "is_speaker",
     "is_text_encoder",
     "is_transcriber",
 ]
 
-Encoder = EncoderService | TranscriptionService
+Encoder = EncoderService | TranscriptionService | SpeechService
 EncoderObserverFactory = Callable[[str, ModelKind], EncoderObserver]
 
 
@@ -58,6 +60,16 @@ def _whisper(name: str, settings: Settings, folder: Path | None, observer: Encod
     return TranscriptionService(name, settings, folder, observer=observer)
 
 
+def _check_speecht5(name: str, folder: Path | None) -> None:
+    assert folder is not None, "a text-to-speech model is always a folder"
+    check_speech_folder(folder)
+
+
+def _speecht5(name: str, settings: Settings, folder: Path | None, observer: EncoderObserverFactory | None) -> Encoder:
+    assert folder is not None, "a text-to-speech model is always a folder"
+    return SpeechService(name, settings, folder, observer=observer)
+
+
 def _text_encoder(kind: ModelKind) -> Callable[[str, Settings, Path | None, EncoderObserverFactory | None], Encoder]:
     def build(name: str, settings: Settings, folder: Path | None, observer: EncoderObserverFactory | None) -> Encoder:
         return EncoderService(name, kind, settings, folder, observer=observer)
@@ -74,6 +86,7 @@ KINDS: dict[ModelKind, Kind] = {
     "transcription": Kind(
         "transcription", ("/v1/audio/transcriptions", "/v1/audio/translations"), ("audio",), _check_whisper, _whisper
     ),
+    "speech": Kind("speech", ("/v1/audio/speech",), ("text",), _check_speecht5, _speecht5),
 }
 
 
@@ -100,6 +113,11 @@ def is_generation(model: object) -> TypeIs[ModelService]:
 
 def is_transcriber(model: object) -> TypeIs[TranscriptionService]:
     return isinstance(model, TranscriptionService)
+
+
+def is_speaker(model: object) -> TypeIs[SpeechService]:
+    """Whether `model` is a text-to-speech model."""
+    return isinstance(model, SpeechService)
 
 
 def is_text_encoder(model: object) -> TypeIs[EncoderService]:

@@ -30,12 +30,12 @@ class ModelSettings(BaseModel):
         None,
         description="OpenVINO IR folder or .gguf file to serve; the embedded SmolLM2-135M-Instruct when unset",
     )
-    model_kind: Literal["auto", "generation", "embedding", "rerank", "transcription"] = Field(
+    model_kind: Literal["auto", "generation", "embedding", "rerank", "transcription", "speech"] = Field(
         "auto",
         description="what the model is: generation (chat and completions), embedding (/v1/embeddings), rerank"
-        " (a cross-encoder, /v1/rerank) or transcription (Whisper, /v1/audio/transcriptions and translations);"
-        " auto reads it off the IR's outputs (last_hidden_state: embedding, logits of rank 2: rerank) or, for"
-        " Whisper, its encoder and decoder IRs",
+        " (a cross-encoder, /v1/rerank), transcription (Whisper, /v1/audio/transcriptions and translations) or"
+        " speech (SpeechT5, /v1/audio/speech); auto reads it off the IR's outputs (last_hidden_state: embedding,"
+        " logits of rank 2: rerank) or, for Whisper and SpeechT5, their IRs and config",
     )
     served_model_name: str | None = Field(
         None, description="model id clients send and /v1/models lists (default: derived from the path)"

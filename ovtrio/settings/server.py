@@ -46,7 +46,7 @@ class ServerSettings(BaseModel):
     models_max: int = Field(
         0,
         ge=0,
-        description="most models loaded at once, embedding, rerank and transcription models included (0: no"
+        description="most models loaded at once, embedding, rerank, transcription and speech models included (0: no"
         " limit); loading one more first unloads the least recently used one that runs no request",
     )
     models_autoload: bool = Field(
@@ -150,16 +150,34 @@ class ServerSettings(BaseModel):
         description="OpenVINO IR folder of a Whisper model to serve at /v1/audio/transcriptions and"
         " /v1/audio/translations (optimum-cli export openvino --model openai/whisper-base FOLDER)",
     )
+    speech_model: str | None = Field(
+        None,
+        description="OpenVINO IR folder of a text-to-speech model (SpeechT5 with its vocoder) to serve at"
+        " /v1/audio/speech (optimum-cli export openvino --model microsoft/speecht5_tts --model-kwargs"
+        ' \'{"vocoder": "microsoft/speecht5_hifigan"}\' FOLDER)',
+    )
+    speech_voices: str | None = Field(
+        None,
+        description="folder of speaker embeddings a speech model speaks in, NAME.bin (raw float32) or NAME.npy,"
+        " each a voice clients name (default: the model folder's voices/)",
+    )
+    speech_max_requests: int = Field(
+        8,
+        ge=0,
+        description="speech requests a speech model takes at once, being spoken (a sentence a turn each) or"
+        " waiting; a request holds its place until its last sentence is spoken; beyond them requests get 429",
+    )
     encoder_preload: bool = Field(
         False,
-        description="load the embedding, rerank and transcription models at start, not on their first request",
+        description="load the embedding, rerank, transcription and speech models at start, not on their first request",
     )
     encoder_device: str | None = Field(
-        None, description="device of the embedding, rerank and transcription models (default: device)"
+        None, description="device of the embedding, rerank, transcription and speech models (default: device)"
     )
     encoder_inference_precision: Literal["auto", "f32", "bf16", "f16"] = Field(
         "auto",
-        description="precision the embedding, rerank and transcription models compute in (auto: the device's choice)",
+        description="precision the embedding, rerank, transcription and speech models compute in (auto: the"
+        " device's choice)",
     )
     audio_max_bytes: int = Field(
         25 * 1024 * 1024,

@@ -228,6 +228,17 @@ export async function transcribe(audio, name, model, key, signal) {
   return String((body && body.text) || "");
 }
 
+// A reply read aloud by OpenAI's /v1/audio/speech (`model` a speech model): a wav Blob;
+// a refusal is thrown as an ApiError. The route takes at most 4096 characters.
+export async function speak(text, model, key, signal) {
+  const headers = { "Content-Type": "application/json" };
+  if (key) headers.Authorization = "Bearer " + key;
+  const body = JSON.stringify({ model, input: text.slice(0, 4096), voice: "alloy", response_format: "wav" });
+  const response = await fetch("/v1/audio/speech", { method: "POST", body, headers, signal });
+  if (!response.ok) throw await errorOf(response);
+  return response.blob();
+}
+
 // Server-sent events of a fetch response: {event, data} for each.
 async function* serverSentEvents(response) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();

@@ -5,7 +5,7 @@
 
 import { $, h, copyText, flash } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
-import { API_MODES, ApiError, ResponsesSocket, buildRequest, continueRequest, getJSON, runDemoTool, send, transcribe, DEMO_TOOL } from "./api.js";
+import { API_MODES, ApiError, ResponsesSocket, buildRequest, continueRequest, getJSON, runDemoTool, send, speak, transcribe, DEMO_TOOL } from "./api.js";
 import { ServerPanel } from "./metrics.js";
 import { ModelRefresh, fillPicker, modelStatus } from "./models.js";
 import { curlSnippet, pythonSnippet } from "./snippets.js";
@@ -25,6 +25,8 @@ const state = {
   models: [],
   modelCards: [],
   transcriber: null, // the id of a model of kind "transcription", when one is served
+  speaker: null, // the id of a model of kind "speech", when one is served
+  aloud: null, // the reply being read aloud: {audio, button, url}
   recording: null, // the microphone's Recording while it records
   modelsProblem: null, // "key" when /v1/models refused the key (or its absence)
   goneModel: null, // the chosen model, when the server no longer lists it
@@ -357,6 +359,7 @@ function fillMessage(el, conversation, message, index) {
         h("button", { class: "ghost small", type: "button", text: "Regenerate", disabled: busy, onclick: () => regenerate(conversation, index) }),
         copyButton(() => message.content)
       );
+      if (state.speaker && answer) actions.append(readAloudButton(answer));
       if (canContinue(conversation, message, index)) {
         actions.prepend(h("button", { class: "ghost small", type: "button", text: "Continue", disabled: busy, onclick: () => generate(conversation, message, true) }));
       }
@@ -794,6 +797,8 @@ async function listModels(background = false) {
   state.models = state.modelCards.map((m) => m.id);
   const ears = (list.data || []).find((m) => m.kind === "transcription");
   state.transcriber = ears ? ears.id : null;
+  const voice = (list.data || []).find((m) => m.kind === "speech");
+  state.speaker = voice ? voice.id : null;
   // A background look leaves alone a key field the user opened.
   if (!background || state.modelsProblem) hideKeyBanner();
   state.modelsProblem = null;
@@ -1183,6 +1188,52 @@ function bindImages() {
   });
   ui.model.addEventListener("change", showAttach);
   showPendingImages();
+}
+
+// ---- reading aloud ----------------------------------------------------------------------------
+// When /v1/models lists a model of kind "speech", a reply has a Read aloud button: its
+// answer (not its reasoning) goes to /v1/audio/speech and plays; a second click, or
+// another reply's button, stops it. A refusal shows above the box.
+
+function readAloudButton(text) {
+  const button = h("button", { class: "ghost small read-aloud", type: "button", text: "Read aloud", "aria-pressed": "false" });
+  button.addEventListener("click", () => readAloud(button, text));
+  return button;
+}
+
+async function readAloud(button, text) {
+  const again = state.aloud && state.aloud.button === button;
+  stopReading();
+  if (again) return;
+  button.disabled = true;
+  button.textContent = "Reading…";
+  try {
+    const blob = await speak(text, state.speaker, state.key);
+    const url = URL.createObjectURL(blob);
+    const audio = new Audio(url);
+    state.aloud = { audio, button, url };
+    audio.addEventListener("ended", () => state.aloud && state.aloud.audio === audio && stopReading());
+    button.disabled = false;
+    button.textContent = "Stop reading";
+    button.setAttribute("aria-pressed", "true");
+    await audio.play();
+  } catch (error) {
+    if (state.aloud && state.aloud.button === button) stopReading();
+    button.disabled = false;
+    button.textContent = "Read aloud";
+    if (error instanceof ApiError && error.status === 401) keyRefused(error);
+    speechStatus(`Not read aloud: ${error.message || error}`, true);
+  }
+}
+
+function stopReading() {
+  const aloud = state.aloud;
+  if (!aloud) return;
+  state.aloud = null;
+  aloud.audio.pause();
+  URL.revokeObjectURL(aloud.url);
+  aloud.button.textContent = "Read aloud";
+  aloud.button.setAttribute("aria-pressed", "false");
 }
 
 // ---- speech ---------------------------------------------------------------------------------
