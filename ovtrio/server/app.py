@@ -38,6 +38,8 @@ from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.messages import errors as messages_errors
 from ovtrio.api.messages import routes as messages
+from ovtrio.api.ollama import errors as ollama_errors
+from ovtrio.api.ollama import routes as ollama
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
@@ -218,7 +220,7 @@ def app_over(
     origins.install(app, origins.OriginPolicy.from_settings(settings.allowed_hosts, settings.allowed_origins))
     page_paths: frozenset[str] = frozenset()
     if settings.playground:
-        page, page_paths = playground.create_blueprint()
+        page, page_paths = playground.create_blueprint(probe=ollama.probe_answer)
         app.register_blueprint(page)
     auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics, page_paths))
     json_bodies.install(app)
@@ -241,6 +243,8 @@ def app_over(
         app.register_blueprint(module.blueprint)
     app.register_blueprint(messages.blueprint)
     messages_errors.install()
+    app.register_blueprint(ollama.blueprint)  # after the playground: its page answers browsers on /
+    ollama_errors.install()
     _serve_registry(app, registry)
     _answer_errors(app, limit)
     return app
