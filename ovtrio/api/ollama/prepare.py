@@ -157,11 +157,16 @@ _FIELDS = {
     **OPTION_OF,
     "format.json_schema.schema": "format",
     "format.json_schema": "format",
+    "response_format.json_schema.schema": "format",
+    "response_format.json_schema": "format",
     "response_format": "format",
     "chat_template_kwargs": "think",
     "reasoning_effort": "think",
     "tool_choice": "options.tool_choice",
 }
+
+# Names that are no word of a sentence: renamed where a message says them unquoted too.
+_BARE = re.compile(r"(?<![.\w])(max_tokens|tool_choice|response_format|repetition_penalty|chat_template_kwargs)\b")
 
 
 def ollama_names(error: BaseException, prompt_field: str = "messages") -> APIError:
@@ -178,5 +183,5 @@ def ollama_names(error: BaseException, prompt_field: str = "messages") -> APIErr
             param = fields[head] + param[len(head) :]
     quoted = re.compile("'(" + "|".join(re.escape(name) for name in names) + ")([.\\[][^']*)?'")
     message = quoted.sub(lambda m: f"'{fields[m.group(1)]}{m.group(2) or ''}'", found.message)
-    message = re.sub(r"\bmax_tokens\b", "options.num_predict", message)
+    message = _BARE.sub(lambda m: fields[m.group(0)], message)
     return APIError(found.status, message, param=param, code=found.code, type=found.type, retry_after=found.retry_after)
