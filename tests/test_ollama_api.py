@@ -10,6 +10,7 @@ Nothing here asserts what the model writes."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from contextlib import ExitStack
@@ -17,12 +18,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import trio
 
 import loopback
 import ollama_schema
 from conftest import MODEL, RunningServer
 from server_pool import server_fixture
 from test_messages import KEY, messages_limited_server, wait_for_metric  # noqa: F401 (keys, one running slot)
+from test_shutdown import HANG_GUARD, Traffic, assert_phases, exit_code
 
 STORY = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
 LONG = [{"role": "user", "content": "Count from 1 to 1000, one number per line."}]
@@ -363,3 +366,52 @@ def test_the_routes_show_in_request_metrics(server):
     loopback.get(server.base_url + "/api/tags")
     chat(server, chat_body(options={"num_predict": "many"}))
     assert [count(*route) - was for route, was in zip(routes, before)] == [1, 1, 1, 1]
+
+
+# ---- the drain --------------------------------------------------------------------------
+
+ollama_draining_server = server_fixture("ollama_draining_server")
+# A reply the grammar holds to 600 characters: in flight for a while on any CPU, and
+# ended by the schema, not by the model.
+LONG_STRING = {"type": "string", "minLength": 600, "maxLength": 600}
+
+
+async def test_sigterm_lets_ollama_requests_finish_and_refuses_new_ones(server_pool):
+    server = server_pool.take("ollama_draining_server")
+    body = {"model": MODEL, "messages": STORY, "format": LONG_STRING, "options": {"num_predict": 1000}}
+    try:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=HANG_GUARD) as http:
+            with trio.fail_after(HANG_GUARD):
+                async with trio.open_nursery() as nursery:
+                    traffic = Traffic(server, http, nursery)
+                    traffic.stream("chat", "/api/chat", body)
+                    prompt = {
+                        "model": MODEL,
+                        "prompt": "Write.",
+                        "format": LONG_STRING,
+                        "options": {"num_predict": 1000},
+                    }
+                    traffic.unary("generate", "/api/generate", {**prompt, "stream": False})
+                    await traffic.all_running()
+                    server.process.send_signal(signal.SIGTERM)
+                    while (await http.get("/health/ready")).status_code == 200:  # the signal is on its way
+                        await trio.sleep(0.01)
+                    for path, late in (("/api/chat", chat_body()), ("/api/generate", {"model": MODEL, "prompt": "Hi"})):
+                        refused = await http.post(path, json=late)
+                        error_of(refused, 503, "shutting down")
+                        assert int(refused.headers["Retry-After"]) >= 0
+            assert await exit_code(server.process) == 0
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+    records = [
+        ollama_schema.check_record("/api/chat", json.loads(line))
+        for line in traffic.results["chat"].split("\n")
+        if line
+    ]
+    assert all("error" not in record for record in records) and records[-1]["done_reason"] == "stop"
+    assert len(json.loads("".join(r["message"]["content"] for r in records))) == 600
+    generated = traffic.results["generate"]
+    assert generated.status_code == 200
+    assert len(json.loads(ollama_schema.check_record("/api/generate", generated.json())["response"])) == 600
+    assert_phases(server, "serve", 2, "drained in")
