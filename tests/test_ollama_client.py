@@ -13,6 +13,7 @@ replies.
 from __future__ import annotations
 
 import io
+import json
 import math
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -169,10 +170,10 @@ def test_format_with_a_pydantic_models_schema(client):
     )
     assert "".join(part.message.content for part in streamed) == reply.message.content
     generated = client.generate(model=MODEL, prompt="Is the sky blue?", format=BOOLEAN, options={"num_predict": 20})
-    assert generated.done_reason == "stop" and isinstance(__import__("json").loads(generated.response), bool)
+    assert generated.done_reason == "stop" and isinstance(json.loads(generated.response), bool)
     as_json = client.generate(model=MODEL, prompt="Describe Paris.", format="json", options={"num_predict": 200})
     if as_json.done_reason == "stop":  # a JSON object that ended: one
-        assert isinstance(__import__("json").loads(as_json.response), dict)
+        assert isinstance(json.loads(as_json.response), dict)
 
 
 def test_a_tool_call_round_trip(client):

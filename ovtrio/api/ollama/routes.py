@@ -128,8 +128,7 @@ async def generate() -> Any:
 async def _embedded(model_name: str, texts: list[str], truncate: bool, keep_alive: float | None) -> tuple[Any, int]:
     """The vectors of `texts` and the tokens they took."""
     encoder = await encoder_for(await names.model_id(model_name), "embedding", NO_EMBEDDER)
-    if keep_alive is not None:
-        encoder.keep_alive = keep_alive
+    encoder.keep_alive = keep_alive  # as a generation model takes each request's (None: the server's rule)
     if len(texts) > encoder.settings.max_inputs_per_request:
         raise invalid(
             f"Invalid value for 'input': this server takes at most {encoder.settings.max_inputs_per_request} inputs"
