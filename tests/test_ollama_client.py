@@ -290,6 +290,7 @@ def test_list_ps_show_and_version(client):
     listed = {model.model: model for model in client.list().models}
     assert {MODEL + ":latest", EMBEDDER + ":latest"} <= set(listed)
     generation = listed[MODEL + ":latest"]
+    assert listed[EMBEDDER + ":latest"].size > 0 and listed[EMBEDDER + ":latest"].details.family
     assert generation.size > 0 and len(generation.digest) == 64 and generation.details.format in ("gguf", "openvino")
     client.chat(model=MODEL, messages=STORY, options={"num_predict": 1}, keep_alive="7m")
     running = {model.model: model for model in client.ps().models}

@@ -22,6 +22,7 @@ import trio
 from ovtrio.api.context import model_registry
 from ovtrio.api.errors import model_not_found
 from ovtrio.api.ollama.names import listed_name
+from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME, embedded_embedder_zip
 from ovtrio.lifecycle.resident import ModelState, Resident
 from ovtrio.serving.kinds import Encoder, is_generation
 from ovtrio.serving.model_facts import ModelFacts, model_facts
@@ -47,6 +48,8 @@ def _served(registry: Any) -> list[ModelService | Encoder]:
 def _path(model: ModelService | Encoder) -> Any:
     if is_generation(model):
         return model.source.path if model.source is not None else None
+    if model.folder is None and model.name == EMBEDDED_EMBEDDER_NAME:
+        return embedded_embedder_zip()  # what the embedded embedder's IR is converted from
     return model.folder
 
 
