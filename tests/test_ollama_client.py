@@ -24,6 +24,7 @@ import pytest
 from PIL import Image
 from pydantic import BaseModel, Field
 
+import loopback
 import tiny_vlm
 from conftest import MODEL
 from ollama_schema import CheckingTransport
@@ -139,6 +140,18 @@ def test_num_predict_bounds_the_reply_and_eval_count_counts_it(client):
         reply = client.chat(model=MODEL, messages=long, options={"num_predict": limit, "temperature": 0})
         assert reply.done_reason == "length" and reply.eval_count == limit
         check_measures(reply, limit)
+
+
+def test_a_trailing_assistant_message_is_continued(client, server):
+    prefill = [*STORY, {"role": "assistant", "content": "Once upon a time"}]
+    answered = client.chat(model=MODEL, messages=STORY, options={"num_predict": 2})
+    continued = client.chat(model=MODEL, messages=prefill, options={"num_predict": 2})
+    assert continued.prompt_eval_count > answered.prompt_eval_count
+    # The same prompt the Messages API continues the same conversation from.
+    counted = loopback.post(
+        server.base_url + "/v1/messages/count_tokens", json={"model": MODEL, "messages": prefill}, timeout=60
+    ).json()["input_tokens"]
+    assert continued.prompt_eval_count == counted
 
 
 def test_model_names_with_and_without_latest(client):

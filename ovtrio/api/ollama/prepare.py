@@ -10,7 +10,8 @@ What the translation decides:
 * A message's `images` (base64) come before its text, as Ollama lays them out; an
   assistant message's `tool_calls` (arguments an object) are the history's calls, and a
   `tool` message answers its `tool_call_id`, or else the latest call of its
-  `tool_name`. An earlier turn's `thinking` is left out of the prompt.
+  `tool_name`. An earlier turn's `thinking` is left out of the prompt. A conversation
+  that ends with an assistant message is continued from its text, as Ollama does.
 * /api/generate's `prompt` is one user message after `system`; with `raw` it is the
   prompt as it is, without the template (and without `system`).
 * `think`: true or a level sets the template's enable_thinking (a level is also passed
@@ -27,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ovtrio.api.conversation import chat_stage, encode_conversation, output_constraint
+from ovtrio.api.conversation import chat_stage, encode_continuing, encode_conversation, output_constraint
 from ovtrio.api.errors import APIError, api_error
 from ovtrio.api.formats import checked_schema, from_response_format
 from ovtrio.api.generation import generation_request
@@ -142,7 +143,10 @@ async def prepare(
     tools = chat.tool_specs() if chat.effective_tool_choice() != "none" else []
     for i, spec in enumerate(tools):
         checked_schema(spec.parameters, f"tools[{i}].function.parameters")
-    prompt, _ = await encode_conversation(model, chat, messages, raw)
+    if raw:
+        prompt, _ = await encode_conversation(model, chat, messages, raw=True)
+    else:
+        prompt = await encode_continuing(model, chat, messages)
     stage, markers = chat_stage(model, chat, prompt, tools)
     constraint = await output_constraint(chat, lambda fmt: from_response_format(fmt, "format"), model.caps.schema_bytes)
     texts = await text_prompts(model, prompt)
