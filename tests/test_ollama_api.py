@@ -140,6 +140,12 @@ HOSTILE: list[tuple[str, Any, int, tuple[str, ...]]] = [
         400,
         ("arguments",),
     ),
+    (
+        "/api/chat",
+        chat_body(messages=[{"role": "user", "content": "Hi", "tool_calls": [{"function": {"name": "f"}}]}]),
+        400,
+        ("messages[0].tool_calls",),
+    ),
     ("/api/chat", chat_body(options="hot"), 400, ("options",)),
     ("/api/chat", chat_body(options={"num_predict": "ten"}), 400, ("options.num_predict",)),
     ("/api/chat", chat_body(options={"num_predict": 2.5}), 400, ("options.num_predict",)),

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovtrio.api.conversation import chat_stage, encode_continuing, encode_conversation, output_constraint
-from ovtrio.api.errors import APIError, api_error
+from ovtrio.api.errors import APIError, api_error, invalid
 from ovtrio.api.formats import checked_schema, from_response_format
 from ovtrio.api.generation import generation_request
 from ovtrio.api.ollama.options import OPTION_OF
@@ -100,8 +100,9 @@ def chat_messages(messages: list[Message]) -> list[ChatMessage]:
                 )
                 refs.append(ToolCallRef.model_construct(id=call_id, type="function", function=function))
             if message.role != "assistant":
-                raise APIError(
-                    400, f"Invalid value for 'messages[{i}].tool_calls': only assistant messages carry tool calls."
+                raise invalid(
+                    f"Invalid value for 'messages[{i}].tool_calls': only assistant messages carry tool calls.",
+                    f"messages[{i}].tool_calls",
                 )
             fields["tool_calls"] = refs
         if message.role == "tool":

@@ -82,12 +82,12 @@ async def _load_or_unload(body: GenerationBody, model_id: str, chat: bool) -> An
 
 async def _answer(model: ServingModel, body: GenerationBody, ready: Prepared, chat: bool, clock: Clock) -> Any:
     writer = OllamaWriter(body.model, chat, clock)
-    if body.stream:
-        try:
+    try:
+        if body.stream:
             return await record_stream(model.scheduler, ready, writer)
-        except REFUSALS as exc:  # the engine's refusal as the request is added, named as the client sent it
-            raise ollama_names(exc) from None
-    return await unary_reply(model.scheduler, ready, writer)
+        return await unary_reply(model.scheduler, ready, writer)
+    except REFUSALS as exc:  # the engine's refusal as the request is added, named as the client sent it
+        raise ollama_names(exc, "messages" if chat else "prompt") from None
 
 
 @blueprint.post("/api/chat")
