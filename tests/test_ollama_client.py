@@ -240,6 +240,11 @@ def test_think_on_a_model_that_does_not_is_refused(client):
         client.chat(model=MODEL, messages=IS_IT, think=True)
     assert refused.value.status_code == 400 and "'think'" in refused.value.error
     assert "thinking" not in client.show(MODEL).capabilities
+    # Ollama's CLI learns it from the preload it sends (an empty prompt, with think).
+    with pytest.raises(ollama.ResponseError) as preload:
+        client.generate(model=MODEL, prompt="", think=True)
+    assert preload.value.status_code == 400 and "'think'" in preload.value.error
+    assert client.generate(model=MODEL, prompt="", think=False).done_reason == "load"
 
 
 # ---- images -------------------------------------------------------------------------------

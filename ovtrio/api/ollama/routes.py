@@ -52,12 +52,18 @@ async def root() -> Response:
 
 
 async def _model(model_id: str, body: GenerationBody, clock: Clock) -> ServingModel:
-    """The ready model (waited for: the load_duration), with room for the request; a
-    model asked to think that does not is refused, as Ollama refuses it."""
+    """The ready model (waited for: the load_duration), with room for the request."""
     since = time.monotonic()
-    model = await generation_model(model_id, body.keep_alive)
+    model = await _thinking_model(model_id, body)
     clock.model_ready(since)
     model.scheduler.check_capacity()
+    return model
+
+
+async def _thinking_model(model_id: str, body: GenerationBody) -> ServingModel:
+    """The ready model; one asked to think that does not is refused, as Ollama refuses
+    it (its CLI preloads a model with `think` set to learn this before the chat)."""
+    model = await generation_model(model_id, body.keep_alive)
     if body.think not in (None, False) and not model.reasoning:
         raise invalid(
             f"Invalid value for 'think': the model '{model.name}' does not think (its chat template opens no"
@@ -75,7 +81,7 @@ async def _load_or_unload(body: GenerationBody, model_id: str, chat: bool) -> An
         await model_registry().residency.unload(service, "request")
         record = done_record(body.model, chat, "unload")
     else:
-        await generation_model(model_id, body.keep_alive)
+        await _thinking_model(model_id, body)
         record = done_record(body.model, chat, "load")
     return ndjson_response(line(record)) if body.stream else record
 
