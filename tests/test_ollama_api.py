@@ -108,6 +108,14 @@ def test_the_probe_and_the_playground_share_the_root(server):
     assert "<html" in browser.text.lower()
 
 
+def test_pages_of_other_origins_and_foreign_hosts_are_refused_in_ollamas_shape(server):
+    body = chat_body(stream=False)
+    error_of(chat(server, body, headers={"Origin": "http://evil.example"}), 403)
+    error_of(chat(server, body, headers={"Host": "evil.example"}), 403)
+    error_of(loopback.get(server.base_url + "/api/tags", headers={"Origin": "http://evil.example"}), 403)
+    assert ollama_schema.body(chat(server, body, headers={"Origin": server.base_url}))["done"] is True
+
+
 def test_unknown_paths_and_methods_under_api_answer_in_ollamas_shape(server):
     error_of(loopback.get(server.base_url + "/api/nothing"), 404)
     error_of(loopback.get(server.base_url + "/api/chat"), 405)
