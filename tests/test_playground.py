@@ -321,8 +321,9 @@ def test_no_playground_leaves_the_root_to_the_probe(no_playground_server):
     for accept in ("text/html", "*/*"):
         probe = loopback.get(base + "/", headers={**keyed, "Accept": accept})
         assert probe.status_code == 200 and probe.text == "Ollama is running"
-    # Without the page, its paths are not open either.
-    assert loopback.get(base + "/").status_code == 401
+    # Without the page, its paths are not open either; the probe is, as /health is.
+    assert loopback.get(base + "/playground/js/app.js").status_code == 401
+    assert loopback.get(base + "/").text == "Ollama is running"
 
 
 async def test_a_browser_websocket_offers_the_key_as_a_subprotocol(keyed_playground_server):

@@ -222,7 +222,9 @@ def app_over(
     if settings.playground:
         page, page_paths = playground.create_blueprint(probe=ollama.probe_answer)
         app.register_blueprint(page)
-    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics, page_paths))
+    # `/` is open as the probes are: to a client that is no browser it says only that the
+    # server runs ("Ollama is running"), which Ollama's clients check before they send a key.
+    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics, page_paths | {"/"}))
     json_bodies.install(app)
     context.attach_socket_limits(
         app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)
