@@ -312,6 +312,46 @@ def test_an_empty_prompt_loads_and_keep_alive_0_unloads(ollama_residency_server)
     assert datetime.fromisoformat(process["expires_at"].replace("Z", "+00:00")).year > 2200
 
 
+def go_body(fields: dict[str, Any]) -> bytes:
+    """A body as Go's encoding/json writes Ollama's request types: fields without
+    `omitempty` always sent (empty strings, false, null options)."""
+    return json.dumps(fields).encode()
+
+
+def test_what_ollamas_own_cli_sends(ollama_residency_server):
+    """`ollama run`, `ollama ps`, `ollama list` and `ollama stop` over the wire, as its Go
+    client sends them (cmd/cmd.go, api/client.go): heartbeat, show, a preload with
+    think, the chat, and the unload, with Go's empty fields and durations ("5m0s")."""
+    server = ollama_residency_server
+    json_type = {"Content-Type": "application/json", "Accept": "application/x-ndjson"}
+
+    def post(path: str, fields: dict[str, Any]) -> httpx.Response:
+        return loopback.post(server.base_url + path, content=go_body(fields), headers=json_type, timeout=120)
+
+    assert loopback.request("HEAD", server.base_url + "/").status_code == 200  # client.Heartbeat
+    version = ollama_schema.body(loopback.get(server.base_url + "/api/version"))["version"]
+    assert version.count(".") == 2
+    show = {"model": RESIDENT, "system": "", "template": "", "verbose": False, "options": None, "name": ""}
+    shown = ollama_schema.body(post("/api/show", show))
+    assert "completion" in shown["capabilities"]
+    empty = {"prompt": "", "suffix": "", "system": "", "template": "", "options": None}
+    preload = {"model": RESIDENT, **empty, "keep_alive": "5m0s", "think": False}
+    assert [r["done_reason"] for r in ollama_schema.records(post("/api/generate", preload))] == ["load"]
+    chat_request = {
+        "model": RESIDENT,
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "options": {"num_predict": 4},
+        "keep_alive": "5m0s",
+    }
+    records = ollama_schema.records(post("/api/chat", chat_request))
+    assert records[-1]["done"] is True and records[-1]["eval_count"] <= 4
+    assert RESIDENT in running_names(server)  # ollama ps
+    assert RESIDENT in [m["name"] for m in ollama_schema.body(loopback.get(server.base_url + "/api/tags"))["models"]]
+    stop = {"model": RESIDENT, **empty, "keep_alive": "0s"}  # ollama stop
+    assert [r["done_reason"] for r in ollama_schema.records(post("/api/generate", stop))] == ["unload"]
+    assert running_names(server) == []
+
+
 # ---- keys, admission, metrics, disconnects --------------------------------------------------
 
 
