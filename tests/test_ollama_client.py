@@ -25,6 +25,7 @@ from PIL import Image
 from pydantic import BaseModel, Field
 
 import loopback
+import ollama_schema
 import tiny_vlm
 from conftest import MODEL
 from ollama_schema import CheckingTransport
@@ -152,6 +153,32 @@ def test_a_trailing_assistant_message_is_continued(client, server):
         server.base_url + "/v1/messages/count_tokens", json={"model": MODEL, "messages": prefill}, timeout=60
     ).json()["input_tokens"]
     assert continued.prompt_eval_count == counted
+
+
+def test_logprobs_cover_every_generated_token(client, server):
+    options = {"temperature": 0, "num_predict": 10}
+    unary = client.chat(model=MODEL, messages=STORY, options=options, logprobs=True)
+    entries = unary.logprobs
+    assert entries is not None and len(entries) == unary.eval_count
+    assert "".join(entry.token for entry in entries) == unary.message.content
+    assert all(entry.logprob <= 0 for entry in entries)
+    parts = list(client.chat(model=MODEL, messages=STORY, options=options, logprobs=True, stream=True))
+    streamed = [entry for part in parts for entry in part.logprobs or []]
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    # The bytes (which this client does not read) join to the text too.
+    raw = loopback.post(
+        server.base_url + "/api/chat",
+        json={"model": MODEL, "messages": STORY, "options": options, "logprobs": True, "stream": False},
+        timeout=120,
+    ).json()
+    ollama_schema.check_record("/api/chat", raw)
+    assert b"".join(bytes(entry["bytes"]) for entry in raw["logprobs"]).decode() == unary.message.content
+    assert client.chat(model=MODEL, messages=STORY, options=options).logprobs is None
+    generated = client.generate(model=MODEL, prompt="The capital of France is", options=options, logprobs=True)
+    assert generated.logprobs is not None and len(generated.logprobs) == generated.eval_count
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.chat(model=MODEL, messages=STORY, logprobs=True, top_logprobs=3)
+    assert refused.value.status_code == 400 and "'top_logprobs'" in refused.value.error
 
 
 def test_model_names_with_and_without_latest(client):

@@ -15,7 +15,15 @@ from ovtrio.api.ollama.names import listed_name
 from ovtrio.api.ollama.options import Options
 from ovtrio.api.ollama.prepare import ollama_names
 from ovtrio.api.ollama.writer import Clock, OllamaWriter, arguments_object
-from ovtrio.output import ChoiceFinished, ReasoningDelta, TextDelta, ToolCallArguments, ToolCallDone, ToolCallStarted
+from ovtrio.output import (
+    ChoiceFinished,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallArguments,
+    ToolCallDone,
+    ToolCallStarted,
+)
 from ovtrio.scheduler import AdmissionLimits, Completed, Failed, RequestTimings
 
 EVENTS = [
@@ -74,6 +82,23 @@ def test_measures_without_a_figure_are_left_out():
     assert final["done_reason"] == "length" and "eval_duration" not in final  # one token: no decoding time
     (nothing,) = OllamaWriter("m", True, Clock()).write([Completed(4, 0, None)])
     assert "prompt_eval_duration" not in nothing and "eval_count" not in nothing
+
+
+def test_logprobs_go_with_the_record_of_their_tokens():
+    writer = OllamaWriter("m", True, Clock())
+    first = [TokenLogprob(b"\xc3", -0.5, "", 7), TokenLogprob(b"\xa9", -0.25, "\u00e9", 8)]
+    records = writer.write([TextDelta(0, "\u00e9", first), TextDelta(0, "", [TokenLogprob(b"", -1.0, "", 2)])])
+    for record in records:
+        ollama_schema.check_record("/api/chat", record)
+    assert records[0]["logprobs"] == [
+        {"token": "", "logprob": -0.5, "bytes": [0xC3]},
+        {"token": "\u00e9", "logprob": -0.25, "bytes": [0xA9]},
+    ]
+    assert records[1]["message"]["content"] == "" and records[1]["logprobs"][0]["logprob"] == -1.0
+    writer.write([ChoiceFinished(0, "length"), Completed(3, 3, None)])
+    reply = ollama_schema.check_record("/api/chat", writer.reply())
+    assert [entry["logprob"] for entry in reply["logprobs"]] == [-0.5, -0.25, -1.0]
+    assert "logprobs" not in OllamaWriter("m", True, Clock()).write([TextDelta(0, "x")])[0]
 
 
 def test_a_failure_is_an_error_record():

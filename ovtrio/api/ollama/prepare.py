@@ -69,6 +69,8 @@ def chat_body(body: GenerationBody, model_id: str, messages: list[ChatMessage]) 
             fields["tool_choice"] = (
                 choice if choice in ("auto", "none", "required") else {"type": "function", "function": {"name": choice}}
             )
+    if body.logprobs:
+        fields["logprobs"] = True
     if fields.get("stop") is not None:
         fields["include_stop_str_in_output"] = False
     if body.format == "json":

@@ -4,7 +4,7 @@ field typed, unknown fields ignored, `stream` true unless it is sent false.
 A field this server cannot honour is refused with a 400 naming it: `template` (Go
 templates are not run here: the model's chat template is), `suffix` (no model here
 is served with a fill-in-the-middle template), `context` (this server returns none to
-send back), `logprobs`/`top_logprobs`. `truncate` and `shift` are accepted: a prompt
+send back), `top_logprobs` (`logprobs`, the chosen tokens', is served). `truncate` and `shift` are accepted: a prompt
 too long for the context is refused either way, never cut or shifted."""
 
 from __future__ import annotations
@@ -60,15 +60,15 @@ class GenerationBody(Body):
     truncate: bool | None = None
     shift: bool | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
-    def _refuse_logprobs(self) -> GenerationBody:
-        if self.logprobs or self.top_logprobs:
-            param = "logprobs" if self.logprobs else "top_logprobs"
+    def _refuse_top_logprobs(self) -> GenerationBody:
+        if self.top_logprobs:
             raise invalid(
-                f"'{param}' is not served on this server's Ollama routes; ask /v1/chat/completions for them.",
-                param,
+                "'top_logprobs' is not served on this server's Ollama routes (the engine reports the chosen"
+                " token's log-probability only); ask /v1/chat/completions, which scores them.",
+                "top_logprobs",
                 "unsupported_parameter",
             )
         return self

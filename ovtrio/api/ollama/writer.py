@@ -7,7 +7,9 @@ unary reply and a stream cannot disagree.
 /api/chat's records carry the reply in `message` (role, content, thinking,
 tool_calls), /api/generate's in `response` and `thinking`. A tool call's arguments are
 an object, as Ollama sends them: the parsed JSON the model wrote ({} for arguments cut
-short or not an object).
+short or not an object). With `logprobs` asked for, a record's `logprobs` lists each
+token generated since the previous record (those that became thinking or a tool call
+too): its text, log-probability and bytes.
 
 The measures are the server's own, in nanoseconds: total_duration from the request's
 arrival to its last record; load_duration, the time it waited for its model (loaded
@@ -27,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ovtrio.api.errors import api_error
-from ovtrio.output import ChoiceFinished, OutputEvent, ReasoningDelta, TextDelta, ToolCallDone
+from ovtrio.output import ChoiceFinished, OutputEvent, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDone
 from ovtrio.scheduler import Completed, Failed
 
 Record = dict[str, Any]
@@ -61,6 +63,17 @@ def arguments_object(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _logprobs(entries: list[TokenLogprob] | None) -> list[Record] | None:
+    """Ollama's Logprob entries: each generated token's text, log-probability and bytes."""
+    if entries is None:
+        return None
+    return [
+        {"token": entry.text, "logprob": entry.logprob, "bytes": list(entry.token)}
+        for entry in entries
+        if entry.logprob is not None
+    ]
+
+
 def done_record(model: str, chat: bool, reason: str) -> Record:
     """A final record with nothing generated: a model loaded or unloaded."""
     record: Record = {"model": model, "created_at": created_at()}
@@ -80,13 +93,20 @@ class OllamaWriter:
         self.content: list[str] = []
         self.thinking: list[str] = []
         self.tool_calls: list[Record] = []
+        self.logprobs: list[Record] | None = None  # when they were asked for
         self.done_reason = "stop"
         self.final: Record | None = None
 
     def opening(self) -> list[Record]:
         return []
 
-    def _record(self, content: str, thinking: str | None = None, tool_calls: list[Record] | None = None) -> Record:
+    def _record(
+        self,
+        content: str,
+        thinking: str | None = None,
+        tool_calls: list[Record] | None = None,
+        logprobs: list[Record] | None = None,
+    ) -> Record:
         record: Record = {"model": self.model, "created_at": created_at()}
         if self.chat:
             message: Record = {"role": "assistant", "content": content}
@@ -102,15 +122,20 @@ class OllamaWriter:
             if tool_calls:
                 record["tool_calls"] = tool_calls
         record["done"] = False
+        if logprobs:
+            record["logprobs"] = logprobs
         return record
 
     def write(self, events: list[OutputEvent]) -> list[Record]:
         records: list[Record] = []
         for event in events:
             if isinstance(event, TextDelta):
-                if event.text:
+                logprobs = _logprobs(event.logprobs)
+                if logprobs is not None:
+                    self.logprobs = (self.logprobs or []) + logprobs
+                if event.text or logprobs:
                     self.content.append(event.text)
-                    records.append(self._record(event.text))
+                    records.append(self._record(event.text, logprobs=logprobs))
             elif isinstance(event, ReasoningDelta):
                 self.thinking.append(event.text)
                 records.append(self._record("", thinking=event.text))
@@ -159,6 +184,9 @@ class OllamaWriter:
     def reply(self) -> Record:
         """The unary reply: the final record with the whole reply in it."""
         assert self.final is not None, "the request has not completed"
-        reply = self._record("".join(self.content), "".join(self.thinking) or None, self.tool_calls or None)
-        done = {key: value for key, value in self.final.items() if key not in ("message", "response", "thinking")}
+        reply = self._record(
+            "".join(self.content), "".join(self.thinking) or None, self.tool_calls or None, self.logprobs
+        )
+        parts = ("message", "response", "thinking", "logprobs")
+        done = {key: value for key, value in self.final.items() if key not in parts}
         return {**reply, **done}
