@@ -33,9 +33,6 @@ from ovtrio.serving.service import ServingModel
 
 blueprint = Blueprint("ollama", __name__)
 
-# What preparing or submitting a request can refuse it for: renamed for the client.
-REFUSALS = REQUEST_ERRORS
-
 RUNNING = "Ollama is running"
 
 
@@ -46,8 +43,8 @@ def probe_answer() -> Response:
 
 @blueprint.route("/", methods=["GET", "HEAD"])
 async def root() -> Response:
-    # Registered after the playground's page, which answers browsers first (and
-    # passes other clients here: playground/routes.py).
+    # With the playground on, its page (registered first) answers `/`: a browser gets
+    # the page, any other client this same answer (playground/routes.py).
     return probe_answer()
 
 
@@ -92,7 +89,7 @@ async def _answer(model: ServingModel, body: GenerationBody, ready: Prepared, ch
         if body.stream:
             return await record_stream(model.scheduler, ready, writer)
         return await unary_reply(model.scheduler, ready, writer)
-    except REFUSALS as exc:  # the engine's refusal as the request is added, named as the client sent it
+    except REQUEST_ERRORS as exc:  # the engine's refusal as the request is added, named as the client sent it
         raise ollama_names(exc, "messages" if chat else "prompt") from None
 
 
@@ -107,7 +104,7 @@ async def chat() -> Any:
     try:
         request_body = chat_body(body, model_id, chat_messages(body.messages))
         ready = await prepare(model, request_body, request_body.messages)
-    except REFUSALS as exc:
+    except REQUEST_ERRORS as exc:
         raise ollama_names(exc) from None
     return await _answer(model, body, ready, True, clock)
 
@@ -123,7 +120,7 @@ async def generate() -> Any:
     try:
         request_body = chat_body(body, model_id, prompt_messages(body))
         ready = await prepare(model, request_body, request_body.messages, raw=body.raw)
-    except REFUSALS as exc:
+    except REQUEST_ERRORS as exc:
         raise ollama_names(exc, "prompt") from None
     return await _answer(model, body, ready, False, clock)
 
