@@ -212,6 +212,8 @@ HOSTILE: list[tuple[str, Any, int, tuple[str, ...]]] = [
     ("/api/embed", {"model": "all-MiniLM-L6-v2", "input": "word " * 5000, "truncate": False}, 400, ("input",)),
     ("/api/embed", {"model": MODEL, "input": "x"}, 400, (MODEL,)),
     ("/api/embeddings", {"model": "all-MiniLM-L6-v2", "prompt": ["x"]}, 400, ("prompt",)),
+    ("/api/embeddings", {"model": "no-such-model", "prompt": ""}, 404, ("no-such-model",)),
+    ("/api/embed", {"model": "no-such-model", "input": []}, 404, ("no-such-model",)),
     ("/api/show", {}, 400, ("model",)),
     ("/api/show", {"model": "no-such-model"}, 404, ("no-such-model",)),
     ("/api/pull", {"model": MODEL}, 400, ("models folder",)),

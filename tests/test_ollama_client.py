@@ -320,6 +320,8 @@ def test_embed_and_embeddings(client):
     older = client.embeddings(model=EMBEDDER, prompt="The sky is blue.")
     direction = np.asarray(older.embedding) / np.linalg.norm(older.embedding)
     assert np.allclose(direction, one.embeddings[0], atol=1e-5)
+    assert client.embed(model=EMBEDDER, input=[]).embeddings == []
+    assert client.embeddings(model=EMBEDDER, prompt="").embedding == []
     with pytest.raises(ollama.ResponseError) as refused:
         client.embed(model=EMBEDDER, input="x", dimensions=8)
     assert refused.value.status_code == 400 and "'dimensions'" in refused.value.error

@@ -129,9 +129,12 @@ async def generate() -> Any:
 
 
 async def _embedded(model_name: str, texts: list[str], truncate: bool, keep_alive: float | None) -> tuple[Any, int]:
-    """The vectors of `texts` and the tokens they took."""
+    """The vectors of `texts` and the tokens they took (none for no texts, once the
+    model is found: an unknown one is a 404 all the same)."""
     encoder = await encoder_for(await names.model_id(model_name), "embedding", NO_EMBEDDER)
     encoder.keep_alive = keep_alive  # as a generation model takes each request's (None: the server's rule)
+    if not texts:
+        return np.zeros((0, 0), dtype=np.float32), 0
     if len(texts) > encoder.settings.max_inputs_per_request:
         raise invalid(
             f"Invalid value for 'input': this server takes at most {encoder.settings.max_inputs_per_request} inputs"
@@ -159,9 +162,9 @@ async def embed() -> Any:
             "unsupported_parameter",
         )
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
-    if not texts:
-        return {"model": body.model, "embeddings": []}
     vectors, tokens = await _embedded(body.model, texts, body.truncate, body.keep_alive)
+    if not texts:
+        return {"model": body.model, "embeddings": []}  # as Ollama answers an empty list
     # Ollama's /api/embed gives unit vectors.
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     unit = (vectors / np.where(norms == 0, 1, norms)).astype(np.float32)
@@ -180,9 +183,9 @@ async def embed() -> Any:
 @blueprint.post("/api/embeddings")
 async def embeddings() -> Any:
     body = await parse_body(EmbeddingsRequest)
+    vectors, _ = await _embedded(body.model, [body.prompt] if body.prompt else [], True, body.keep_alive)
     if not body.prompt:
         return {"embedding": []}  # as Ollama answers an empty prompt
-    vectors, _ = await _embedded(body.model, [body.prompt], True, body.keep_alive)
     return await json_reply(lambda: {"embedding": vectors[0]}, vectors.size)
 
 
