@@ -373,3 +373,25 @@ def test_management_routes_say_models_come_from_the_folder(client):
             call()
         assert refused.value.status_code == 400 and "models folder" in refused.value.error
     assert MODEL + ":latest" in {model.model for model in client.list().models}
+
+
+async def test_the_async_client_as_home_assistant_uses_it(server):
+    """Home Assistant's integration drives ollama.AsyncClient: list, then a streamed chat
+    with tools, keep_alive -1 and num_ctx in options."""
+    client = ollama.AsyncClient(host=server.base_url, timeout=120)
+    models = (await client.list()).models
+    assert MODEL + ":latest" in {model.model for model in models}
+    parts = [
+        part
+        async for part in await client.chat(
+            model=MODEL + ":latest",
+            messages=STORY,
+            tools=[WEATHER_TOOL],
+            stream=True,
+            keep_alive=-1,
+            options={"num_ctx": 8192, "num_predict": 6, "temperature": 0},
+        )
+    ]
+    assert parts[-1].done and 0 < parts[-1].eval_count <= 6
+    for part in parts:
+        ollama_schema.check_record("/api/chat", part.model_dump(exclude_none=True))
