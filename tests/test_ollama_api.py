@@ -251,7 +251,7 @@ def test_hostile_inputs_beside_three_innocent_streams(server):
         for stream in streams:
             stream.join(timeout=600)
     assert finished == ["length"] * 3
-    assert server.metric("ovtrio_requests_running") == 0
+    wait_for_metric(server, "ovtrio_requests_running", 0)
 
 
 # ---- loads, unloads and keep_alive ----------------------------------------------------------
