@@ -137,8 +137,9 @@ def test_generate_streamed_matches_unary(client):
 
 def test_num_predict_bounds_the_reply_and_eval_count_counts_it(client):
     long = [{"role": "user", "content": "Count from 1 to 500, one number per line."}]
+    endless = {"type": "string", "minLength": 400, "maxLength": 400}  # only num_predict can end it
     for limit in (1, 2, 7):
-        reply = client.chat(model=MODEL, messages=long, options={"num_predict": limit, "temperature": 0})
+        reply = client.chat(model=MODEL, messages=long, format=endless, options={"num_predict": limit})
         assert reply.done_reason == "length" and reply.eval_count == limit
         check_measures(reply, limit)
 
