@@ -35,6 +35,8 @@ from conftest import MODEL, RunningServer
 from in_process import in_process_server
 
 API_KEY = "pg-key-7f3a"
+# What a browser asks `/` for: the page (other clients get Ollama's answer, "Ollama is running").
+BROWSER = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
 # The page and its key are the HTTP layer's: these two serve in process over the fake engine.
 keyed_playground_server = in_process_server("keyed_playground_server", "--api-key", API_KEY)
 no_playground_server = in_process_server("no_playground_server", "--no-playground", "--api-key", API_KEY)
@@ -264,7 +266,7 @@ def test_the_page_and_its_files_are_served_with_a_policy_for_its_own_origin_only
     for path in files:
         relative = path.relative_to(STATIC).as_posix()
         url = server.base_url + ("/" if relative == "index.html" else "/playground/" + relative)
-        answer = loopback.get(url)
+        answer = loopback.get(url, headers=BROWSER)
         assert answer.status_code == 200, url
         assert answer.content == path.read_bytes()
         policy = answer.headers["content-security-policy"]
@@ -274,9 +276,8 @@ def test_the_page_and_its_files_are_served_with_a_policy_for_its_own_origin_only
     page = (STATIC / "index.html").read_text()
     # No inline script or style, and nothing from another origin.
     assert "<script>" not in page and "<style" not in page and " style=" not in page and "http" not in page
-    again = loopback.get(
-        server.base_url + "/", headers={"If-None-Match": loopback.get(server.base_url + "/").headers["etag"]}
-    )
+    etag = loopback.get(server.base_url + "/", headers=BROWSER).headers["etag"]
+    again = loopback.get(server.base_url + "/", headers={**BROWSER, "If-None-Match": etag})
     assert again.status_code == 304
     missing = loopback.get(server.base_url + "/playground/js/missing.js")
     assert missing.status_code == 404 and set(missing.json()["error"]) == {"message", "type", "param", "code"}
@@ -298,26 +299,32 @@ def test_every_file_of_the_page_ships_in_the_wheel():
 
 def test_the_page_needs_no_key_but_the_api_does(keyed_playground_server):
     base = keyed_playground_server.base_url
-    assert loopback.get(base + "/").status_code == 200
+    assert loopback.get(base + "/", headers=BROWSER).status_code == 200
+    assert loopback.get(base + "/").text == "Ollama is running"  # what Ollama's clients probe, open too
     assert loopback.get(base + "/playground/js/app.js").status_code == 200
     assert loopback.get(base + "/playground/js/nothing.js").status_code == 401
     assert loopback.get(base + "/v1/models").status_code == 401
 
 
 def test_hypercorn_serves_the_page_too(hypercorn_server):
-    answer = loopback.get(hypercorn_server.base_url + "/")
+    answer = loopback.get(hypercorn_server.base_url + "/", headers=BROWSER)
     assert answer.status_code == 200 and answer.headers["content-security-policy"].startswith("default-src 'none'")
     assert answer.content == (STATIC / "index.html").read_bytes()
 
 
-def test_no_playground_leaves_the_root_a_404(no_playground_server):
+def test_no_playground_leaves_the_root_to_the_probe(no_playground_server):
     base = no_playground_server.base_url
-    for path in ("/", "/playground/js/app.js"):
-        answer = loopback.get(base + path, headers={"Authorization": f"Bearer {API_KEY}"})
-        assert answer.status_code == 404
-        assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
-    # Without the page, its paths are not open either.
-    assert loopback.get(base + "/").status_code == 401
+    keyed = {"Authorization": f"Bearer {API_KEY}"}
+    missing = loopback.get(base + "/playground/js/app.js", headers=keyed)
+    assert missing.status_code == 404
+    assert set(missing.json()["error"]) == {"message", "type", "param", "code"}
+    # `/` answers as Ollama does, to a browser too: there is no page.
+    for accept in ("text/html", "*/*"):
+        probe = loopback.get(base + "/", headers={**keyed, "Accept": accept})
+        assert probe.status_code == 200 and probe.text == "Ollama is running"
+    # Without the page, its paths are not open either; the probe is, as /health is.
+    assert loopback.get(base + "/playground/js/app.js").status_code == 401
+    assert loopback.get(base + "/").text == "Ollama is running"
 
 
 async def test_a_browser_websocket_offers_the_key_as_a_subprotocol(keyed_playground_server):

@@ -9,8 +9,9 @@ the engine; reaches the model only through ServingModel (ovtrio/serving/service.
   request.
 * Output events (ovtrio/output) are written by one writer per shape: chat/writer.py,
   completions/writer.py, responses/events.py (streamed) and responses/body.py (unary
-  Response objects); sse.py frames them as server-sent events, responses/socket.py as
-  WebSocket messages.
+  Response objects), messages/writer.py (Anthropic's) and ollama/writer.py (Ollama's);
+  sse.py frames them as server-sent events (ollama/stream.py as NDJSON lines),
+  responses/socket.py as WebSocket messages.
 * errors.py maps every failure to OpenAI's error shape; context.py is the one way to
   the app's shared objects; ovtrio/parsing/ids.py mints every id.
 """

@@ -74,6 +74,29 @@ async def encode_conversation(
     return replace(prompt, images=tuple(images)), tools
 
 
+async def encode_continuing(
+    model: ServingModel, body: ToolAndReasoningFields, messages: list[ChatMessage]
+) -> ChatPrompt:
+    """encode_conversation's prompt, except that a conversation ending with an
+    assistant message (without tool calls) is continued rather than answered: the
+    prompt is the conversation before it, the assistant's turn opened, then its text
+    (Anthropic's "prefill", Ollama's continued message), so the reply carries on from
+    where that text stops."""
+    prefill = ""
+    if len(messages) > 1 and messages[-1].role == "assistant" and not messages[-1].tool_calls:
+        prefill = messages[-1].text()
+        messages = messages[:-1]
+    prompt, _ = await encode_conversation(model, body, messages)
+    if not prefill:
+        return prompt
+    # The client's text: special-token text in it is text (encode_content).
+    ids = prompt.ids + model.prompts.encode_content(prefill, parse_special=body.parse_special)
+    text = None
+    if prompt.text is not None:
+        text = prompt.text + model.prompts.engine_text(prefill, parse_special=body.parse_special)
+    return replace(prompt, ids=ids, text=text)
+
+
 def vision_text(model: ServingModel, parse_special: bool | None) -> Callable[[str], str] | None:
     """For a vision-language model, what its engine is to be given of a client's text
     (PromptBuilder.engine_text); None for a model that takes token ids."""

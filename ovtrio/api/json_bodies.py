@@ -11,6 +11,11 @@ after a preflight that the Origin check answers (ovtrio/api/origins.py). Request
 without a body (a GET, a DELETE, an empty POST) need no Content-Type. Like FastAPI,
 which refuses non-JSON bodies for the same reason.
 
+Ollama's routes (/api/...) read a body of any Content-Type as JSON, as Ollama does
+(its documentation's `curl -d` sends a form type), from a request without an Origin
+header: one no browser page sent. A page's request (which carries Origin) is held to
+JSON as everywhere else.
+
 The audio routes take what OpenAI's audio API takes, a file upload
 (`multipart/form-data`), and only that. A page may send one of those without a
 preflight too, but its browser adds an Origin header, which the Origin check refuses
@@ -28,6 +33,9 @@ def is_json(mimetype: str) -> bool:
     """Whether a media type (lower case, no parameters) is JSON."""
     return mimetype == "application/json" or (mimetype.startswith("application/") and mimetype.endswith("+json"))
 
+
+# Ollama's routes, which read any body as JSON from a request no page sent.
+ANY_TYPE_PREFIX = "/api/"
 
 FORM_PATHS = frozenset(
     f"/{version}/audio/{route}" for version in ("v1", "v3") for route in ("transcriptions", "translations")
@@ -67,6 +75,8 @@ def install(app: Quart) -> None:
                     code="unsupported_media_type",
                 )
             )
+        if request.path.startswith(ANY_TYPE_PREFIX) and "Origin" not in request.headers:
+            return None
         error = refusal(
             request.headers.get("Content-Type"),
             request.mimetype,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import mimetypes
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
@@ -87,8 +88,11 @@ def load_files() -> dict[str, StaticFile]:
     return files
 
 
-def create_blueprint() -> tuple[Blueprint, frozenset[str]]:
-    """The playground's routes, and the paths they serve (open without an API key)."""
+def create_blueprint(probe: Callable[[], Response] | None = None) -> tuple[Blueprint, frozenset[str]]:
+    """The playground's routes, and the paths they serve (open without an API key).
+    `probe`: what `/` answers a client that does not ask for a page (its Accept header
+    does not name text/html, as every browser's does): Ollama's clients and apps probe
+    `/` for "Ollama is running"."""
     blueprint = Blueprint("playground", __name__)
     files = load_files()
 
@@ -103,6 +107,8 @@ def create_blueprint() -> tuple[Blueprint, frozenset[str]]:
 
     @blueprint.get("/")
     async def page() -> Response:
+        if probe is not None and "text/html" not in request.headers.get("Accept", ""):
+            return probe()
         return await serve("/")
 
     @blueprint.get(STATIC_PREFIX + "<path:name>")

@@ -16,7 +16,7 @@ from ovtrio.scheduler.admission import AdmissionLimits, Overloaded
 from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting
 from ovtrio.scheduler.interface import GenerationScheduler, SchedulerStats, added_to, waiting_requests
 from ovtrio.scheduler.observer import NoObserver, RequestObserver
-from ovtrio.scheduler.outputs import Completed, Delta, Failed, RequestOutput
+from ovtrio.scheduler.outputs import Completed, Delta, Failed, RequestOutput, RequestTimings
 from ovtrio.scheduler.params import (
     GenerationRequest,
     OutputConstraint,
@@ -41,6 +41,7 @@ __all__ = [
     "TextPrompt",
     "GenerationScheduler",
     "RequestOutput",
+    "RequestTimings",
     "NoObserver",
     "NotAccepting",
     "OutputConstraint",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovtrio.scheduler.observer import RequestObserver
-from ovtrio.scheduler.outputs import TOKEN_OUTSIDE_VOCABULARY, Completed, Delta, Failed
+from ovtrio.scheduler.outputs import TOKEN_OUTSIDE_VOCABULARY, Completed, Delta, Failed, RequestTimings
 from ovtrio.scheduler.params import SamplingParams
 from ovtrio.scheduler.reads import EngineReads, PlannedRead, StepOutput, joined, read_engine
 from ovtrio.scheduler.requests import ActiveRequest, EngineRequest, Sequence
@@ -254,7 +254,8 @@ class Delivery:
             else:
                 self._holding.add(sequence)
             if all(s.finish_reason is not None for s in active.sequences):
-                active.send(Completed(active.prompt_tokens, sum(s.generated for s in active.sequences)))
+                generated = sum(s.generated for s in active.sequences)
+                active.send(Completed(active.prompt_tokens, generated, _timings(active)))
                 decisions.end(active.request_id, "abort")  # nothing left unfinished to count
         if flush and self._holding:
             for active in list(self._active.values()):
@@ -341,3 +342,15 @@ class Delivery:
         if self._configured_interval:
             return self._configured_interval
         return min(3, 1 + len(self._active) // 12)
+
+
+def _timings(active: ActiveRequest) -> RequestTimings:
+    """When the request's stages ended, from its choices' token reads."""
+    firsts = [s.first_token_at for s in active.sequences if s.first_token_at is not None]
+    lasts = [s.last_token_at for s in active.sequences if s.last_token_at is not None]
+    start = active.submitted_at
+    return RequestTimings(
+        None if active.added_at is None else active.added_at - start,
+        min(firsts) - start if firsts else None,
+        max(lasts) - start if lasts else None,
+    )

@@ -216,6 +216,7 @@ class EngineAdmission:
             self._intake.active[request_id] = active
             self.running_sequences += active.weight
             waited = now - active.submitted_at
+            active.added_at = now
             self._intake.retry_hint.observe(waited)
             if admission.request is None:  # a reservation: its holder does the work
                 admission.added.set()

@@ -6,7 +6,7 @@ A request's channel carries any number of `Delta`s, then exactly one `Completed`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Failed.code of a reply that held a token id outside the model's vocabulary.
 TOKEN_OUTSIDE_VOCABULARY = "token_outside_vocabulary"
@@ -29,11 +29,26 @@ class Delta:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestTimings:
+    """When a request's stages ended, in seconds since it was submitted (as the
+    RequestObserver measures them): taken into the engine (`added`), its first token
+    read (`first_token`), its last token read (`last_token`). None for a stage it did
+    not reach (a request that generated nothing has no first token)."""
+
+    added: float | None
+    first_token: float | None
+    last_token: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Completed:
-    """Every choice has finished; token counts for usage reporting."""
+    """Every choice has finished; token counts for usage reporting, and the request's
+    timings where the scheduler measured them."""
 
     prompt_tokens: int
     completion_tokens: int
+    # Not compared: two runs of one request match in what they produced, not in how long it took.
+    timings: RequestTimings | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,7 @@ class ActiveRequest:
     sequences: list[Sequence] = field(default_factory=list)
     sent_first_token: bool = False
     submitted_at: float = 0.0  # time.monotonic() when submitted
+    added_at: float | None = None  # time.monotonic() when taken into the engine
     # trio.current_time() since its consumer lags: its handles are not read
     # (Delivery.read_outputs) until it catches up.
     paused_at: float | None = None

@@ -178,7 +178,8 @@ class StatefulScheduler:
         active.sequences.append(sequence)
         active.parts.append(EngineRequest(tokens, [sequence]))
         self._intake.active[active.request_id] = active
-        waited = time.monotonic() - active.submitted_at
+        active.added_at = time.monotonic()
+        waited = active.added_at - active.submitted_at
         self._intake.retry_hint.observe(waited)
         self._intake.observer.queued(waited)
         self._intake.prompt_tokens += active.prompt_tokens

@@ -39,6 +39,8 @@ from ovtrio.api.completions import routes as completions
 from ovtrio.api.errors import api_error, error_response
 from ovtrio.api.messages import errors as messages_errors
 from ovtrio.api.messages import routes as messages
+from ovtrio.api.ollama import errors as ollama_errors
+from ovtrio.api.ollama import routes as ollama
 from ovtrio.api.responses import routes as responses
 from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
@@ -234,9 +236,11 @@ def app_over(
     origins.install(app, origins.OriginPolicy.from_settings(settings.allowed_hosts, settings.allowed_origins))
     page_paths: frozenset[str] = frozenset()
     if settings.playground:
-        page, page_paths = playground.create_blueprint()
+        page, page_paths = playground.create_blueprint(probe=ollama.probe_answer)
         app.register_blueprint(page)
-    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics, page_paths))
+    # `/` is open as the probes are: to a client that is no browser it says only that the
+    # server runs ("Ollama is running"), which Ollama's clients check before they send a key.
+    auth.install(app, auth.KeyCheck(api_keys(settings), settings.protect_metrics, page_paths | {"/"}))
     json_bodies.install(app)
     context.attach_socket_limits(
         app, context.SocketLimits(settings.websocket_max_message_bytes, settings.websocket_idle_timeout)
@@ -258,6 +262,8 @@ def app_over(
         app.register_blueprint(module.blueprint)
     app.register_blueprint(messages.blueprint)
     messages_errors.install()
+    app.register_blueprint(ollama.blueprint)  # after the playground: its page answers browsers on /
+    ollama_errors.install()
     _serve_registry(app, registry)
     _answer_errors(app, limit)
     return app

@@ -79,9 +79,17 @@ def _text_encoder(kind: ModelKind) -> Callable[[str, Settings, Path | None, Enco
 
 KINDS: dict[ModelKind, Kind] = {
     "generation": Kind(
-        "generation", ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"), ("text",)
+        "generation",
+        ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/api/chat", "/api/generate"),
+        ("text",),
     ),
-    "embedding": Kind("embedding", ("/v1/embeddings",), ("text",), check_encoder_folder, _text_encoder("embedding")),
+    "embedding": Kind(
+        "embedding",
+        ("/v1/embeddings", "/api/embed", "/api/embeddings"),
+        ("text",),
+        check_encoder_folder,
+        _text_encoder("embedding"),
+    ),
     "rerank": Kind("rerank", ("/v1/rerank",), ("text",), check_encoder_folder, _text_encoder("rerank")),
     "transcription": Kind(
         "transcription", ("/v1/audio/transcriptions", "/v1/audio/translations"), ("audio",), _check_whisper, _whisper

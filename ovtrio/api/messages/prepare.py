@@ -26,10 +26,10 @@ What the translation decides:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from ovtrio.api.conversation import chat_stage, encode_conversation, output_constraint
+from ovtrio.api.conversation import chat_stage, encode_continuing, output_constraint
 from ovtrio.api.formats import ConstraintError, checked_schema, from_response_format
 from ovtrio.api.generation import generation_request
 from ovtrio.api.messages.protocol import (
@@ -173,25 +173,13 @@ def _message(role: str, content: str | list[TextPart | ImagePart], **fields: Any
 
 async def encode(model: ServingModel, body: MessagesInput, chat: ChatCompletionRequest) -> ChatPrompt:
     """The prompt the request is answered from: its conversation through the chat
-    template (encode_conversation, as chat completions encodes its own: size checks,
+    template (encode_continuing, as chat completions encodes its own: size checks,
     long prompts tokenized off the event loop, images), with the tools shown to the
     model; a trailing assistant message is continued rather than answered."""
-    messages = chat_messages(body)
-    prefill = ""
-    if len(messages) > 1 and messages[-1].role == "assistant" and not messages[-1].tool_calls:
-        prefill = messages.pop().text()
     tools = chat.tool_specs() if chat.effective_tool_choice() != "none" else []
     for i, spec in enumerate(tools):
         checked_schema(spec.parameters, f"tools[{i}].input_schema")
-    prompt, _ = await encode_conversation(model, chat, messages)
-    if prefill:
-        # The client's text: special-token text in it is text (encode_content).
-        ids = prompt.ids + model.prompts.encode_content(prefill, parse_special=chat.parse_special)
-        text = None
-        if prompt.text is not None:
-            text = prompt.text + model.prompts.engine_text(prefill, parse_special=chat.parse_special)
-        return replace(prompt, ids=ids, text=text)
-    return prompt
+    return await encode_continuing(model, chat, chat_messages(body))
 
 
 async def count_tokens(model: ServingModel, body: MessagesInput) -> int:
