@@ -11,15 +11,11 @@ writes."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import ollama
-import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_ollama import ChatOllama
 from llama_index.core.llms import ChatMessage
@@ -28,10 +24,10 @@ from pydantic import BaseModel, Field
 
 import ollama_schema
 from conftest import MODEL
+from js_clients import js_clients  # noqa: F401 (the fixture)
 from ollama_schema import CheckingTransport
 
 EMBEDDER = "all-MiniLM-L6-v2"
-JS = Path(__file__).parent / "js"
 STORY = "Tell me a short story about a lighthouse keeper."
 
 
@@ -90,25 +86,9 @@ def test_llamaindex_ollama(server):
 # ---- the JavaScript client ----------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def js_client() -> Path:
-    """The folder where npm installed the pinned client (once per version of package.json)."""
-    npm = shutil.which("npm")
-    assert npm is not None, "npm is needed (apt-get install npm)"
-    pinned = (JS / "package.json").read_bytes() + (JS / "package-lock.json").read_bytes()
-    folder = Path.home() / ".cache" / "ovtrio-tests" / ("js-" + hashlib.sha256(pinned).hexdigest()[:16])
-    if not (folder / "node_modules" / "ollama").is_dir():
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in ("package.json", "package-lock.json"):
-            shutil.copy(JS / name, folder / name)
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=folder, check=True, capture_output=True, timeout=600)
-    shutil.copy(JS / "ollama_client.mjs", folder / "ollama_client.mjs")
-    return folder
-
-
-def test_the_javascript_client(server, js_client):
+def test_the_javascript_client(server, js_clients):
     run = subprocess.run(
-        ["node", str(js_client / "ollama_client.mjs"), server.base_url, MODEL, EMBEDDER],
+        ["node", str(js_clients / "ollama_client.mjs"), server.base_url, MODEL, EMBEDDER],
         capture_output=True,
         text=True,
         timeout=600,

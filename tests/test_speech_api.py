@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import io
 import json
+import subprocess
 import threading
 import time
 from typing import Any
@@ -27,6 +29,7 @@ import pytest
 import tiny_speecht5
 import tiny_whisper
 from helpers import assert_error, beside_innocent_streams, health_stays_fast, metric_value
+from js_clients import js_clients  # noqa: F401 (the fixture)
 from openai_schema import validate
 from server_pool import server_fixture
 
@@ -198,6 +201,36 @@ def test_streamed_response_is_the_same_bytes_in_pieces(client, response_format):
         assert response.headers["content-type"].startswith("audio/")
         chunks = list(response.iter_bytes(chunk_size=None))
     assert b"".join(chunks) == whole
+
+
+def test_the_javascript_sdk_speaks_every_format_as_the_python_sdk_does(speech_server, client, js_clients):
+    """OpenAI's Node SDK, unmodified (tests/js/speech_client.mjs): each format's bytes,
+    read whole and as a stream, and an SSE stream's audio, are the Python SDK's."""
+    run = subprocess.run(
+        ["node", str(js_clients / "speech_client.mjs"), speech_server.v1, SPEECH, TEXT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    formats = ["wav", "pcm", "flac", "mp3", "opus", "aac"]
+    assert [(line["call"], line["format"]) for line in lines] == [
+        *((call, f) for f in formats for call in ("create", "stream")),
+        ("sse", "pcm"),
+    ]
+    whole = {
+        f: client.audio.speech.create(model=SPEECH, input=TEXT, voice="alloy", response_format=f).read()
+        for f in formats
+    }
+    for line in lines[:-1]:
+        expected = whole[line["format"]]
+        assert (line["sha256"], line["bytes"]) == (hashlib.sha256(expected).hexdigest(), len(expected)), line
+    streamed = [line for line in lines if line["call"] == "stream"]
+    assert all(line["chunks"] >= 1 for line in streamed)
+    sse = lines[-1]
+    assert sse["events"] == ["speech.audio.delta"] * len(SENTENCES) + ["speech.audio.done"]
+    assert sse["sha256"] == hashlib.sha256(whole["pcm"]).hexdigest()
 
 
 def test_sse_gives_the_audio_as_delta_events_then_the_usage(speech_server, client):
