@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import trio
+from pydantic import ValidationError
 
 from fake_engine import DROPPED_PROMPT, REFUSED_PROMPT, received, request, start_scheduler
 from ovtrio.model.limits import prefill_itl_bound, prefill_slice_tokens
@@ -82,6 +83,12 @@ def test_slices_adapt_unless_their_size_is_set():
     assert prefill_itl_bound(Settings()) == 0.2  # max_itl_ms
     assert prefill_itl_bound(Settings(max_itl_ms=50)) == 0.05
     assert prefill_itl_bound(Settings(long_prefill_token_threshold=96)) is None  # fixed slices
+
+
+@pytest.mark.parametrize("bound", [0, -5])
+def test_a_bound_that_no_step_could_keep_is_refused_naming_it(bound):
+    with pytest.raises(ValidationError, match="max_itl_ms"):
+        Settings(max_itl_ms=bound)
 
 
 @pytest.fixture

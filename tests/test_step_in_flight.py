@@ -19,7 +19,8 @@ from conftest import HYPERCORN_MODEL, MODEL
 from helpers import chat, metric_value
 from test_concurrency import wait_for_metric
 
-# About 1,800 tokens: prefilled over several steps of --max-num-batched-tokens (256).
+# About 1,800 tokens: a step of a second or more (the test servers run without the prefix cache,
+# so the engine prefills it in steps of --max-num-batched-tokens).
 LONG_PROMPT = "word " * 1800
 ATTEMPTS = 8
 
