@@ -37,6 +37,7 @@ import random
 import statistics
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -323,7 +324,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def median(values: list[float]) -> float:
+def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 

@@ -1,7 +1,7 @@
 """The engine's prefill speed against the step's token budget: what slice size runs fastest.
 
-    python -m bench prefill_curve [--model embedded|file.gguf] [--prompt 4096]
-                                  [--budgets 64 128 256 512 1024 2048 4096] [--turns 3]
+    python -m bench prefill_curve [--model embedded|file.gguf] [--prompt 8000]
+                                  [--budgets 256 512 1024 2048 4096 8192] [--turns 3]
 
 For each budget, a ContinuousBatchingPipeline built with `max_num_batched_tokens` set to
 it (prefix caching off, so every prompt is computed afresh) prefills one prompt of
@@ -20,17 +20,20 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.driver.hardware import describe_cpu, gguf_path
 from bench.driver.results import Outcome
 from bench.driver.turns import take_turns
 
-# Token ids past the special tokens at the start of the embedded model's vocabulary.
+# Prompt ids are drawn from these: past the special tokens at the start of the embedded
+# model's vocabulary, and within any vocabulary of 32,000 ids or more.
 FIRST_ORDINARY_ID = 256
+LAST_ID = 32000
 
 
-def pipeline(model: str, budget: int, context: int) -> Any:
+def pipeline(model: str, budget: int) -> Any:
     import openvino_genai
 
     config = openvino_genai.SchedulerConfig()
@@ -65,24 +68,26 @@ def prefill_seconds(pipe: Any, prompt: list[int]) -> tuple[float, int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded", help="a GGUF file ('embedded': the embedded model)")
-    parser.add_argument("--prompt", type=int, default=4096, help="prompt tokens")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048, 4096])
+    parser.add_argument("--prompt", type=int, default=8000, help="prompt tokens")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     parser.add_argument("--turns", type=int, default=3)
 
 
 def run(args: argparse.Namespace) -> Outcome:
     model = str(gguf_path(args.model))
     print(f"cpu: {describe_cpu()}")
-    pipes = {budget: pipeline(model, budget, args.prompt) for budget in args.budgets}
-    vocabulary = 49152 if args.model == "embedded" else 32000
+    pipes = {budget: pipeline(model, budget) for budget in args.budgets}
     rng = random.Random(1)
 
     def fresh() -> list[int]:
-        return [rng.randrange(FIRST_ORDINARY_ID, vocabulary) for _ in range(args.prompt)]
+        return [rng.randrange(FIRST_ORDINARY_ID, LAST_ID) for _ in range(args.prompt)]
+
+    def part(pipe: Any) -> Callable[[], tuple[float, int]]:
+        return lambda: prefill_seconds(pipe, fresh())
 
     for pipe in pipes.values():  # warm every shape once
         prefill_seconds(pipe, fresh())
-    parts = {str(budget): (lambda pipe=pipe: prefill_seconds(pipe, fresh())) for budget, pipe in pipes.items()}
+    parts = {str(budget): part(pipe) for budget, pipe in pipes.items()}
     turns = take_turns(parts, args.turns)
     summary: dict[str, float | int | str | None] = {}
     print(f"{args.prompt}-token prompt alone, prefix caching off, medians of {args.turns} turns")
