@@ -24,8 +24,9 @@ reply.
    words, re-sends the whole history with each server's own earlier replies, and asks
    for 32 tokens; the first token of each turn.
 
-In each turn of `--turns` the two servers take turns (in alternating order) at every
-part; each figure is the median of the turns. ovtrio's TTFT p90 is over the turns too.
+In each of `--turns` turns, every part (a size alone, a size beside the streams, the
+conversation) runs on both servers back to back, in alternating order; each figure is
+the median of the turns, the TTFT p90 over them too.
 """
 
 from __future__ import annotations
@@ -296,16 +297,21 @@ async def measure(args: argparse.Namespace, gguf: Path, multi_turn: int) -> dict
         for port, model in servers.values():  # warm the shapes
             await one_request(port, model, fresh.text(sizes[0]))
             await beside(port, model, {sizes[0]: fresh.text(sizes[0])}, args.streams, Measured())
+        # Each part runs on both servers back to back, in alternating order: the
+        # machine's speed drifts less between the two than over a whole turn.
         for turn in range(args.turns):
-            for name in order(list(servers), turn, alternate=True):
-                port, model = servers[name]
-                started = time.perf_counter()
-                await alone(port, model, {size: fresh.text(size) for size in sizes}, measured[name])
-                await beside(port, model, {size: fresh.text(size) for size in sizes}, args.streams, measured[name])
-                if multi_turn:
+            started = time.perf_counter()
+            for size in sizes:
+                for name in order(list(servers), turn, alternate=True):
+                    await alone(*servers[name], {size: fresh.text(size)}, measured[name])
+                for name in order(list(servers), turn + 1, alternate=True):
+                    await beside(*servers[name], {size: fresh.text(size)}, args.streams, measured[name])
+                print(f"  turn {turn + 1}, {size} tokens: {time.perf_counter() - started:.0f} s", flush=True)
+            if multi_turn:
+                for name in order(list(servers), turn, alternate=True):
                     users = [fresh.text(300) for _ in range(multi_turn)]
-                    await conversation(port, model, users, measured[name])
-                print(f"  turn {turn + 1}, {name}: {time.perf_counter() - started:.0f} s")
+                    await conversation(*servers[name], users, measured[name])
+                print(f"  turn {turn + 1}, multi-turn: {time.perf_counter() - started:.0f} s", flush=True)
         return measured
     finally:
         for process in processes.values():
