@@ -8,6 +8,11 @@ slices of 256 takes 16 steps and about twice the time of 2 steps of 2,048. But e
 step is also one inter-token gap of every sequence decoding beside it: a step that
 prefills 2,048 tokens holds them for as long.
 
+The engine cannot be told: its step budget (SchedulerConfig.max_num_batched_tokens) is
+fixed when the pipeline is built, and ContinuousBatchingPipeline has no call that changes
+it. So the engine is built with the largest budget, and the scheduler holds each step
+below it by the slices it adds (prefill.py).
+
 The contract, with a bound (`max_itl_seconds`):
 
 - No sequence decoding: the prompts being prefilled share a step of `step_tokens` (the
