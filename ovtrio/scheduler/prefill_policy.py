@@ -1,12 +1,12 @@
 """How many prompt tokens each prompt being prefilled gets in the next engine step.
 
 Why: a step's prompt tokens decide two things that pull apart. A prompt alone prefills
-fastest in large steps: the engine's prefill tokens a second grow with the step's
-budget up to about 2,048 tokens on a 2-core CPU and flatten past it (the curve:
-docs/benchmarks.md#prefill-speed-against-the-step-budget), so a 4,096-token prompt in
-slices of 256 takes 16 steps and about twice the time of 2 steps of 2,048. But every
-step is also one inter-token gap of every sequence decoding beside it: a step that
-prefills 2,048 tokens holds them for as long.
+fastest in large steps: on a 2-core Zen 5 the engine's prefill tokens a second grow
+with the step's budget up to 1,024-2,048 tokens, stay flat to 4,096 and drop at 8,192
+(the curve: docs/benchmarks.md#prefill-speed-against-the-step-budget); a 4,096-token
+prompt took 1.5 times as long in 16 steps of 256 as in 2 of 2,048, and an 8,000-token
+one 1.2 times. But every step is also one inter-token gap of every sequence decoding
+beside it: a step that prefills 2,048 tokens holds them for as long.
 
 The engine cannot be told: its step budget (SchedulerConfig.max_num_batched_tokens) is
 fixed when the pipeline is built, and ContinuousBatchingPipeline has no call that changes

@@ -132,8 +132,8 @@ class ModelSettings(BaseModel):
         2048,
         ge=1,
         description="most tokens processed in one engine step (prompt chunks included): a prompt prefills in steps"
-        " of this many tokens while nothing else decodes (the default is where the engine's prefill runs fastest"
-        " on CPU: docs/benchmarks.md#prefill-speed-against-the-step-budget)",
+        " of this many tokens while nothing else decodes (the default is where the engine's prefill tokens a second"
+        " level off on CPU: docs/benchmarks.md#prefill-speed-against-the-step-budget)",
     )
     enable_prefix_caching: bool = Field(True, description="reuse KV cache of shared prompt prefixes")
     max_itl_ms: float = Field(
