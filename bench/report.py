@@ -124,7 +124,33 @@ def speed(results: Results) -> str:
             + ", ".join(shares)
             + f" streams of the engine's tokens a second ({newest['machine']['label']}; {provenance(newest)})."
         )
+    text += prefill_sentence(results)
     return f"{START.format(name='speed')}\n{text}\n{END}"
+
+
+def prefill_sentence(results: Results) -> str:
+    """The README's long-prompt figure: ovtrio's first token over llama-server's at
+    2k-8k tokens on the embedded model, alone and beside decoding streams, from the
+    newest prefill result that has them."""
+    measured = [result for result in results.get("prefill", {}).values() if not result.get("variant")]
+    if not measured:
+        return ""
+    newest = max(measured, key=lambda result: result["time"])
+    summary = newest["summary"]
+    ratios = {
+        name.split("TTFT, ", 1)[1]: value  # "alone, 4096", "beside 4, 4096"
+        for name, value in summary.items()
+        if "ovtrio/llama-server TTFT, " in name and not name.endswith(", 512") and isinstance(value, float)
+    }
+    if not ratios:
+        return ""
+    alone = [value for part, value in ratios.items() if part.startswith("alone")]
+    beside = [value for part, value in ratios.items() if part.startswith("beside")]
+    return (
+        f" Long prompts (`python -m bench prefill`, 2,048-8,128 tokens no cache holds): ovtrio's first token at"
+        f" {min(alone):.2f}-{max(alone):.2f} of llama-server's alone and {min(beside):.2f}-{max(beside):.2f}"
+        f" beside 4 decoding streams ({newest['machine']['label']}; {provenance(newest)})."
+    )
 
 
 # ---- the pages ---------------------------------------------------------------------------

@@ -185,6 +185,7 @@ async def start_scheduler(
     gil_free: bool = False,
     tokenizer: Any = None,
     prefill_whole_above: int = 0,
+    max_itl_seconds: float | None = None,
 ) -> SimpleNamespace:
     """A scheduler over a FakePipeline, running in `nursery`: its pipeline, the scheduler,
     what it told its observer (`observed`), and `stop()`, which cancels its loop.
@@ -213,6 +214,7 @@ async def start_scheduler(
         step_tokens=step_tokens,
         kv_block_tokens=kv_block_tokens,
         prefill_whole_above=prefill_whole_above,
+        max_itl_seconds=max_itl_seconds,
     )
     scope = trio.CancelScope()
 

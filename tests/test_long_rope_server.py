@@ -13,7 +13,6 @@ from pathlib import Path
 
 import tiny_vlm
 from helpers import post
-from ovtrio.settings.server import Settings
 from server_pool import server_fixture
 
 # Phi-3 128k's rope settings, with a context of 2,048 and an original one of 64.
@@ -42,12 +41,16 @@ def write_long_rope_model(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(CONFIG))
 
 
+# The step budget the server is given, which the engine's is raised past for this model.
+STEP_BUDGET = 256
 long_rope_server = server_fixture(
     "long_rope_server",
     "--model",
     "{folder}/phi",
     "--served-model-name",
     "phi",
+    "--max-num-batched-tokens",
+    str(STEP_BUDGET),
     prepare=lambda folder: write_long_rope_model(folder / "phi"),
 )
 
@@ -66,8 +69,8 @@ def steps_for(server, prompt: str) -> tuple[int, int]:
 def test_a_prompt_past_the_engines_default_budget_prefills_in_one_step(long_rope_server):
     short_steps, _ = steps_for(long_rope_server, "Hi")
     long_steps, long_tokens = steps_for(long_rope_server, "word " * 400)
-    # Past the original context, and past the default step budget (256 tokens), which
+    # Past the original context, and past the configured step budget (256 tokens), which
     # would prefill it in two steps or more.
-    assert long_tokens > Settings().max_num_batched_tokens > 64
+    assert long_tokens > STEP_BUDGET > 64
     assert long_steps == short_steps
     assert "LongRoPE: prompts longer than 64 tokens are prefilled in one step" in long_rope_server.log_path.read_text()

@@ -9,12 +9,14 @@ import threading
 
 import pytest
 import trio
+from pydantic import ValidationError
 
 from fake_engine import DROPPED_PROMPT, REFUSED_PROMPT, received, request, start_scheduler
-from ovtrio.loading.limits import prefill_slice_tokens
+from ovtrio.loading.limits import prefill_itl_bound, prefill_slice_tokens
 from ovtrio.scheduler import Completed, Delta, Failed, GenerationRequest, SamplingParams, UnsupportedParams
 from ovtrio.scheduler.params import OutputConstraint, SpeculativeDecoding
-from ovtrio.scheduler.prefill import SlicedPrefill, prefills_whole, slice_params, slice_size
+from ovtrio.scheduler.prefill import SlicedPrefill, prefills_whole, slice_params
+from ovtrio.scheduler.prefill_policy import slice_size
 from ovtrio.settings.server import Settings
 
 SLICE = 4
@@ -64,9 +66,9 @@ def test_prefixes_grow_by_a_slice_and_stop_short_of_the_whole_prompt():
 @pytest.mark.parametrize(
     "settings, device, expected",
     [
-        ({}, "CPU", 96),  # three eighths of a step's budget by default
-        ({"max_num_batched_tokens": 200}, "CPU", 64),  # whole 32-token blocks (of 75)
-        ({"max_num_batched_tokens": 32}, "CPU", 32),  # at least one block
+        ({}, "CPU", 256),  # by default prompts past 256 tokens, in the policy's slices
+        ({"max_num_batched_tokens": 32}, "CPU", 256),  # the engine's budget does not move it
+        ({"long_prefill_token_threshold": 200}, "CPU", 192),  # whole 32-token blocks
         ({"long_prefill_token_threshold": 40}, "GPU.0", 32),  # 16-token blocks
         ({"long_prefill_token_threshold": 5}, "CPU", 32),  # at least one block
         ({"long_prefill_token_threshold": 0}, "CPU", 0),
@@ -75,6 +77,18 @@ def test_prefixes_grow_by_a_slice_and_stop_short_of_the_whole_prompt():
 )
 def test_slice_size_from_the_settings(settings, device, expected):
     assert prefill_slice_tokens(Settings(**settings), device) == expected
+
+
+def test_slices_adapt_unless_their_size_is_set():
+    assert prefill_itl_bound(Settings()) == 0.2  # max_itl_ms
+    assert prefill_itl_bound(Settings(max_itl_ms=50)) == 0.05
+    assert prefill_itl_bound(Settings(long_prefill_token_threshold=96)) is None  # fixed slices
+
+
+@pytest.mark.parametrize("bound", [0, -5])
+def test_a_bound_that_no_step_could_keep_is_refused_naming_it(bound):
+    with pytest.raises(ValidationError, match="max_itl_ms"):
+        Settings(max_itl_ms=bound)
 
 
 @pytest.fixture

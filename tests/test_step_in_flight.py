@@ -19,7 +19,8 @@ from conftest import HYPERCORN_MODEL, MODEL
 from helpers import chat, metric_value
 from test_concurrency import wait_for_metric
 
-# About 1,800 tokens: prefilled over several steps of --max-num-batched-tokens (256).
+# About 1,800 tokens: a step of a second or more (the test servers run without the prefix cache,
+# so the engine prefills it in steps of --max-num-batched-tokens).
 LONG_PROMPT = "word " * 1800
 ATTEMPTS = 8
 
@@ -101,15 +102,17 @@ def test_a_client_leaving_frees_the_engine_with_the_bindings_step(alternate_serv
     wait_for_metric(server, "ovtrio_engine_requests", 0, within=5)
 
 
-# Token ids of ordinary words (the embedded vocabulary has 49,152): a prompt of 16 or more
-# of the server's slices (128 tokens at most), starting with an id no other test's prompt
-# starts with, so that nothing of it is in the prefix cache.
-LONG_PROMPT_IDS = [7777] + [1000 + (i * 37) % 20000 for i in range(1, 2048)]
+# Token ids of ordinary words (the embedded vocabulary has 49,152): a prompt of more than
+# two of the slices a prompt alone is prefilled in (the engine's step budget, 2,048 tokens:
+# ovtrio/scheduler/prefill_policy.py), starting with an id no other test's prompt starts
+# with, so that nothing of it is in the prefix cache.
+LONG_PROMPT_IDS = [7777] + [1000 + (i * 37) % 20000 for i in range(1, 5000)]
 
 
 async def test_a_short_request_is_answered_while_a_long_prompt_is_prefilled(hypercorn_server):
     """The long prompt is prefilled in slices (ovtrio/scheduler/prefill.py), and the short
-    request, added between two of them, is answered before the long one ends. Without
+    request, added between two of them, is answered before the long one ends (one that
+    arrives during a slice waits for that slice's step). Without
     slices the engine gives every step's budget to the long prompt until it is done, and
     the short one could only end with it. (The slices build on the prefix cache, which
     this server has on, as servers do by default.)"""

@@ -124,25 +124,36 @@ def request_caps(settings: Settings, source: ModelSource, kv_capacity: int, limi
     )
 
 
-def prefill_slice_tokens(settings: Settings, device: str) -> int:
-    """Tokens per slice in which long prompts are prefilled (ovtrio/scheduler/prefill.py):
-    long_prefill_token_threshold in whole KV blocks; 0 (off) without prefix caching,
-    which the slices build on.
+# Prompts up to this long go to the engine whole under the adaptive slices: one step
+# beside the decoding sequences holds them (the step budget of ovtrio's earlier releases).
+ADAPTIVE_SLICE_ABOVE = 256
 
-    By default three eighths of an engine step's budget (max_num_batched_tokens): a short
-    request that arrives during a slice waits for the slice's step and then for its own,
-    which prefills its prompt beside the decoding streams and so costs two to three
-    decode steps, not one. Three eighths keeps that sum within one full prefill step
-    plus one decode step (short requests' TTFT p99), where half the budget does not
-    (figures: docs/benchmarks.md#request-limits-and-prefill-slices).
-    Decoding streams get steps more often while a long prompt prefills, which takes
-    longer in exchange (`python -m bench responsiveness`)."""
+
+def prefill_slice_tokens(settings: Settings, device: str) -> int:
+    """Prompts longer than this are prefilled in slices (ovtrio/scheduler/prefill.py), in
+    whole KV blocks; 0 (off) without prefix caching, which the slices build on.
+
+    By default (no long_prefill_token_threshold) prompts longer than 256 tokens, in the
+    slices the scheduler's prefill policy sizes (ovtrio/scheduler/prefill_policy.py,
+    `prefill_itl_bound`). An explicit threshold gives fixed slices of that size: a short
+    request that arrives during a slice waits for the slice's step and then for its own
+    (figures for three eighths of a 256-token step:
+    docs/benchmarks.md#request-limits-and-prefill-slices)."""
     if not settings.enable_prefix_caching:
         return 0
     threshold = settings.long_prefill_token_threshold
     if threshold is None:
-        threshold = settings.max_num_batched_tokens * 3 // 8
+        threshold = ADAPTIVE_SLICE_ABOVE
     if threshold <= 0:
         return 0
     block = block_tokens(device)
     return max(block, threshold // block * block)
+
+
+def prefill_itl_bound(settings: Settings) -> float | None:
+    """The bound, in seconds, that sizes the slices of long prompts beside decoding
+    sequences (max_itl_ms); None with an explicit long_prefill_token_threshold, whose
+    slices are fixed."""
+    if settings.long_prefill_token_threshold is not None:
+        return None
+    return settings.max_itl_ms / 1000

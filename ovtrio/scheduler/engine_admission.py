@@ -53,7 +53,8 @@ from ovtrio.scheduler.params import (
     engine_prompt,
     to_generation_config,
 )
-from ovtrio.scheduler.prefill import SlicedPrefill, prefills_whole, slice_params, slice_size
+from ovtrio.scheduler.prefill import SlicedPrefill, prefills_whole, slice_params
+from ovtrio.scheduler.prefill_policy import PrefillPolicy
 from ovtrio.scheduler.requests import ActiveRequest, Admission, EngineRequest, Sequence
 
 log = logging.getLogger("ovtrio.scheduler")
@@ -95,23 +96,26 @@ class EngineAdmission:
         between_steps: Callable[[str], None],
         tokenizer: Any,
         vocabulary: Any,
-        prefill_slice_tokens: int,
-        step_tokens: int,
-        kv_block_tokens: int,
+        policy: PrefillPolicy,
         grammar_limits: GrammarLimits,
         prefill_whole_above: int = 0,
     ) -> None:
         """`between_steps(call)` asserts that no engine step is in flight: `call` is
-        only safe between steps. Prompts longer than `prefill_whole_above` are
-        prefilled in one step (prefill.py; 0: none must be)."""
+        only safe between steps. `policy` sizes the slices of long prompts
+        (prefill_policy.py). Prompts longer than `prefill_whole_above` are prefilled in
+        one step (prefill.py; 0: none must be)."""
         self._prefill_whole_above = prefill_whole_above
         self._pipeline = pipeline
         self._intake = intake
         self._between_steps = between_steps
         self._limits = intake.limits
-        self._prefill_slice_tokens = prefill_slice_tokens
-        self._step_tokens = step_tokens
-        self._kv_block_tokens = kv_block_tokens
+        self.policy = policy
+        # Prompt tokens added since the last step (what the next step prefills, short of
+        # what the prefix cache holds), for the policy's estimate of a step's cost.
+        self._prompt_tokens_added = 0
+        # Slices of long prompts added, and their tokens, ever (SchedulerStats).
+        self.prefill_slices = 0
+        self.prefill_slice_tokens = 0
         import openvino_genai
 
         self._finished_status = openvino_genai.GenerationStatus.FINISHED
@@ -133,6 +137,17 @@ class EngineAdmission:
     def prefilling(self) -> bool:
         """Whether a long prompt is being prefilled in slices (the loop adds each slice)."""
         return bool(self._prefilling)
+
+    def decoding(self) -> int:
+        """Engine sequences of the requests in the engine whose prompts are not being
+        prefilled in slices."""
+        prefilling = sum(self._intake.active[request_id].weight for request_id in self._prefilling)
+        return max(0, self.running_sequences - prefilling)
+
+    def take_prompt_tokens(self) -> int:
+        """The prompt tokens added since the last call (the next step's to prefill)."""
+        added, self._prompt_tokens_added = self._prompt_tokens_added, 0
+        return added
 
     @property
     def has_image_requests(self) -> bool:
@@ -288,7 +303,7 @@ class EngineAdmission:
         """Register an admitted request with long prompts to be prefilled in slices
         (prefill.py); False if it has none, or one that must be prefilled whole."""
         request = admission.generation
-        threshold = self._prefill_slice_tokens
+        threshold = self.policy.slice_tokens
         # A text prompt (a vision-language model's) goes to the engine whole.
         if not threshold or request.texts is not None or self._prefills_whole(admission):
             return False
@@ -315,7 +330,8 @@ class EngineAdmission:
             self._intake.abort(active.request_id, None)
         else:
             self._intake.prompt_tokens += active.prompt_tokens
-            if waited is not None:
+            if waited is not None:  # added whole: the next step prefills all of it
+                self._prompt_tokens_added += sum(map(len, request.prompts))
                 for _ in active.sequences:
                     self._intake.observer.queued(waited)
         admission.added.set()
@@ -369,13 +385,11 @@ class EngineAdmission:
 
     # ---- long prompts in slices -----------------------------------------------------------
 
-    def _add_prefix(self, active: ActiveRequest, prefill: SlicedPrefill) -> bool:
+    def _add_prefix(self, active: ActiveRequest, prefill: SlicedPrefill, size: int) -> bool:
         """Add the engine request for the next prefix of a prompt prefilled in slices,
-        sized to fit in one step beside the sequences decoding; False if none is left. It
+        `size` tokens longer than the last (the policy's slice); False if none is left. It
         is one of the request's parts with no choices of its own (delivery.py reads
         nothing from it, and fails the request if the engine drops it)."""
-        decoding = self.running_sequences - active.weight
-        size = slice_size(self._prefill_slice_tokens, self._step_tokens, self._kv_block_tokens, decoding)
         prefix = prefill.next_prefix(size)
         if prefix is None:
             return False
@@ -389,13 +403,14 @@ class EngineAdmission:
     def advance_prefills(self, arrivals: bool) -> bool:
         """For each request prefilled in slices that has no prefix running (just
         admitted, or the engine finished its last one; between steps): add the next
-        prefix, or the request itself once none is left. With `arrivals` (requests were
-        just added whole), the next slice waits one step, once in a row: the new
-        requests' first step is then a light one, so a short request gets its first
-        token within one decode step of the slice that was running when it came. True
-        if the engine got anything."""
-        advanced = False
-        for request_id, prefill in list(self._prefilling.items()):
+        prefix, or the request itself once none is left, in the slice the policy gives
+        it (prefill_policy.py; oldest first, a slice of 0 waits a step). With
+        `arrivals` (requests were just added whole), the next slice waits one step,
+        once in a row: the new requests' first step is then a light one, so a short
+        request gets its first token within one decode step of the slice that was
+        running when it came. True if the engine got anything."""
+        ready: list[tuple[int, SlicedPrefill]] = []
+        for request_id, prefill in self._prefilling.items():
             active = self._intake.active[request_id]
             running = prefill.running
             if running is not None:
@@ -409,13 +424,24 @@ class EngineAdmission:
                 prefill.gave_way = True
                 continue
             prefill.gave_way = False
+            ready.append((request_id, prefill))
+        sizes = self.policy.slices([prefill.remaining for _, prefill in ready], self.decoding())
+        advanced = False
+        for (request_id, prefill), size in zip(ready, sizes, strict=True):
+            if not size:
+                continue
             advanced = True
+            left = prefill.remaining
             try:
-                sliced = self._add_prefix(active, prefill)
+                sliced = self._add_prefix(self._intake.active[request_id], prefill, size)
             except UnsupportedParams as exc:  # the engine refused the slice's request
                 prefill.admission.error = exc
                 self._intake.abort(request_id, None)
                 continue
+            computed = left - prefill.remaining if sliced else left
+            self._prompt_tokens_added += computed
+            self.prefill_slices += 1
+            self.prefill_slice_tokens += computed
             if not sliced:
                 del self._prefilling[request_id]
                 self._add_admitted(prefill.admission, None)

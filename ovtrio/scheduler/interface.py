@@ -34,6 +34,9 @@ class SchedulerStats:
     steps_started: int  # engine steps entered, empty ones included
     step_in_flight: bool  # the engine is inside a step right now
     step_releases_gil: bool
+    # Slices of long prompts added to the engine (prefill_policy.py), and their tokens, ever.
+    prefill_slices: int = 0
+    prefill_slice_tokens: int = 0
 
 
 # The fields of SchedulerStats that only grow. A model loaded again runs a new scheduler;
@@ -46,6 +49,8 @@ COUNTER_FIELDS = (
     "prompt_tokens",
     "generated_tokens",
     "steps_started",
+    "prefill_slices",
+    "prefill_slice_tokens",
 )
 
 

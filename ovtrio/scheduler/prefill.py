@@ -10,8 +10,9 @@ docs/benchmarks.md#request-limits-and-prefill-slices).
 How: with prefix caching on, the scheduler first adds, one after the other, engine
 requests for growing prefixes of the prompt (each generating one token), then the
 request itself. Each prefix finds the one before it in the prefix cache, so it computes
-one new slice: long_prefill_token_threshold tokens, or what the decoding sequences leave
-of the step's budget if that is less. As each is added after the requests that arrived
+one new slice, of the size the prefill policy gives it (prefill_policy.py: as large as
+the engine runs fastest while nothing decodes, within a bound on the decoding
+sequences' inter-token gap beside them). As each is added after the requests that arrived
 while the last one ran, those get their first step before the next slice: on the raw
 engine that brings a short request's first token forward several times over and costs
 the long prompt little (see docs/benchmarks.md#request-limits-and-prefill-slices).
@@ -46,14 +47,6 @@ def prefills_whole(prompt_tokens: int, whole_above: int) -> bool:
     return 0 < whole_above < prompt_tokens
 
 
-def slice_size(slice_tokens: int, step_tokens: int, block_tokens: int, decoding: int) -> int:
-    """Tokens of the next slice: `slice_tokens`, or what the step's budget
-    (`step_tokens`) leaves beside the sequences the engine decodes if that is less (each
-    takes a token of the budget first, and a slice that does not fit spills into a step
-    of its own), in whole KV blocks, at least one."""
-    return max(block_tokens, min(slice_tokens, step_tokens - decoding) // block_tokens * block_tokens)
-
-
 def slice_params(params: SamplingParams) -> SamplingParams:
     """What a prefix's engine request asks for: one greedy token, nothing else, with the
     request's speculative settings (a speculating pipeline requires them)."""
@@ -77,6 +70,11 @@ class SlicedPrefill:
     prefilled: int = 0  # tokens of the current prompt that the last prefix covered
     running: EngineRequest | None = None
     gave_way: bool = False  # its next slice waited a step for requests that had just arrived
+
+    @property
+    def remaining(self) -> int:
+        """Tokens of its long prompts still to prefill."""
+        return sum(map(len, self.prompts)) - self.prefilled
 
     @property
     def choices(self) -> int:

@@ -99,6 +99,7 @@ from ovtrio.scheduler.intake import SHUTTING_DOWN, NotAccepting, RequestIntake  
 from ovtrio.scheduler.interface import SchedulerStats, waiting_requests
 from ovtrio.scheduler.observer import RequestObserver
 from ovtrio.scheduler.params import GenerationRequest
+from ovtrio.scheduler.prefill_policy import PrefillPolicy
 from ovtrio.scheduler.reads import EngineReads, PlannedRead, StepOutput, read_engine
 from ovtrio.scheduler.requests import ActiveRequest, RequestStream
 from ovtrio.scheduler.step_thread import AfterStep, StepThread
@@ -138,6 +139,7 @@ class Scheduler:
         grammar_limits: GrammarLimits = GrammarLimits(),
         vocabulary_size: int | None = None,
         prefill_whole_above: int = 0,
+        max_itl_seconds: float | None = None,
     ) -> None:
         """`vocabulary` (ovtrio.text.vocabulary.Vocabulary), when given, detokenizes in
         Python instead of calling the engine's detokenizer every step.
@@ -152,6 +154,9 @@ class Scheduler:
         most this many tokens first, each fitting in one step of the engine's
         `step_tokens` budget (max_num_batched_tokens), in whole blocks of
         `kv_block_tokens` (prefill.py; 0: never; it needs the engine's prefix cache).
+        `max_itl_seconds`: the slices adapt (prefill_policy.py): alone, a step's whole
+        budget; beside decoding sequences, what keeps a step within this bound (None:
+        fixed slices of `prefill_slice_tokens`).
         `prefill_whole_above`: prompts longer than this are prefilled in one step, never
         in slices, and added once no other prompt is being prefilled (prefill.py; 0:
         none must be).
@@ -177,9 +182,7 @@ class Scheduler:
             self._stepper.assert_between_steps,
             tokenizer,
             vocabulary,
-            prefill_slice_tokens,
-            step_tokens,
-            kv_block_tokens,
+            PrefillPolicy(step_tokens, kv_block_tokens, prefill_slice_tokens, max_itl_seconds),
             grammar_limits,
             prefill_whole_above,
         )
@@ -215,6 +218,11 @@ class Scheduler:
 
     def fail_all(self, message: str, code: str = SHUTTING_DOWN, *, waiting: bool = True) -> int:
         return self._intake.fail_all(message, code, waiting=waiting)
+
+    @property
+    def prefill_policy(self) -> PrefillPolicy:
+        """What sizes the slices of long prompts (prefill_policy.py)."""
+        return self._admission.policy
 
     # ---- what the intake asks of its engine (EngineSide) ----------------------------------
 
@@ -350,6 +358,9 @@ class Scheduler:
             if working:
                 self._steps += 1
                 self._step_seconds += result.seconds
+                admission = self._admission
+                # What the loop added went into the run's first step; the rest decode.
+                admission.policy.observe(result.seconds, admission.take_prompt_tokens(), admission.decoding())
             state = result.value
             if state is None:  # a step through the binding: the loop reads
                 fresh = self._read_between_steps()
@@ -433,4 +444,6 @@ class Scheduler:
             steps_started=self._stepper.entered,
             step_in_flight=self._stepper.inside_step,
             step_releases_gil=self._stepper.releases_gil,
+            prefill_slices=self._admission.prefill_slices,
+            prefill_slice_tokens=self._admission.prefill_slice_tokens,
         )

@@ -64,6 +64,18 @@ _OVTRIO_SERIES: tuple[_Series, ...] = (
         lambda s: s.steps_started,
     ),
     (
+        "ovtrio_prefill_slices",
+        "Slices of long prompts prefilled in steps of their own",
+        CounterMetricFamily,
+        lambda s: s.prefill_slices,
+    ),
+    (
+        "ovtrio_prefill_slice_tokens",
+        "Prompt tokens of those slices",
+        CounterMetricFamily,
+        lambda s: s.prefill_slice_tokens,
+    ),
+    (
         "ovtrio_engine_step_in_flight",
         "1 while the engine is inside a step (seen only when steps release the GIL)",
         GaugeMetricFamily,

@@ -19,6 +19,7 @@ from ovtrio.loading.limits import (
     RequestCaps,
     SequenceLimit,
     ServerDefaults,
+    prefill_itl_bound,
     prefill_slice_tokens,
     request_caps,
     sequence_limit,
@@ -174,7 +175,16 @@ def serving_model(
         )
     else:
         slice_tokens = prefill_slice_tokens(settings, model.device)
-        if slice_tokens:
+        itl_bound = prefill_itl_bound(settings)
+        if slice_tokens and itl_bound is not None:
+            log.info(
+                "prompts longer than %d tokens are prefilled in slices of up to %d tokens, within %.0f ms a step"
+                " beside decoding streams",
+                slice_tokens,
+                settings.max_num_batched_tokens,
+                itl_bound * 1e3,
+            )
+        elif slice_tokens:
             log.info("prompts longer than %d tokens are prefilled in slices of at most that size", slice_tokens)
         if source.short_rope_context is not None:
             log.info(
@@ -197,6 +207,7 @@ def serving_model(
             grammar_limits=GrammarLimits(seconds=settings.grammar_compile_seconds),
             vocabulary_size=prompts.tokenizer_vocab_size,
             prefill_whole_above=source.short_rope_context or 0,
+            max_itl_seconds=itl_bound if slice_tokens else None,
         )
     return ServingModel(
         name=source.name,

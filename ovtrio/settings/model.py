@@ -129,15 +129,27 @@ class ModelSettings(BaseModel):
     )
     max_num_seqs: int = Field(256, ge=1, description="most sequences scheduled in one engine step")
     max_num_batched_tokens: int = Field(
-        256, ge=1, description="most tokens processed in one engine step (prompt chunks included)"
+        2048,
+        ge=1,
+        description="most tokens processed in one engine step (prompt chunks included): a prompt prefills in steps"
+        " of this many tokens while nothing else decodes (the default is where the engine's prefill tokens a second"
+        " level off on CPU: docs/benchmarks.md#prefill-speed-against-the-step-budget)",
     )
     enable_prefix_caching: bool = Field(True, description="reuse KV cache of shared prompt prefixes")
+    max_itl_ms: float = Field(
+        200.0,
+        gt=0,
+        description="bound on the gap between the tokens of decoding streams while long prompts prefill beside"
+        " them: a prompt's slices are sized so that each step takes at most this long, by the scheduler's"
+        " estimate of the engine's speed, oldest prompt first (a step takes one KV block of a prompt at"
+        " least); needs prefix caching, without which the engine takes a whole step's budget of a prompt",
+    )
     long_prefill_token_threshold: int | None = Field(
         None,
         ge=0,
-        description="prompts longer than this many tokens are prefilled in slices of at most that size (whole KV"
-        " blocks), so requests arriving meanwhile start between slices instead of after the whole prompt; needs"
-        " prefix caching (default: three eighths of max_num_batched_tokens; 0 turns it off)",
+        description="prompts longer than this many tokens are prefilled in fixed slices of at most that size (whole"
+        " KV blocks) in place of the slices max_itl_ms sizes; needs prefix caching (default: unset, slices"
+        " sized by max_itl_ms for prompts longer than 256 tokens; 0 turns slicing off)",
     )
     scoring_chunk_tokens: int = Field(
         128,
