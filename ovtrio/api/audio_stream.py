@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncGenerator, Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ import trio
 from quart import Response
 
 from ovtrio.api.errors import APIError, api_error, shutting_down
+from ovtrio.api.job_pieces import pieces_then_outcome
 from ovtrio.api.sse import HEADERS
 from ovtrio.audio import transcripts
 from ovtrio.audio.decode import Audio
@@ -96,7 +98,7 @@ class _TextEvents:
         receive: trio.MemoryReceiveChannel[str],
     ) -> AsyncGenerator[bytes, None]:
         pieces: trio.abc.ReceiveChannel[str | Transcript | Exception]
-        async with _text_until_done(service, job, send, receive) as pieces:
+        async with pieces_then_outcome(partial(service.result, job), send, receive) as pieces:
             async for piece in pieces:
                 if isinstance(piece, str):
                     yield _frame({"type": "transcript.text.delta", "delta": piece})
@@ -106,28 +108,3 @@ class _TextEvents:
                 else:
                     error = unavailable(piece) if isinstance(piece, EncoderUnavailable) else api_error(piece)
                     yield _frame(error.body())
-
-
-@trio.as_safe_channel
-async def _text_until_done(
-    service: TranscriptionService,
-    job: Job,
-    send: trio.MemorySendChannel[str],
-    receive: trio.MemoryReceiveChannel[str],
-) -> AsyncGenerator[str | Transcript | Exception, None]:
-    """The job's text pieces as they come, then its transcript (or what it raised)."""
-    outcome: list[Transcript | Exception] = []
-
-    async def wait_for_job() -> None:
-        with send:
-            try:
-                outcome.append(await service.result(job))
-            except Exception as exc:  # noqa: BLE001 (the job's failure, told to the client in the stream)
-                outcome.append(exc)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait_for_job)
-        async with receive:
-            async for piece in receive:
-                yield piece
-    yield outcome[0]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import math
 from collections.abc import AsyncGenerator
+from functools import partial
 from typing import Annotated, Any
 
 import orjson
@@ -33,6 +34,7 @@ from ovtrio.api.audio_stream import unavailable
 from ovtrio.api.encoders import served_model_of_kind
 from ovtrio.api.errors import APIError, api_error, invalid
 from ovtrio.api.generation import parse_body
+from ovtrio.api.job_pieces import pieces_then_outcome
 from ovtrio.api.protocol import Body
 from ovtrio.api.sse import HEADERS
 from ovtrio.embedding.worker import EncoderUnavailable, Job
@@ -195,7 +197,7 @@ class _Audio:
         spoken_count = 0
         first_sent = False
         items: trio.abc.ReceiveChannel[Spoken | SpeechTotals | Exception]
-        async with _pieces_until_done(service, job, send, receive) as items:
+        async with pieces_then_outcome(partial(service.result, job), send, receive) as items:
             async for item in items:
                 if isinstance(item, Spoken):
                     if encoder is None:
@@ -239,28 +241,3 @@ def _written(encoder: Encoder, spoken: Spoken, speed: float, last: bool) -> byte
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
-
-
-@trio.as_safe_channel
-async def _pieces_until_done(
-    service: SpeechService,
-    job: Job,
-    send: trio.MemorySendChannel[Spoken],
-    receive: trio.MemoryReceiveChannel[Spoken],
-) -> AsyncGenerator[Spoken | SpeechTotals | Exception, None]:
-    """The job's pieces as they are spoken, then its totals (or what it raised)."""
-    outcome: list[SpeechTotals | Exception] = []
-
-    async def wait_for_job() -> None:
-        with send:
-            try:
-                outcome.append(await service.result(job))
-            except Exception as exc:  # noqa: BLE001 (the job's failure, told to the client in the stream)
-                outcome.append(exc)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait_for_job)
-        async with receive:
-            async for piece in receive:
-                yield piece
-    yield outcome[0]
