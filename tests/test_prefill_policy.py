@@ -115,6 +115,26 @@ async def test_alone_a_long_prompt_goes_in_slices_of_the_whole_step(adaptive):
     assert (stats.prefill_slices, stats.prefill_slice_tokens) == (3, len(LONG))
 
 
+class HeldAfter:
+    """A gate for the fake pipeline's steps that lets `steps` through, then holds the next
+    until `set()`; `holding` is set once a step waits at it."""
+
+    def __init__(self, steps: int) -> None:
+        self.passes = steps
+        self.holding = threading.Event()
+        self.opened = threading.Event()
+
+    def wait(self, timeout: float) -> None:
+        if self.passes:
+            self.passes -= 1
+            return
+        self.holding.set()
+        self.opened.wait(120)  # a test that fails while holding it still ends
+
+    def set(self) -> None:
+        self.opened.set()
+
+
 class FrozenCost(StepCost):
     """An estimate that the fake engine's instant steps do not move."""
 
@@ -131,12 +151,13 @@ async def test_beside_decoding_slices_shrink_to_the_bound_oldest_first(adaptive)
     async def run(name, generation):
         results[name] = await received(adaptive.scheduler, generation)
 
+    # The third step is held (the decoding request decodes) while both long prompts
+    # arrive, the older one first. Held from the start: a gate closed only once two steps
+    # were seen could come after all 60 of the fake's instant steps on a busy machine.
+    gate = adaptive.pipeline.gate = HeldAfter(2)
     async with trio.open_nursery() as requests:
         requests.start_soon(run, "decoding", request(60))
-        while adaptive.pipeline.steps < 2:  # it decodes
-            await trio.sleep(0.001)
-        # A step is held while both long prompts arrive, the older one first.
-        gate = adaptive.pipeline.gate = threading.Event()
+        await trio.to_thread.run_sync(gate.holding.wait, 120)
         requests.start_soon(run, "older", request(1, LONG))
         while adaptive.scheduler.stats().queued < 1:
             await trio.sleep(0.001)
