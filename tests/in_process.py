@@ -11,18 +11,25 @@ from a trio nursery in a thread of its own, so a test reaches it with the same c
 as a server process. Starting one takes milliseconds of the test process's time where a
 process takes seconds of CPU to import and load.
 
-A module declares one with `in_process_server(name, *flags, files=...)`, as it would a
-server process with server_pool.server_fixture: the flags are `ovtrio serve`'s, and
-`{folder}` / `{name}` in a flag become the server's folder and the path of its file
-`name`.
+A module declares one with `in_process_server(name, *flags, files=..., prepare=...)`, as
+it would a server process with server_pool.server_fixture: the flags are `ovtrio
+serve`'s, `{folder}` / `{name}` in a flag become the server's folder and the path of its
+file `name`, and `prepare(folder)` fills the folder first (a models folder).
+
+A test steers what the engine would decide by its own pace: `server.loads` (FakeLoads)
+holds the loads begun until it releases them, fails the next ones, and counts each
+model's loads; `server.steps` (FakeSteps) holds the steps of a model's pipelines while
+they run requests, so a request stays running while the test looks at the server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,15 +46,121 @@ from fake_engine import FakePipeline
 
 _NAMES: list[str] = []  # the fixtures declared, which conftest puts in the slow set
 
+# Seconds a held load or step waits for its release at most: a test that fails while
+# holding one still ends (a bound on a hang, never a deadline of the server's).
+HOLD_CAP = 300
+
+
+class FakeLoads:
+    """The fake loader's loads as a test steers them: `hold()` keeps every load begun
+    from then on loading until `release()`; `fail_next(reason)` makes the next load fail
+    with ModelLoadError(reason), as a real load the engine refuses; `count(model)` is how
+    many loads of `model` have begun."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._gate: threading.Event | None = None
+        self._failures: list[str] = []
+        self._counts: Counter[str] = Counter()
+
+    def hold(self) -> None:
+        with self._lock:
+            if self._gate is None:
+                self._gate = threading.Event()
+
+    def release(self) -> None:
+        with self._lock:
+            gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.set()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """hold() for the block, released when it ends (a test that fails too)."""
+        self.hold()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def fail_next(self, reason: str) -> None:
+        with self._lock:
+            self._failures.append(reason)
+
+    def count(self, model: str) -> int:
+        with self._lock:
+            return self._counts[model]
+
+    def begin(self, model: str) -> tuple[threading.Event | None, str | None]:
+        """A load of `model` begins: the gate it waits at (None: none), and the reason it fails with."""
+        with self._lock:
+            self._counts[model] += 1
+            return self._gate, self._failures.pop(0) if self._failures else None
+
+
+class FakeSteps:
+    """Holds the steps of a model's fake pipelines while they run requests (`hold(model)`
+    until `release(model)`). A pipeline with no request running steps freely: the
+    scheduler's idle steps are never held, nor a step after the last request left."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, threading.Event] = {}
+
+    def hold(self, model: str) -> None:
+        with self._lock:
+            self._held.setdefault(model, threading.Event())
+
+    def release(self, model: str | None = None) -> None:
+        """Let `model`'s steps go on (every model's, with None)."""
+        with self._lock:
+            names = list(self._held) if model is None else [model]
+            gates = [self._held.pop(name) for name in names if name in self._held]
+        for gate in gates:
+            gate.set()
+
+    @contextlib.contextmanager
+    def held(self, model: str) -> Iterator[None]:
+        """hold(model) for the block, released when it ends (a test that fails too)."""
+        self.hold(model)
+        try:
+            yield
+        finally:
+            self.release(model)
+
+    def wait(self, model: str) -> None:
+        with self._lock:
+            gate = self._held.get(model)
+        if gate is not None:
+            gate.wait(HOLD_CAP)
+
+
+class StepsHeldPipeline(FakePipeline):
+    """A FakePipeline of `model` whose steps with requests running wait while `steps` holds them."""
+
+    def __init__(self, model: str, steps: FakeSteps) -> None:
+        super().__init__()
+        self.model = model
+        self.held_steps = steps
+
+    def step(self) -> None:
+        if self._running():
+            self.held_steps.wait(self.model)
+        super().step()
+
 
 @dataclass
 class InProcessServer:
-    """A served app: where clients reach it, and what it serves (its registry, and the
-    fake pipeline of each model it loaded, by model name, newest load last)."""
+    """A served app: where clients reach it, its folder, and what it serves (its
+    registry, and the fake pipeline of each model it loaded, by model name, newest load
+    last), with the loads and steps a test steers (FakeLoads, FakeSteps)."""
 
     base_url: str
     registry: Any
+    folder: Path = Path()
     pipelines: dict[str, list[FakePipeline]] = field(default_factory=dict)
+    loads: FakeLoads = field(default_factory=FakeLoads)
+    steps: FakeSteps = field(default_factory=FakeSteps)
 
     @property
     def v1(self) -> str:
@@ -74,19 +187,26 @@ def tokenizer_folder(model: Path) -> Path:
     return folder
 
 
-def fake_loader(pipelines: dict[str, list[FakePipeline]], kv_capacity: int = 8192) -> Callable[..., list[Any]]:
-    """A loader (ovtrio/serving/service.py's Loader) whose loads end at once, each with a
-    new FakePipeline (kept in `pipelines` by model name) and what a real load reads
-    beside the engine: the model's real tokenizer (with the --chat-template given), its
-    vocabulary and plain-text tokenizer; its KV cache holds `kv_capacity` tokens. Each
-    step writes the token of "a" (the fake's token 1 is a special token of a real
-    vocabulary, which a reply does not show)."""
+def fake_loader(
+    pipelines: dict[str, list[FakePipeline]],
+    kv_capacity: int = 8192,
+    loads: FakeLoads | None = None,
+    steps: FakeSteps | None = None,
+) -> Callable[..., list[Any]]:
+    """A loader (ovtrio/serving/service.py's Loader) whose loads run in a thread of their
+    own, one after the other, each ending with a new FakePipeline (kept in `pipelines` by
+    model name; its steps held by `steps`) and what a real load reads beside the engine:
+    the model's real tokenizer (with the --chat-template given), its vocabulary and
+    plain-text tokenizer; its KV cache holds `kv_capacity` tokens. `loads` holds, fails
+    and counts them (FakeLoads). Each step writes the token of "a" (the fake's token 1 is
+    a special token of a real vocabulary, which a reply does not show)."""
     import openvino_genai
 
     from ovtrio.loading.deadline import LoadProgress
     from ovtrio.loading.load import LoadedModel, _chat_template
     from ovtrio.loading.tables import LoadTables
     from ovtrio.loading.thread import ModelLoad
+    from ovtrio.model import ModelLoadError
 
     def loaded(source: Any, settings: Any) -> tuple[Any, int]:
         folder = tokenizer_folder(source.path.resolve())
@@ -96,7 +216,7 @@ def fake_loader(pipelines: dict[str, list[FakePipeline]], kv_capacity: int = 819
             if template is not None:
                 tokenizer.set_chat_template(template)
             read = tables.finish(tokenizer, folder)
-        pipeline = FakePipeline()
+        pipeline = StepsHeldPipeline(source.name, steps) if steps is not None else FakePipeline()
         pipeline.token = int(tokenizer.encode("a", add_special_tokens=False).input_ids.data[0][0])
         pipelines.setdefault(source.name, []).append(pipeline)
         model = LoadedModel(
@@ -104,13 +224,25 @@ def fake_loader(pipelines: dict[str, list[FakePipeline]], kv_capacity: int = 819
         )
         return model, kv_capacity
 
+    def run(source: Any, settings: Any, gate: threading.Event | None, failure: str | None) -> tuple[Any, int]:
+        if gate is not None:
+            gate.wait(HOLD_CAP)
+        if failure is not None:
+            raise ModelLoadError(failure)
+        return loaded(source, settings)
+
     def load(models: Sequence[tuple[Any, Any]]) -> list[ModelLoad]:
-        loads = []
+        begun = []
         for source, settings in models:
-            handle = ModelLoad(LoadProgress(source.name, settings.load_timeout))
-            handle.finish(outcome.capture(loaded, source, settings))
-            loads.append(handle)
-        return loads
+            gate, failure = loads.begin(source.name) if loads is not None else (None, None)
+            begun.append((ModelLoad(LoadProgress(source.name, settings.load_timeout)), source, settings, gate, failure))
+
+        def load_in_order() -> None:
+            for handle, source, settings, gate, failure in begun:
+                handle.finish(outcome.capture(run, source, settings, gate, failure))
+
+        threading.Thread(target=load_in_order, name="fake-model-load", daemon=True).start()
+        return [handle for handle, *_ in begun]
 
     return load
 
@@ -139,7 +271,7 @@ def _serve(settings: Any, server: InProcessServer, started: threading.Event, ser
         metrics = ServerMetrics()
         vision = takes_images_at_start(served.generation, served.in_folder)
         limit = BodyLimit(settings, {}, vision=vision, audio=served.audio)
-        loader = fake_loader(server.pipelines)
+        loader = fake_loader(server.pipelines, loads=server.loads, steps=server.steps)
         registry = startup.build_registry(settings, served, metrics, None, limit, loader)
         app = startup.app_over(registry, settings, metrics, limit, startup.response_store_of(settings))
         server.registry = registry
@@ -162,7 +294,7 @@ def _serve(settings: Any, server: InProcessServer, started: threading.Event, ser
 def _serving(flags: Sequence[str], folder: Path) -> Iterator[InProcessServer]:
     port = free_port()
     settings = settings_of([*EXACT_REPEATS, *flags], "127.0.0.1", port)
-    server = InProcessServer(f"http://127.0.0.1:{port}", registry=None)
+    server = InProcessServer(f"http://127.0.0.1:{port}", registry=None, folder=folder)
     started = threading.Event()
     serving: list[Any] = []
     thread = threading.Thread(target=_serve, args=(settings, server, started, serving), daemon=True)
@@ -184,14 +316,21 @@ def _serving(flags: Sequence[str], folder: Path) -> Iterator[InProcessServer]:
             raise RuntimeError(f"the in-process server stopped before it was ready: {serving[1:]}")
         yield server
     finally:
+        server.loads.release()
+        server.steps.release()
         trio.from_thread.run_sync(stop.set, trio_token=token)
         thread.join()
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def in_process_server(name: str, *flags: str, files: Mapping[str, str] | None = None) -> Callable[..., Any]:
+def in_process_server(
+    name: str,
+    *flags: str,
+    files: Mapping[str, str] | None = None,
+    prepare: Callable[[Path], None] | None = None,
+) -> Callable[..., Any]:
     """The module fixture `name`: an in-process server of `ovtrio serve`'s `flags`,
-    with `files` written into its folder first."""
+    with `files` written into its folder first, and `prepare(folder)` run then."""
     _NAMES.append(name)
 
     @pytest.fixture(scope="module", name=name)
@@ -201,6 +340,8 @@ def in_process_server(name: str, *flags: str, files: Mapping[str, str] | None = 
         for file_name, text in (files or {}).items():
             (folder / file_name).write_text(text)
             paths[file_name] = str(folder / file_name)
+        if prepare is not None:
+            prepare(folder)
         filled = [_fill(flag, paths) for flag in flags]
         yield from _serving(filled, folder)
 

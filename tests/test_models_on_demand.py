@@ -1,10 +1,13 @@
-"""Models on demand (--models-dir, ovtrio/serving/residency.py), on real servers under
-both launchers: a folder of three models (the embedded GGUF linked under three names)
-and --models-max 2. Each model loads on its first request, concurrent first requests
-share one load, the least recently used idle model makes room, an unload lets the
-model's requests finish first, a file copied in later is served without a restart, and
-/v1/models and /metrics tell each model's state. Nothing here depends on what the model
-writes: requests force their length with max_tokens and ignore_eos.
+"""Models on demand (--models-dir, ovtrio/serving/residency.py) with the real engine:
+a folder of three models (the embedded GGUF linked under three names) and --models-max
+2. A model loads from the folder on its first request, the least recently used idle
+real model makes room, memory comes back after unloads (twenty cycles, a model loaded at
+start under both launchers, a socket left open), an unloaded model's grammar compiler is
+no longer read, and SIGTERM drains the loaded models and loads no other. The residency's
+rules themselves (shared loads, waits for room, unloads while loading or draining,
+leases, keep-alive, what /v1/models and /metrics say) run in process over the fake
+engine: test_residency_in_process.py. Nothing here depends on what the model writes:
+requests force their length with max_tokens and ignore_eos.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import loopback
 from conftest import RunningServer
-from helpers import beside_innocent_streams, post
+from helpers import post
 from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME
 from ovtrio.model import embedded_model_path
 from server_pool import server_fixture
@@ -200,169 +203,9 @@ def test_the_least_recently_used_idle_model_makes_room(server):
     assert server.metric("ovtrio_model_unloads_total", model_name="beta", reason="lru") >= 1
 
 
-def test_concurrent_first_requests_share_one_load_while_health_stays_fast(server):
-    """Four requests for an unloaded model and one that leaves while it loads: one load."""
-    assert chat(server, "beta").status_code == 200
-    before = loads(server, "alpha")
-    replies: list[httpx.Response] = []
-    left: list[Exception] = []
-
-    def leave() -> None:
-        """A client that gives up while the model loads."""
-        body = {"model": "alpha", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-        try:
-            loopback.post(server.base_url + "/v1/chat/completions", json=body, timeout=0.3)
-        except httpx.TimeoutException as exc:
-            left.append(exc)
-
-    threads = [threading.Thread(target=lambda: replies.append(chat(server, "alpha"))) for _ in range(4)]
-    threads.append(threading.Thread(target=leave))
-    for thread in threads:
-        thread.start()
-    # While alpha loads, the event loop answers probes at once and beta serves.
-    slowest = 0.0
-    while any(thread.is_alive() for thread in threads):
-        began = time.monotonic()
-        assert loopback.get(server.base_url + "/health", timeout=10).status_code == 200
-        slowest = max(slowest, time.monotonic() - began)
-        assert chat(server, "beta").status_code == 200
-    for thread in threads:
-        thread.join()
-    assert [reply.status_code for reply in replies] == [200] * 4, [reply.text for reply in replies]
-    assert len(left) == 1  # it left, and the load went on for the others
-    assert loads(server, "alpha") == before + 1
-    # A load that held the event loop would hold a probe for much of its own time.
-    assert slowest < states(server)["alpha"]["load_seconds"] / 3, (slowest, states(server)["alpha"])
-
-
-def test_a_request_during_its_models_unload_gets_a_clear_answer(server):
-    assert chat(server, "alpha").status_code == 200
-    finish: list[Any] = []
-
-    def long_request() -> None:
-        reply = chat(server, "alpha", max_tokens=150)
-        finish.append(reply.json()["choices"][0]["finish_reason"] if reply.status_code == 200 else reply.text)
-
-    running = threading.Thread(target=long_request)
-    running.start()
-    wait_until_running(server, "alpha")
-    # Refused while it runs a request, when the unload may not wait...
-    busy = unload(server, "alpha", drain=False)
-    assert busy.status_code == 409 and busy.json()["error"]["code"] == "model_busy", busy.text
-    # ... and by default the request finishes before the engine goes.
-    unloading: list[httpx.Response] = []
-    unloader = threading.Thread(target=lambda: unloading.append(unload(server, "alpha")))
-    unloader.start()
-    wait_for_state(server, "alpha", "unloading")
-    # A request that comes meanwhile waits for the unload, then loads the model again.
-    during = chat(server, "alpha")
-    unloader.join()
-    running.join()
-    assert finish == ["length"]
-    assert unloading[0].status_code == 200 and unloading[0].json()["ended_requests"] == 0
-    assert during.status_code == 200, during.text
-    assert states(server)["alpha"]["value"] == "loaded"
-
-
-def test_an_unload_whose_client_leaves_while_the_model_drains_still_ends(serve_on_demand):
-    """The unload is the server's once asked: its client leaving while the model's
-    request finishes neither stops it halfway nor leaves the model refusing requests."""
-    server = serve_on_demand
-    assert chat(server, "alpha").status_code == 200
-    finish: list[Any] = []
-    running = threading.Thread(target=lambda: finish.append(chat(server, "alpha", max_tokens=300)))
-    running.start()
-    wait_until_running(server, "alpha")
-    with pytest.raises(httpx.TimeoutException):  # it leaves while the model drains
-        loopback.post(server.base_url + "/models/unload", json={"model": "alpha"}, timeout=0.3)
-    running.join()
-    assert finish[0].status_code == 200, finish[0].text
-    wait_for_state(server, "alpha", "unloaded")
-    reply = chat(server, "alpha")
-    assert reply.status_code == 200, reply.text
-    state, loaded, unloads = lifecycle_agrees(server, "alpha")
-    assert (state, loaded - unloads) == ("loaded", 1), (state, loaded, unloads)
-
-
-def test_a_model_copied_in_later_is_served_without_a_restart(server):
-    folder = Path(states_folder(server))
-    added = folder / "delta.gguf"
-    if not added.exists():
-        added.symlink_to(embedded_model_path())
-    assert states(server)["delta"]["value"] == "unloaded"
-    reply = chat(server, "delta")
-    assert reply.status_code == 200 and reply.json()["model"] == "delta"
-    assert unload(server, "delta").status_code == 200
-
-
 def states_folder(server: RunningServer) -> str:
     """The models folder of `server` (beside its log)."""
     return str(server.log_path.parent / "models")
-
-
-def test_without_autoload_a_model_is_loaded_by_hand_and_unloads_when_idle(by_hand):
-    refused = chat(by_hand, "beta")
-    assert refused.status_code == 404
-    error = refused.json()["error"]
-    assert error["code"] == "model_not_loaded" and error["param"] == "model"
-    assert "POST /models/load" in error["message"]
-    loaded = loopback.post(by_hand.base_url + "/models/load", json={"model": "beta"}, timeout=120)
-    assert loaded.status_code == 200 and loaded.json()["status"]["value"] == "loaded"
-    assert chat(by_hand, "beta").status_code == 200
-    # Idle for --model-idle-unload seconds: unloaded.
-    wait_for_state(by_hand, "beta", "unloaded")
-    assert by_hand.metric("ovtrio_model_unloads_total", model_name="beta", reason="idle") >= 1
-    unknown = loopback.post(by_hand.base_url + "/models/load", json={"model": "nothing"}, timeout=10)
-    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
-
-
-def tokenizer_info(server: RunningServer, model: str, method: str = "GET") -> httpx.Response:
-    return loopback.request(method, server.base_url + "/tokenizer_info", params={"model": model}, timeout=30)
-
-
-def test_a_get_loads_no_model_and_makes_none_unload_for_its_room(server):
-    # What an <img> tag on any page makes a browser send, with no key and no Origin.
-    for name in ("alpha", "beta"):
-        assert chat(server, name).status_code == 200
-    # Both idle (their requests' leases have ended): a load of gamma would unload one of them.
-    before = loads(server, "gamma")
-    for method in ("GET", "HEAD"):
-        refused = tokenizer_info(server, "gamma", method)
-        assert refused.status_code == 409, refused.text
-    error = tokenizer_info(server, "gamma").json()["error"]
-    assert error["code"] == "model_not_loaded" and error["param"] == "model"
-    assert "unloaded" in error["message"] and "POST /models/load" in error["message"]
-    now = states(server)
-    assert {name: now[name]["value"] for name in NAMES} == {"alpha": "loaded", "beta": "loaded", "gamma": "unloaded"}
-    assert loads(server, "gamma") == before
-    # A loaded model answers; one that failed says why, and is not loaded again for it.
-    served = tokenizer_info(server, "alpha")
-    assert served.status_code == 200 and served.json()["model"] == "alpha"
-    broken = tokenizer_info(server, "broken")
-    assert broken.status_code == 503 and "mamba" in broken.json()["error"]["message"]
-
-
-def test_gets_do_not_keep_a_model_from_unloading_when_idle(by_hand):
-    loaded = loopback.post(by_hand.base_url + "/models/load", json={"model": "alpha"}, timeout=120)
-    assert loaded.status_code == 200
-    deadline = time.monotonic() + 60
-    while states(by_hand)["alpha"]["value"] == "loaded":
-        assert time.monotonic() < deadline, "GETs kept the model loaded past --model-idle-unload"
-        assert tokenizer_info(by_hand, "alpha").status_code in (200, 409)  # 409: unloading since
-        time.sleep(0.2)
-    wait_for_state(by_hand, "alpha", "unloaded")
-    assert tokenizer_info(by_hand, "alpha").status_code == 409
-
-
-def test_keep_alive_zero_unloads_the_model_after_its_request(serve_on_demand):
-    server = serve_on_demand
-    reply = chat(server, "gamma", keep_alive=0)
-    assert reply.status_code == 200
-    wait_for_state(server, "gamma", "unloaded")
-    assert server.metric("ovtrio_model_unloads_total", model_name="gamma", reason="idle") >= 1
-    for value in ("soon", "nan", "inf"):  # NaN never compares: the model would never unload
-        bad = chat(server, "gamma", keep_alive=value)
-        assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive", bad.text
 
 
 def _worker_pid(server: RunningServer) -> int:
@@ -425,39 +268,6 @@ def test_the_embedding_model_unloads_when_idle_and_loads_again(by_hand):
     wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded")
 
 
-# One model at a time, and a load waits at most 1 s for room.
-one_at_a_time = server_fixture(
-    "one_at_a_time",
-    "--models-dir",
-    "{folder}/models",
-    "--models-max",
-    "1",
-    "--models-load-wait",
-    "1",
-    "--num-kv-blocks",
-    KV_BLOCKS,
-    "--no-embeddings",
-    prepare=models_folder,
-)
-
-
-def test_a_load_with_no_room_waits_then_is_a_503_with_retry_after(one_at_a_time):
-    server = one_at_a_time
-    assert chat(server, "alpha").status_code == 200
-    running, done = chat_running(server, "alpha", 150)
-    refused = chat(server, "beta")
-    running.join()
-    assert refused.status_code == 503, refused.text
-    error = refused.json()["error"]
-    assert error["code"] == "model_unavailable" and "--models-max 1" in error["message"]
-    assert int(refused.headers["Retry-After"]) >= 1
-    assert done[0].status_code == 200
-    # Once alpha is idle (its requests' leases ended), beta takes its place.
-    assert chat(server, "beta").status_code == 200
-    now = states(server)
-    assert (now["alpha"]["value"], now["beta"]["value"]) == ("unloaded", "loaded")
-
-
 def test_a_cached_model_loads_from_its_entry_with_engine_properties(tmp_path, caplog):
     """A load from the model cache lets the pipeline read the tokenizer itself (its
     constructor takes the properties as one mapping): precision hints and the compile
@@ -513,24 +323,6 @@ def states_logged(server: RunningServer) -> int:
     return server.log_path.read_text().count("models/beta.gguf (gguf)")
 
 
-def test_the_counters_of_a_model_go_on_across_its_unload_and_next_load(serve_on_demand):
-    """A counter read off the scheduler neither vanishes while its model is unloaded nor
-    starts again from zero when it is loaded again (one Prometheus counter per model)."""
-    server = serve_on_demand
-    assert chat(server, "beta", max_tokens=3).status_code == 200
-    first = server.metric("ovtrio_generated_tokens_total", model_name="beta")
-    steps = server.metric("ovtrio_engine_steps_total", model_name="beta")
-    assert first >= 3
-    assert unload(server, "beta").status_code == 200
-    assert server.metric("ovtrio_generated_tokens_total", model_name="beta") == first
-    assert server.metric("vllm:generation_tokens_total", model_name="beta", engine="0") == first
-    with pytest.raises(KeyError):  # nothing runs in an unloaded model: no gauge
-        server.metric("ovtrio_requests_running", model_name="beta")
-    assert chat(server, "beta", max_tokens=3).status_code == 200
-    assert server.metric("ovtrio_generated_tokens_total", model_name="beta") >= first + 3
-    assert server.metric("ovtrio_engine_steps_total", model_name="beta") > steps
-
-
 def series_of(server: RunningServer, model: str) -> dict[str, float]:
     """Every sample on /metrics labelled with `model`, by name and other labels."""
     exposition = loopback.get(server.base_url + "/metrics", timeout=10)
@@ -541,141 +333,6 @@ def series_of(server: RunningServer, model: str) -> dict[str, float]:
         for sample in family.samples
         if sample.labels.get("model_name") == model
     }
-
-
-def test_a_model_whose_file_is_gone_leaves_no_series_and_one_added_again_starts_afresh(serve_on_demand):
-    """Forgotten (its file gone, and unloaded), a model takes all its series with it, the
-    scheduler's and the request histograms alike; a file of that name copied in later
-    is a new model, counted from zero."""
-    server = serve_on_demand
-    added = Path(states_folder(server)) / "epsilon.gguf"
-    added.unlink(missing_ok=True)
-    added.symlink_to(embedded_model_path())
-    assert chat(server, "epsilon", max_tokens=3).status_code == 200
-    assert series_of(server, "epsilon")["ovtrio_generated_tokens_total[('model_name', 'epsilon')]"] == 3
-    added.unlink()
-    assert unload(server, "epsilon").status_code == 200
-    assert series_of(server, "epsilon") == {}  # before any listing: /metrics reads the folder too
-    assert "epsilon" not in states(server)
-
-    added.symlink_to(embedded_model_path())
-    assert chat(server, "epsilon", max_tokens=2).status_code == 200
-    assert server.metric("ovtrio_generated_tokens_total", model_name="epsilon") == 2
-    assert server.metric("vllm:generation_tokens_total", model_name="epsilon") == 2
-    assert server.metric("vllm:request_generation_tokens_count", model_name="epsilon") == 1
-    assert loads(server, "epsilon") == 1
-    assert unload(server, "epsilon").status_code == 200
-    added.unlink()
-
-
-def lifecycle_agrees(server: RunningServer, model: str) -> tuple[str, float, float]:
-    """The model's state, and its loads and unloads as /metrics counts them."""
-    unloads = sum(count(server, "ovtrio_model_unloads_total", model_name=model, reason=r) for r in REASONS)
-    return states(server)[model]["value"], loads(server, model), unloads
-
-
-REASONS = ("request", "idle", "lru")
-
-
-def test_an_unload_asked_while_the_model_loads_is_counted(server):
-    """The load goes on (the engine compiles in a thread), then the unload: /metrics
-    counts both, so loads minus unloads stays the number loaded."""
-    requested: list[httpx.Response] = []
-    asking = threading.Thread(target=lambda: requested.append(chat(server, "beta")))
-    asking.start()
-    wait_for_state(server, "beta", "loading")
-    unloaded = unload(server, "beta")
-    asking.join()
-    assert unloaded.status_code == 200, unloaded.text
-    # The request that came first waited through the unload, then loaded beta again.
-    assert requested[0].status_code == 200, requested[0].text
-    state, loaded, unloads = lifecycle_agrees(server, "beta")
-    assert (state, loaded - unloads) == ("loaded", 1), (state, loaded, unloads)
-    assert unload(server, "beta").status_code == 200
-    state, loaded, unloads = lifecycle_agrees(server, "beta")
-    assert (state, loaded - unloads) == ("unloaded", 0), (state, loaded, unloads)
-
-
-# One model at a time, a load waits up to 20 s for room, and an unload lets requests
-# run on for 2 s.
-room_in_a_while = server_fixture(
-    "room_in_a_while",
-    "--models-dir",
-    "{folder}/models",
-    "--models-max",
-    "1",
-    "--models-load-wait",
-    "20",
-    "--drain-timeout",
-    "2",
-    "--num-kv-blocks",
-    KV_BLOCKS,
-    "--no-embeddings",
-    prepare=models_folder,
-)
-
-
-def test_an_unload_asked_while_the_load_waits_for_room_calls_the_load_off(room_in_a_while):
-    """A model loaded before, asked for again while the one loaded model runs a request,
-    waits for room; unloading it then answers at once (no load, no wait for room) and
-    its waiting request gets a 503 with Retry-After, as when no room came."""
-    server = room_in_a_while
-    assert chat(server, "alpha").status_code == 200
-    assert unload(server, "alpha").status_code == 200
-    assert chat(server, "beta").status_code == 200
-    running = threading.Thread(target=lambda: chat(server, "beta", max_tokens=1000))
-    running.start()
-    wait_until_running(server, "beta")
-    waiting: list[httpx.Response] = []
-    asking = threading.Thread(target=lambda: waiting.append(chat(server, "alpha")))
-    asking.start()
-    wait_for_state(server, "alpha", "loading")
-    unloaded = loopback.post(server.base_url + "/models/unload", json={"model": "alpha"}, timeout=300)
-    # The unload did not wait for the load's room: beta's long chat still runs.
-    assert server.metric("ovtrio_requests_running", model_name="beta") == 1, "the unload waited for the room"
-    asking.join(timeout=300)
-    assert unloaded.status_code == 200, unloaded.text
-    assert waiting and waiting[0].status_code == 503 and "Retry-After" in waiting[0].headers, waiting
-    assert states(server)["alpha"]["value"] == "unloaded"
-    assert states(server)["beta"]["value"] == "loaded"
-    assert unload(server, "beta").status_code == 200  # ends the long request after 2 s
-    running.join()
-    assert chat(server, "alpha").status_code == 200
-
-
-def test_loads_queued_behind_one_another_leave_it_room(server):
-    """While alpha runs a long request, delta loads, and beta and gamma are asked for
-    meanwhile: their loads wait their turn, one after the other, each unloading the
-    model loaded before it once that is idle. A load waiting its turn holds no room, so
-    beta's load does not wait for gamma's, which cannot begin before it (it did: until
-    alpha was idle, or --models-load-wait ran out and beta got a 503)."""
-    added = Path(states_folder(server)) / "delta.gguf"
-    if not added.exists():
-        added.symlink_to(embedded_model_path())
-    assert chat(server, "alpha").status_code == 200
-    running = StreamUntilTold(server, "alpha", max_tokens=2000)
-    running.start()
-    wait_until_running(server, "alpha")
-    replies: dict[str, httpx.Response] = {}
-
-    def ask(name: str) -> threading.Thread:
-        thread = threading.Thread(target=lambda: replies.__setitem__(name, chat(server, name)))
-        thread.start()
-        return thread
-
-    asking = [ask("delta")]
-    wait_for_state(server, "delta", "loading")
-    asking += [ask("beta"), ask("gamma")]
-    for thread in asking:
-        thread.join()
-    running.stop()
-    assert {name: reply.status_code for name, reply in replies.items()} == dict.fromkeys(
-        ("delta", "beta", "gamma"), 200
-    ), {name: reply.text for name, reply in replies.items()}
-    assert running.status == 200
-    assert not running.ended, "beta or gamma waited for alpha's request to end"
-    for name in ("delta", *NAMES):
-        assert unload(server, name).status_code == 200
 
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -790,64 +447,3 @@ async def test_an_open_responses_socket_keeps_nothing_of_an_unloaded_model(serve
     share = loaded - before
     assert share > 100, (before, loaded)
     assert unloaded - before < 0.3 * share, (before, loaded, unloaded)
-
-
-def test_a_file_replaced_under_its_name_is_read_again_before_its_next_load(serve_on_demand):
-    """Its context length, vocabulary and architecture are the new file's: a file the
-    engine cannot read, put in place of one that served, is refused with the reason
-    (the engine was given it blindly, and failed with its own words)."""
-    server = serve_on_demand
-    swapped = states_folder_path(server) / "swapped.gguf"
-    swapped.unlink(missing_ok=True)
-    swapped.symlink_to(embedded_model_path())
-    try:
-        assert chat(server, "swapped").status_code == 200
-        assert unload(server, "swapped").status_code == 200
-        swapped.unlink()
-        gguf_with_architecture(swapped, "mamba")
-        answers: list[httpx.Response] = []
-
-        def hostile() -> None:
-            answers.append(chat(server, "swapped"))
-            # The event loop answers meanwhile (a 10 s timeout: no frozen loop).
-            assert loopback.get(server.base_url + "/health", timeout=10).status_code == 200
-
-        # Beside three streams of alpha: the replaced file fails itself, with the reason.
-        beside_innocent_streams(server, hostile, model="alpha")
-        refused = answers[0]
-        assert refused.status_code == 503 and "mamba" in refused.json()["error"]["message"], refused.text
-        # And put back: read again, and served.
-        swapped.unlink()
-        swapped.symlink_to(embedded_model_path())
-        assert chat(server, "swapped").status_code == 200
-    finally:
-        unload(server, "swapped")
-        swapped.unlink(missing_ok=True)
-
-
-def states_folder_path(server: RunningServer) -> Path:
-    return Path(states_folder(server))
-
-
-def test_a_client_that_leaves_mid_stream_gives_its_models_lease_back(server):
-    """A request holds its model until its response has ended: a client that leaves
-    mid-stream ends it, and its model is held by nothing after (an unload that refuses
-    a held model goes through), while three streams of another model end well."""
-
-    assert chat(server, "alpha").status_code == 200  # loaded (its metrics exist)
-
-    def leave_mid_stream() -> None:
-        for _ in range(3):
-            leaving = StreamUntilTold(server, "alpha", max_tokens=2000)
-            leaving.start()
-            wait_until_running(server, "alpha")
-            leaving.stop()
-            assert leaving.status == 200 and not leaving.ended
-
-    beside_innocent_streams(server, leave_mid_stream, model="beta", ignore_eos=True)
-    deadline = time.monotonic() + HANG_CAP  # the server ends the left streams in a step or two
-    while (reply := unload(server, "alpha", drain=False)).status_code == 409:
-        assert time.monotonic() < deadline, "a lease of a client that left was never given back"
-        time.sleep(0.05)
-    assert reply.status_code == 200, reply.text
-    assert states(server)["alpha"]["value"] == "unloaded"
