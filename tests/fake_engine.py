@@ -93,8 +93,8 @@ class FakePipeline:
         if images:  # a text prompt and its images
             self.add_threads.append(threading.get_ident())
             self.adding.set()
-            if self.add_gate is not None:
-                self.add_gate.wait(10)  # a test that fails while holding it still ends
+            if self.add_gate is not None and self.add_gate.wait(120) is False:
+                raise RuntimeError("the test never let the add go")  # one that failed holding it still ends
             ids = [3] if prompt.startswith(REFUSED_TEXT) else [1]
         else:
             ids = prompt.data[0].tolist()
@@ -111,8 +111,9 @@ class FakePipeline:
         return bool(self._running())
 
     def step(self) -> None:
-        if self.gate is not None:
-            self.gate.wait(10)  # a test that fails while holding it still ends
+        if self.gate is not None and self.gate.wait(120) is False:
+            # Not stepped on: a step let go by the clock would break the order a test holds it for.
+            raise RuntimeError("the test never opened the gate")  # one that failed holding it still ends
         self.steps += 1
         if self.failing_steps:
             self.failing_steps -= 1

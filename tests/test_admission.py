@@ -25,7 +25,8 @@ def gil_free(request) -> bool:
     return request.param
 
 
-async def wait_until(condition: Any, within: float = 10) -> None:
+async def wait_until(condition: Any, within: float = 120) -> None:
+    # `within` bounds a hang only: a loaded machine's steps may be slow.
     with trio.fail_after(within):
         while not condition():
             await trio.sleep(0.005)
@@ -97,14 +98,14 @@ async def test_a_request_larger_than_the_running_limit_runs_alone(nursery, gil_f
 
 
 async def test_a_consumer_that_stops_reading_is_paused_then_cancelled(nursery, gil_free):
-    limits = AdmissionLimits(slow_reader_buffer=4, slow_reader_timeout=0.3)
+    limits = AdmissionLimits(slow_reader_buffer=4, slow_reader_timeout=1.0)
     engine = await start_scheduler(nursery, limits, gil_free=gil_free)
     scheduler = engine.scheduler
     async with scheduler.submit(request(100_000)) as stream:
         await wait_until(lambda: scheduler.stats().paused == 1)
         handle = engine.pipeline.handles[0]
         # Paused: the engine's output waits in the handle, not in the channel.
-        await wait_until(lambda: len(handle.unread) > 10)
+        await wait_until(lambda: len(handle.unread) > 0)
         await wait_until(lambda: scheduler.stats().running == 0)
         messages: list[Any] = []
         while batch := await stream.receive_available():

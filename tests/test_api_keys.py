@@ -158,8 +158,8 @@ def serve_briefly(*args: str, until: str) -> str:
             if until in line:
                 break
     finally:
-        process.terminate()
-        process.wait(timeout=20)
+        process.kill()  # only its log matters; a stop asked during its load may wait for the load
+        process.wait(timeout=120)
     return output
 
 

@@ -124,12 +124,12 @@ class HeldAfter:
         self.holding = threading.Event()
         self.opened = threading.Event()
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
         if self.passes:
             self.passes -= 1
-            return
+            return True
         self.holding.set()
-        self.opened.wait(120)  # a test that fails while holding it still ends
+        return self.opened.wait(timeout)  # a test that fails while holding it still ends
 
     def set(self) -> None:
         self.opened.set()
@@ -158,12 +158,13 @@ async def test_beside_decoding_slices_shrink_to_the_bound_oldest_first(adaptive)
     async with trio.open_nursery() as requests:
         requests.start_soon(run, "decoding", request(60))
         await trio.to_thread.run_sync(gate.holding.wait, 120)
-        requests.start_soon(run, "older", request(1, LONG))
-        while adaptive.scheduler.stats().queued < 1:
-            await trio.sleep(0.001)
-        requests.start_soon(run, "younger", request(1, younger))
-        while adaptive.scheduler.stats().queued < 2:
-            await trio.sleep(0.001)
+        with trio.fail_after(120):  # bounds a hang only
+            requests.start_soon(run, "older", request(1, LONG))
+            while adaptive.scheduler.stats().queued < 1:
+                await trio.sleep(0.001)
+            requests.start_soon(run, "younger", request(1, younger))
+            while adaptive.scheduler.stats().queued < 2:
+                await trio.sleep(0.001)
         gate.set()
     added = prompts_added(adaptive)
     older = [p for p in added if p[0] == LONG[0]]

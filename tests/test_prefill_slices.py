@@ -130,12 +130,13 @@ async def with_a_step_held(engine, first: dict, arriving: dict) -> dict[str, lis
     async with trio.open_nursery() as requests:
         for name, generation in first.items():
             requests.start_soon(run, name, generation)
-        while len(engine.pipeline.handles) < 1:
-            await trio.sleep(0.001)
-        for queued, (name, generation) in enumerate(arriving.items(), 1):
-            requests.start_soon(run, name, generation)
-            while engine.scheduler.stats().queued < queued:  # they queue in this order
+        with trio.fail_after(120):  # bounds a hang only
+            while len(engine.pipeline.handles) < 1:
                 await trio.sleep(0.001)
+            for queued, (name, generation) in enumerate(arriving.items(), 1):
+                requests.start_soon(run, name, generation)
+                while engine.scheduler.stats().queued < queued:  # they queue in this order
+                    await trio.sleep(0.001)
         gate.set()
     return results
 
@@ -217,10 +218,19 @@ async def test_requests_after_a_prompt_past_the_bound_follow_it_into_the_engine(
 
 async def test_a_consumer_that_leaves_during_the_prefill_cancels_it(engine):
     gate = engine.pipeline.gate = threading.Event()
-    with trio.move_on_after(0.2) as waiting:
+    entered = []
+
+    async def consume() -> None:
         async with engine.scheduler.submit(request(2, LONG)):
-            pass
-    assert waiting.cancelled_caught  # the submitter waits while the prompt is prefilled
+            entered.append("the stream")
+
+    async with trio.open_nursery() as consumer:
+        consumer.start_soon(consume)
+        with trio.fail_after(120):
+            while len(engine.pipeline.handles) < 1:  # its first slice is in the engine
+                await trio.sleep(0.001)
+        consumer.cancel_scope.cancel()  # and its client leaves
+    assert not entered  # the submitter waits while the prompt is prefilled
     gate.set()
     assert prompts_added(engine) == [LONG[:4]]
     assert engine.pipeline.handles[0].cancelled

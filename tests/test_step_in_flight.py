@@ -98,8 +98,9 @@ def test_a_client_leaving_frees_the_engine_with_the_bindings_step(alternate_serv
             assert len(events) == 3
             assert server.metric("ovtrio_requests_running") == 1
             assert server.metric("ovtrio_engine_requests") == 1
-    wait_for_metric(server, "ovtrio_requests_running", 0, within=5)
-    wait_for_metric(server, "ovtrio_engine_requests", 0, within=5)
+    # Within a cap that bounds a hang only: the server sees the client gone at its next write.
+    wait_for_metric(server, "ovtrio_requests_running", 0, within=120)
+    wait_for_metric(server, "ovtrio_engine_requests", 0, within=120)
 
 
 # Token ids of ordinary words (the embedded vocabulary has 49,152): a prompt of more than
@@ -129,8 +130,9 @@ async def test_a_short_request_is_answered_while_a_long_prompt_is_prefilled(hype
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(long_request)
-            while metric_value((await http.get("/metrics")).text, "ovtrio_requests_running") < 1:
-                await trio.sleep(0.005)
+            with trio.fail_after(120):
+                while not done and metric_value((await http.get("/metrics")).text, "ovtrio_requests_running") < 1:
+                    await trio.sleep(0.005)
             reply = await http.post("/v3/completions", json={"model": HYPERCORN_MODEL, "prompt": "Hi", "max_tokens": 1})
             assert reply.status_code == 200, reply.text
             done.append("short")
