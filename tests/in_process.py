@@ -19,6 +19,7 @@ server process with server_pool.server_fixture: the flags are `ovtrio serve`'s, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import tempfile
@@ -189,9 +190,14 @@ def _serving(flags: Sequence[str], folder: Path) -> Iterator[InProcessServer]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def in_process_server(name: str, *flags: str, files: Mapping[str, str] | None = None) -> Callable[..., Any]:
+def in_process_server(
+    name: str,
+    *flags: str,
+    files: Mapping[str, str] | None = None,
+    prepare: Callable[[Path], None] | None = None,
+) -> Callable[..., Any]:
     """The module fixture `name`: an in-process server of `ovtrio serve`'s `flags`,
-    with `files` written into its folder first."""
+    with `files` written into its folder first, then `prepare(folder)` called."""
     _NAMES.append(name)
 
     @pytest.fixture(scope="module", name=name)
@@ -201,10 +207,20 @@ def in_process_server(name: str, *flags: str, files: Mapping[str, str] | None = 
         for file_name, text in (files or {}).items():
             (folder / file_name).write_text(text)
             paths[file_name] = str(folder / file_name)
+        if prepare is not None:
+            prepare(folder)
         filled = [_fill(flag, paths) for flag in flags]
         yield from _serving(filled, folder)
 
     return the_server
+
+
+@contextlib.contextmanager
+def serving_in_process(*flags: str) -> Iterator[InProcessServer]:
+    """An in-process server of `ovtrio serve`'s `flags` for the block, stopped (its
+    lifespan ended) when the block ends: for a test that stops a server and starts
+    another on what the first left on disk."""
+    yield from _serving(flags, Path(tempfile.mkdtemp(prefix="ovtrio-in-process-")))
 
 
 def _fill(flag: str, paths: Mapping[str, str]) -> str:
