@@ -254,6 +254,23 @@ def test_request_caps_are_400s_naming_the_parameter(limits_in_process):
     wait_idle(server)
 
 
+def test_the_caps_hold_on_the_real_server(server):
+    """The caps above, as a real server started with them applies them."""
+    half = " ".join(["word"] * (MAX_PROMPT_TOKENS // 2 + 4))
+    assert_error(
+        post(server.base_url, "/v3/chat/completions", chat_body(half + " " + half, max_tokens=1)),
+        400,
+        param="messages",
+        code="too_many_prompt_tokens",
+    )
+    assert_error(
+        post(server.base_url, "/v3/completions", completion_body(["Hi"] * (MAX_PROMPTS + 1), max_tokens=1)),
+        400,
+        param="prompt",
+        code="too_many_prompts",
+    )
+
+
 class RawStream:
     """A streaming request on a raw socket with a small receive buffer, so that not
     reading soon fills the server's send path; read later through h11."""
