@@ -348,6 +348,14 @@ def in_process_server(
     return the_server
 
 
+@contextlib.contextmanager
+def serving_in_process(*flags: str) -> Iterator[InProcessServer]:
+    """An in-process server of `ovtrio serve`'s `flags` for the block, stopped (its
+    lifespan ended) when the block ends: for a test that stops a server and starts
+    another on what the first left on disk."""
+    yield from _serving(flags, Path(tempfile.mkdtemp(prefix="ovtrio-in-process-")))
+
+
 def _fill(flag: str, paths: Mapping[str, str]) -> str:
     for key, path in paths.items():
         flag = flag.replace("{" + key + "}", path)

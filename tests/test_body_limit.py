@@ -4,17 +4,20 @@ On real servers whose --models-dir holds only the embedded GGUF at start (so the
 limit, 2 MiB): a vision-language model (tiny_vlm.py) or a Whisper model (tiny_whisper.py)
 moved into the folder later takes its large bodies on its very first request, with no
 listing first; once the vision model is unloaded and its folder gone, the limit falls
-back. A client sending bodies over the limit again and again gets 413 each time, at
-once, and makes the server read the folder at most once per RESCAN_INTERVAL. The limit's
-own rules are tested in process with a clock of the test's.
+back. On an in-process server of the same folder (tests/in_process.py), a client sending
+bodies over the limit again and again, beside three streams held in the engine, gets
+413 each time, at once, and makes the server read the folder at most once per
+RESCAN_INTERVAL. The limit's own rules are tested with a clock of the test's.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import logging
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +30,9 @@ import tiny_vlm
 import tiny_whisper
 from audio_files import tone, wav
 from conftest import RunningServer
+from held_steps import held_steps
 from helpers import beside_innocent_streams, post
+from in_process import in_process_server
 from ovtrio.model import embedded_model_path
 from ovtrio.server.body_limit import RESCAN_INTERVAL, BodyLimit, body_bytes, declared_length
 from ovtrio.settings.server import Settings
@@ -44,25 +49,23 @@ def text_folder(folder: Path) -> None:
     (models / "alpha.gguf").symlink_to(embedded_model_path())
 
 
+# The folder's flags; each reading of the folder for a body over the limit is a line of
+# the log at debug level.
+FOLDER_FLAGS = (
+    *("--models-dir", "{folder}/models", "--num-kv-blocks", KV_BLOCKS),
+    *("--no-embeddings", "--log-level", "debug"),
+)
+
+
 def served(name: str) -> object:
-    """A server of `text_folder`, its log at debug level (each reading of the folder for
-    a body over the limit is a line)."""
-    return server_fixture(
-        name,
-        "--models-dir",
-        "{folder}/models",
-        "--num-kv-blocks",
-        KV_BLOCKS,
-        "--no-embeddings",
-        "--log-level",
-        "debug",
-        prepare=text_folder,
-    )
+    """A server of `text_folder`."""
+    return server_fixture(name, *FOLDER_FLAGS, prepare=text_folder)
 
 
 vision_later = served("vision_later")
 whisper_later = served("whisper_later")
-text_only = served("text_only")
+# Oversized bodies are the HTTP layer's to refuse: in process, over a fake engine.
+text_only = in_process_server("text_only", *FOLDER_FLAGS, prepare=text_folder)
 
 
 def move_in(server: RunningServer, name: str, build: object, tmp_path: Path) -> Path:
@@ -117,13 +120,44 @@ def test_a_whisper_model_moved_in_later_takes_a_large_upload_on_its_first_reques
     assert isinstance(result.text, str)
 
 
-def test_bodies_over_the_limit_sent_again_and_again_list_the_folder_at_a_bounded_rate(text_only):
+class Listings(logging.Handler):
+    """Counts the log's readings of the folder for a body over the limit."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += RESCAN_LINE in record.getMessage()
+
+
+@pytest.fixture
+def listings() -> Iterator[Listings]:
+    """The ovtrio log's folder readings, counted while the test runs (the in-process
+    server logs in this process, at debug level as --log-level debug sets it)."""
+    logger = logging.getLogger("ovtrio")
+    handler, level = Listings(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_bodies_over_the_limit_sent_again_and_again_list_the_folder_at_a_bounded_rate(text_only, listings):
     server = text_only
     oversized = {"model": "alpha", "prompt": "a" * (TEXT_LIMIT + 1_000_000)}
     timings: list[float] = []
-    before = server.log_path.read_text().count(RESCAN_LINE)
+    loaded = post(server.base_url, "/v1/completions", {"model": "alpha", "prompt": "a", "max_tokens": 1})
+    assert loaded.status_code == 200, loaded.text  # alpha loaded: its engine can be held
 
     def hostile() -> None:
+        deadline = time.monotonic() + 120  # a cap for a hang
+        while server.metric("ovtrio_requests_running") < 3:  # the three streams in the engine
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         started = time.monotonic()
         for _ in range(20):
             sent = time.monotonic()
@@ -131,20 +165,17 @@ def test_bodies_over_the_limit_sent_again_and_again_list_the_folder_at_a_bounded
             timings.append(time.monotonic() - sent)
             assert reply.status_code == 413, reply.text[:500]
             assert reply.json()["error"]["code"] == "request_too_large"
+            assert f"than the {TEXT_LIMIT} bytes" in reply.json()["error"]["message"]
         timings.append(time.monotonic() - started)
+        assert server.metric("ovtrio_requests_running") == 3
+        steps.release()  # the streams held in the engine meanwhile go on to their end
 
-    beside_innocent_streams(server, hostile, model="alpha")
+    # The three streams stay in the engine until every oversized body is refused.
+    with held_steps(server, "alpha") as steps:
+        beside_innocent_streams(server, hostile, model="alpha")
     *_, elapsed = timings
-
-    def listings() -> int:
-        return server.log_path.read_text().count(RESCAN_LINE) - before
-
-    # The first reading's line reaches the log when the server gets to write it (a busy
-    # machine's server may be seconds late): it is waited for, the cap only a hang's.
-    deadline = time.monotonic() + 120
-    while listings() < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert 1 <= listings() <= elapsed / RESCAN_INTERVAL + 1, (listings(), elapsed)
+    # Logged before each refusal is sent, in this process: counted as they happen.
+    assert 1 <= listings.count <= elapsed / RESCAN_INTERVAL + 1, (listings.count, elapsed)
 
 
 # ---- the limit's rules, in process -------------------------------------------------------------

@@ -4,20 +4,24 @@ the field it came from, on every route, while three unrelated streams run on to 
 end. Before, such a schema reached the engine, whose step threw: every request in that
 step failed with a 500 carrying the engine's build paths. And a forced tool call whose
 parameters hold `$defs`/`$ref` (every nested pydantic model) is served, its arguments
-valid against those parameters. All against a real server."""
+valid against those parameters. Against a real server, but for the compile budget's
+refusals, sent to an in-process server (tests/in_process.py) whose fake engine holds the
+three streams meanwhile."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 import pytest
 
+from held_steps import held_steps
 from helpers import MODEL, chat_body, loopback, post
-from server_pool import server_fixture
+from in_process import in_process_server
 from sse import check_chat_choices, stream_post
 
 # What XGrammar refuses, or builds into a grammar of megabytes.
@@ -32,7 +36,9 @@ HOSTILE = {
 # grammar's strings became JSON characters: now it compiles in milliseconds.)
 SLOW = {"type": "string", "pattern": "^[a-z]{0,1000}[0-9]{0,1000}[a-z]{0,1000}$"}
 
-limited_server = server_fixture("limited_server", "--grammar-compile-seconds", "0.1")
+# The compile budget is the HTTP layer's (its checker is XGrammar over the model's real
+# vocabulary): in process, over a fake engine held while the refusals are sent.
+limited_server = in_process_server("limited_server", "--grammar-compile-seconds", "0.1")
 
 
 def chat_format(schema: dict[str, Any]) -> dict[str, Any]:
@@ -131,17 +137,33 @@ def test_constraints_that_do_not_compile_are_a_400_naming_their_field_beside_thr
     refused_beside_streams(server, HOSTILE, HOSTILE_STREAM_TOKENS)
 
 
-def test_a_constraint_that_compiles_past_the_time_limit_is_a_400_beside_three_streams(limited_server):
-    refused_beside_streams(limited_server, {"slow": SLOW}, SLOW_STREAM_TOKENS)
-    # What compiles within the limit is served on the same server.
+def test_a_constraint_that_compiles_past_the_time_limit_is_a_400_beside_three_streams(limited_server, monkeypatch):
+    engine = limited_server.pipelines[MODEL][-1]
+    added = len(engine.handles)
+    with held_steps(limited_server, MODEL) as steps:
+        refused_beside_streams(limited_server, {"slow": SLOW}, SLOW_STREAM_TOKENS, release=steps.release)
+    assert len(engine.handles) == added + 3  # the three streams, and no refused request
+    # What compiles within the limit is served on the same server: its grammar reaches
+    # the engine (whose constrained output the real servers' tests check).
+    configs: list[Any] = []
+    add_request = engine.add_request
+
+    def recorded(request_id: int, prompt: Any, *images_and_config: Any) -> Any:
+        configs.append(images_and_config[-1])
+        return add_request(request_id, prompt, *images_and_config)
+
+    monkeypatch.setattr(engine, "add_request", recorded)
     reply = post(limited_server.base_url, *chat(chat_format({"type": "boolean"})))
     assert reply.status_code == 200, reply.text
-    assert json.loads(reply.json()["choices"][0]["message"]["content"]) in (True, False)
+    assert len(configs) == 1 and configs[0].structured_output_config is not None
 
 
-def refused_beside_streams(server, schemas: dict[str, dict[str, Any]], stream_tokens: int) -> None:
+def refused_beside_streams(
+    server, schemas: dict[str, dict[str, Any]], stream_tokens: int, release: Callable[[], None] | None = None
+) -> None:
     """Each of `schemas` on every route, streamed and not, refused while three streams of
-    `stream_tokens` tokens run, which then end whole."""
+    `stream_tokens` tokens run, which then end whole (once `release()`d, if given: what
+    lets a held engine go on)."""
     streams = InnocentStreams(server, stream_tokens)
     for name, schema in schemas.items():
         for path, body, param in hostile_requests(schema):
@@ -153,6 +175,8 @@ def refused_beside_streams(server, schemas: dict[str, dict[str, Any]], stream_to
                     assert error["param"] == param, (name, path, error)
                 assert "cannot be used for constrained decoding" in error["message"], (name, error)
                 assert ".cc" not in error["message"] and "/project" not in error["message"], (name, error)
+    if release is not None:
+        release()
     streams.check()
     assert loopback.get(server.base_url + "/health/ready").status_code == 200
 

@@ -2,7 +2,8 @@
 official `anthropic` SDK and raw HTTP against real servers: replies, structured output,
 streams walked as a state machine and compared with the unary reply, a forced tool
 loop, token counting, thinking blocks, stop sequences, every error class the SDK
-raises, API keys, pings while queued, and a disconnect freeing the engine request.
+raises, and a disconnect freeing the engine request; API keys, pings while queued and
+the full queue's 429 on an in-process server, whose fake engine is held mid-generation.
 
 Nothing here asserts what the model writes: streams are compared with unary replies of
 the same greedy request on a server proven exact (conftest.EXACT_REPEATS), and
@@ -24,7 +25,9 @@ import trio
 
 import loopback
 from conftest import MODEL, RunningServer
+from held_steps import held_steps
 from helpers import pick_stop_word
+from in_process import InProcessServer, in_process_server
 from messages_stream import check_message, parse_named_sse, walk
 from server_pool import server_fixture
 
@@ -67,13 +70,14 @@ thinking_server = server_fixture(
 )
 
 KEY = "messages-key"
-# Keys on, and room for one running request and one waiting: for refusals and pings.
-messages_limited_server = server_fixture(
+# Keys on, and room for one running request and one waiting: for refusals and pings,
+# which the HTTP layer decides (in process, over a fake engine held mid-generation).
+messages_limited_server = in_process_server(
     "messages_limited_server", "--api-key", KEY, "--max-running-sequences", "1", "--max-queued-requests", "1"
 )
 
 
-def sdk(server: RunningServer, key: str = "unused", **options: Any) -> anthropic.Anthropic:
+def sdk(server: RunningServer | InProcessServer, key: str = "unused", **options: Any) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.base_url, api_key=key, max_retries=0, timeout=120, **options)
 
 
@@ -512,66 +516,81 @@ async def _hold(http: httpx.AsyncClient, started: trio.Event, scope: trio.Cancel
 
 
 async def test_a_queued_stream_pings_and_a_full_queue_is_429(messages_limited_server):
+    server = messages_limited_server
     headers = {"x-api-key": KEY, "Authorization": f"Bearer {KEY}"}  # the holder is a chat stream
     async with (
-        httpx.AsyncClient(base_url=messages_limited_server.base_url, timeout=120, headers=headers) as http,
+        httpx.AsyncClient(base_url=server.base_url, timeout=120, headers=headers) as http,
         trio.open_nursery() as holders,
     ):
-        started, holding = trio.Event(), trio.CancelScope()
-        holders.start_soon(_hold, http, started, holding)
-        with trio.fail_after(120):
-            await started.wait()
-        body = message_body(max_tokens=4, stream=True)
-        async with http.stream("POST", "/v1/messages", json=body) as queued:
-            assert queued.status_code == 200
-            lines = queued.aiter_lines()
-            seen: list[str] = []
-            with trio.fail_after(60):
-                async for line in lines:
-                    seen.append(line)
-                    if line == "event: ping":
-                        break
-            names = [line[len("event: ") :] for line in seen if line.startswith("event: ")]
-            assert names == ["message_start", "ping"], seen
-            assert messages_limited_server.metric("ovtrio_requests_waiting") == 1
-
-            # Now the queue is full: the SDK raises RateLimitError, with Retry-After.
-            with sdk(messages_limited_server, key=KEY) as client, pytest.raises(anthropic.RateLimitError) as limited:
-                client.messages.create(model=MODEL, max_tokens=2, messages=STORY)
-            assert limited.value.body["error"]["type"] == "rate_limit_error"
-            assert int(limited.value.response.headers["retry-after"]) >= 1
-
-            holding.cancel()  # room again: the queued stream runs to its end
+        with held_steps(server, MODEL) as steps:
+            engine = server.pipelines[MODEL][-1]
+            added = len(engine.handles)
+            started, holding = trio.Event(), trio.CancelScope()
+            holders.start_soon(_hold, http, started, holding)
             with trio.fail_after(120):
-                seen += [line async for line in lines]
-    walk([json.loads(line[len("data: ") :]) for line in seen if line.startswith("data: ")])
+                await started.wait()
+            body = message_body(max_tokens=4, stream=True)
+            async with http.stream("POST", "/v1/messages", json=body) as queued:
+                assert queued.status_code == 200
+                lines = queued.aiter_lines()
+                seen: list[str] = []
+                with trio.fail_after(60):
+                    async for line in lines:
+                        seen.append(line)
+                        if line == "event: ping":
+                            break
+                names = [line[len("event: ") :] for line in seen if line.startswith("event: ")]
+                assert names == ["message_start", "ping"], seen
+                assert server.metric("ovtrio_requests_waiting") == 1
+                assert server.metric("ovtrio_requests_running") == 1
+                assert len(engine.handles) == added + 1  # the queued stream is not in the engine
+
+                # Now the queue is full: the SDK raises RateLimitError, with Retry-After.
+                with sdk(server, key=KEY) as client, pytest.raises(anthropic.RateLimitError) as limited:
+                    client.messages.create(model=MODEL, max_tokens=2, messages=STORY)
+                assert limited.value.body["error"]["type"] == "rate_limit_error"
+                assert int(limited.value.response.headers["retry-after"]) >= 1
+                assert len(engine.handles) == added + 1  # refused before the engine saw it
+
+                holding.cancel()  # room again: the queued stream runs to its end
+                steps.release()
+                with trio.fail_after(120):
+                    seen += [line async for line in lines]
+    events = [json.loads(line[len("data: ") :]) for line in seen if line.startswith("data: ")]
+    message = walk(events)
+    assert message["stop_reason"] == "max_tokens" and message["usage"]["output_tokens"] == 4
 
 
 async def test_a_queued_stream_whose_client_leaves_leaves_the_queue(messages_limited_server):
     """The stream answers 200 before its request is taken: a client that leaves while it
     waits takes it out of the queue, and the running request goes on."""
+    server = messages_limited_server
     headers = {"x-api-key": KEY, "Authorization": f"Bearer {KEY}"}
     async with (
-        httpx.AsyncClient(base_url=messages_limited_server.base_url, timeout=120, headers=headers) as http,
+        httpx.AsyncClient(base_url=server.base_url, timeout=120, headers=headers) as http,
         trio.open_nursery() as holders,
     ):
-        started, holding = trio.Event(), trio.CancelScope()
-        holders.start_soon(_hold, http, started, holding)
-        with trio.fail_after(120):
-            await started.wait()
-        async with http.stream("POST", "/v1/messages", json=message_body(max_tokens=4, stream=True)) as queued:
-            assert queued.status_code == 200
-            with trio.fail_after(60):
-                async for line in queued.aiter_lines():
-                    if line == "event: message_start":
-                        break
-            assert messages_limited_server.metric("ovtrio_requests_waiting") == 1
-        # The connection is closed: the queue empties while the holder still runs.
-        with trio.fail_after(30):
-            while messages_limited_server.metric("ovtrio_requests_waiting") != 0:
-                await trio.sleep(0.05)
-        assert messages_limited_server.metric("ovtrio_requests_running") == 1
-        holding.cancel()
+        with held_steps(server, MODEL):
+            engine = server.pipelines[MODEL][-1]
+            added = len(engine.handles)
+            started, holding = trio.Event(), trio.CancelScope()
+            holders.start_soon(_hold, http, started, holding)
+            with trio.fail_after(120):
+                await started.wait()
+            async with http.stream("POST", "/v1/messages", json=message_body(max_tokens=4, stream=True)) as queued:
+                assert queued.status_code == 200
+                with trio.fail_after(60):
+                    async for line in queued.aiter_lines():
+                        if line == "event: message_start":
+                            break
+                assert server.metric("ovtrio_requests_waiting") == 1
+            # The connection is closed: the queue empties while the holder still runs.
+            with trio.fail_after(120):
+                while server.metric("ovtrio_requests_waiting") != 0:
+                    await trio.sleep(0.05)
+            assert server.metric("ovtrio_requests_running") == 1
+            assert len(engine.handles) == added + 1 and not engine.handles[-1].cancelled  # only the holder
+            holding.cancel()
 
 
 # ---- disconnects and metrics ------------------------------------------------------------

@@ -1,7 +1,10 @@
-"""Overload, against one real server started with small limits: bursts beyond the queue
-get 429s (HTTP) and error events (WebSocket) before any work is done, oversized
-requests get 400s naming the parameter, and a client that stops reading has its request
-paused, then cancelled, or resumed with nothing lost if it reads again in time.
+"""Overload, against one real server started with small limits: a full server refuses
+with 429s (HTTP) and error events (WebSocket) before any work is done, and a client
+that stops reading has its request paused, then cancelled, or resumed with nothing lost
+if it reads again in time. With the same limits in process (tests/in_process.py), over
+a fake engine held mid-generation: a burst beyond the queue is split exactly into those
+that run, those that wait and 429s, and oversized requests get 400s naming the
+parameter.
 
 Nothing here depends on how fast the machine is: waits poll the server's gauges with
 generous limits, and outputs are forced with max_tokens and ignore_eos.
@@ -23,7 +26,9 @@ import trio
 from trio_websocket import open_websocket_url
 
 from conftest import MODEL, RunningServer
+from held_steps import held_steps
 from helpers import assert_error, chat_body, complete, completion_body, post
+from in_process import InProcessServer, in_process_server
 from openai_schema import validate, validate_completion_chunk
 from server_pool import server_fixture
 
@@ -32,8 +37,7 @@ SLOW_READER_BUFFER, SLOW_READER_TIMEOUT = 8, 2
 MAX_PROMPTS, MAX_PROMPT_TOKENS = 4, 64
 
 
-overload_server = server_fixture(
-    "overload_server",
+SMALL_LIMITS = (
     "--max-running-sequences",
     str(RUNNING),
     "--max-queued-requests",
@@ -47,6 +51,10 @@ overload_server = server_fixture(
     "--slow-reader-timeout",
     str(SLOW_READER_TIMEOUT),
 )
+overload_server = server_fixture("overload_server", *SMALL_LIMITS)
+# The same limits in process, over a fake engine that can be held mid-generation: for
+# what the HTTP layer decides alone (a burst's split, the request caps).
+limits_in_process = in_process_server("limits_in_process", *SMALL_LIMITS)
 
 
 @pytest.fixture
@@ -55,14 +63,16 @@ def server(overload_server: RunningServer) -> RunningServer:
     return overload_server
 
 
-def wait_for(server: RunningServer, condition: Callable[[], bool], what: str, within: float = 120) -> None:
+def wait_for(
+    server: RunningServer | InProcessServer, condition: Callable[[], bool], what: str, within: float = 120
+) -> None:
     deadline = time.monotonic() + within
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not within {within} s"
         time.sleep(0.05)
 
 
-def wait_idle(server: RunningServer) -> None:
+def wait_idle(server: RunningServer | InProcessServer) -> None:
     wait_for(
         server,
         lambda: all(
@@ -78,7 +88,10 @@ def assert_overloaded(response: httpx.Response) -> None:
     assert int(response.headers["retry-after"]) >= 1
 
 
-async def test_a_burst_beyond_the_queue_gets_429s_and_the_rest_succeed(server):
+async def test_a_burst_beyond_the_queue_gets_429s_and_the_rest_succeed(limits_in_process):
+    """With the engine held, the burst's first RUNNING requests run, QUEUED wait, and every
+    other is refused with a 429 at once; then the engine goes on and the 200s end whole."""
+    server = limits_in_process
     requests = 16
     statuses: Counter[int] = Counter()
 
@@ -97,15 +110,27 @@ async def test_a_burst_beyond_the_queue_gets_429s_and_the_rest_succeed(server):
                 assert json.loads(raw)["usage"]["completion_tokens"] == 48
 
     refused_before = server.metric("ovtrio_requests_rejected_total")
-    with trio.fail_after(180):
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
-            async with trio.open_nursery() as nursery:
-                for i in range(requests):
-                    nursery.start_soon(one, http, i)
-    assert set(statuses) <= {200, 429} and sum(statuses.values()) == requests, statuses
-    # The first RUNNING + QUEUED always fit; a burst of 16 long requests overflows them.
-    assert statuses[200] >= RUNNING + QUEUED and statuses[429] >= 1, statuses
-    assert server.metric("ovtrio_requests_rejected_total") - refused_before == statuses[429]
+    overflow = requests - RUNNING - QUEUED
+    with held_steps(server, MODEL) as steps:
+        with trio.fail_after(180):
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+                async with trio.open_nursery() as nursery:
+                    for i in range(requests):
+                        nursery.start_soon(one, http, i)
+                    # Every request of the burst is running, waiting or refused.
+                    while (
+                        server.metric("ovtrio_requests_rejected_total")
+                        - refused_before
+                        + server.metric("ovtrio_requests_running")
+                        + server.metric("ovtrio_requests_waiting")
+                    ) < requests:
+                        await trio.sleep(0.02)
+                    assert server.metric("ovtrio_requests_running") == RUNNING
+                    assert server.metric("ovtrio_requests_waiting") == QUEUED
+                    assert server.metric("ovtrio_engine_requests") == RUNNING
+                    steps.release()
+    assert statuses == {200: RUNNING + QUEUED, 429: overflow}, statuses
+    assert server.metric("ovtrio_requests_rejected_total") - refused_before == overflow
     wait_idle(server)
 
 
@@ -174,7 +199,8 @@ async def test_a_full_server_refuses_http_and_websocket_before_any_work(server):
     wait_idle(server)
 
 
-def test_request_caps_are_400s_naming_the_parameter(server):
+def test_request_caps_are_400s_naming_the_parameter(limits_in_process):
+    server = limits_in_process
     base = server.base_url
     too_many = assert_error(
         post(base, "/v3/completions", completion_body(["Hi"] * 1000, max_tokens=1)),
@@ -226,6 +252,23 @@ def test_request_caps_are_400s_naming_the_parameter(server):
     result = complete(base, prompt=["Hi", "Ho"], max_tokens=2, ignore_eos=True, temperature=0)
     assert len(result.texts) == 2 and result.usage["completion_tokens"] == 4
     wait_idle(server)
+
+
+def test_the_caps_hold_on_the_real_server(server):
+    """The caps above, as a real server started with them applies them."""
+    half = " ".join(["word"] * (MAX_PROMPT_TOKENS // 2 + 4))
+    assert_error(
+        post(server.base_url, "/v3/chat/completions", chat_body(half + " " + half, max_tokens=1)),
+        400,
+        param="messages",
+        code="too_many_prompt_tokens",
+    )
+    assert_error(
+        post(server.base_url, "/v3/completions", completion_body(["Hi"] * (MAX_PROMPTS + 1), max_tokens=1)),
+        400,
+        param="prompt",
+        code="too_many_prompts",
+    )
 
 
 class RawStream:

@@ -8,8 +8,8 @@ import pytest
 
 import loopback
 from helpers import post
+from in_process import in_process_server, serving_in_process
 from openai_schema import validate
-from server_pool import server_fixture
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -97,7 +97,8 @@ def test_unknown_previous_response_is_a_404_naming_it(server):
 
 
 STORE_FILE = "responses.sqlite"  # in the server's folder
-small_store_server = server_fixture(
+# The store's bounds are the HTTP layer's: in process, over a fake engine.
+small_store_server = in_process_server(
     "small_store_server", "--response-store-size", "2", "--response-store-path", "{folder}/" + STORE_FILE
 )
 
@@ -136,21 +137,21 @@ async def test_sqlite_store_answers_from_the_file(tmp_path):
     assert await third.get("resp_kept") is None
 
 
-def test_sqlite_store_survives_a_restart(server_pool, small_store_server):
-    """Last in the module: it stops the module's server (a restart is the point), and a
-    new one on the same file answers for what the first stored."""
-    from conftest import running_server, stop_server
+def test_sqlite_store_survives_a_restart(tmp_path):
+    """A server stopped (its lifespan ended) leaves the file, and a real server started
+    on it answers for what the first stored, chains on it, and deletes it."""
+    from conftest import running_server
 
-    with openai.OpenAI(base_url=small_store_server.v1, api_key="unused", max_retries=0) as sdk:
-        kept = ask(sdk, input="My name is Ada.")
-    stop_server(server_pool.take("small_store_server"))
-    assert small_store_server.process.returncode is not None
-    folder = small_store_server.log_path.parent
-    with running_server(folder, "--response-store-path", str(folder / STORE_FILE)) as second:
+    store = str(tmp_path / STORE_FILE)
+    with serving_in_process("--response-store-path", store) as first:
+        with openai.OpenAI(base_url=first.v1, api_key="unused", max_retries=0) as sdk:
+            kept = ask(sdk, input="My name is Ada.")
+    with running_server(tmp_path, "--response-store-path", store) as second:
         with openai.OpenAI(base_url=second.v1, api_key="unused", max_retries=0) as sdk:
             assert sdk.responses.retrieve(kept.id).output_text == kept.output_text
             follow = ask(sdk, input="What is my name?", previous_response_id=kept.id)
             assert follow.previous_response_id == kept.id
+            assert follow.usage.input_tokens > ask(sdk, input="What is my name?").usage.input_tokens
             sdk.responses.delete(kept.id)
             with pytest.raises(openai.NotFoundError):
                 sdk.responses.retrieve(kept.id)
