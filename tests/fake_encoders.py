@@ -12,6 +12,7 @@ model says `fake_speech(piece)` of each piece. Every batch of a model waits whil
 test holds its steps (FakeSteps.hold(model)), so its request stays computing, and its
 lease held, while the test looks at the server.
 """
+
 from __future__ import annotations
 
 import time

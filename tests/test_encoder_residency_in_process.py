@@ -1,19 +1,22 @@
-"""The residency rules of encoders (embedding, rerank and Whisper models, in --models-dir
-or the embedded embedder) on in-process servers over fake encoders (fake_encoders.py),
-with the folder of test_encoders_on_demand.py: which kind each folder is served as,
-which loads on its first request and which stays unloaded, unloads by hand, when idle
-and to make room under --models-max (which counts every kind), what a request that
-cannot have its model is told (409, 503 with Retry-After), how a request computing
-holds its model, and what /v1/models and /metrics say meanwhile. A test holds a load
-(server.loads) or a model's batches (server.steps) for as long as it looks, so every
-wait is on the server's own state. What a real encoder computes and how its load fails
-on broken files, its memory over load cycles, and a vision model's body limit stay on
-the real servers of test_encoders_on_demand.py.
+"""The residency rules of encoders (embedding, rerank, Whisper and text-to-speech models
+in --models-dir, and the embedded embedder) on in-process servers over fake encoders
+(fake_encoders.py), with the folders of test_encoders_on_demand.py and
+test_speech_lifecycle.py: which kind each folder is served as, which loads on its first
+request and which stays unloaded, unloads by hand, when idle and to make room under
+--models-max (which counts every kind), what a request that cannot have its model is
+told (409, 503 with Retry-After), how a request computing holds its model, and what
+/v1/models and /metrics say meanwhile. A test holds a load (server.loads) or a model's
+batches (server.steps) for as long as it looks, so every wait is on the server's own
+state. What a real encoder computes, how its load fails on broken files, its memory
+over load cycles, a vision model's body limit and a drain at SIGTERM stay on the real
+servers of test_encoders_on_demand.py and test_speech_lifecycle.py.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +27,7 @@ import httpx
 import pytest
 
 import loopback
+import tiny_speecht5
 import tiny_whisper
 from encoder_fixtures import write_reranker
 from fake_encoders import fake_score, fake_transcript, fake_vector
@@ -48,6 +52,7 @@ from test_models_on_demand import (
 from test_residency_in_process import in_thread, wait_until
 
 RERANKER = "reranker"
+SPEAKER = "speecht5"
 SAMPLES = 32_000  # SPEECH's: 2 s at 16 kHz, one window
 NAMED = (WHISPER, EMBEDDER)
 
@@ -292,7 +297,7 @@ def test_an_unload_asked_while_an_encoder_loads_unloads_it_once_loaded(server):
         assert states(server)[EMBEDDER]["value"] == "loading" and not unloaded
     unloader.join()
     loading.join()
-    assert loaded[0].status_code in (200, 503), loaded[0].text
+    assert loaded[0].status_code == 200, loaded[0].text  # the load ended, then the unload
     assert unloaded[0].status_code == 200 and unloaded[0].json()["status"]["value"] == "unloaded", unloaded[0].text
     assert states(server)[EMBEDDER]["value"] == "unloaded"
     assert server.loads.count(EMBEDDER) == before + 1
@@ -467,3 +472,95 @@ def test_a_computing_encoder_holds_its_place_under_models_max(one_model_in_proce
     assert chat(server, "alpha").status_code == 200
     now = states(server)
     assert (now["alpha"]["value"], now[EMBEDDER]["value"]) == ("loaded", "unloaded")
+
+
+def speech_folder(folder: Path) -> None:
+    models = folder / "models"
+    models.mkdir()
+    (models / "alpha.gguf").symlink_to(embedded_model_path())
+    tiny_speecht5.build(models / SPEAKER)
+
+
+# A text-to-speech model beside a generation model, room for one of them, and a load
+# waits at most 1 s for it.
+speech_in_process = in_process_server(
+    "speech_in_process",
+    "--models-dir",
+    "{folder}/models",
+    "--models-max",
+    "1",
+    "--models-load-wait",
+    "1",
+    prepare=speech_folder,
+)
+
+
+def speak(server: InProcessServer, text: str = "Hello there. Bye.") -> httpx.Response:
+    body = {"model": SPEAKER, "input": text, "voice": "alloy", "response_format": "pcm"}
+    return loopback.post(server.base_url + "/v1/audio/speech", json=body, timeout=HANG_CAP)
+
+
+def test_the_speech_model_of_the_folder_loads_on_demand_and_makes_room(speech_in_process):
+    server = speech_in_process
+    for name in ("alpha", SPEAKER):
+        assert unload(server, name).status_code == 200
+    listed = cards(server)
+    assert listed[SPEAKER]["kind"] == "speech" and listed[SPEAKER]["status"]["value"] == "unloaded"
+    counted = server.loads.count(SPEAKER)
+    first = speak(server)
+    assert first.status_code == 200 and first.content, first.text
+    assert states(server)[SPEAKER]["value"] == "loaded"
+    assert server.loads.count(SPEAKER) == counted + 1
+    loaded = loads(server, SPEAKER)
+    # By hand: unloaded, and loaded again on the next request, saying the same.
+    reply = unload(server, SPEAKER)
+    assert reply.status_code == 200 and reply.json()["status"]["value"] == "unloaded", reply.text
+    assert server.metric("ovtrio_model_loaded", model_name=SPEAKER) == 0
+    again = speak(server)
+    assert again.status_code == 200 and again.content == first.content
+    assert loads(server, SPEAKER) == loaded + 1 and server.loads.count(SPEAKER) == counted + 2
+    # One model at a time: the generation model takes its place, and gives it back.
+    lru = count(server, "ovtrio_model_unloads_total", model_name=SPEAKER, reason="lru")
+    assert chat(server, "alpha").status_code == 200
+    now = states(server)
+    assert (now["alpha"]["value"], now[SPEAKER]["value"]) == ("loaded", "unloaded")
+    assert count(server, "ovtrio_model_unloads_total", model_name=SPEAKER, reason="lru") == lru + 1
+    back = speak(server)
+    assert back.status_code == 200 and back.content == first.content
+    assert states(server)["alpha"]["value"] == "unloaded"
+
+
+def sent_and_left_open(server: InProcessServer, path: str, body: dict[str, Any]) -> socket.socket:
+    """A connection that has sent a POST of `body` to `path` and reads nothing: its
+    client leaves when the test closes it."""
+    address = server.base_url.removeprefix("http://")
+    host, port = address.rsplit(":", 1)
+    connection = socket.create_connection((host, int(port)))
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    )
+    connection.sendall(head.encode() + payload)
+    return connection
+
+
+def test_a_client_that_leaves_mid_synthesis_gives_the_models_lease_back(speech_in_process):
+    """While a request speaks, its model is held: an unload that refuses a held model
+    (`"drain": false`) is a 409; once its client has left, the unload goes through."""
+    server = speech_in_process
+    speaker = encoder(server, SPEAKER)
+    long = " ".join(f"Sentence number {index} is here." for index in range(100))
+    body = {"model": SPEAKER, "input": long, "voice": "alloy", "response_format": "pcm"}
+    with server.steps.held(SPEAKER):
+        connection = sent_and_left_open(server, "/v1/audio/speech", body)
+        try:
+            wait_until(lambda: speaker.worker.has_work, "the request reached the model")
+            held = unload(server, SPEAKER, drain=False)
+            assert held.status_code == 409 and held.json()["error"]["code"] == "model_busy", held.text
+        finally:
+            connection.close()  # it leaves while its first sentence is spoken
+    # The request stops at its next sentence, and gives the model back.
+    wait_until(lambda: unload(server, SPEAKER, drain=False).status_code != 409, "the lease was given back")
+    assert states(server)[SPEAKER]["value"] == "unloaded"
+    assert not speaker.worker.has_work
