@@ -90,9 +90,8 @@ class ModelRegistry:
         unload. `on_rescan` is called after each reading of models_dir: what the server
         serves may have changed. `on_forget` is called with the name of each model of
         models_dir the server forgets (its file gone): its metrics go with it. `loader`
-        starts every generation model's load (ovtrio/serving/service.py's Loader),
-        `encoder_loader` builds every encoder's model at each of its loads
-        (ovtrio/embedding/on_demand.py's EncoderLoader)."""
+        starts each generation model's load, `encoder_loader` builds each encoder's
+        model at each of its loads (service.py's Loader, on_demand.py's EncoderLoader)."""
         self._observer = observer
         self._loader = loader
         self._encoder_loader = encoder_loader
@@ -272,8 +271,7 @@ class ModelRegistry:
             self._unstarted.append(encoder)
 
     def _govern(self, encoder: Encoder) -> None:
-        """Put `encoder` under the residency's rules: its loads built by the registry's
-        encoder loader, reported, and taking their turn and room (Residency.room_for)."""
+        """Put `encoder` under the residency's rules: its loads built, reported, and given room (Residency.room_for)."""
         encoder.loader = self._encoder_loader
         encoder.load_observer = self._lifecycle
         encoder.admission = self.residency.room_for
