@@ -5,8 +5,10 @@ validation, residency's answers): everything but the engine is the server's own.
 app is built by create_app's phases (ovtrio/server/app.py) with a loader that hands
 each model a fake pipeline (fake_engine.py) beside what a real load reads from the
 model's files (its tokenizer, vocabulary and plain-text tokenizer), so prompts are
-rendered and encoded, and replies decoded and constrained, as a real server does; the
-app's lifespan starts the registry, and Hypercorn serves it on a free loopback port
+rendered and encoded, and replies decoded and constrained, as a real server does, and
+an encoder loader that builds each embedding, rerank, Whisper and text-to-speech model
+as a fake (fake_encoders.py) whose answers a test computes from what it sent; the app's
+lifespan starts the registry, and Hypercorn serves it on a free loopback port
 from a trio nursery in a thread of its own, so a test reaches it with the same clients
 as a server process. Starting one takes milliseconds of the test process's time where a
 process takes seconds of CPU to import and load.
@@ -18,8 +20,9 @@ file `name`, and `prepare(folder)` fills the folder first (a models folder).
 
 A test steers what the engine would decide by its own pace: `server.loads` (FakeLoads)
 holds the loads begun until it releases them, fails the next ones, and counts each
-model's loads; `server.steps` (FakeSteps) holds the steps of a model's pipelines while
-they run requests, so a request stays running while the test looks at the server.
+model's loads, encoders' too; `server.steps` (FakeSteps) holds the steps of a model's
+pipelines while they run requests, and an encoder's batches, so a request stays running
+(its lease held) while the test looks at the server.
 """
 
 from __future__ import annotations
@@ -261,6 +264,7 @@ def _serve(settings: Any, server: InProcessServer, started: threading.Event, ser
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
+    from fake_encoders import fake_encoder_loader
     from ovtrio.server import app as startup
     from ovtrio.server.body_limit import BodyLimit, takes_images_at_start
     from ovtrio.serving.metrics import ServerMetrics
@@ -272,7 +276,8 @@ def _serve(settings: Any, server: InProcessServer, started: threading.Event, ser
         vision = takes_images_at_start(served.generation, served.in_folder)
         limit = BodyLimit(settings, {}, vision=vision, audio=served.audio)
         loader = fake_loader(server.pipelines, loads=server.loads, steps=server.steps)
-        registry = startup.build_registry(settings, served, metrics, None, limit, loader)
+        encoder_loader = fake_encoder_loader(server.loads, server.steps)
+        registry = startup.build_registry(settings, served, metrics, None, limit, loader, encoder_loader)
         app = startup.app_over(registry, settings, metrics, limit, startup.response_store_of(settings))
         server.registry = registry
         config = Config.from_object("ovtrio.server.hypercorn_config")

@@ -1,11 +1,13 @@
-"""Encoders in --models-dir, on real servers: a folder holding the
-embedded GGUF, an embedding model (the embedded embedder's converted IR), a Whisper model
+"""Encoders in --models-dir, on real servers: a folder holding the embedded GGUF, an
+embedding model (the embedded embedder's converted IR), a Whisper model
 (tiny_whisper.py), an embedding folder without its tokenizer, one whose weights are cut
 short and a Whisper folder whose config.json is. Each is served as its kind under its
-folder's name, listed with its state, loaded on its first request, unloaded by hand and
-when idle, and found or forgotten as the folder changes; --models-max counts them; a
-vision model in the folder gives the server the body limit images need. Nothing here
-depends on what a model writes: a reloaded model is compared with itself. Encoders of a
+folder's name and really embeds or transcribes once loaded on its first request; a
+broken folder is listed failed with what the engine said while the others serve; the
+embedder gives its memory back over load cycles; a vision model in the folder gives the
+server the body limit images need. The residency rules of encoders (unloads by hand,
+when idle and to make room, --models-max counting them, loads held or failed, leases)
+run in process over fake encoders: test_encoder_residency_in_process.py. Encoders of a
 folder under the hypercorn command: test_launcher_parity.py.
 """
 
@@ -15,7 +17,6 @@ import base64
 import io
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +38,12 @@ from test_models_on_demand import (
     CYCLES,
     KV_BLOCKS,
     RSS_BOUND_MB,
-    StreamUntilTold,
     _rss_mb,
     _worker_pid,
-    chat,
     count,
     loads,
-    series_of,
     states,
     unload,
-    wait_for_state,
-    wait_until_running,
 )
 
 EMBEDDER = "minilm"
@@ -97,17 +93,6 @@ serve_encoders = server_fixture(
     "serve_encoders",
     "--models-dir",
     "{folder}/models",
-    "--num-kv-blocks",
-    KV_BLOCKS,
-    prepare=encoders_folder,
-)
-# Unloads whatever has been idle for 2 s.
-idle_encoders = server_fixture(
-    "idle_encoders",
-    "--models-dir",
-    "{folder}/models",
-    "--model-idle-unload",
-    "2",
     "--num-kv-blocks",
     KV_BLOCKS,
     prepare=encoders_folder,
@@ -177,28 +162,6 @@ def test_each_kind_in_the_folder_is_served_as_its_kind_on_its_first_request(serv
     assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "model_kind_mismatch"
 
 
-def test_the_transcription_model_unloads_by_request_and_loads_again(server):
-    first = transcribe(server)
-    assert first.status_code == 200, first.text
-    loaded = loads(server, WHISPER)
-    unloads = count(server, "ovtrio_model_unloads_total", model_name=WHISPER, reason="request")
-    reply = unload(server, WHISPER)
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["status"]["value"] == "unloaded"
-    assert states(server)[WHISPER]["value"] == "unloaded"
-    assert server.metric("ovtrio_model_loaded", model_name=WHISPER) == 0
-    assert server.metric("ovtrio_model_unloads_total", model_name=WHISPER, reason="request") == unloads + 1
-    again = transcribe(server)
-    assert again.status_code == 200, again.text
-    assert again.json()["text"] == first.json()["text"]
-    assert loads(server, WHISPER) == loaded + 1
-    # And loaded by hand, as a generation model is.
-    assert unload(server, WHISPER).status_code == 200
-    by_hand = loopback.post(server.base_url + "/models/load", json={"model": WHISPER}, timeout=120)
-    assert by_hand.status_code == 200 and by_hand.json()["status"]["value"] == "loaded", by_hand.text
-    assert loads(server, WHISPER) == loaded + 2
-
-
 def test_the_embedder_returns_its_memory_over_twenty_load_and_unload_cycles(server):
     """As a generation model's (measured: 9 MB over 40 cycles; docs/models.md). Whisper's
     pipeline keeps a few MB a cycle itself, so it is not held to the bound."""
@@ -249,189 +212,6 @@ def test_a_broken_encoder_folder_is_listed_failed_and_the_others_serve(server):
     assert server.metric("ovtrio_model_load_failures_total", model_name=CUT_SHORT) > failures
     assert embed(server).status_code == 200
     assert transcribe(server).status_code == 200
-
-
-def models_of(server: RunningServer) -> Path:
-    return server.log_path.parent / "models"
-
-
-def test_a_broken_encoder_is_not_loaded_again_at_once_unless_its_files_change(server):
-    """A load holds the one load turn: a client asking again and again for a broken
-    encoder hears the failure, with Retry-After, and the load is tried again once the
-    folder's files change."""
-    folder = models_of(server) / "minilm-mended"
-    if folder.exists():  # an earlier run of this test on the same server
-        shutil.rmtree(folder)
-    link_embedder(folder)
-    weights = folder / "openvino_model.bin"
-    whole = weights.resolve()
-    weights.unlink()
-    weights.write_bytes(whole.read_bytes()[:1000])
-    first = embed(server, "minilm-mended")
-    assert first.status_code == 503 and first.json()["error"]["code"] == "model_unavailable", first.text
-    failures = count(server, "ovtrio_model_load_failures_total", model_name="minilm-mended")
-    assert failures == 1
-    again = embed(server, "minilm-mended")
-    assert again.status_code == 503 and "weights" in again.json()["error"]["message"], again.text
-    assert 1 <= int(again.headers["retry-after"]) <= 10
-    by_hand = loopback.post(server.base_url + "/models/load", json={"model": "minilm-mended"}, timeout=60)
-    assert by_hand.status_code == 503 and by_hand.headers.get("retry-after"), by_hand.text
-    assert count(server, "ovtrio_model_load_failures_total", model_name="minilm-mended") == failures
-    # Mended: its files changed, so the next request loads it.
-    weights.unlink()
-    weights.symlink_to(whole)
-    mended = embed(server, "minilm-mended")
-    assert mended.status_code == 200, mended.text
-    assert loads(server, "minilm-mended") == 1
-    assert unload(server, "minilm-mended").status_code == 200
-    shutil.rmtree(folder)
-
-
-def test_an_unload_asked_while_an_encoder_loads_unloads_it_once_loaded(server):
-    """As a generation model's: the load ends, then the model unloads (it was left
-    loaded, the unload answering "loading")."""
-    for _ in range(5):
-        assert unload(server, EMBEDDER).status_code == 200
-        loading = threading.Thread(
-            target=lambda: loopback.post(server.base_url + "/models/load", json={"model": EMBEDDER}, timeout=60)
-        )
-        loading.start()
-        deadline = time.monotonic() + 30
-        while (state := states(server)[EMBEDDER]["value"]) == "unloaded":
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        if state != "loading":  # loaded before it was seen loading: try again
-            loading.join()
-            continue
-        reply = unload(server, EMBEDDER)
-        loading.join()
-        assert reply.status_code == 200 and reply.json()["status"]["value"] == "unloaded", reply.text
-        assert states(server)[EMBEDDER]["value"] == "unloaded"
-        return
-    pytest.fail("the embedder was never seen loading")
-
-
-def test_a_busy_encoder_is_unloaded_once_its_requests_are_done(serve_encoders):
-    """As a generation model's: with "drain" (the default) the unload waits for what the
-    encoder computes; with "drain": false it is refused while the encoder is busy."""
-    server = serve_encoders
-    assert embed(server).status_code == 200
-    # About 60,000 tokens: seconds of computing, in batches.
-    inputs = ["a loaf of bread baked this morning in the oven of the village " * 2] * 2048
-    replies: list[httpx.Response] = []
-
-    def large_request() -> None:
-        reply = loopback.post(
-            server.base_url + "/v1/embeddings", json={"model": EMBEDDER, "input": inputs}, timeout=300
-        )
-        replies.append(reply)
-
-    running = threading.Thread(target=large_request)
-    running.start()
-    deadline = time.monotonic() + 60
-    while True:  # refused once the request computes (loaded again if it came first)
-        busy = unload(server, EMBEDDER, drain=False)
-        if busy.status_code == 409:
-            break
-        assert not replies and time.monotonic() < deadline, "the request never kept the embedder busy"
-        time.sleep(0.05)
-    assert busy.json()["error"]["code"] == "model_busy" and busy.json()["error"]["param"] == "drain"
-    unloads = count(server, "ovtrio_model_unloads_total", model_name=EMBEDDER, reason="request")
-    loaded = loads(server, EMBEDDER)
-    drained = unload(server, EMBEDDER)
-    running.join()
-    assert drained.status_code == 200 and drained.json()["status"]["value"] == "unloaded", drained.text
-    reply = replies[0]
-    assert reply.status_code == 200 and len(reply.json()["data"]) == len(inputs), reply.text[:300]
-    # Computed whole before the unload: not cut and loaded again for the rest.
-    assert loads(server, EMBEDDER) == loaded
-    assert count(server, "ovtrio_model_unloads_total", model_name=EMBEDDER, reason="request") == unloads + 1
-    assert states(server)[EMBEDDER]["value"] == "unloaded"
-
-
-def test_an_encoder_folder_added_later_is_served_and_one_removed_is_forgotten(server):
-    added = models_of(server) / "minilm-later"
-    if added.exists():  # an earlier run of this test on the same server
-        shutil.rmtree(added)
-    link_embedder(added)
-    # Named by a request before any listing: the folder is read again.
-    vectors = embed(server, "minilm-later")
-    assert vectors.status_code == 200, vectors.text
-    assert vectors.json()["model"] == "minilm-later"
-    assert cards(server)["minilm-later"]["kind"] == "embedding"
-    assert count(server, "ovtrio_encoder_requests_total", model_name="minilm-later") == 1
-    # Gone from the folder, but loaded: listed until it is unloaded.
-    shutil.rmtree(added)
-    assert states(server)["minilm-later"]["value"] == "loaded"
-    assert unload(server, "minilm-later").status_code == 200
-    assert "minilm-later" not in states(server)
-    assert series_of(server, "minilm-later") == {}  # its metrics went with it
-    gone = embed(server, "minilm-later")
-    assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
-
-
-def test_encoders_of_the_folder_unload_when_idle_and_load_again(idle_encoders):
-    server = idle_encoders
-    first = transcribe(server)
-    assert first.status_code == 200, first.text
-    assert embed(server).status_code == 200
-    for name in (WHISPER, EMBEDDER):
-        wait_for_state(server, name, "unloaded", timeout=30)
-        assert server.metric("ovtrio_model_unloads_total", model_name=name, reason="idle") >= 1
-    again = transcribe(server)
-    assert again.status_code == 200 and again.json()["text"] == first.json()["text"]
-
-
-def generation_and_embedder(folder: Path) -> None:
-    models = folder / "models"
-    models.mkdir()
-    (models / "alpha.gguf").symlink_to(embedded_model_path())
-    link_embedder(models / EMBEDDER)
-
-
-# Room for one model, an encoder or not, and a load waits at most 1 s for it.
-serve_one_model = server_fixture(
-    "serve_one_model",
-    "--models-dir",
-    "{folder}/models",
-    "--models-max",
-    "1",
-    "--models-load-wait",
-    "1",
-    "--num-kv-blocks",
-    KV_BLOCKS,
-    prepare=generation_and_embedder,
-)
-
-
-def test_models_max_counts_the_encoders(serve_one_model):
-    server = serve_one_model
-    assert chat(server, "alpha").status_code == 200
-    # Idle once its request's lease has ended: the embedder takes the generation model's
-    # place, and then gives it back.
-    assert embed(server).status_code == 200
-    now = states(server)
-    assert (now["alpha"]["value"], now[EMBEDDER]["value"]) == ("unloaded", "loaded")
-    assert server.metric("ovtrio_model_unloads_total", model_name="alpha", reason="lru") >= 1
-    assert chat(server, "alpha").status_code == 200
-    now = states(server)
-    assert (now["alpha"]["value"], now[EMBEDDER]["value"]) == ("loaded", "unloaded")
-    assert server.metric("ovtrio_model_unloads_total", model_name=EMBEDDER, reason="lru") >= 1
-    # While the generation model runs a request, the embedder finds no room: 503 with
-    # Retry-After after --models-load-wait, and it stays unloaded, not failed.
-    running = StreamUntilTold(server, "alpha", max_tokens=2000)
-    running.start()
-    wait_until_running(server, "alpha")
-    refused = embed(server)
-    by_hand = loopback.post(server.base_url + "/models/load", json={"model": EMBEDDER}, timeout=60)
-    running.stop()
-    assert running.status == 200 and not running.ended
-    for reply in (refused, by_hand):
-        assert reply.status_code == 503, reply.text
-        error = reply.json()["error"]
-        assert error["code"] == "model_unavailable" and "--models-max 1" in error["message"], error
-        assert int(reply.headers["Retry-After"]) >= 1
-    assert states(server)[EMBEDDER]["value"] == "unloaded"
 
 
 # A text limit small enough for one image to pass it.

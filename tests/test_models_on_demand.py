@@ -6,7 +6,8 @@ start under both launchers, a socket left open), an unloaded model's grammar com
 no longer read, and SIGTERM drains the loaded models and loads no other. The residency's
 rules themselves (shared loads, waits for room, unloads while loading or draining,
 leases, keep-alive, what /v1/models and /metrics say) run in process over the fake
-engine: test_residency_in_process.py. Nothing here depends on what the model writes:
+engine: test_residency_in_process.py, and the embedded embedder's:
+test_encoder_residency_in_process.py. Nothing here depends on what the model writes:
 requests force their length with max_tokens and ignore_eos.
 """
 
@@ -28,7 +29,6 @@ from prometheus_client.parser import text_string_to_metric_families
 import loopback
 from conftest import RunningServer
 from helpers import post
-from ovtrio.embedding.embedded import EMBEDDED_EMBEDDER_NAME
 from ovtrio.model import embedded_model_path
 from server_pool import server_fixture
 from test_startup import gguf_with_architecture
@@ -59,18 +59,6 @@ def on_demand_server(name: str) -> Any:
 
 
 serve_on_demand = on_demand_server("serve_on_demand")
-# Loads only when asked, and unloads a model idle for 2 s (the embedded embedder too).
-by_hand = server_fixture(
-    "by_hand",
-    "--models-dir",
-    "{folder}/models",
-    "--no-models-autoload",
-    "--model-idle-unload",
-    "2",
-    "--num-kv-blocks",
-    KV_BLOCKS,
-    prepare=models_folder,
-)
 
 
 @pytest.fixture
@@ -250,22 +238,6 @@ def test_memory_returns_after_twenty_load_and_unload_cycles(serve_on_demand):
         assert unload(server, "alpha").status_code == 200
     after = _rss_mb(pid)
     assert after - before < RSS_BOUND_MB, (before, after)
-
-
-def test_the_embedding_model_unloads_when_idle_and_loads_again(by_hand):
-    def embed() -> httpx.Response:
-        return post(by_hand.base_url, "/v1/embeddings", {"model": EMBEDDED_EMBEDDER_NAME, "input": "a loaf of bread"})
-
-    first = embed()
-    assert first.status_code == 200, first.text
-    wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded")
-    assert by_hand.metric("ovtrio_model_unloads_total", model_name=EMBEDDED_EMBEDDER_NAME, reason="idle") >= 1
-    again = embed()
-    assert again.status_code == 200
-    assert again.json()["data"][0]["embedding"] == first.json()["data"][0]["embedding"]
-    # And by hand (or by the idle rule, whichever comes first).
-    assert unload(by_hand, EMBEDDED_EMBEDDER_NAME).status_code == 200
-    wait_for_state(by_hand, EMBEDDED_EMBEDDER_NAME, "unloaded")
 
 
 def test_a_cached_model_loads_from_its_entry_with_engine_properties(tmp_path, caplog):

@@ -1,8 +1,9 @@
-"""A text-to-speech model (tiny_speecht5.py) in --models-dir, on a real server with room
-for one model (--models-max 1) beside the embedded GGUF: found and served as its kind
-under its folder's name, listed unloaded until its first request, unloaded by hand and
-to make room, loaded again with the same voice, and a broken folder listed failed while
-the others serve. What the model says is compared with itself across its loads."""
+"""A text-to-speech model (tiny_speecht5.py) in --models-dir, on a real server beside the
+embedded GGUF: it speaks once loaded on its first request while broken folders are
+listed failed with what the engine said, and a synthesis in flight at SIGTERM is spoken
+to its end. Its residency rules (loads on demand, unloads by hand and to make room, a
+client that leaves gives its lease back) run in process over a fake speaker:
+test_encoder_residency_in_process.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import tiny_speecht5
 from conftest import RunningServer
 from ovtrio.model import embedded_model_path
 from server_pool import server_fixture
-from test_models_on_demand import HANG_CAP, KV_BLOCKS, chat, count, loads, states, unload
+from test_models_on_demand import KV_BLOCKS, states
 
 pytestmark = pytest.mark.slow
 
@@ -66,53 +67,6 @@ def speak(server: RunningServer, model: str = SPEECH, **body: Any) -> httpx.Resp
     return httpx.post(server.base_url + "/v1/audio/speech", json=body, timeout=120)
 
 
-def test_the_speech_model_of_the_folder_loads_on_demand_and_makes_room(speech_one_model):
-    server = speech_one_model
-    cards = {card["id"]: card for card in loopback.get(server.base_url + "/v1/models", timeout=30).json()["data"]}
-    assert cards[SPEECH]["kind"] == "speech" and cards[SPEECH]["status"]["value"] == "unloaded"
-    first = speak(server)
-    assert first.status_code == 200, first.text
-    assert states(server)[SPEECH]["value"] == "loaded"
-    loaded = loads(server, SPEECH)
-    # By hand: unloaded, and loaded again on the next request, saying the same.
-    reply = unload(server, SPEECH)
-    assert reply.status_code == 200 and reply.json()["status"]["value"] == "unloaded", reply.text
-    assert server.metric("ovtrio_model_loaded", model_name=SPEECH) == 0
-    again = speak(server)
-    assert again.status_code == 200 and again.content == first.content
-    assert loads(server, SPEECH) == loaded + 1
-    # One model at a time: the generation model takes its place, and gives it back.
-    assert chat(server, "alpha").status_code == 200
-    now = states(server)
-    assert (now["alpha"]["value"], now[SPEECH]["value"]) == ("loaded", "unloaded")
-    assert count(server, "ovtrio_model_unloads_total", model_name=SPEECH, reason="lru") >= 1
-    back = speak(server)
-    assert back.status_code == 200 and back.content == first.content
-    assert states(server)["alpha"]["value"] == "unloaded"
-
-
-def test_a_client_that_leaves_mid_synthesis_gives_the_models_lease_back(speech_one_model):
-    """While a request speaks, its model is held: an unload that refuses a held model
-    (`"drain": false`) is a 409; once its client has left, the unload goes through."""
-    import time
-
-    server = speech_one_model
-    long = " ".join(f"Sentence number {index} is here." for index in range(100))
-    body = {"model": SPEECH, "input": long, "voice": "alloy", "response_format": "pcm"}
-    with httpx.stream("POST", server.base_url + "/v1/audio/speech", json=body, timeout=120) as response:
-        assert response.status_code == 200
-        reader = response.iter_raw()  # kept: a reader let go closes the response
-        next(reader)  # the first sentence's audio
-        held = unload(server, SPEECH, drain=False)
-        assert held.status_code == 409 and held.json()["error"]["code"] == "model_busy", held.text
-    deadline = time.monotonic() + HANG_CAP  # a cap for a hang: the request stops at its next sentence
-    while (reply := unload(server, SPEECH, drain=False)).status_code == 409:
-        assert time.monotonic() < deadline, "a lease of a client that left was never given back"
-        time.sleep(0.05)
-    assert reply.status_code == 200, reply.text
-    assert states(server)[SPEECH]["value"] == "unloaded"
-
-
 def test_a_broken_speech_folder_is_a_503_and_listed_failed(speech_one_model):
     server = speech_one_model
     refused = speak(server, BROKEN)
@@ -126,7 +80,10 @@ def test_a_broken_speech_folder_is_a_503_and_listed_failed(speech_one_model):
     refused = speak(server, CUT_CONFIG)
     assert refused.status_code == 503 and CUT_CONFIG in refused.json()["error"]["message"], refused.text
     assert states(server)[CUT_CONFIG]["value"] == "failed"
-    assert speak(server).status_code == 200
+    assert states(server)[SPEECH]["value"] == "unloaded"
+    spoken = speak(server)
+    assert spoken.status_code == 200 and spoken.content, spoken.text
+    assert states(server)[SPEECH]["value"] == "loaded"
 
 
 stop_speech = server_fixture(

@@ -61,6 +61,21 @@ class Refusal(Exception):
         self.retry_after = retry_after
 
 
+EncoderLoader = Callable[["OnDemandEncoder[Any]"], Any]
+"""The one seam between an encoder's lifecycle and its engine: builds the model of the
+encoder given (its name, kind, settings and folder say which), in a worker thread, and
+returns it for the encoder's worker to compute on (the worker's batch function of its
+kind takes it). It may block for as long as the load takes; it raises ModelLoadError
+(one line, the model's requests hear it), and anything else it raises fails the model
+too. The server's is load_encoder, each kind's own build; tests give one that builds
+a fake."""
+
+
+def load_encoder(encoder: OnDemandEncoder[Model]) -> Model:
+    """The model of `encoder`, built by its kind from its folder (the engine's load)."""
+    return encoder._load()
+
+
 # Holds a load's turn (and its room under --models-max) while the model loads; raises
 # Refusal when there is no room. Set by the registry (Residency.room_for).
 Admission = Callable[["OnDemandEncoder[Any]"], AbstractAsyncContextManager[None]]
@@ -96,6 +111,8 @@ class OnDemandEncoder(Generic[Model]):
         self.admission: Admission | None = None
         self._refused: Refusal | None = None  # why the last load found no room
         self._failed_load: FailedLoad | None = None  # when it last failed, and its files then
+        # What builds the model at each load (in a worker thread); set by the registry.
+        self.loader: EncoderLoader = load_encoder
 
     def stats(self) -> WorkerStats:
         return self.worker.stats()
@@ -214,7 +231,8 @@ class OnDemandEncoder(Generic[Model]):
         changed.set()
 
     def _load(self) -> Model:
-        """The model, loaded (in a worker thread). Raises ModelLoadError."""
+        """The model, loaded by the engine from the encoder's folder (in a worker thread:
+        load_encoder). Raises ModelLoadError."""
         raise NotImplementedError
 
     def _serving_now(self, model: Model) -> None:
@@ -260,7 +278,8 @@ class OnDemandEncoder(Generic[Model]):
         """The model, loaded; None (and the model failed) if its load failed."""
         log.info("loading %s model '%s'", self.kind, self.name)
         try:
-            return await trio.to_thread.run_sync(self._load)
+            model: Model = await trio.to_thread.run_sync(self.loader, self)
+            return model
         except Exception as exc:  # whatever a load raises fails this model alone
             reason = str(exc) if isinstance(exc, ModelLoadError) else f"{type(exc).__name__}: {client_reason(exc)}"
             if not isinstance(exc, ModelLoadError):

@@ -46,6 +46,7 @@ from ovtrio.api.responses import socket as responses_socket
 from ovtrio.api.responses.store import ResponseStore
 from ovtrio.audio.service import transcription_models_to_serve
 from ovtrio.embedding.kinds import ModelKind, served_models
+from ovtrio.embedding.on_demand import EncoderLoader, load_encoder
 from ovtrio.embedding.service import encoders_to_serve
 from ovtrio.loading import ModelLoad, start_loading_in_order
 from ovtrio.model import ModelLoadError
@@ -78,11 +79,13 @@ def create_app(
     settings: Settings | None = None,
     loading: Sequence[ModelLoad] | None = None,
     loader: Loader = start_loading_in_order,
+    encoder_loader: EncoderLoader = load_encoder,
 ) -> QuartTrio:
     """The app for `settings` (default: from the environment), serving the model they
     name or those of their config file; `loading`, when given, is each model's load
     already under way (ovtrio.loading.start_loading_in_order); `loader` starts every
-    other load (the engine's seam: tests pass a fake). Raises SettingsError.
+    other load of a generation model, and `encoder_loader` builds an encoder's model at
+    each of its loads (the engine's seams: tests pass fakes). Raises SettingsError.
 
     In phases: the process-wide seams; what is served, read from the settings and the
     disk (the config file's models and their kinds, the models folder, the stored
@@ -95,7 +98,7 @@ def create_app(
     limit = body_limit.BodyLimit(
         settings, {}, vision=body_limit.takes_images_at_start(served.generation, served.in_folder), audio=served.audio
     )
-    registry = build_registry(settings, served, server_metrics, loading, limit, loader)
+    registry = build_registry(settings, served, server_metrics, loading, limit, loader, encoder_loader)
     return app_over(registry, settings, server_metrics, limit, response_store_of(settings))
 
 
@@ -150,8 +153,10 @@ def build_registry(
     loading: Sequence[ModelLoad] | None,
     limit: body_limit.BodyLimit,
     loader: Loader = start_loading_in_order,
+    encoder_loader: EncoderLoader = load_encoder,
 ) -> ModelRegistry:
-    """The registry of the served models, each one's resident built (none loaded yet)."""
+    """The registry of the served models, each one's resident built (none loaded yet);
+    `loader` and `encoder_loader` are the registry's (ModelRegistry)."""
     encoder_metrics = server_metrics.encoders
     text_encoders = [(model, kind) for model, kind in served.encoders if kind not in ("transcription", "speech")]
     embedded = not any(model.kind == "embedding" for model in served.in_folder)
@@ -180,6 +185,7 @@ def build_registry(
         on_rescan=lambda: limit.follow(registry.takes_images(), registry.takes_audio()),
         on_forget=server_metrics.forget,
         loader=loader,
+        encoder_loader=encoder_loader,
     )
     if settings.models_dir:
         limit.rescan = registry.rescan

@@ -33,6 +33,7 @@ from typing import Literal
 import trio
 
 from ovtrio.embedding.kinds import ModelKind
+from ovtrio.embedding.on_demand import EncoderLoader, load_encoder
 from ovtrio.embedding.worker import EncoderObserver
 from ovtrio.lifecycle.lease import Lease
 from ovtrio.loading import ModelLoad, start_loading_in_order
@@ -78,6 +79,7 @@ class ModelRegistry:
         on_rescan: Callable[[], None] | None = None,
         on_forget: Callable[[str], None] | None = None,
         loader: Loader = start_loading_in_order,
+        encoder_loader: EncoderLoader = load_encoder,
     ) -> None:
         """`models`: each model's settings (config_file.model_settings), loaded at start.
         `observer` makes each model's request observer (the metrics), `encoder_observer`
@@ -88,9 +90,11 @@ class ModelRegistry:
         unload. `on_rescan` is called after each reading of models_dir: what the server
         serves may have changed. `on_forget` is called with the name of each model of
         models_dir the server forgets (its file gone): its metrics go with it. `loader`
-        starts every generation model's load (ovtrio/serving/service.py's Loader)."""
+        starts each generation model's load, `encoder_loader` builds each encoder's
+        model at each of its loads (service.py's Loader, on_demand.py's EncoderLoader)."""
         self._observer = observer
         self._loader = loader
+        self._encoder_loader = encoder_loader
         self._preloaded = loading is not None
         futures = list(loading) if loading is not None else [None] * len(models)
         self.services = [
@@ -267,8 +271,8 @@ class ModelRegistry:
             self._unstarted.append(encoder)
 
     def _govern(self, encoder: Encoder) -> None:
-        """Put `encoder` under the residency's rules: its loads reported, and taking their
-        turn and room (Residency.room_for)."""
+        """Put `encoder` under the residency's rules: its loads built, reported, and given room (Residency.room_for)."""
+        encoder.loader = self._encoder_loader
         encoder.load_observer = self._lifecycle
         encoder.admission = self.residency.room_for
 
