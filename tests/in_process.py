@@ -32,6 +32,7 @@ import functools
 import shutil
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ _NAMES: list[str] = []  # the fixtures declared, which conftest puts in the slow
 # Seconds a held load or step waits for its release at most: a test that fails while
 # holding one still ends (a bound on a hang, never a deadline of the server's).
 HOLD_CAP = 300
+READY_WITHIN = 300  # seconds an in-process server may take to be ready: a hang's bound only
 
 
 class FakeLoads:
@@ -310,15 +312,17 @@ def _serving(flags: Sequence[str], folder: Path) -> Iterator[InProcessServer]:
         raise failures[0]
     token, stop = serving[0]
     try:
-        while thread.is_alive():
+        ready, ready_by = False, time.monotonic() + READY_WITHIN
+        while not ready and thread.is_alive() and time.monotonic() < ready_by:
             try:
-                if loopback.get(server.base_url + "/health/ready", timeout=10).status_code == 200:
-                    break
+                ready = loopback.get(server.base_url + "/health/ready", timeout=10).status_code == 200
             except httpx.TransportError:
                 pass
-            threading.Event().wait(0.02)
-        if not thread.is_alive():
-            raise RuntimeError(f"the in-process server stopped before it was ready: {serving[1:]}")
+            if not ready:
+                threading.Event().wait(0.02)
+        if not ready:
+            state = "stopped" if not thread.is_alive() else f"was not ready within {READY_WITHIN} s"
+            raise RuntimeError(f"the in-process server {state}: {serving[1:]}")
         yield server
     finally:
         server.loads.release()

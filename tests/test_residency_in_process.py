@@ -13,7 +13,6 @@ real servers of test_models_on_demand.py.
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -183,16 +182,13 @@ def test_concurrent_first_requests_share_one_load_while_health_stays_fast(server
 
     threads = [threading.Thread(target=lambda: replies.append(chat(server, "alpha"))) for _ in range(4)]
     leaving = threading.Thread(target=leave)
-    slowest = 0.0
     with server.loads.held():
         for thread in [*threads, leaving]:
             thread.start()
         wait_for_state(server, "alpha", "loading")
         leaving.join()  # it left while alpha was held loading
-        for _ in range(20):
-            began = time.monotonic()
+        for _ in range(20):  # answered while the load is held (a real load's probes: test_uncached_gguf_load.py)
             assert loopback.get(server.base_url + "/health", timeout=10).status_code == 200
-            slowest = max(slowest, time.monotonic() - began)
             assert chat(server, "beta").status_code == 200
         assert states(server)["alpha"]["value"] == "loading" and not replies
     for thread in threads:
@@ -201,8 +197,6 @@ def test_concurrent_first_requests_share_one_load_while_health_stays_fast(server
     assert len(left) == 1  # it left, and the load went on for the others
     assert loads(server, "alpha") == before + 1
     assert server.loads.count("alpha") == counted_before + 1
-    # A load that held the event loop would hold a probe for much of its own time.
-    assert slowest < states(server)["alpha"]["load_seconds"] / 3, (slowest, states(server)["alpha"])
 
 
 def test_a_request_during_its_models_unload_gets_a_clear_answer(server):
@@ -241,7 +235,7 @@ def test_an_unload_whose_client_leaves_while_the_model_drains_still_ends(server)
         wait_until_running(server, "alpha")
         with pytest.raises(httpx.TimeoutException):  # it leaves while the model drains
             loopback.post(server.base_url + "/models/unload", json={"model": "alpha"}, timeout=0.3)
-        assert states(server)["alpha"]["value"] == "unloading"
+        wait_for_state(server, "alpha", "unloading")  # the server may read the unload after its client left
     running.join()
     assert finish[0].status_code == 200, finish[0].text
     assert finish[0].json()["usage"]["completion_tokens"] == 300
