@@ -12,9 +12,12 @@ behaviour is forced through the API (tool_choice, output_config.format, max_toke
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -515,8 +518,21 @@ async def _hold(http: httpx.AsyncClient, started: trio.Event, scope: trio.Cancel
                 started.set()
 
 
-async def test_a_queued_stream_pings_and_a_full_queue_is_429(messages_limited_server):
-    server = messages_limited_server
+@dataclass
+class Holder:
+    """A client of the server whose one running slot a held chat stream takes: the fake
+    engine, how many requests it had been given before the holder, its held steps, and
+    the holder's scope (cancelled, the holder leaves)."""
+
+    http: httpx.AsyncClient
+    engine: Any
+    added: int
+    steps: Any
+    scope: trio.CancelScope
+
+
+@contextlib.asynccontextmanager
+async def slot_taken(server: Any) -> AsyncIterator[Holder]:
     headers = {"x-api-key": KEY, "Authorization": f"Bearer {KEY}"}  # the holder is a chat stream
     async with (
         httpx.AsyncClient(base_url=server.base_url, timeout=120, headers=headers) as http,
@@ -529,33 +545,40 @@ async def test_a_queued_stream_pings_and_a_full_queue_is_429(messages_limited_se
             holders.start_soon(_hold, http, started, holding)
             with trio.fail_after(120):
                 await started.wait()
-            body = message_body(max_tokens=4, stream=True)
-            async with http.stream("POST", "/v1/messages", json=body) as queued:
-                assert queued.status_code == 200
-                lines = queued.aiter_lines()
-                seen: list[str] = []
-                with trio.fail_after(60):
-                    async for line in lines:
-                        seen.append(line)
-                        if line == "event: ping":
-                            break
-                names = [line[len("event: ") :] for line in seen if line.startswith("event: ")]
-                assert names == ["message_start", "ping"], seen
-                assert server.metric("ovtrio_requests_waiting") == 1
-                assert server.metric("ovtrio_requests_running") == 1
-                assert len(engine.handles) == added + 1  # the queued stream is not in the engine
+            yield Holder(http, engine, added, steps, holding)
 
-                # Now the queue is full: the SDK raises RateLimitError, with Retry-After.
-                with sdk(server, key=KEY) as client, pytest.raises(anthropic.RateLimitError) as limited:
-                    client.messages.create(model=MODEL, max_tokens=2, messages=STORY)
-                assert limited.value.body["error"]["type"] == "rate_limit_error"
-                assert int(limited.value.response.headers["retry-after"]) >= 1
-                assert len(engine.handles) == added + 1  # refused before the engine saw it
 
-                holding.cancel()  # room again: the queued stream runs to its end
-                steps.release()
-                with trio.fail_after(120):
-                    seen += [line async for line in lines]
+async def test_a_queued_stream_pings_and_a_full_queue_is_429(messages_limited_server):
+    server = messages_limited_server
+    async with slot_taken(server) as holder:
+        http, engine, added, steps, holding = holder.http, holder.engine, holder.added, holder.steps, holder.scope
+        body = message_body(max_tokens=4, stream=True)
+        async with http.stream("POST", "/v1/messages", json=body) as queued:
+            assert queued.status_code == 200
+            lines = queued.aiter_lines()
+            seen: list[str] = []
+            with trio.fail_after(60):
+                async for line in lines:
+                    seen.append(line)
+                    if line == "event: ping":
+                        break
+            names = [line[len("event: ") :] for line in seen if line.startswith("event: ")]
+            assert names == ["message_start", "ping"], seen
+            assert server.metric("ovtrio_requests_waiting") == 1
+            assert server.metric("ovtrio_requests_running") == 1
+            assert len(engine.handles) == added + 1  # the queued stream is not in the engine
+
+            # Now the queue is full: the SDK raises RateLimitError, with Retry-After.
+            with sdk(server, key=KEY) as client, pytest.raises(anthropic.RateLimitError) as limited:
+                client.messages.create(model=MODEL, max_tokens=2, messages=STORY)
+            assert limited.value.body["error"]["type"] == "rate_limit_error"
+            assert int(limited.value.response.headers["retry-after"]) >= 1
+            assert len(engine.handles) == added + 1  # refused before the engine saw it
+
+            holding.cancel()  # room again: the queued stream runs to its end
+            steps.release()
+            with trio.fail_after(120):
+                seen += [line async for line in lines]
     events = [json.loads(line[len("data: ") :]) for line in seen if line.startswith("data: ")]
     message = walk(events)
     assert message["stop_reason"] == "max_tokens" and message["usage"]["output_tokens"] == 4
@@ -565,32 +588,22 @@ async def test_a_queued_stream_whose_client_leaves_leaves_the_queue(messages_lim
     """The stream answers 200 before its request is taken: a client that leaves while it
     waits takes it out of the queue, and the running request goes on."""
     server = messages_limited_server
-    headers = {"x-api-key": KEY, "Authorization": f"Bearer {KEY}"}
-    async with (
-        httpx.AsyncClient(base_url=server.base_url, timeout=120, headers=headers) as http,
-        trio.open_nursery() as holders,
-    ):
-        with held_steps(server, MODEL):
-            engine = server.pipelines[MODEL][-1]
-            added = len(engine.handles)
-            started, holding = trio.Event(), trio.CancelScope()
-            holders.start_soon(_hold, http, started, holding)
-            with trio.fail_after(120):
-                await started.wait()
-            async with http.stream("POST", "/v1/messages", json=message_body(max_tokens=4, stream=True)) as queued:
-                assert queued.status_code == 200
-                with trio.fail_after(60):
-                    async for line in queued.aiter_lines():
-                        if line == "event: message_start":
-                            break
-                assert server.metric("ovtrio_requests_waiting") == 1
-            # The connection is closed: the queue empties while the holder still runs.
-            with trio.fail_after(120):
-                while server.metric("ovtrio_requests_waiting") != 0:
-                    await trio.sleep(0.05)
-            assert server.metric("ovtrio_requests_running") == 1
-            assert len(engine.handles) == added + 1 and not engine.handles[-1].cancelled  # only the holder
-            holding.cancel()
+    async with slot_taken(server) as holder:
+        http, engine, added, holding = holder.http, holder.engine, holder.added, holder.scope
+        async with http.stream("POST", "/v1/messages", json=message_body(max_tokens=4, stream=True)) as queued:
+            assert queued.status_code == 200
+            with trio.fail_after(60):
+                async for line in queued.aiter_lines():
+                    if line == "event: message_start":
+                        break
+            assert server.metric("ovtrio_requests_waiting") == 1
+        # The connection is closed: the queue empties while the holder still runs.
+        with trio.fail_after(120):
+            while server.metric("ovtrio_requests_waiting") != 0:
+                await trio.sleep(0.05)
+        assert server.metric("ovtrio_requests_running") == 1
+        assert len(engine.handles) == added + 1 and not engine.handles[-1].cancelled  # only the holder
+        holding.cancel()
 
 
 # ---- disconnects and metrics ------------------------------------------------------------
