@@ -18,7 +18,7 @@ import json
 import shutil
 import socket
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -99,16 +99,15 @@ def generation_and_embedder(folder: Path) -> None:
 
 
 # Room for one model, an encoder or not, and a load waits at most 1 s for it.
-one_model_in_process = in_process_server(
-    "one_model_in_process",
-    "--models-dir",
-    "{folder}/models",
-    "--models-max",
-    "1",
-    "--models-load-wait",
-    "1",
-    prepare=generation_and_embedder,
-)
+def room_for_one(name: str, prepare: Callable[[Path], None]) -> Any:
+    """An in-process server of the folder `prepare` fills, with room for one model and a
+    load that waits at most 1 s for it."""
+    return in_process_server(
+        name, "--models-dir", "{folder}/models", "--models-max", "1", "--models-load-wait", "1", prepare=prepare
+    )
+
+
+one_model_in_process = room_for_one("one_model_in_process", generation_and_embedder)
 
 
 def fresh(server: InProcessServer, *names: str) -> InProcessServer:
@@ -484,16 +483,7 @@ def speech_folder(folder: Path) -> None:
 
 # A text-to-speech model beside a generation model, room for one of them, and a load
 # waits at most 1 s for it.
-speech_in_process = in_process_server(
-    "speech_in_process",
-    "--models-dir",
-    "{folder}/models",
-    "--models-max",
-    "1",
-    "--models-load-wait",
-    "1",
-    prepare=speech_folder,
-)
+speech_in_process = room_for_one("speech_in_process", speech_folder)
 
 
 def speak(server: InProcessServer, text: str = "Hello there. Bye.") -> httpx.Response:
